@@ -1,0 +1,82 @@
+"""The sandbox's declared cluster: GPU node pools, fleet behaviour profiles and demand.
+
+Validated with pydantic so an impossible node (zero GPU memory, unknown capacity type) fails
+at ``tideplane sandbox up`` with the field named, before any process starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+DEFAULT_CONFIG = Path(__file__).with_name("sandbox.yaml")
+
+# Where the sandbox keeps its runtime knobs inside the emulated cluster, so that tests and the
+# demo change them with the ordinary kubernetes client (patch a ConfigMap).
+SANDBOX_NAMESPACE = "tideplane-sandbox"
+PROFILES_CONFIGMAP = "fleet-profiles"  # data: "<model>@<version>" | "<model>" | "default" -> Profile JSON
+DEMAND_CONFIGMAP = "fleet-demand"  # data: "<namespace>/<name>" -> Demand JSON
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NodePool(_Strict):
+    """A group of identical nodes, labelled the way Karpenter and EKS label them."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    count: int = Field(ge=0)
+    capacity_type: Literal["on-demand", "spot"]
+    instance_type: str = "p5.48xlarge"
+    zones: list[str] = Field(default_factory=lambda: ["us-east-1a"], min_length=1)
+    gpus: int = Field(ge=0, description="nvidia.com/gpu allocatable per node")
+    gpu_memory_gib: float = Field(80, gt=0, description="memory of one GPU")
+    cpu: int = Field(32, gt=0)
+    memory_gib: int = Field(256, gt=0)
+    taints: list[dict] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class Profile(_Strict):
+    """How one model version behaves when served: lets a test declare a good or bad release."""
+
+    load_seconds: float = Field(30, ge=0, description="scheduled -> Ready (weights load + warm-up)")
+    error_rate: float = Field(0.001, ge=0, le=1)
+    ttft_seconds: float = Field(0.15, gt=0)
+    tpot_seconds: float = Field(0.025, gt=0)
+    output_tokens: int = Field(200, gt=0)
+    prompt_tokens: int = Field(500, gt=0)
+    capacity_rps: float = Field(4, gt=0, description="requests/s one replica serves at its SLO")
+    gpu_memory_gib: float = Field(40, gt=0)
+
+
+class Demand(_Strict):
+    """Requests per second offered to a logical deployment (split by its HTTPRoute)."""
+
+    rps: float = Field(0, ge=0)
+
+
+class SandboxConfig(_Strict):
+    time_scale: float = Field(10, gt=0, description="sandbox seconds per real second")
+    node_pools: list[NodePool]
+    profiles: dict[str, Profile] = Field(default_factory=lambda: {"default": Profile()})
+    demand: dict[str, Demand] = Field(default_factory=dict)
+
+
+class SandboxConfigError(ValueError):
+    """The sandbox config is invalid; the message names the field."""
+
+
+def load_config(path: Path | str = DEFAULT_CONFIG) -> SandboxConfig:
+    raw = yaml.safe_load(Path(path).read_text())
+    try:
+        return SandboxConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = [
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        ]
+        raise SandboxConfigError(f"invalid sandbox config {path}: " + "; ".join(problems)) from None

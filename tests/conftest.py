@@ -1,0 +1,71 @@
+"""Shared fixtures: real servers (moto, Temporal's test server) on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from infra.sandbox.ports import free_port, wait_for_port
+from workflows import search_attributes
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def moto_url():
+    """A moto server (S3, SQS, EC2, Auto Scaling) spoken to over HTTP by boto3."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port)
+        url = f"http://127.0.0.1:{port}"
+        env = {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": url,
+        }
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        yield url
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+async def time_skipping_env():
+    """Temporal's time-skipping test server with tideplane's search attributes registered."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(BIN / "temporal-test-server"),
+        data_converter=pydantic_data_converter,
+    )
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+
+    kinds = {"Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD, "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT}
+    await env.client.operator_service.add_search_attributes(
+        AddSearchAttributesRequest(
+            namespace=env.client.namespace,
+            search_attributes={name: kinds[kind] for name, kind in search_attributes.CLI_TYPES.items()},
+        )
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()

@@ -1,0 +1,101 @@
+"""Worker and CLI configuration, read from ``TIDEPLANE_*`` environment variables.
+
+The well-known variables that other tools already read (``TEMPORAL_ADDRESS`` for the temporal
+CLI, ``KUBECONFIG`` for kubectl, ``AWS_ENDPOINT_URL`` for boto3, ``PROMETHEUS_URL``) are
+accepted too, so that sourcing ``.tideplane/sandbox/env`` points every tool at the sandbox.
+Settings are validated at start; a bad value fails with the setting's name in the message.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _env(name: str, *fallbacks: str) -> AliasChoices:
+    return AliasChoices(f"TIDEPLANE_{name}", *fallbacks)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+
+    # Temporal
+    temporal_address: str = Field("127.0.0.1:7233", validation_alias=_env("TEMPORAL_ADDRESS", "TEMPORAL_ADDRESS"))
+    temporal_namespace: str = Field("default", validation_alias=_env("TEMPORAL_NAMESPACE", "TEMPORAL_NAMESPACE"))
+    task_queue: str = Field("tideplane", validation_alias=_env("TASK_QUEUE"))
+
+    # Kubernetes: a kubeconfig file, or the in-cluster service account when running in a pod.
+    kubeconfig: Path | None = Field(None, validation_alias=_env("KUBECONFIG", "KUBECONFIG"))
+    kube_in_cluster: bool = Field(False, validation_alias=_env("KUBE_IN_CLUSTER"))
+
+    # S3 (AWS, MinIO, or moto in the sandbox) and the other AWS services
+    aws_endpoint_url: str | None = Field(None, validation_alias=_env("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL"))
+    aws_region: str = Field("us-east-1", validation_alias=_env("AWS_REGION", "AWS_DEFAULT_REGION"))
+    weights_bucket: str = Field("tideplane-models", validation_alias=_env("WEIGHTS_BUCKET"))
+    spot_queue_url: str | None = Field(None, validation_alias=_env("SPOT_QUEUE_URL"))
+
+    # Prometheus
+    prometheus_url: str = Field("http://127.0.0.1:9090", validation_alias=_env("PROMETHEUS_URL", "PROMETHEUS_URL"))
+
+    # Where serving pods mount staged weights (a shared volume in production).
+    model_cache_dir: Path = Field(Path("/var/cache/tideplane/models"), validation_alias=_env("MODEL_CACHE_DIR"))
+
+    # How the worker reaches a version's OpenAI-compatible endpoint (warm-up, benchmark).
+    service_url_template: str = Field(
+        "http://{service}.{namespace}.svc.cluster.local:8000",
+        validation_alias=_env("SERVICE_URL_TEMPLATE"),
+    )
+
+    # The worker's own /metrics port (0 disables it).
+    metrics_port: int = Field(9464, ge=0, le=65535, validation_alias=_env("METRICS_PORT"))
+
+    @field_validator("temporal_address")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"expected HOST:PORT, got {value!r}")
+        return value
+
+    @field_validator("prometheus_url", "aws_endpoint_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http(s) URL, got {value!r}")
+        return value.rstrip("/") if value else value
+
+    @field_validator("service_url_template")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        try:
+            value.format(service="s", namespace="n")
+        except (KeyError, IndexError) as exc:
+            raise ValueError(f"may only use {{service}} and {{namespace}}: {exc}") from None
+        return value
+
+
+class SettingsError(RuntimeError):
+    """A setting is invalid; the message names the environment variable."""
+
+
+def load_settings() -> Settings:
+    """Read and validate the settings, naming the bad variable when one is wrong."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            name = str(err["loc"][0]) if err["loc"] else "?"
+            if not name.isupper():
+                name = f"TIDEPLANE_{name.upper()}"
+            problems.append(f"{name}: {err['msg']}")
+        raise SettingsError("invalid settings: " + "; ".join(problems)) from None
+
+
+@functools.cache
+def settings() -> Settings:
+    """The process-wide settings (activities call this; tests set the environment first)."""
+    return load_settings()

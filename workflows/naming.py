@@ -1,0 +1,57 @@
+"""Names, labels and IDs shared by workflows, activities and the sandbox.
+
+Pure functions only: workflows import this module. Keeping every derived name here means the
+workflow ID of a rollout, the Kubernetes objects it creates and the labels the fleet simulator
+and Prometheus queries select on can never drift apart.
+"""
+
+from __future__ import annotations
+
+import re
+
+TASK_QUEUE = "tideplane"
+
+# Labels on every object tideplane creates (Deployment, its pod template, Service).
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "tideplane"
+LABEL_APP = "app.kubernetes.io/name"  # the logical deployment, e.g. "chat"
+LABEL_VERSION = "app.kubernetes.io/version"  # the model version, e.g. "1.3.0"
+LABEL_MODEL = "tideplane.io/model"  # the model name, e.g. "llama-3-8b"
+LABEL_CLASS = "tideplane.io/priority-class"  # realtime | batch
+
+# Node labels as Karpenter / EKS set them.
+NODE_CAPACITY_TYPE = "karpenter.sh/capacity-type"  # on-demand | spot
+NODE_ZONE = "topology.kubernetes.io/zone"
+NODE_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+NODE_POOL = "karpenter.sh/nodepool"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def split_deployment(ref: str) -> tuple[str, str]:
+    """``"llm-serving/chat"`` -> ``("llm-serving", "chat")``; raises ValueError when malformed."""
+    namespace, sep, name = ref.partition("/")
+    if not sep or not _DNS_LABEL.match(namespace) or not _DNS_LABEL.match(name):
+        raise ValueError(f"deployment must be NAMESPACE/NAME with DNS-label parts, got {ref!r}")
+    return namespace, name
+
+
+def version_slug(version: str) -> str:
+    """A version as it may appear in a Kubernetes object name: ``1.3.0+rc1`` -> ``1-3-0-rc1``."""
+    return re.sub(r"[^a-z0-9]+", "-", version.lower()).strip("-")
+
+
+def versioned_name(name: str, version: str) -> str:
+    """Name of the Deployment and Service that serve one version of a logical deployment."""
+    return f"{name}-v{version_slug(version)}"[:63].rstrip("-")
+
+
+def rollout_workflow_id(deployment: str) -> str:
+    namespace, name = split_deployment(deployment)
+    return f"rollout/{namespace}/{name}"
+
+
+def scaling_workflow_id(deployment: str) -> str:
+    namespace, name = split_deployment(deployment)
+    return f"scaling/{namespace}/{name}"

@@ -1,0 +1,18 @@
+"""Custom search attributes, so users can filter workflows in the Temporal UI and CLI.
+
+The sandbox registers them at start; a production namespace needs them registered once with
+``temporal operator search-attribute create`` (see the README).
+"""
+
+from temporalio.common import SearchAttributeKey
+
+DEPLOYMENT = SearchAttributeKey.for_keyword("TideplaneDeployment")
+MODEL = SearchAttributeKey.for_keyword("TideplaneModel")
+VERSION = SearchAttributeKey.for_keyword("TideplaneVersion")
+STAGE = SearchAttributeKey.for_keyword("TideplaneStage")
+CANARY_PERCENT = SearchAttributeKey.for_int("TideplaneCanaryPercent")
+
+ALL = (DEPLOYMENT, MODEL, VERSION, STAGE, CANARY_PERCENT)
+
+# name -> type as the temporal CLI's --search-attribute flag spells it
+CLI_TYPES = {key.name: ("Int" if key is CANARY_PERCENT else "Keyword") for key in ALL}
