@@ -1,0 +1,614 @@
+"""The model registry in S3, beside the weights: manifests, indexes, checksums, retention deletes.
+
+Layout in the weights bucket (``settings().weights_bucket``)::
+
+    registry/models.json                      the model names (ModelsIndex)
+    registry/<model>/index.json               every version's summary (ModelIndex)
+    registry/<model>/<version>/manifest.json  the source of truth (Manifest)
+    weights/<model>/<version>/<path>          weights uploaded by ``register`` from local files
+
+Listing reads models.json and one index per model: O(models) GETs, never a bucket scan.
+
+Every write is a compare-and-swap with S3 conditional writes: ``If-None-Match: *`` to create,
+``If-Match: <ETag>`` to replace; on 412/409 the writer re-reads, re-applies its change and
+retries, so two concurrent writers never lose an update. The manifest is written first; the
+index is then brought up to date from it (an entry is only replaced by a higher manifest
+revision), so a crash in between leaves a stale index entry that the next write or retry repairs.
+moto 5.2.5 honours both headers on put_object (tests/test_registry.py checks it), but its
+threaded server checks the condition and stores without a lock in between, so on moto two
+writes racing within microseconds could in principle both pass; S3 itself is atomic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from kubernetes import client
+from pydantic import BaseModel
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.kube import api_client
+from workers.config import settings
+from workflows import rollout_activities as ra
+from workflows.naming import LABEL_MODEL, LABEL_VERSION
+from workflows.registry_types import (
+    DELETE_REGISTRY_WEIGHTS,
+    LIST_REFERENCED_VERSIONS,
+    LIST_REGISTRY_VERSIONS,
+    BenchmarkResult,
+    Canary,
+    DeleteWeightsInput,
+    DeleteWeightsResult,
+    Deprecated,
+    ListReferencesInput,
+    ListVersionsInput,
+    Manifest,
+    ManifestFile,
+    ModelIndex,
+    ModelsIndex,
+    ModelVersionRef,
+    NoQuantization,
+    ReferencedVersions,
+    Stable,
+    StatusChange,
+    Testing,
+    VersionList,
+    VersionSummary,
+    Weights,
+    semver_key,
+    set_digest,
+    summarize,
+    transition,
+)
+
+PREFIX = "registry"
+MODELS_KEY = f"{PREFIX}/models.json"
+CHUNK = 8 * 1024 * 1024
+T = TypeVar("T", bound=BaseModel)
+AnyStatus = Testing | Canary | Stable | Deprecated
+
+
+class RegistryError(Exception):
+    """Bad input or state (unknown version, checksum mismatch...): retrying cannot help."""
+
+
+class NotFound(RegistryError):
+    pass
+
+
+class ChecksumMismatch(RegistryError):
+    pass
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    if not uri.startswith("s3://"):
+        raise RegistryError(f"expected s3://bucket/key, got {uri!r}")
+    bucket, _, key = uri[5:].partition("/")
+    if not bucket:
+        raise RegistryError(f"no bucket in {uri!r}")
+    return bucket, key
+
+
+def _conflict(exc: ClientError) -> bool:
+    """A lost compare-and-swap race (412), a concurrent conditional write (409), or the object
+    vanished under an If-Match."""
+    code = exc.response.get("Error", {}).get("Code", "")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "412", "409")
+
+
+def _missing(exc: ClientError) -> bool:
+    return exc.response.get("Error", {}).get("Code", "") in ("NoSuchKey", "404", "NotFound")
+
+
+class Registry:
+    """The registry in one bucket. Thread-safe (boto3 clients are); one per process is enough."""
+
+    def __init__(self, s3, bucket: str, transfer: TransferConfig | None = None, cas_attempts: int = 100):
+        self.s3 = s3
+        self.bucket = bucket
+        self.transfer = transfer or TransferConfig(
+            multipart_threshold=CHUNK, multipart_chunksize=CHUNK, max_concurrency=8, use_threads=True
+        )
+        self.cas_attempts = cas_attempts
+
+    @classmethod
+    def from_settings(cls) -> Registry:
+        cfg = settings()
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=cfg.aws_endpoint_url,
+            region_name=cfg.aws_region,
+            config=Config(max_pool_connections=32, retries={"max_attempts": 5, "mode": "standard"}),
+        )
+        return cls(s3, cfg.weights_bucket)
+
+    # --- keys ----------------------------------------------------------------------------------
+
+    @staticmethod
+    def manifest_key(model: str, version: str) -> str:
+        return f"{PREFIX}/{model}/{version}/manifest.json"
+
+    @staticmethod
+    def index_key(model: str) -> str:
+        return f"{PREFIX}/{model}/index.json"
+
+    # --- compare-and-swap ------------------------------------------------------------------------
+
+    def _read(self, key: str, cls: type[T]) -> tuple[T | None, str | None]:
+        try:
+            obj = self.s3.get_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if _missing(exc):
+                return None, None
+            raise
+        return cls.model_validate_json(obj["Body"].read()), obj["ETag"]
+
+    def _put(self, key: str, value: BaseModel, etag: str | None) -> bool:
+        """Write if the object is still at ``etag`` (None: still absent); False if it moved."""
+        cond = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
+        try:
+            self.s3.put_object(
+                Bucket=self.bucket,
+                Key=key,
+                Body=value.model_dump_json(indent=1).encode(),
+                ContentType="application/json",
+                **cond,
+            )
+        except ClientError as exc:
+            if _conflict(exc):
+                return False
+            raise
+        return True
+
+    def _update(self, key: str, cls: type[T], change: Callable[[T | None], T | None]) -> T | None:
+        """Read-modify-write until it sticks. ``change`` gets a fresh copy each attempt and
+        returns the new value, or None to leave the object as it is (then the current value is
+        returned)."""
+        for attempt in range(self.cas_attempts):
+            current, etag = self._read(key, cls)
+            new = change(current.model_copy(deep=True) if current is not None else None)
+            if new is None:
+                return current
+            if self._put(key, new, etag):
+                return new
+            time.sleep(random.uniform(0, min(0.2, 0.005 * 2**attempt)))
+        raise RuntimeError(f"s3://{self.bucket}/{key}: gave up after {self.cas_attempts} conflicting writes")
+
+    def _update_manifest(self, model: str, version: str, change: Callable[[Manifest], bool]) -> Manifest:
+        """Apply ``change`` (returns whether it changed anything) to a manifest, then sync the index."""
+
+        def apply(manifest: Manifest | None) -> Manifest | None:
+            if manifest is None:
+                raise NotFound(f"{model}@{version} is not in the registry")
+            if not change(manifest):
+                return None
+            manifest.revision += 1
+            return manifest
+
+        manifest = self._update(self.manifest_key(model, version), Manifest, apply)
+        self._sync_index(manifest)
+        return manifest
+
+    def _sync_index(self, manifest: Manifest) -> None:
+        summary = summarize(manifest)
+
+        def upsert(index: ModelIndex | None) -> ModelIndex | None:
+            index = index or ModelIndex(model=manifest.model)
+            old = index.versions.get(manifest.version)
+            if old is not None and old.revision >= summary.revision:
+                return None
+            index.versions[manifest.version] = summary
+            return index
+
+        self._update(self.index_key(manifest.model), ModelIndex, upsert)
+
+    def _add_model(self, model: str) -> None:
+        def add(models: ModelsIndex | None) -> ModelsIndex | None:
+            models = models or ModelsIndex()
+            if model in models.models:
+                return None
+            models.models = sorted([*models.models, model])
+            return models
+
+        self._update(MODELS_KEY, ModelsIndex, add)
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def list_models(self) -> list[str]:
+        models, _ = self._read(MODELS_KEY, ModelsIndex)
+        return models.models if models else []
+
+    def list_versions(self, models: list[str] | None = None) -> list[VersionSummary]:
+        """Summaries of every version of ``models`` (all models by default), in semver order."""
+        names = self.list_models() if models is None else models
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            indexes = list(pool.map(lambda m: self._read(self.index_key(m), ModelIndex)[0], names))
+        out: list[VersionSummary] = []
+        for index in indexes:
+            if index is not None:
+                out.extend(sorted(index.versions.values(), key=lambda s: semver_key(s.version)))
+        return out
+
+    def show(self, model: str, version: str) -> Manifest:
+        manifest, _ = self._read(self.manifest_key(model, version), Manifest)
+        if manifest is None:
+            raise NotFound(f"{model}@{version} is not in the registry")
+        return manifest
+
+    # --- registering -----------------------------------------------------------------------------
+
+    def register(
+        self,
+        model: str,
+        version: str,
+        source: str,
+        quantization=None,
+        image: str | None = None,
+        at: datetime | None = None,
+        progress: Callable[[int], None] = lambda n: None,
+    ) -> Manifest:
+        """Register ``model@version`` with weights from a local file/directory (uploaded,
+        multipart and parallel) or from objects already in S3 (checksummed by streaming them).
+
+        Registering the same weights again returns the existing manifest; different weights
+        under an existing version are refused (versions are immutable).
+        """
+        at = at or _now()
+        key = self.manifest_key(model, version)
+        if source.startswith("s3://"):
+            location, files = self._checksum_s3(source, progress)
+            upload: list[tuple[Path, str]] = []
+        else:
+            location, files, upload = self._checksum_local(Path(source), model, version, progress)
+        weights = Weights(
+            location=location, files=files, digest=set_digest(files), size_bytes=sum(f.size_bytes for f in files)
+        )
+        existing, _ = self._read(key, Manifest)
+        if existing is None and upload:
+            etags = self._upload(upload, progress)
+            prefix = split_s3_uri(location)[1]
+            weights.files = [f.model_copy(update={"etag": etags[prefix + f.path]}) for f in files]
+        manifest = Manifest(
+            model=model,
+            version=version,
+            weights=weights,
+            quantization=quantization or NoQuantization(),
+            image=image,
+            status=Testing(),
+            history=[StatusChange(status=Testing(), at=at, reason="registered")],
+            created_at=at,
+            updated_at=at,
+        )
+        if existing is None and not self._put(key, manifest, None):
+            existing, _ = self._read(key, Manifest)
+        if existing is not None:
+            if existing.weights.digest != weights.digest:
+                raise RegistryError(
+                    f"{model}@{version} is already registered with other weights "
+                    f"(digest {existing.weights.digest}, these are {weights.digest}): register a new version"
+                )
+            manifest = existing
+        self._sync_index(manifest)
+        self._add_model(model)
+        return manifest
+
+    def _checksum_local(self, root: Path, model: str, version: str, progress):
+        if not root.exists():
+            raise RegistryError(f"no such file or directory: {root}")
+        paths = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        if not paths:
+            raise RegistryError(f"no files under {root}")
+        base = root if root.is_dir() else root.parent
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            digests = list(pool.map(lambda p: _sha256_file(p, progress), paths))
+        prefix = f"weights/{model}/{version}/"
+        files = [
+            ManifestFile(path=p.relative_to(base).as_posix(), sha256=d, size_bytes=p.stat().st_size)
+            for p, d in zip(paths, digests)
+        ]
+        return f"s3://{self.bucket}/{prefix}", files, [(p, prefix + f.path) for p, f in zip(paths, files)]
+
+    def _upload(self, items: list[tuple[Path, str]], progress) -> dict[str, str]:
+        """Upload files (multipart, parts in parallel, several files at once); key -> ETag."""
+
+        def one(item: tuple[Path, str]) -> tuple[str, str]:
+            path, key = item
+            self.s3.upload_file(str(path), self.bucket, key, Config=self.transfer, Callback=progress)
+            return key, self.s3.head_object(Bucket=self.bucket, Key=key)["ETag"]
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            return dict(pool.map(one, items))
+
+    def _checksum_s3(self, uri: str, progress) -> tuple[str, list[ManifestFile]]:
+        """Files under an s3:// prefix (or one object), each hashed by streaming it."""
+        bucket, key = split_s3_uri(uri)
+        objects: list[tuple[str, int]] = []
+        if key and not key.endswith("/"):
+            try:
+                head = self.s3.head_object(Bucket=bucket, Key=key)
+                objects = [(key, head["ContentLength"])]
+                prefix = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
+            except ClientError as exc:
+                if not _missing(exc):
+                    raise
+                key += "/"
+        if not objects:
+            prefix = key
+            pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            objects = [(o["Key"], o["Size"]) for page in pages for o in page.get("Contents", [])]
+        if not objects:
+            raise NotFound(f"no objects under {uri}")
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            hashed = list(pool.map(lambda o: self._sha256_object(bucket, o[0], progress), objects))
+        files = [
+            ManifestFile(path=k[len(prefix):], sha256=digest, size_bytes=size, etag=etag)
+            for (k, size), (digest, etag) in zip(objects, hashed)
+        ]
+        return f"s3://{bucket}/{prefix}", files
+
+    def _sha256_object(self, bucket: str, key: str, progress) -> tuple[str, str]:
+        """Stream an object through sha256 with parallel ranged GETs, hashed in order.
+
+        Every range is fetched with If-Match on the ETag seen first, so an object rewritten
+        while it is read fails instead of hashing a mix of two versions.
+        """
+        try:
+            head = self.s3.head_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            if _missing(exc):
+                raise NotFound(f"missing object s3://{bucket}/{key}") from None
+            raise
+        size, etag = head["ContentLength"], head["ETag"]
+        chunk = self.transfer.multipart_chunksize
+        ranges = iter(range(0, size, chunk))
+
+        def fetch(offset: int) -> bytes:
+            rng = f"bytes={offset}-{min(offset + chunk, size) - 1}"
+            return self.s3.get_object(Bucket=bucket, Key=key, Range=rng, IfMatch=etag)["Body"].read()
+
+        digest = hashlib.sha256()
+        with ThreadPoolExecutor(max_workers=self.transfer.max_concurrency) as pool:
+            window = deque(pool.submit(fetch, o) for _, o in zip(range(self.transfer.max_concurrency), ranges))
+            while window:
+                data = window.popleft().result()
+                digest.update(data)
+                progress(len(data))
+                nxt = next(ranges, None)
+                if nxt is not None:
+                    window.append(pool.submit(fetch, nxt))
+        return digest.hexdigest(), etag
+
+    # --- status, benchmarks ----------------------------------------------------------------------
+
+    def set_status(
+        self,
+        model: str,
+        version: str,
+        status: AnyStatus,
+        reason: str = "",
+        at: datetime | None = None,
+        demote_previous: bool = True,
+    ) -> tuple[Manifest, list[str]]:
+        """Move a version to ``status``; a new stable demotes the model's other stable versions
+        to deprecated (unless ``demote_previous`` is False). Returns the manifest and the
+        versions it demoted."""
+        at = at or _now()
+
+        def move(manifest: Manifest) -> bool:
+            if status.state in ("canary", "stable") and manifest.weights.deleted_at is not None:
+                raise RegistryError(f"{manifest.ref} cannot become {status.state}: its weights were deleted by retention")
+            return transition(manifest, status, at, reason)
+
+        manifest = self._update_manifest(model, version, move)
+        demoted: list[str] = []
+        if status.state == "stable" and demote_previous:
+            for other in self.list_versions([model]):
+                if other.version != version and other.status.state == "stable":
+                    why = f"superseded by {model}@{version}"
+                    self._update_manifest(
+                        model,
+                        other.version,
+                        lambda m: m.status.state == "stable" and transition(m, Deprecated(since=at), at, why),
+                    )
+                    demoted.append(other.version)
+        return manifest, demoted
+
+    def deprecate(self, model: str, version: str, reason: str = "", at: datetime | None = None) -> Manifest:
+        at = at or _now()
+        return self.set_status(model, version, Deprecated(since=at), reason or "deprecated", at)[0]
+
+    def record_benchmark(self, model: str, version: str, result: BenchmarkResult) -> Manifest:
+        """Append a benchmark; the same run recorded twice (a retried activity) is kept once."""
+
+        def add(manifest: Manifest) -> bool:
+            if result in manifest.benchmarks:
+                return False
+            manifest.benchmarks.append(result)
+            manifest.updated_at = max(manifest.updated_at, result.measured_at)
+            return True
+
+        return self._update_manifest(model, version, add)
+
+    # --- for the rollout: resolve and verify -----------------------------------------------------
+
+    def resolve(self, model: str, version: str, verify: bool = False, progress=lambda n: None) -> Manifest:
+        """The manifest of a version whose weights are present and untouched.
+
+        Each file is checked with a HEAD (size and ETag as registered) — a rewritten file is
+        caught without reading it; ``verify`` also streams every file through sha256.
+        """
+        manifest = self.show(model, version)
+        if manifest.weights.deleted_at is not None:
+            raise NotFound(f"{manifest.ref}: weights were deleted by retention at {manifest.weights.deleted_at}")
+        for f in manifest.weights.files:
+            bucket, key = split_s3_uri(manifest.weights.uri(f.path))
+            try:
+                head = self.s3.head_object(Bucket=bucket, Key=key)
+            except ClientError as exc:
+                if _missing(exc):
+                    raise NotFound(f"{manifest.ref}: missing weights file s3://{bucket}/{key}") from None
+                raise
+            if head["ContentLength"] != f.size_bytes or (f.etag and head["ETag"] != f.etag):
+                raise ChecksumMismatch(
+                    f"{manifest.ref}: s3://{bucket}/{key} changed since registration "
+                    f"(size {head['ContentLength']} vs {f.size_bytes}, ETag {head['ETag']} vs {f.etag})"
+                )
+            if verify:
+                actual, _ = self._sha256_object(bucket, key, progress)
+                if actual != f.sha256:
+                    raise ChecksumMismatch(
+                        f"{manifest.ref}: s3://{bucket}/{key} sha256 mismatch: expected {f.sha256}, actual {actual}"
+                    )
+        return manifest
+
+    # --- retention -------------------------------------------------------------------------------
+
+    def delete_weights(self, model: str, version: str, reason: str, at: datetime | None = None) -> DeleteWeightsResult:
+        """Delete a deprecated version's weight files and mark the manifest (kept, as history).
+
+        The manifest is marked first, conditionally on the version still being deprecated, so
+        no rollout can resolve weights that are about to go; a retry after a crash finds the
+        mark and finishes deleting.
+        """
+        at = at or _now()
+        refused: list[str] = []
+
+        def mark(manifest: Manifest) -> bool:
+            if manifest.weights.deleted_at is not None:
+                return False
+            if manifest.status.state != "deprecated":
+                refused.append(f"{manifest.ref} is {manifest.status.state} now, not deprecated")
+                return False
+            manifest.weights.deleted_at = at
+            manifest.history.append(StatusChange(status=manifest.status, at=at, reason=f"weights deleted: {reason}"))
+            manifest.updated_at = at
+            return True
+
+        manifest = self._update_manifest(model, version, mark)
+        if refused:
+            return DeleteWeightsResult(deleted=False, reason=refused[0])
+        keys: dict[str, list[str]] = {}
+        for f in manifest.weights.files:
+            bucket, key = split_s3_uri(manifest.weights.uri(f.path))
+            keys.setdefault(bucket, []).append(key)
+        for bucket, names in keys.items():
+            for i in range(0, len(names), 1000):
+                batch = [{"Key": k} for k in names[i : i + 1000]]
+                resp = self.s3.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+                if resp.get("Errors"):
+                    raise RuntimeError(f"delete failed for {resp['Errors'][:3]}")
+        return DeleteWeightsResult(
+            deleted=True, reason=reason, files=len(manifest.weights.files), bytes=manifest.weights.size_bytes
+        )
+
+
+def _sha256_file(path: Path, progress) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while data := fh.read(CHUNK):
+            digest.update(data)
+            progress(len(data))
+    return digest.hexdigest()
+
+
+# --- activities --------------------------------------------------------------------------------
+
+
+def _registry() -> Registry:
+    return Registry.from_settings()
+
+
+def _non_retryable(exc: RegistryError) -> ApplicationError:
+    return ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True)
+
+
+@activity.defn(name=ra.RESOLVE_REGISTRY_WEIGHTS)
+def resolve_registry_weights(req: ra.RegistryWeightsInput) -> ra.RegistryWeights:
+    """The weight files and their sha256 a rollout stages, from the registry entry; a file that
+    is missing or was rewritten since registration fails here, before the cluster changes."""
+    try:
+        manifest = _registry().resolve(req.model, req.version)
+    except RegistryError as exc:
+        raise _non_retryable(exc) from None
+    return ra.RegistryWeights(
+        files=[ra.WeightFile(uri=manifest.weights.uri(f.path), sha256=f.sha256) for f in manifest.weights.files]
+    )
+
+
+@activity.defn(name=ra.SET_REGISTRY_STATUS)
+def set_registry_status(req: ra.SetRegistryStatusInput) -> ra.RegistryStatusResult:
+    try:
+        manifest, demoted = _registry().set_status(
+            req.model, req.version, req.status, req.reason, req.at, req.demote_previous
+        )
+    except RegistryError as exc:
+        raise _non_retryable(exc) from None
+    return ra.RegistryStatusResult(status=manifest.status, demoted=demoted)
+
+
+@activity.defn(name=ra.RECORD_REGISTRY_BENCHMARK)
+def record_registry_benchmark(req: ra.RecordRegistryBenchmarkInput) -> None:
+    try:
+        _registry().record_benchmark(req.model, req.version, req.benchmark)
+    except RegistryError as exc:
+        raise _non_retryable(exc) from None
+
+
+@activity.defn(name=LIST_REGISTRY_VERSIONS)
+def list_registry_versions(req: ListVersionsInput) -> VersionList:
+    return VersionList(versions=_registry().list_versions(req.models))
+
+
+@activity.defn(name=DELETE_REGISTRY_WEIGHTS)
+def delete_registry_weights(req: DeleteWeightsInput) -> DeleteWeightsResult:
+    try:
+        return _registry().delete_weights(req.model, req.version, req.reason, req.at)
+    except RegistryError as exc:
+        raise _non_retryable(exc) from None
+
+
+@activity.defn(name=LIST_REFERENCED_VERSIONS)
+def list_referenced_versions(req: ListReferencesInput) -> ReferencedVersions:
+    """(model, version) of every Deployment labelled with a model, in any namespace: the
+    weights retention must never delete, whatever their registry status."""
+    apps = client.AppsV1Api(api_client())
+    items = []
+    for namespace in req.namespaces or [None]:
+        if namespace is None:
+            items += apps.list_deployment_for_all_namespaces(label_selector=LABEL_MODEL).items
+        else:
+            items += apps.list_namespaced_deployment(namespace, label_selector=LABEL_MODEL).items
+    where: dict[str, list[str]] = {}
+    for dep in items:
+        labels = {**((dep.spec.template.metadata.labels or {}) if dep.spec.template.metadata else {}), **(dep.metadata.labels or {})}
+        model, version = labels.get(LABEL_MODEL), labels.get(LABEL_VERSION)
+        if model and version:
+            where.setdefault(f"{model}@{version}", []).append(f"{dep.metadata.namespace}/{dep.metadata.name}")
+    refs = [ModelVersionRef(model=k.split("@", 1)[0], version=k.split("@", 1)[1]) for k in sorted(where)]
+    return ReferencedVersions(refs=refs, where=where)
+
+
+ACTIVITIES = [
+    resolve_registry_weights,
+    set_registry_status,
+    record_registry_benchmark,
+    list_registry_versions,
+    delete_registry_weights,
+    list_referenced_versions,
+]

@@ -1,0 +1,208 @@
+"""``tideplane registry ...``: register, list, show, deprecate, run or schedule retention.
+
+workers/cli.py wires these in with ``add_registry_commands(subparsers)``; every subcommand sets
+``func(args) -> int``. ``python -m workers.registry_cli ...`` runs them on their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from datetime import datetime, timezone
+
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+    ScheduleUpdate,
+)
+
+from activities.registry import Registry, RegistryError
+from workers.config import settings
+from workers.worker import connect
+from workflows.registry_types import parse_quantization, parse_ref
+from workflows.retention import RETENTION_WORKFLOW, RETENTION_WORKFLOW_ID, RetentionInput, RetentionResult, render_plan
+
+RETENTION_SCHEDULE_ID = "registry-retention-daily"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _status(status) -> str:
+    if status.state == "canary":
+        return f"canary {status.percent}% since {status.since:%Y-%m-%d %H:%M}"
+    if status.state in ("stable", "deprecated"):
+        return f"{status.state} since {status.since:%Y-%m-%d %H:%M}"
+    return status.state
+
+
+def _ref(text: str, need_version: bool) -> tuple[str, str | None]:
+    try:
+        model, version = parse_ref(text)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if need_version and version is None:
+        raise SystemExit(f"error: expected MODEL@VERSION, got {text!r}")
+    return model, version
+
+
+def cmd_register(args) -> int:
+    model, version = _ref(args.ref, need_version=True)
+    try:
+        quant = parse_quantization(args.quantization)
+    except ValueError as exc:
+        raise SystemExit(f"error: --quantization: {exc}") from None
+    manifest = Registry.from_settings().register(model, version, args.source, quant, args.image)
+    print(f"registered {manifest.ref}: {len(manifest.weights.files)} files, {_size(manifest.weights.size_bytes)}")
+    print(f"  location {manifest.weights.location}\n  digest   {manifest.weights.digest}")
+    return 0
+
+
+def cmd_list(args) -> int:
+    versions = Registry.from_settings().list_versions([args.model] if args.model else None)
+    print(f"{'MODEL':24} {'VERSION':16} {'SIZE':>10} {'QUANT':12} STATUS")
+    for v in versions:
+        gone = " (weights deleted)" if v.weights_deleted_at else ""
+        print(f"{v.model:24} {v.version:16} {_size(v.size_bytes):>10} {v.quantization:12} {_status(v.status)}{gone}")
+    return 0
+
+
+def cmd_show(args) -> int:
+    model, version = _ref(args.ref, need_version=False)
+    registry = Registry.from_settings()
+    if version is None:
+        args.model = model
+        return cmd_list(args)
+    manifest = registry.resolve(model, version, verify=True) if args.verify else registry.show(model, version)
+    print(manifest.model_dump_json(indent=2))
+    if args.verify:
+        print(f"verified: every file matches its sha256 (set digest {manifest.weights.digest})", file=sys.stderr)
+    return 0
+
+
+def cmd_deprecate(args) -> int:
+    model, version = _ref(args.ref, need_version=True)
+    manifest = Registry.from_settings().deprecate(model, version, args.reason)
+    print(f"{manifest.ref}: {_status(manifest.status)}")
+    return 0
+
+
+def retention_schedule(task_queue: str, hour: int = 3, minute: int = 0) -> Schedule:
+    """Daily RegistryRetention; a run still going when the next is due makes the next skip."""
+    return Schedule(
+        action=ScheduleActionStartWorkflow(
+            RETENTION_WORKFLOW, RetentionInput(), id=RETENTION_WORKFLOW_ID, task_queue=task_queue
+        ),
+        spec=ScheduleSpec(cron_expressions=[f"{minute} {hour} * * *"]),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+    )
+
+
+async def ensure_retention_schedule(client: Client, task_queue: str, hour: int = 3, minute: int = 0) -> str:
+    """Create the daily retention schedule, or bring an existing one up to date: "created" | "updated"."""
+    schedule = retention_schedule(task_queue, hour, minute)
+    try:
+        await client.create_schedule(RETENTION_SCHEDULE_ID, schedule)
+        return "created"
+    except ScheduleAlreadyRunningError:
+        await client.get_schedule_handle(RETENTION_SCHEDULE_ID).update(lambda _: ScheduleUpdate(schedule=schedule))
+        return "updated"
+
+
+def cmd_schedule(args) -> int:
+    async def run() -> str:
+        return await ensure_retention_schedule(await connect(settings()), settings().task_queue, args.hour, args.minute)
+
+    outcome = asyncio.run(run())
+    print(f"schedule {RETENTION_SCHEDULE_ID} {outcome}: RegistryRetention daily at {args.hour:02d}:{args.minute:02d} UTC")
+    return 0
+
+
+def cmd_retention(args) -> int:
+    req = RetentionInput(dry_run=args.dry_run, deprecated_days=args.deprecated_days, rollback_days=args.rollback_days)
+
+    async def run() -> RetentionResult:
+        client = await connect(settings())
+        workflow_id = f"{RETENTION_WORKFLOW_ID}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
+        return await client.execute_workflow(
+            RETENTION_WORKFLOW, req, id=workflow_id, task_queue=settings().task_queue, result_type=RetentionResult
+        )
+
+    result = asyncio.run(run())
+    print(render_plan(sorted([*result.deleted, *result.kept], key=lambda d: (d.model, d.version)), result.dry_run))
+    verb = "would free" if result.dry_run else "freed"
+    print(f"\n{len(result.deleted)} deleted, {len(result.kept)} kept, {verb} {_size(result.freed_bytes)}")
+    return 0
+
+
+def _guard(func):
+    """Registry errors (unknown version, checksum mismatch...) exit 1 with the message."""
+
+    def run(args) -> int:
+        try:
+            return func(args)
+        except RegistryError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def add_registry_commands(subparsers) -> None:
+    """Add ``registry`` and its subcommands to the tideplane CLI's subparsers."""
+    registry = subparsers.add_parser("registry", help="model registry: versions, checksums, status, retention")
+    sub = registry.add_subparsers(dest="registry_command", required=True)
+
+    p = sub.add_parser("register", help="register MODEL@VERSION from local files or s3:// weights")
+    p.add_argument("ref", metavar="MODEL@VERSION")
+    p.add_argument("source", help="a local file or directory (uploaded), or s3://bucket/prefix/ (checksummed in place)")
+    p.add_argument("--quantization", default="none", help="none | gguf:Q4_K_M | awq:4 | gptq:4 (default none)")
+    p.add_argument("--image", help="serving image the version was validated with")
+    p.set_defaults(func=_guard(cmd_register))
+
+    p = sub.add_parser("list", help="every model's versions and status (reads only the indexes)")
+    p.add_argument("model", nargs="?")
+    p.set_defaults(func=_guard(cmd_list))
+
+    p = sub.add_parser("show", help="MODEL: its versions; MODEL@VERSION: the manifest")
+    p.add_argument("ref", metavar="MODEL[@VERSION]")
+    p.add_argument("--verify", action="store_true", help="stream every weights file and check its sha256")
+    p.set_defaults(func=_guard(cmd_show))
+
+    p = sub.add_parser("deprecate", help="mark MODEL@VERSION deprecated (retention deletes it after 30 days)")
+    p.add_argument("ref", metavar="MODEL@VERSION")
+    p.add_argument("--reason", default="deprecated by hand")
+    p.set_defaults(func=_guard(cmd_deprecate))
+
+    p = sub.add_parser("retention", help="run RegistryRetention now and print what it deleted and kept")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, delete nothing")
+    p.add_argument("--deprecated-days", type=float, default=30)
+    p.add_argument("--rollback-days", type=float, default=7)
+    p.set_defaults(func=_guard(cmd_retention))
+
+    p = sub.add_parser("schedule", help="create or update the daily RegistryRetention schedule")
+    p.add_argument("--hour", type=int, default=3, choices=range(24), metavar="0-23", help="UTC hour (default 3)")
+    p.add_argument("--minute", type=int, default=0, choices=range(60), metavar="0-59")
+    p.set_defaults(func=_guard(cmd_schedule))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tideplane")
+    add_registry_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(["registry", *sys.argv[1:]]))
