@@ -42,6 +42,11 @@ class Settings(BaseSettings):
 
     # Where serving pods mount staged weights (a shared volume in production).
     model_cache_dir: Path = Field(Path("/var/cache/tideplane/models"), validation_alias=_env("MODEL_CACHE_DIR"))
+    # The PVC that holds model_cache_dir for serving pods (mounted read-only at the same path);
+    # unset: a hostPath of model_cache_dir on the node.
+    model_cache_pvc: str | None = Field(None, validation_alias=_env("MODEL_CACHE_PVC"))
+    # The Gateway that new HTTPRoutes attach to: "name" (the route's namespace) or "namespace/name".
+    gateway: str = Field("inference-gateway", validation_alias=_env("GATEWAY"))
 
     # How the worker reaches a version's OpenAI-compatible endpoint (warm-up, benchmark).
     service_url_template: str = Field(
@@ -51,6 +56,12 @@ class Settings(BaseSettings):
 
     # The worker's own /metrics port (0 disables it).
     metrics_port: int = Field(9464, ge=0, le=65535, validation_alias=_env("METRICS_PORT"))
+
+    # Per-request tracing in the serving pods (vLLM's OpenTelemetry export); no endpoint: off.
+    otlp_traces_endpoint: str | None = Field(
+        None, validation_alias=_env("OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+    trace_sample_ratio: float = Field(0.1, ge=0, le=1, validation_alias=_env("TRACE_SAMPLE_RATIO"))
 
     @field_validator("temporal_address")
     @classmethod
