@@ -1,0 +1,234 @@
+"""``tideplane schedules apply FILE`` / ``tideplane schedules list``: floor profiles as Temporal Schedules.
+
+Each floor entry of the file becomes one Schedule (calendar spec in the profile's time zone,
+overlap SKIP) whose action starts ScheduleFloor, which sets the floor of the deployment's
+ReactiveScaling loop; a ``prewarm`` block becomes a Schedule of PredictivePrewarm. Applying is
+declarative and idempotent: schedules are created or updated in place, and this deployment's
+schedules that the file no longer declares are deleted.
+
+workers/cli.py wires these in with ``add_schedules_commands(subparsers)``; each subcommand sets
+``func(args) -> int``. ``python -m workers.schedules ...`` runs them on their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import yaml
+from pydantic import ValidationError
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleCalendarSpec,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleRange,
+    ScheduleSpec,
+    ScheduleUpdate,
+)
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from workers.config import settings
+from workflows.naming import split_deployment
+from workflows.schedule_floors import FloorEntry, ScheduleFile
+from workflows.scaling_workflow import PredictivePrewarm, PrewarmInput, ScheduleFloor, ScheduleFloorInput
+
+FLOOR_PREFIX = "floor"
+PREWARM_PREFIX = "prewarm"
+# A floor missed while the server or worker was down still applies if caught up within this.
+CATCHUP = timedelta(hours=1)
+
+
+class ScheduleFileError(ValueError):
+    """The schedule file is invalid; the message names the field or time zone."""
+
+
+def load_schedule_file(path: Path) -> ScheduleFile:
+    """YAML or JSON (JSON is YAML); errors name the field, e.g. ``schedules.0.time_zone``."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ScheduleFileError(f"cannot read {path}: {exc}") from None
+    try:
+        return ScheduleFile.model_validate(raw)
+    except ValidationError as exc:
+        problems = [f"{'.'.join(str(p) for p in e['loc']) or '(file)'}: {e['msg']}" for e in exc.errors()]
+        raise ScheduleFileError(f"invalid schedule file {path}: " + "; ".join(problems)) from None
+
+
+def _temporal_weekday(weekday: int) -> int:
+    """Python's Monday = 0 to Temporal's Sunday = 0."""
+    return (weekday + 1) % 7
+
+
+def floor_spec(entry: FloorEntry, time_zone: str) -> ScheduleSpec:
+    if len(entry.weekdays) == 7:
+        days = [ScheduleRange(0, 6)]
+    else:
+        days = [ScheduleRange(_temporal_weekday(d)) for d in entry.weekdays]
+    calendar = ScheduleCalendarSpec(
+        second=[ScheduleRange(0)],
+        minute=[ScheduleRange(entry.minute)],
+        hour=[ScheduleRange(entry.hour)],
+        day_of_week=days,
+        comment=f"floor {entry.replicas} at {entry.at} {','.join(entry.days)}",
+    )
+    return ScheduleSpec(calendars=[calendar], time_zone_name=time_zone)
+
+
+def _prefix(kind: str, deployment: str) -> str:
+    namespace, name = split_deployment(deployment)
+    return f"{kind}/{namespace}/{name}"
+
+
+def desired_schedules(file: ScheduleFile, task_queue: str) -> dict[str, Schedule]:
+    """Schedule ID -> Schedule for everything the file declares."""
+    out: dict[str, Schedule] = {}
+    for item in file.schedules:
+        tz = file.zone_of(item)
+        for entry in item.floors:
+            sid = f"{_prefix(FLOOR_PREFIX, item.deployment)}/{entry.key}"
+            out[sid] = Schedule(
+                action=ScheduleActionStartWorkflow(
+                    ScheduleFloor.run,
+                    ScheduleFloorInput(deployment=item.deployment, replicas=entry.replicas),
+                    id=f"{sid}/run",
+                    task_queue=task_queue,
+                    static_summary=f"floor {entry.replicas} for {item.deployment} ({entry.at} {tz})",
+                ),
+                spec=floor_spec(entry, tz),
+                policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=CATCHUP),
+            )
+        if item.prewarm is not None:
+            p = item.prewarm
+            sid = _prefix(PREWARM_PREFIX, item.deployment)
+            out[sid] = Schedule(
+                action=ScheduleActionStartWorkflow(
+                    PredictivePrewarm.run,
+                    PrewarmInput(
+                        deployment=item.deployment,
+                        time_zone=tz,
+                        weeks=p.weeks,
+                        startup_seconds=p.startup_seconds,
+                        quantile=p.quantile,
+                        ttl_seconds=2 * 60 * p.every_minutes,
+                    ),
+                    id=f"{sid}/run",
+                    task_queue=task_queue,
+                ),
+                spec=ScheduleSpec(
+                    calendars=[ScheduleCalendarSpec(second=[ScheduleRange(0)], minute=[ScheduleRange(0, 59, p.every_minutes)], hour=[ScheduleRange(0, 23)])],
+                    time_zone_name=tz,
+                ),
+                policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=CATCHUP),
+            )
+    return out
+
+
+async def _ids_with_prefix(client: Client, prefixes: list[str]) -> list[str]:
+    return [s.id async for s in await client.list_schedules() if any(s.id.startswith(p + "/") or s.id == p for p in prefixes)]
+
+
+async def apply(client: Client, file: ScheduleFile, task_queue: str) -> list[tuple[str, str]]:
+    """Create or update every declared schedule, delete the deployment's undeclared ones: (id, outcome)."""
+    wanted = desired_schedules(file, task_queue)
+    outcomes: list[tuple[str, str]] = []
+    for sid, schedule in wanted.items():
+        try:
+            await client.create_schedule(sid, schedule)
+            outcomes.append((sid, "created"))
+        except ScheduleAlreadyRunningError:
+            await client.get_schedule_handle(sid).update(lambda _, s=schedule: ScheduleUpdate(schedule=s))
+            outcomes.append((sid, "updated"))
+    prefixes = [_prefix(kind, item.deployment) for item in file.schedules for kind in (FLOOR_PREFIX, PREWARM_PREFIX)]
+    for sid in await _ids_with_prefix(client, prefixes):
+        if sid not in wanted:
+            await client.get_schedule_handle(sid).delete()
+            outcomes.append((sid, "deleted"))
+    return outcomes
+
+
+async def describe_all(client: Client) -> list[dict]:
+    """Every tideplane floor/pre-warm schedule with its action and next run in local time."""
+    rows = []
+    for sid in sorted(await _ids_with_prefix(client, [FLOOR_PREFIX, PREWARM_PREFIX])):
+        desc = await client.get_schedule_handle(sid).describe()
+        spec = desc.schedule.spec
+        tz = spec.time_zone_name or "UTC"
+        comment = spec.calendars[0].comment if spec.calendars else ""
+        nxt = desc.info.next_action_times[0].astimezone(ZoneInfo(tz)) if desc.info.next_action_times else None
+        rows.append(
+            {
+                "id": sid,
+                "time_zone": tz,
+                "what": comment or "predictive pre-warm",
+                "next": nxt.isoformat(timespec="minutes") if nxt else "-",
+                "paused": desc.schedule.state.paused,
+            }
+        )
+    return rows
+
+
+async def _client() -> Client:
+    cfg = settings()
+    return await Client.connect(cfg.temporal_address, namespace=cfg.temporal_namespace, data_converter=pydantic_data_converter)
+
+
+def cmd_apply(args) -> int:
+    try:
+        file = load_schedule_file(args.file)
+    except ScheduleFileError as exc:
+        print(f"tideplane: {exc}", file=sys.stderr)
+        return 2
+
+    async def run():
+        return await apply(await _client(), file, settings().task_queue)
+
+    for sid, outcome in asyncio.run(run()):
+        print(f"{outcome:8} {sid}")
+    return 0
+
+
+def cmd_list(args) -> int:
+    async def run():
+        return await describe_all(await _client())
+
+    rows = asyncio.run(run())
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'SCHEDULE':44} {'TIME ZONE':18} {'NEXT (local)':18} WHAT")
+    for r in rows:
+        print(f"{r['id']:44} {r['time_zone']:18} {r['next'][:16]:18} {r['what']}{' (paused)' if r['paused'] else ''}")
+    return 0
+
+
+def add_schedules_commands(subparsers) -> None:
+    """Add ``schedules apply FILE`` and ``schedules list`` to the tideplane CLI's subparsers."""
+    schedules = subparsers.add_parser("schedules", help="time-of-day floors and predictive pre-warm as Temporal Schedules")
+    sub = schedules.add_subparsers(dest="schedules_command", required=True)
+    p = sub.add_parser("apply", help="create or update the schedules a YAML/JSON file declares (idempotent)")
+    p.add_argument("file", type=Path)
+    p.set_defaults(func=cmd_apply)
+    p = sub.add_parser("list", help="the floor and pre-warm schedules with their next run")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tideplane")
+    add_schedules_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Predictive pre-warm: the floor to hold now so that the next hours' usual peak finds replicas ready.
+
+Demand is tidal and repeats by weekday and hour, and a replica needs minutes to become Ready, so
+the floor for "now" is the expected peak of every hour slot between now and now + start-up time,
+where the expected peak of a slot is a quantile of that slot's peaks over past weeks.
+Pure: the history arrives keyed by local ``"<weekday>:<hour>"`` (Monday = 0).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, Field
+
+
+def slot_key(weekday: int, hour: int) -> str:
+    return f"{weekday}:{hour}"
+
+
+def expected_peak(samples: list[float], quantile: float = 0.75) -> float | None:
+    """Linear-interpolated quantile of a slot's weekly peaks (None: no history)."""
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    pos = quantile * (len(ordered) - 1)
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+class Prewarm(BaseModel):
+    floor: int = Field(ge=0)
+    slots: dict[str, float | None] = Field(description="slot -> expected peak, for the slots looked at")
+    reason: str
+
+
+def prewarm_floor(
+    samples: dict[str, list[float]],
+    weekday: int,
+    minute_of_day: int,
+    startup_seconds: float,
+    quantile: float = 0.75,
+) -> Prewarm:
+    """Floor for now: max expected peak over the slots from now to now + start-up time."""
+    start = weekday * 1440 + minute_of_day
+    end = start + math.ceil(startup_seconds / 60)
+    slots: dict[str, float | None] = {}
+    for minute in range(start - start % 60, end + 1, 60):
+        wrapped = minute % (7 * 1440)
+        key = slot_key(wrapped // 1440, (wrapped % 1440) // 60)
+        slots[key] = expected_peak(samples.get(key, []), quantile)
+    known = [v for v in slots.values() if v is not None]
+    floor = math.ceil(max(known)) if known else 0
+    reason = (
+        f"expected peak {floor} over slots {', '.join(slots)} (q{quantile:g} of past weeks, start-up {startup_seconds:.0f}s)"
+        if known
+        else "no history for the coming slots: floor 0"
+    )
+    return Prewarm(floor=floor, slots=slots, reason=reason)

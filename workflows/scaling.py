@@ -1,0 +1,213 @@
+"""The reactive scaling decision: signals in, desired replicas out, with the reason.
+
+Pure code on plain values (pydantic models, floats, ints), so the ReactiveScaling workflow, the
+unit tests and the offline scaling benchmark run the very same rules:
+
+- up at once when any trigger is above its target, by enough replicas to absorb the load in one
+  step (queue: ``current + ceil(waiting / per-replica capacity)``), capped by ``max_step_up``;
+- several triggers combine by taking the maximum (like KEDA);
+- down only after the load has stayed below target for the stabilisation window AND the
+  cooldown since the last change has passed, one replica at a time;
+- never below the floor (schedules, pre-warm) or ``min_replicas``; ``max_replicas`` and the GPU
+  budget always hold, and hitting the budget is reported;
+- blind (metric source down or no data at all): hold, never scale down on missing data.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, Field, model_validator
+
+
+class ScalingPolicy(BaseModel):
+    """Targets and pacing of one deployment's loop; changed live by the ``update_policy`` update."""
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(8, ge=0)
+    queue_per_replica: float = Field(
+        5, ge=0, description="waiting requests per replica tolerated before the queue trigger fires"
+    )
+    queue_capacity_per_replica: float = Field(
+        20, gt=0, description="waiting requests one added replica absorbs: +ceil(waiting / this)"
+    )
+    ttft_p99_slo_seconds: float = Field(2.0, gt=0)
+    gpu_util_target_percent: float = Field(80, gt=0, le=100)
+    gpu_util_sustain_seconds: float = Field(120, ge=0, description="utilisation must stay above target this long")
+    kv_cache_target: float = Field(0.9, gt=0, le=1, description="KV-cache usage fraction")
+    stabilisation_seconds: float = Field(300, ge=0, description="load below target this long before a step down")
+    cooldown_seconds: float = Field(600, ge=0, description="since the last change before a step down")
+    max_step_up: int = Field(16, ge=1, description="most replicas added by one decision")
+    max_gpus: int | None = Field(None, ge=0, description="budget guard: GPUs the deployment may hold")
+    gpus_per_replica: int = Field(1, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScalingPolicy:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas})")
+        if self.max_gpus is not None and self.min_replicas * self.gpus_per_replica > self.max_gpus:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) x gpus_per_replica ({self.gpus_per_replica})"
+                f" exceeds max_gpus ({self.max_gpus})"
+            )
+        return self
+
+    @property
+    def budget_replicas(self) -> int | None:
+        """Most replicas the GPU budget pays for (None: no budget)."""
+        if self.max_gpus is None or self.gpus_per_replica == 0:
+            return None
+        return self.max_gpus // self.gpus_per_replica
+
+
+class Signals(BaseModel):
+    """What the metric source says about a deployment now; None where it has no value."""
+
+    queue_waiting: float | None = None
+    running: float | None = None
+    kv_cache_usage: float | None = Field(None, description="fraction 0..1 (max over replicas)")
+    ttft_p99_seconds: float | None = None
+    gpu_util_percent: float | None = Field(None, description="mean over the deployment's GPUs, 0..100")
+    error: str | None = Field(None, description="why the metric source could not be read")
+
+    @property
+    def blind(self) -> bool:
+        return self.error is not None or all(
+            v is None for v in (self.queue_waiting, self.kv_cache_usage, self.ttft_p99_seconds, self.gpu_util_percent)
+        )
+
+
+class ScalerState(BaseModel):
+    """What the rules remember between decisions (carried across continue-as-new)."""
+
+    last_change_s: float | None = None
+    below_since_s: float | None = Field(None, description="start of the current run of below-target decisions")
+    util_above_since_s: float | None = None
+
+
+class Trigger(BaseModel):
+    name: str
+    value: float
+    target: float
+    fired: bool
+    replicas: int = Field(description="replicas this trigger asks for")
+
+
+class Decision(BaseModel):
+    desired: int
+    reason: str
+    triggers: list[Trigger] = Field(default_factory=list)
+    capped_by: str | None = Field(None, description="max_replicas | max_step_up | budget, when a cap cut the step")
+    state: ScalerState
+
+
+def _ratio_replicas(current: int, value: float, target: float) -> int:
+    """HPA-style ``ceil(current * value / target)``, at least one more than now when above target."""
+    return max(current + 1, math.ceil(max(current, 1) * value / target))
+
+
+def _triggers(now_s: float, current: int, s: Signals, p: ScalingPolicy, util_since: float | None) -> list[Trigger]:
+    out: list[Trigger] = []
+    if s.queue_waiting is not None:
+        limit = p.queue_per_replica * max(current, 1)
+        fired = s.queue_waiting > limit
+        extra = math.ceil(s.queue_waiting / p.queue_capacity_per_replica) if fired else 0
+        out.append(Trigger(name="queue", value=s.queue_waiting, target=limit, fired=fired, replicas=current + extra))
+    if s.ttft_p99_seconds is not None:
+        fired = s.ttft_p99_seconds > p.ttft_p99_slo_seconds
+        want = _ratio_replicas(current, s.ttft_p99_seconds, p.ttft_p99_slo_seconds) if fired else current
+        out.append(Trigger(name="ttft_p99", value=s.ttft_p99_seconds, target=p.ttft_p99_slo_seconds, fired=fired, replicas=want))
+    if s.kv_cache_usage is not None:
+        fired = s.kv_cache_usage > p.kv_cache_target
+        want = _ratio_replicas(current, s.kv_cache_usage, p.kv_cache_target) if fired else current
+        out.append(Trigger(name="kv_cache", value=s.kv_cache_usage, target=p.kv_cache_target, fired=fired, replicas=want))
+    if s.gpu_util_percent is not None:
+        sustained = util_since is not None and now_s - util_since >= p.gpu_util_sustain_seconds
+        fired = s.gpu_util_percent > p.gpu_util_target_percent and sustained
+        want = _ratio_replicas(current, s.gpu_util_percent, p.gpu_util_target_percent) if fired else current
+        out.append(Trigger(name="gpu_util", value=s.gpu_util_percent, target=p.gpu_util_target_percent, fired=fired, replicas=want))
+    return out
+
+
+def _needed(current: int, s: Signals, p: ScalingPolicy) -> int:
+    """Replicas the load justifies when no trigger fires; ``current`` when that cannot be told."""
+    if s.gpu_util_percent is None or s.queue_waiting is None or s.queue_waiting > 0:
+        return current
+    needed = math.ceil(current * s.gpu_util_percent / p.gpu_util_target_percent)
+    if s.kv_cache_usage is not None:
+        needed = max(needed, math.ceil(current * s.kv_cache_usage / p.kv_cache_target))
+    return needed
+
+
+def _fmt(t: Trigger) -> str:
+    return f"{t.name} {t.value:g} > {t.target:g} (wants {t.replicas})"
+
+
+def decide(
+    now_s: float,
+    current: int,
+    signals: Signals,
+    policy: ScalingPolicy,
+    state: ScalerState,
+    floor: int = 0,
+) -> Decision:
+    """Desired replicas for a deployment at ``now_s`` (seconds on any monotonic clock)."""
+    util_high = signals.gpu_util_percent is not None and signals.gpu_util_percent > policy.gpu_util_target_percent
+    util_since = (state.util_above_since_s if state.util_above_since_s is not None else now_s) if util_high else None
+    below_since = state.below_since_s
+    triggers: list[Trigger] = []
+    capped_by: str | None = None
+
+    if signals.blind:
+        desired = current
+        below_since = None
+        reason = f"hold at {current}: metrics unavailable ({signals.error or 'no data'})"
+    else:
+        triggers = _triggers(now_s, current, signals, policy, util_since)
+        fired = [t for t in triggers if t.fired]
+        if fired:
+            below_since = None
+            desired = max(t.replicas for t in fired)
+            if desired > current + policy.max_step_up:
+                desired, capped_by = current + policy.max_step_up, "max_step_up"
+            reason = "up: " + "; ".join(_fmt(t) for t in fired)
+        elif _needed(current, signals, policy) < current:
+            below_since = now_s if below_since is None else below_since
+            quiet_for = now_s - below_since
+            since_change = math.inf if state.last_change_s is None else now_s - state.last_change_s
+            if quiet_for < policy.stabilisation_seconds:
+                desired = current
+                reason = f"hold at {current}: below target for {quiet_for:.0f}s of {policy.stabilisation_seconds:.0f}s window"
+            elif since_change < policy.cooldown_seconds:
+                desired = current
+                reason = f"hold at {current}: cooldown, {since_change:.0f}s of {policy.cooldown_seconds:.0f}s since last change"
+            else:
+                desired = current - 1
+                reason = f"down one step: below target for {quiet_for:.0f}s, {since_change:.0f}s since last change"
+        else:
+            below_since = None
+            desired = current
+            reason = f"hold at {current}: at target"
+
+    lower = max(policy.min_replicas, floor)
+    if desired < lower:
+        desired = lower
+        reason += f"; raised to floor {lower} (min {policy.min_replicas}, schedule/pre-warm {floor})"
+    if desired > policy.max_replicas:
+        desired, capped_by = policy.max_replicas, "max_replicas"
+        reason += f"; capped at max_replicas {policy.max_replicas}"
+    budget = policy.budget_replicas
+    if budget is not None and desired > budget:
+        desired, capped_by = budget, "budget"
+        reason += f"; budget guard: {policy.max_gpus} GPUs allow {budget} replicas"
+
+    last_change = state.last_change_s
+    if desired != current:
+        last_change, below_since = now_s, None
+    return Decision(
+        desired=desired,
+        reason=reason,
+        triggers=triggers,
+        capped_by=capped_by,
+        state=ScalerState(last_change_s=last_change, below_since_s=below_since, util_above_since_s=util_since),
+    )
