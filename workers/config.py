@@ -8,10 +8,12 @@ Settings are validated at start; a bad value fails with the setting's name in th
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -26,6 +28,26 @@ class Settings(BaseSettings):
     temporal_address: str = Field("127.0.0.1:7233", validation_alias=_env("TEMPORAL_ADDRESS", "TEMPORAL_ADDRESS"))
     temporal_namespace: str = Field("default", validation_alias=_env("TEMPORAL_NAMESPACE", "TEMPORAL_NAMESPACE"))
     task_queue: str = Field("tideplane", validation_alias=_env("TASK_QUEUE"))
+    # TLS / mTLS to a self-hosted cluster or Temporal Cloud; the fallbacks are the temporal CLI's
+    # own variables, so one environment configures both. Any TLS option or an API key turns TLS on.
+    temporal_tls: bool = Field(False, validation_alias=_env("TEMPORAL_TLS", "TEMPORAL_TLS"))
+    temporal_tls_ca_path: Path | None = Field(
+        None, validation_alias=_env("TEMPORAL_TLS_CA_PATH", "TEMPORAL_TLS_SERVER_CA_CERT_PATH")
+    )
+    temporal_tls_cert_path: Path | None = Field(
+        None, validation_alias=_env("TEMPORAL_TLS_CERT_PATH", "TEMPORAL_TLS_CLIENT_CERT_PATH")
+    )
+    temporal_tls_key_path: Path | None = Field(
+        None, validate_default=True, validation_alias=_env("TEMPORAL_TLS_KEY_PATH", "TEMPORAL_TLS_CLIENT_KEY_PATH")
+    )
+    temporal_tls_server_name: str | None = Field(
+        None, validation_alias=_env("TEMPORAL_TLS_SERVER_NAME", "TEMPORAL_TLS_SERVER_NAME")
+    )
+    temporal_api_key: SecretStr | None = Field(None, validation_alias=_env("TEMPORAL_API_KEY", "TEMPORAL_API_KEY"))
+    # AES-256-GCM key (base64 of 32 bytes) for the optional payload codec; unset: payloads in clear.
+    payload_encryption_key: SecretStr | None = Field(None, validation_alias=_env("PAYLOAD_ENCRYPTION_KEY"))
+    # Retired keys (comma-separated base64), still accepted for decoding while old histories live.
+    payload_decryption_keys: SecretStr | None = Field(None, validation_alias=_env("PAYLOAD_DECRYPTION_KEYS"))
 
     # Kubernetes: a kubeconfig file, or the in-cluster service account when running in a pod.
     kubeconfig: Path | None = Field(None, validation_alias=_env("KUBECONFIG", "KUBECONFIG"))
@@ -69,6 +91,38 @@ class Settings(BaseSettings):
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError(f"expected HOST:PORT, got {value!r}")
+        return value
+
+    @field_validator("temporal_tls_ca_path", "temporal_tls_cert_path", "temporal_tls_key_path")
+    @classmethod
+    def _readable(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if info.field_name == "temporal_tls_key_path":
+            # (a cert that failed its own check is absent from info.data: that error suffices)
+            cert_ok = "temporal_tls_cert_path" in info.data
+            if cert_ok and (info.data["temporal_tls_cert_path"] is None) != (value is None):
+                raise ValueError(
+                    "TIDEPLANE_TEMPORAL_TLS_CERT_PATH and TIDEPLANE_TEMPORAL_TLS_KEY_PATH must be set together (mTLS)"
+                )
+        if value is not None:
+            try:
+                value.read_bytes()
+            except OSError as exc:
+                raise ValueError(f"cannot read {value}: {exc.strerror or exc}") from None
+        return value
+
+    @field_validator("payload_encryption_key", "payload_decryption_keys")
+    @classmethod
+    def _aes_keys(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        if value is not None:
+            if info.field_name == "payload_encryption_key" and "," in value.get_secret_value():
+                raise ValueError("one key only; retired keys go in TIDEPLANE_PAYLOAD_DECRYPTION_KEYS")
+            for part in value.get_secret_value().split(","):
+                try:
+                    key = base64.b64decode(part.strip(), validate=True)
+                except (binascii.Error, ValueError):
+                    raise ValueError("not valid base64 (value not shown)") from None
+                if len(key) != 32:
+                    raise ValueError(f"an AES-256 key is 32 bytes, this one decodes to {len(key)} (value not shown)")
         return value
 
     @field_validator("prometheus_url", "aws_endpoint_url")

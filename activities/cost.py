@@ -1,0 +1,117 @@
+"""Prometheus side of the cost report: GPU occupancy, pod/node identity and tokens over a window.
+
+Every query is pinned to the window's end (``time=``/``end=``), so a retried activity reads the
+same numbers. Template rendering is activities/metrics.py's; this module adds vector and range
+results (one row per label set) and maps them onto the cost model's rows.
+"""
+
+from __future__ import annotations
+
+import httpx
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.metrics import HTTP_TIMEOUT, QUERY_TIMEOUT, render
+from workers import telemetry
+from workers.config import settings
+from workflows.cost import GpuSeconds, NodeInfo, PodInfo, TokenCount
+from workflows.cost_report import COLLECT_COST_INPUTS, CollectCostInput, CostInputs
+
+
+MAX_POINTS = 10_000  # per series and request; Prometheus refuses more than 11,000
+
+
+def _api(http: httpx.Client, name: str, path: str, params: dict) -> dict:
+    """GET one Prometheus API call's ``data``; a PromQL error is bad input (non-retryable)."""
+    url = f"{settings().prometheus_url}{path}"
+    try:
+        resp = http.get(url, params={**params, "timeout": QUERY_TIMEOUT})
+    except httpx.HTTPError as exc:
+        telemetry.METRIC_QUERY_ERRORS.labels("prometheus", "unreachable").inc()
+        raise ApplicationError(f"Prometheus at {url} unreachable: {exc!r}", type="MetricsUnavailable") from None
+    try:
+        body = resp.json()
+    except ValueError:
+        body = {}
+    if resp.status_code == 400 and body.get("errorType") == "bad_data":
+        telemetry.METRIC_QUERY_ERRORS.labels("prometheus", "bad_query").inc()
+        raise ApplicationError(f"cost query {name!r}: Prometheus rejected {params['query']!r}: {body.get('error')}",
+                               non_retryable=True)
+    if resp.status_code != 200 or body.get("status") != "success":
+        telemetry.METRIC_QUERY_ERRORS.labels("prometheus", f"http_{resp.status_code}").inc()
+        detail = body.get("error") or resp.text[:200]
+        raise ApplicationError(f"cost query {name!r}: Prometheus answered HTTP {resp.status_code}: {detail}",
+                               type="MetricsUnavailable")
+    return body["data"]
+
+
+def vector(http: httpx.Client, name: str, promql: str, at: float) -> list[tuple[dict[str, str], float]]:
+    """An instant query's series as (labels, value)."""
+    data = _api(http, name, "/api/v1/query", {"query": promql, "time": f"{at:.3f}"})
+    if data.get("resultType") != "vector":
+        raise ApplicationError(f"cost query {name!r}: expected a vector, got a {data.get('resultType')}", non_retryable=True)
+    return [(series["metric"], float(series["value"][1])) for series in data["result"]]
+
+
+def integrate(http: httpx.Client, name: str, promql: str, end: float, window: int, step: int) -> dict[tuple, float]:
+    """Sum of ``promql`` x ``step`` over the ``window / step`` instants ending at ``end``, per label set.
+
+    A range query at exactly those instants (not a subquery, whose end-inclusiveness changed in
+    Prometheus 3), split into requests under Prometheus' points limit.
+    """
+    totals: dict[tuple, float] = {}
+    first = end - window + step
+    while first <= end:
+        last = min(end, first + (MAX_POINTS - 1) * step)
+        data = _api(http, name, "/api/v1/query_range",
+                    {"query": promql, "start": f"{first:.3f}", "end": f"{last:.3f}", "step": str(step)})
+        for series in data["result"]:
+            key = tuple(sorted(series["metric"].items()))
+            totals[key] = totals.get(key, 0.0) + sum(float(v) for _, v in series["values"]) * step
+        first = last + step
+    return totals
+
+
+def _labels(name: str, labels: dict[str, str], *required: str) -> list[str]:
+    missing = [key for key in required if key not in labels]
+    if missing:
+        raise ApplicationError(f"cost query {name!r} must return labels {list(required)}; {labels} lacks {missing}",
+                               non_retryable=True)
+    return [labels[key] for key in required]
+
+
+@activity.defn(name=COLLECT_COST_INPUTS)
+def collect_cost_inputs(req: CollectCostInput) -> CostInputs:
+    if req.window_seconds % req.step_seconds:
+        raise ApplicationError(f"window_seconds {req.window_seconds} is not a multiple of step_seconds {req.step_seconds}",
+                               non_retryable=True)
+    variables = {"window": f"{req.window_seconds}s"}
+    q = {name: render(name, template, variables) for name, template in req.queries.model_dump().items()}
+    at = req.end.timestamp()
+    with httpx.Client(timeout=HTTP_TIMEOUT) as http:
+        gpu = [
+            GpuSeconds(**dict(zip(("namespace", "pod", "node"), _labels("gpu_occupancy", dict(m), "namespace", "pod", "node"))),
+                       gpu_seconds=v)
+            for m, v in integrate(http, "gpu_occupancy", q["gpu_occupancy"], at, req.window_seconds, req.step_seconds).items()
+        ]
+        pods = [
+            PodInfo(**dict(zip(("namespace", "pod", "deployment", "version", "model"),
+                               _labels("pods", m, "namespace", "pod", "deployment", "version", "model_name"))))
+            for m, _ in vector(http, "pods", q["pods"], at)
+        ]
+        nodes = [
+            NodeInfo(**dict(zip(("node", "pool", "capacity_type"), _labels("nodes", m, "node", "pool", "capacity_type"))))
+            for m, _ in vector(http, "nodes", q["nodes"], at)
+        ]
+        counts: dict[tuple[str, ...], dict[str, float]] = {}
+        for kind in ("generation_tokens", "prompt_tokens"):
+            for m, v in vector(http, kind, q[kind], at):
+                key = tuple(_labels(kind, m, "namespace", "deployment", "version", "model_name"))
+                counts.setdefault(key, {"generation_tokens": 0.0, "prompt_tokens": 0.0})[kind] = v
+    tokens = [
+        TokenCount(namespace=ns, deployment=dep, version=ver, model=model, **values)
+        for (ns, dep, ver, model), values in sorted(counts.items())
+    ]
+    activity.logger.info("cost inputs: %d GPU rows, %d pods, %d nodes, %d versions with tokens",
+                         len(gpu), len(pods), len(nodes), len(tokens))
+    return CostInputs(gpu=gpu, pods=pods, nodes=nodes, tokens=tokens)
