@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 DEFAULT_CONFIG = Path(__file__).with_name("sandbox.yaml")
 
@@ -55,9 +55,23 @@ class Profile(_Strict):
 
 
 class Demand(_Strict):
-    """Requests per second offered to a logical deployment (split by its HTTPRoute)."""
+    """Requests per second offered to a logical deployment (split by its HTTPRoute).
+
+    A ``curve`` of (sandbox seconds, rps) points, linear in between, replaces the constant ``rps``
+    (a rate curve, or a trace resampled to one); its clock starts when the fleet first sees this
+    demand, and ``period_seconds`` repeats it (86400: a daily tide).
+    """
 
     rps: float = Field(0, ge=0)
+    curve: list[tuple[float, float]] = Field(default_factory=list)
+    period_seconds: float | None = Field(None, gt=0)
+
+    @field_validator("curve")
+    @classmethod
+    def _curve(cls, points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        if any(t < 0 or rps < 0 for t, rps in points):
+            raise ValueError("curve points are (seconds >= 0, rps >= 0)")
+        return sorted(points)
 
 
 class SandboxConfig(_Strict):

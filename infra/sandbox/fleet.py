@@ -1,0 +1,681 @@
+"""Fleet simulator: simulated vLLM replicas and DCGM GPUs for the pods of the emulated cluster.
+
+Every tick it reads pods, services, HTTPRoutes, nodes and the ``fleet-profiles`` /
+``fleet-demand`` ConfigMaps from the Kubernetes API emulator over HTTP (official client), splits
+each logical deployment's demand between versions by the HTTPRoute's backend weights and between
+the Ready pods of a version, and advances a queue model per pod: arrivals beyond a replica's
+``capacity_rps`` wait, so waiting requests, TTFT and GPU utilisation rise when replicas are short.
+It serves what gates and scaling loops read in production — vLLM's and DCGM's metric names on
+``GET /metrics`` — and an OpenAI-compatible ``POST /proxy/{namespace}/{service}/v1/completions``.
+
+Time is scaled: with ``--time-scale 10`` one real second is ten sandbox seconds, so counters grow
+ten times faster and proxied requests sleep a tenth of their simulated latency. Latency values
+themselves are in sandbox seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import random
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from kubernetes import client
+from pydantic import ValidationError
+
+from infra.sandbox.config import (
+    DEMAND_CONFIGMAP,
+    PROFILES_CONFIGMAP,
+    SANDBOX_NAMESPACE,
+    Demand,
+    Profile,
+)
+from infra.sandbox.kubeclient import api_client, raw
+from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
+
+log = logging.getLogger("tideplane.fleet")
+
+# vLLM's own bucket boundaries, so dashboards and quantiles behave as on a real fleet.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+DEFAULT_GPU_MEMORY_MIB = 81920
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as GPU feature discovery labels nodes
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+SAMPLES_PER_TICK = 16  # latency samples drawn per replica per tick; counts are exact
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure model
+
+
+class Histogram:
+    """A cumulative Prometheus histogram that accepts weighted observations."""
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # last slot: +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        if n <= 0:
+            return
+        index = next((i for i, bound in enumerate(self.bounds) if value <= bound), len(self.bounds))
+        self.counts[index] += n
+        self.sum += value * n
+        self.count += n
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, running = [], 0
+        for bound, count in zip((*self.bounds, math.inf), self.counts):
+            running += count
+            out.append(("+Inf" if bound == math.inf else repr(float(bound)), running))
+        return out
+
+
+@dataclass
+class Latency:
+    """One request's time split the way vLLM reports it (sandbox seconds)."""
+
+    queue: float
+    prefill: float
+    decode: float
+    tokens: int
+
+    @property
+    def ttft(self) -> float:
+        return self.queue + self.prefill
+
+    @property
+    def tpot(self) -> float:
+        return self.decode / max(1, self.tokens - 1)
+
+    @property
+    def e2e(self) -> float:
+        return self.queue + self.prefill + self.decode
+
+
+HISTOGRAMS = {
+    "vllm:time_to_first_token_seconds": (TTFT_BUCKETS, "Time to first token in seconds.", lambda l: l.ttft),
+    "vllm:time_per_output_token_seconds": (TPOT_BUCKETS, "Time per output token in seconds.", lambda l: l.tpot),
+    "vllm:inter_token_latency_seconds": (TPOT_BUCKETS, "Inter-token latency in seconds.", lambda l: l.tpot),
+    "vllm:e2e_request_latency_seconds": (REQUEST_BUCKETS, "End-to-end request latency in seconds.", lambda l: l.e2e),
+    "vllm:request_queue_time_seconds": (REQUEST_BUCKETS, "Time spent waiting in the queue in seconds.", lambda l: l.queue),
+    "vllm:request_prefill_time_seconds": (REQUEST_BUCKETS, "Time spent in prefill in seconds.", lambda l: l.prefill),
+    "vllm:request_decode_time_seconds": (REQUEST_BUCKETS, "Time spent in decode in seconds.", lambda l: l.decode),
+}
+
+
+class Replica:
+    """One vLLM replica as a fluid queue: ``capacity_rps`` served per second, the rest waits.
+
+    Counts are exact (fractional arrivals carry over between ticks); latencies are drawn around
+    the load-dependent mean so histograms have a realistic spread.
+    """
+
+    def __init__(self, profile: Profile, rng: random.Random | None = None):
+        self.profile = profile
+        self.rng = rng or random.Random()
+        self.waiting = 0.0  # requests queued (fluid)
+        self.running = 0.0  # requests in the batch
+        self.utilisation = 0.0  # offered load / capacity, capped at 1
+        self.histograms = {name: Histogram(spec[0]) for name, spec in HISTOGRAMS.items()}
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.success = 0
+        self.errors = 0
+        self._served_carry = 0.0
+        self._error_carry = 0.0
+        self._extra_arrivals = 0  # proxied requests since the last tick, already observed
+
+    # -- load-dependent means
+
+    def queue_wait(self) -> float:
+        """Seconds a request arriving now waits before its prefill starts."""
+        return self.waiting / self.profile.capacity_rps
+
+    def prefill_seconds(self) -> float:
+        return self.profile.ttft_seconds * (1 + 0.2 * self.utilisation)
+
+    def token_seconds(self) -> float:
+        return self.profile.tpot_seconds * (1 + 0.3 * self.utilisation)
+
+    def mean_latency(self, tokens: int | None = None) -> Latency:
+        tokens = tokens or self.profile.output_tokens
+        return Latency(self.queue_wait(), self.prefill_seconds(), self.token_seconds() * max(0, tokens - 1), tokens)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return min(1.0, 0.9 * self.utilisation + (0.1 if self.waiting >= 1 else 0.0))
+
+    @property
+    def gpu_utilisation(self) -> float:
+        """Percent, as DCGM_FI_DEV_GPU_UTIL reports it."""
+        return 100.0 if self.waiting >= 1 else round(5 + 95 * self.utilisation, 1)
+
+    # -- time
+
+    def advance(self, rps: float, dt: float) -> int:
+        """Offer ``rps`` for ``dt`` sandbox seconds; returns the requests completed (incl. errors)."""
+        capacity = self.profile.capacity_rps * dt
+        before = self.waiting
+        arrivals = rps * dt + self._extra_arrivals
+        self.waiting = max(0.0, before + arrivals - capacity)
+        served = before + arrivals - self.waiting
+        self.utilisation = min(1.0, (arrivals / dt) / self.profile.capacity_rps) if dt > 0 else 0.0
+        if self.waiting >= 1:
+            self.utilisation = 1.0
+        mean = self.mean_latency()
+        self.running = (served / dt) * (mean.prefill + mean.decode) if dt > 0 else 0.0
+
+        self._served_carry += served
+        completed = int(self._served_carry)
+        self._served_carry -= completed
+        synthetic = max(0, completed - self._extra_arrivals)
+        self._extra_arrivals = max(0, self._extra_arrivals - completed)
+
+        self._error_carry += synthetic * self.profile.error_rate
+        errors = int(self._error_carry)
+        self._error_carry -= errors
+        self.errors += errors
+        self._observe(synthetic - errors, (before + self.waiting) / 2 / self.profile.capacity_rps)
+        return completed
+
+    def _observe(self, n: int, queue: float) -> None:
+        if n <= 0:
+            return
+        mean = self.mean_latency()
+        groups = min(n, SAMPLES_PER_TICK)
+        for i in range(groups):
+            weight = n // groups + (1 if i < n % groups else 0)
+            jitter = self.rng.lognormvariate(0, 0.15)
+            self._record(Latency(queue, mean.prefill * jitter, mean.decode * self.rng.lognormvariate(0, 0.1), mean.tokens), weight)
+
+    def _record(self, latency: Latency, n: int = 1) -> None:
+        for name, (_, _, value) in HISTOGRAMS.items():
+            self.histograms[name].observe(value(latency), n)
+        self.success += n
+        self.prompt_tokens += n * self.profile.prompt_tokens
+        self.generation_tokens += n * latency.tokens
+
+    def serve(self, max_tokens: int) -> Latency | None:
+        """A proxied request: joins the queue; returns its latency, or None when it fails (500)."""
+        self._extra_arrivals += 1
+        if self.rng.random() < self.profile.error_rate:
+            self.errors += 1
+            return None
+        latency = self.mean_latency(max(1, min(max_tokens, self.profile.output_tokens)))
+        self._record(latency)
+        return latency
+
+
+def demand_rps(demand: Demand, t: float) -> float:
+    """The rate ``t`` sandbox seconds after the demand was set: its curve, else its constant rps."""
+    points = demand.curve
+    if not points:
+        return demand.rps
+    if demand.period_seconds:
+        t %= demand.period_seconds
+    if t <= points[0][0]:
+        return points[0][1]
+    for (t0, r0), (t1, r1) in zip(points, points[1:]):
+        if t <= t1:
+            return r1 if t1 == t0 else r0 + (r1 - r0) * (t - t0) / (t1 - t0)
+    return points[-1][1]
+
+
+def profile_for(profiles: dict[str, Profile], model: str, version: str) -> Profile:
+    """``<model>@<version>``, then ``<model>``, then ``default``, then the built-in default."""
+    for key in (f"{model}@{version}", model, "default"):
+        if key in profiles:
+            return profiles[key]
+    return Profile()
+
+
+def is_ready(pod: dict) -> bool:
+    if pod["metadata"].get("deletionTimestamp"):
+        return False
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def pod_gpus(pod: dict) -> int:
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        amount = (resources.get("limits") or {}).get(GPU_RESOURCE) or (resources.get("requests") or {}).get(GPU_RESOURCE) or 0
+        total += int(amount)
+    return total
+
+
+def _selects(selector: dict | None, labels: dict) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def pod_rates(
+    demand: dict[str, float], routes: list[dict], services: list[dict], pods: list[dict]
+) -> dict[tuple[str, str], float]:
+    """Requests/s offered to each Ready pod: (namespace, pod name) -> rps.
+
+    Demand for ``namespace/name`` goes through the HTTPRoute ``name``'s first rule, split by
+    backend weight; a backend's share is split evenly between its Service's Ready pods (a backend
+    with none drops its share, as a gateway answers 503 for it). Without a route, all Ready pods
+    labelled with the logical name share the demand.
+    """
+    ready = [p for p in pods if is_ready(p)]
+    route_by = {(r["metadata"].get("namespace", "default"), r["metadata"]["name"]): r for r in routes}
+    service_by = {(s["metadata"].get("namespace", "default"), s["metadata"]["name"]): s for s in services}
+    rates: dict[tuple[str, str], float] = {}
+
+    def spread(rps: float, members: list[dict]) -> None:
+        for pod in members:
+            key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+            rates[key] = rates.get(key, 0.0) + rps / len(members)
+
+    for ref, rps in demand.items():
+        namespace, _, name = ref.partition("/")
+        if rps <= 0 or not name:
+            continue
+        route = route_by.get((namespace, name))
+        if route is None:
+            members = [p for p in ready if p["metadata"]["namespace"] == namespace and (p["metadata"].get("labels") or {}).get(LABEL_APP) == name]
+            if members:
+                spread(rps, members)
+            continue
+        rules = route.get("spec", {}).get("rules") or [{}]
+        backends = [(b["name"], int(b.get("weight", 1))) for b in rules[0].get("backendRefs") or []]
+        total = sum(w for _, w in backends)
+        for service_name, weight in backends:
+            service = service_by.get((namespace, service_name))
+            if not weight or service is None:
+                continue
+            selector = (service.get("spec") or {}).get("selector")
+            members = [p for p in ready if p["metadata"]["namespace"] == namespace and _selects(selector, p["metadata"].get("labels") or {})]
+            if members:
+                spread(rps * weight / total, members)
+    return rates
+
+
+def assign_gpus(
+    previous: dict[str, list[str | None]], node_gpus: dict[str, int], wanted: dict[str, list[tuple[str, int]]]
+) -> dict[str, list[str | None]]:
+    """GPU index -> holder per node, keeping existing holders where they are (device plugin style).
+
+    ``wanted``: node -> [(pod key, GPUs requested)] for the pods bound there. Pods that left free
+    their GPUs; new pods take the lowest free indices.
+    """
+    result: dict[str, list[str | None]] = {}
+    for node, count in node_gpus.items():
+        holders = {key: n for key, n in wanted.get(node, [])}
+        slots: list[str | None] = [None] * count
+        old = previous.get(node, [])
+        for i, holder in enumerate(old[:count]):
+            if holder in holders:
+                slots[i] = holder
+        for key, n in wanted.get(node, []):
+            missing = n - slots.count(key)
+            for i in range(count):
+                if missing <= 0:
+                    break
+                if slots[i] is None:
+                    slots[i] = key
+                    missing -= 1
+        result[node] = slots
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Exposition
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    escaped = (f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + "n").replace(chr(34), chr(92) + chr(34))}"' for k, v in labels.items())
+    return "{" + ",".join(escaped) + "}"
+
+
+class Exposition:
+    """Prometheus text format 0.0.4, grouped per metric family."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, tuple[str, str, list[str]]] = {}
+
+    def sample(self, family: str, kind: str, help_text: str, labels: dict[str, str], value: float, suffix: str = "") -> None:
+        entry = self._families.setdefault(family, (kind, help_text, []))
+        entry[2].append(f"{family}{suffix}{_labels(labels)} {float(value)!r}")
+
+    def histogram(self, family: str, help_text: str, labels: dict[str, str], hist: Histogram) -> None:
+        for le, count in hist.cumulative():
+            self.sample(family, "histogram", help_text, {**labels, "le": le}, count, "_bucket")
+        self.sample(family, "histogram", help_text, labels, hist.sum, "_sum")
+        self.sample(family, "histogram", help_text, labels, hist.count, "_count")
+
+    def text(self) -> str:
+        lines = []
+        for name, (kind, help_text, samples) in self._families.items():
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
+        return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# The simulator
+
+
+@dataclass
+class Cluster:
+    """What the simulator read from the API in one tick."""
+
+    pods: list[dict] = field(default_factory=list)
+    services: list[dict] = field(default_factory=list)
+    routes: list[dict] = field(default_factory=list)
+    nodes: list[dict] = field(default_factory=list)
+    profiles: dict[str, Profile] = field(default_factory=dict)
+    demand: dict[str, Demand] = field(default_factory=dict)
+
+
+def read_cluster(api: client.ApiClient) -> Cluster:
+    """One consistent-enough snapshot of the emulated cluster over HTTP."""
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    cluster = Cluster(
+        pods=raw(core.list_pod_for_all_namespaces(_preload_content=False))["items"],
+        services=raw(core.list_service_for_all_namespaces(_preload_content=False))["items"],
+        nodes=raw(core.list_node(_preload_content=False))["items"],
+    )
+    try:
+        cluster.routes = raw(custom.list_cluster_custom_object("gateway.networking.k8s.io", "v1", "httproutes", _preload_content=False))["items"]
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise
+    for name, parse in ((PROFILES_CONFIGMAP, Profile), (DEMAND_CONFIGMAP, Demand)):
+        try:
+            data = raw(core.read_namespaced_config_map(name, SANDBOX_NAMESPACE, _preload_content=False)).get("data") or {}
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+            continue
+        for key, text in data.items():
+            try:
+                value = parse.model_validate_json(text)
+            except ValidationError as exc:
+                log.warning("ignoring %s[%s]: %s", name, key, exc)
+                continue
+            if isinstance(value, Profile):
+                cluster.profiles[key] = value
+            else:
+                cluster.demand[key] = value
+    return cluster
+
+
+@dataclass
+class PodInfo:
+    namespace: str
+    name: str
+    deployment: str
+    version: str
+    model: str
+    node: str
+
+    def labels(self) -> dict[str, str]:
+        return {"namespace": self.namespace, "pod": self.name, "deployment": self.deployment, "version": self.version, "model_name": self.model, "node": self.node}
+
+
+class Fleet:
+    """All simulated replicas and GPUs; thread-safe (the HTTP server and the tick loop share it)."""
+
+    def __init__(self, time_scale: float = 1.0, seed: int | None = None):
+        self.time_scale = time_scale
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+        self.cluster = Cluster()
+        self.replicas: dict[tuple[str, str], tuple[PodInfo, Replica]] = {}
+        self.gpus: dict[str, list[str | None]] = {}
+        self.clock = 0.0  # sandbox seconds simulated so far
+        self._demand_since: dict[str, tuple[Demand, float]] = {}  # key -> (demand, clock when set)
+        self._round_robin = 0
+
+    def update(self, cluster: Cluster, real_dt: float) -> None:
+        """Take a new snapshot, then advance every Ready replica by ``real_dt * time_scale``."""
+        with self.lock:
+            self.cluster = cluster
+            present = {}
+            for pod in cluster.pods:
+                labels = pod["metadata"].get("labels") or {}
+                if LABEL_APP not in labels or not pod.get("spec", {}).get("nodeName"):
+                    continue
+                key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+                present[key] = pod
+                if key not in self.replicas and is_ready(pod):
+                    info = PodInfo(key[0], key[1], labels[LABEL_APP], labels.get(LABEL_VERSION, ""), labels.get(LABEL_MODEL, ""), pod["spec"]["nodeName"])
+                    profile = profile_for(cluster.profiles, info.model, info.version)
+                    self.replicas[key] = (info, Replica(profile, random.Random(self.rng.random())))
+            for key in [k for k in self.replicas if k not in present]:
+                del self.replicas[key]
+            dt = real_dt * self.time_scale
+            self.clock += dt
+            rates = pod_rates(self._current_demand(cluster.demand), cluster.routes, cluster.services, cluster.pods)
+            for key, (info, replica) in self.replicas.items():
+                replica.profile = profile_for(cluster.profiles, info.model, info.version)
+                replica.advance(rates.get(key, 0.0) if is_ready(present[key]) else 0.0, dt)
+            self._assign_gpus(present)
+
+    def _current_demand(self, demand: dict[str, Demand]) -> dict[str, float]:
+        """rps per logical deployment now; a changed demand restarts its curve's clock."""
+        self._demand_since = {
+            key: since if (since := self._demand_since.get(key)) and since[0] == value else (value, self.clock)
+            for key, value in demand.items()
+        }
+        return {key: demand_rps(value, self.clock - start) for key, (value, start) in self._demand_since.items()}
+
+    def _assign_gpus(self, present: dict[tuple[str, str], dict]) -> None:
+        node_gpus = {}
+        for node in self.cluster.nodes:
+            status = node.get("status") or {}
+            amount = (status.get("allocatable") or status.get("capacity") or {}).get(GPU_RESOURCE, 0)
+            node_gpus[node["metadata"]["name"]] = int(amount)
+        wanted: dict[str, list[tuple[str, int]]] = {}
+        for pod in self.cluster.pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            phase = (pod.get("status") or {}).get("phase", "Pending")
+            if node and phase in ("Pending", "Running") and pod_gpus(pod):
+                wanted.setdefault(node, []).append((f"{pod['metadata']['namespace']}/{pod['metadata']['name']}", pod_gpus(pod)))
+        self.gpus = assign_gpus(self.gpus, node_gpus, wanted)
+
+    def route(self, namespace: str, service: str) -> tuple[PodInfo, Replica] | None:
+        """A Ready pod of the Service (round robin), or None."""
+        with self.lock:
+            svc = next((s for s in self.cluster.services if s["metadata"].get("namespace") == namespace and s["metadata"]["name"] == service), None)
+            if svc is None:
+                return None
+            selector = (svc.get("spec") or {}).get("selector")
+            ready = sorted(
+                (p["metadata"]["namespace"], p["metadata"]["name"])
+                for p in self.cluster.pods
+                if p["metadata"].get("namespace") == namespace and is_ready(p) and _selects(selector, p["metadata"].get("labels") or {})
+            )
+            ready = [key for key in ready if key in self.replicas]
+            if not ready:
+                return None
+            self._round_robin += 1
+            return self.replicas[ready[self._round_robin % len(ready)]]
+
+    def metrics(self) -> str:
+        with self.lock:
+            out = Exposition()
+            for info, replica in self.replicas.values():
+                labels = info.labels()
+                out.sample("vllm:num_requests_waiting", "gauge", "Requests waiting to be processed.", labels, math.floor(replica.waiting))
+                out.sample("vllm:num_requests_running", "gauge", "Requests in the running batch.", labels, round(replica.running, 2))
+                out.sample("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 1 means 100 percent.", labels, round(replica.kv_cache_usage, 4))
+                for name, (_, help_text, _) in HISTOGRAMS.items():
+                    out.histogram(name, help_text, labels, replica.histograms[name])
+                out.sample("vllm:prompt_tokens_total", "counter", "Prefill tokens processed.", labels, replica.prompt_tokens)
+                out.sample("vllm:generation_tokens_total", "counter", "Generation tokens processed.", labels, replica.generation_tokens)
+                out.sample("vllm:request_success_total", "counter", "Successfully finished requests.", {**labels, "finished_reason": "length"}, replica.success)
+                for status, count in (("200", replica.success), ("500", replica.errors)):
+                    out.sample("http_requests_total", "counter", "HTTP requests by status.", {**labels, "status": status, "handler": "/v1/completions"}, count)
+            self._dcgm(out)
+            return out.text()
+
+    def _dcgm(self, out: Exposition) -> None:
+        pods = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in self.cluster.pods}
+        for node in self.cluster.nodes:
+            name = node["metadata"]["name"]
+            node_labels = node["metadata"].get("labels") or {}
+            total = int(node_labels.get(GPU_MEMORY_LABEL, DEFAULT_GPU_MEMORY_MIB))
+            for index, holder in enumerate(self.gpus.get(name, [])):
+                labels = {
+                    "gpu": str(index),
+                    "UUID": f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{name}/{index}')}",
+                    "device": f"nvidia{index}",
+                    "modelName": node_labels.get(GPU_PRODUCT_LABEL, "NVIDIA H100 80GB HBM3"),
+                    "Hostname": name,
+                }
+                util, used = 0.0, 0
+                if holder is not None:
+                    namespace, _, pod_name = holder.partition("/")
+                    labels |= {"namespace": namespace, "pod": pod_name, "container": "vllm"}
+                    pod_labels = pods[holder]["metadata"].get("labels") or {}
+                    profile = profile_for(self.cluster.profiles, pod_labels.get(LABEL_MODEL, ""), pod_labels.get(LABEL_VERSION, ""))
+                    used = min(total, int(profile.gpu_memory_gib * 1024))
+                    replica = self.replicas.get((namespace, pod_name))
+                    util = replica[1].gpu_utilisation if replica else 0.0
+                out.sample("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", labels, util)
+                out.sample("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", labels, used)
+                out.sample("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", labels, total - used)
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP
+
+_PROXY = re.compile(r"^/proxy/([a-z0-9-]+)/([a-z0-9-]+)(/.*)$")
+
+
+def completion_body(info: PodInfo, latency: Latency, prompt_tokens: int, max_tokens: int) -> dict:
+    """An OpenAI text_completion response as vLLM returns it."""
+    words = ("the", "tide", "rises", "and", "falls", "over", "the", "plane")
+    text = " ".join(words[i % len(words)] for i in range(latency.tokens))
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": info.model,
+        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": "length" if latency.tokens >= max_tokens else "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": latency.tokens, "total_tokens": prompt_tokens + latency.tokens},
+    }
+
+
+def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt: str, *args) -> None:  # access logs would flood the log file
+            log.debug(fmt, *args)
+
+        def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _error(self, status: int, message: str) -> None:
+            self._send(status, json.dumps({"object": "error", "message": message, "code": status}).encode())
+
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._send(200, fleet.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            elif self.path in ("/healthz", "/"):
+                self._send(200, b'{"status": "ok"}')
+            elif match := _PROXY.match(self.path):
+                namespace, service, rest = match.groups()
+                target = fleet.route(namespace, service)
+                if target is None:
+                    self._error(503, f"no Ready pod behind service {namespace}/{service}")
+                elif rest == "/health":
+                    self._send(200, b"")
+                elif rest == "/v1/models":
+                    self._send(200, json.dumps({"object": "list", "data": [{"id": target[0].model, "object": "model"}]}).encode())
+                else:
+                    self._error(404, f"no route {rest}")
+            else:
+                self._error(404, f"no route {self.path}")
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            match = _PROXY.match(self.path)
+            if not match or match.group(3) != "/v1/completions":
+                self._error(404, f"no route {self.path}")
+                return
+            try:
+                request = json.loads(body or b"{}")
+                prompt = request.get("prompt", "")
+                max_tokens = int(request.get("max_tokens", 16))
+            except (ValueError, TypeError, AttributeError) as exc:
+                self._error(400, f"bad request body: {exc}")
+                return
+            namespace, service, _ = match.groups()
+            target = fleet.route(namespace, service)
+            if target is None:
+                self._error(503, f"no Ready pod behind service {namespace}/{service}")
+                return
+            info, replica = target
+            with fleet.lock:
+                latency = replica.serve(max_tokens)
+            time.sleep((latency.e2e if latency else replica.profile.ttft_seconds) / fleet.time_scale)
+            if latency is None:
+                self._error(500, f"simulated failure of {info.model}@{info.version} in pod {info.name}")
+                return
+            prompt_tokens = max(1, len(str(prompt)) // 4)
+            self._send(200, json.dumps(completion_body(info, latency, prompt_tokens, max_tokens)).encode())
+
+    return Handler
+
+
+def run(kube_url: str, host: str, port: int, time_scale: float, tick_seconds: float = 0.5) -> None:
+    """Serve until killed; the tick loop keeps going through API errors (the emulator may restart)."""
+    fleet = Fleet(time_scale)
+    server = ThreadingHTTPServer((host, port), make_handler(fleet))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    log.info("fleet simulator on http://%s:%d reading %s (time scale %s)", host, port, kube_url, time_scale)
+    api = api_client(kube_url)
+    last = time.monotonic()
+    while True:
+        try:
+            cluster = read_cluster(api)
+        except Exception as exc:  # noqa: BLE001 - a flaky read must not stop the fleet
+            log.warning("reading the cluster failed: %s", exc)
+            cluster = None
+        now = time.monotonic()
+        if cluster is not None:
+            fleet.update(cluster, now - last)
+        last = now
+        time.sleep(max(0.0, tick_seconds - (time.monotonic() - now)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m infra.sandbox.fleet", description=__doc__.splitlines()[0])
+    parser.add_argument("--kube-url", required=True, help="the Kubernetes API emulator, e.g. http://127.0.0.1:16443")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=18000)
+    parser.add_argument("--time-scale", type=float, default=1.0, help="sandbox seconds per real second")
+    parser.add_argument("--tick", type=float, default=0.5, help="real seconds between simulation steps")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(args.kube_url, args.host, args.port, args.time_scale, args.tick)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The whole sandbox (Temporal, moto, Kubernetes API emulator, cloud, fleet simulator, Prometheus)
+on free ports, once per test session.
+
+Use ``sandbox`` for URLs and paths, ``sandbox_env`` to also point ``workers.config.settings()``
+(and boto3) at it for one test.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from infra.sandbox.launcher import Ports, Sandbox, SandboxError
+from workers.config import settings
+from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, versioned_name
+
+# Fast enough for tests: a replica is Ready 1 s (real) after it is scheduled, a new node joins in ~4 s.
+TEST_TIME_SCALE = 20
+TEST_CONFIG = {
+    "time_scale": TEST_TIME_SCALE,
+    "node_pools": [
+        {"name": "gpu-on-demand", "count": 2, "capacity_type": "on-demand", "zones": ["us-east-1a", "us-east-1b"], "gpus": 4, "gpu_memory_gib": 80},
+        {"name": "gpu-spot", "count": 1, "capacity_type": "spot", "zones": ["us-east-1c"], "gpus": 4, "gpu_memory_gib": 80},
+        {"name": "cpu", "count": 1, "capacity_type": "on-demand", "instance_type": "m7i.8xlarge", "gpus": 0},
+    ],
+    "profiles": {"default": {"load_seconds": 20, "error_rate": 0.001, "ttft_seconds": 0.15, "tpot_seconds": 0.025, "capacity_rps": 4}},
+    "demand": {},
+}
+
+
+@dataclass
+class RunningSandbox:
+    sandbox: Sandbox
+    urls: dict[str, str]
+    env: dict[str, str]
+    config: dict
+
+    @property
+    def state_dir(self) -> Path:
+        return self.sandbox.state_dir
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.sandbox.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory):
+    """A running sandbox; torn down (and checked to leave nothing running) after the session."""
+    state_dir = tmp_path_factory.mktemp("sandbox")
+    config_path = state_dir / "sandbox.yaml"
+    config_path.write_text(yaml.safe_dump(TEST_CONFIG))
+    box = Sandbox(state_dir, Ports.free(), config_path)
+    try:
+        urls = box.up()
+    except SandboxError:  # another process took a chosen port before it was bound: once more
+        box = Sandbox(state_dir, Ports.free(), config_path)
+        urls = box.up()
+    try:
+        yield RunningSandbox(box, urls, box.env(), TEST_CONFIG)
+    finally:
+        box.down()
+
+
+@pytest.fixture
+def sandbox_env(sandbox, monkeypatch):
+    """The sandbox, with this test's environment (and settings()) pointing at it."""
+    for key, value in sandbox.env.items():
+        monkeypatch.setenv(key, value)
+    settings.cache_clear()
+    yield sandbox
+    settings.cache_clear()
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.25):
+    """Poll ``predicate`` until it returns something truthy (returned), or fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+def create_logical_deployment(
+    api: client.ApiClient, namespace: str, name: str, version: str, model: str, replicas: int, gpus: int = 1
+) -> str:
+    """Namespace, one version's Deployment + Service, and the HTTPRoute sending it all traffic,
+    as tideplane lays them out; returns the versioned Deployment/Service name."""
+    core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
+    labels = {LABEL_APP: name, LABEL_VERSION: version, LABEL_MODEL: model}
+    versioned = versioned_name(name, version)
+    core.create_namespace({"metadata": {"name": namespace}})
+    apps.create_namespaced_deployment(namespace, {
+        "metadata": {"name": versioned, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.6.3", "resources": {"limits": {GPU_RESOURCE: str(gpus)}}}]}},
+        },
+    })
+    core.create_namespaced_service(namespace, {"metadata": {"name": versioned}, "spec": {"selector": labels, "ports": [{"port": 8000}]}})
+    custom.create_namespaced_custom_object("gateway.networking.k8s.io", "v1", namespace, "httproutes", {
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": name},
+        "spec": {"rules": [{"backendRefs": [{"name": versioned, "port": 8000, "weight": 100}]}]},
+    })
+    return versioned

@@ -1,0 +1,167 @@
+"""The fleet simulator's pure parts: queue model, traffic split, GPU assignment, exposition."""
+
+import random
+
+import pytest
+
+from infra.sandbox.config import Demand, Profile
+from infra.sandbox.fleet import (
+    Cluster,
+    Fleet,
+    Histogram,
+    Replica,
+    assign_gpus,
+    demand_rps,
+    pod_rates,
+    profile_for,
+)
+from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
+
+PROFILE = Profile(capacity_rps=4, error_rate=0.0, ttft_seconds=0.2, tpot_seconds=0.02, output_tokens=101, prompt_tokens=300)
+
+
+def pod(name, version, ready=True, node="node-a", gpus=1, namespace="llm-serving", app="chat", model="llama"):
+    return {
+        "metadata": {"name": name, "namespace": namespace, "labels": {LABEL_APP: app, LABEL_VERSION: version, LABEL_MODEL: model}},
+        "spec": {"nodeName": node, "containers": [{"name": "vllm", "resources": {"limits": {GPU_RESOURCE: str(gpus)}}}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def service(name, version, namespace="llm-serving"):
+    return {"metadata": {"name": name, "namespace": namespace}, "spec": {"selector": {LABEL_APP: "chat", LABEL_VERSION: version}}}
+
+
+def route(weights, namespace="llm-serving"):
+    return {"metadata": {"name": "chat", "namespace": namespace}, "spec": {"rules": [{"backendRefs": [{"name": n, "port": 8000, "weight": w} for n, w in weights.items()]}]}}
+
+
+def test_replica_under_capacity_has_no_queue():
+    replica = Replica(PROFILE, random.Random(1))
+    served = sum(replica.advance(2.0, 1.0) for _ in range(100))
+    assert served == 200
+    assert replica.waiting == 0
+    assert replica.utilisation == pytest.approx(0.5)
+    assert replica.gpu_utilisation < 100
+    ttft = replica.histograms["vllm:time_to_first_token_seconds"]
+    assert ttft.count == 200
+    assert 0.15 < ttft.sum / ttft.count < 0.35  # prefill only, no queueing
+    assert replica.generation_tokens == 200 * 101
+    assert replica.prompt_tokens == 200 * 300
+
+
+def test_replica_short_of_capacity_queues_and_ttft_rises():
+    replica = Replica(PROFILE, random.Random(1))
+    for _ in range(10):
+        replica.advance(8.0, 1.0)  # twice the capacity
+    assert replica.waiting == pytest.approx(40)
+    assert replica.queue_wait() == pytest.approx(10)
+    assert replica.gpu_utilisation == 100
+    assert replica.kv_cache_usage == 1.0
+    queue = replica.histograms["vllm:request_queue_time_seconds"]
+    assert queue.sum / queue.count > 2
+    assert replica.success == 40  # only capacity is served
+    # demand drops: the backlog drains at capacity
+    replica.advance(0.0, 10.0)
+    assert replica.waiting == 0
+
+
+def test_errors_follow_the_profile_rate_exactly_over_time():
+    replica = Replica(PROFILE.model_copy(update={"error_rate": 0.1}), random.Random(1))
+    for _ in range(100):
+        replica.advance(3.0, 1.0)
+    assert replica.errors + replica.success == 300
+    assert replica.errors == 30
+
+
+def test_proxied_requests_count_once():
+    replica = Replica(PROFILE, random.Random(1))
+    latency = replica.serve(max_tokens=16)
+    assert latency is not None and latency.tokens == 16
+    assert latency.e2e == pytest.approx(latency.queue + latency.prefill + latency.decode)
+    assert replica.success == 1
+    replica.advance(0.0, 1.0)  # the tick completes it without observing it again
+    assert replica.success == 1
+    assert replica.histograms["vllm:e2e_request_latency_seconds"].count == 1
+
+
+def test_profile_lookup_prefers_version_then_model_then_default():
+    good, bad, default = Profile(error_rate=0), Profile(error_rate=0.5), Profile(error_rate=0.01)
+    profiles = {"llama@2.0.0": bad, "llama": good, "default": default}
+    assert profile_for(profiles, "llama", "2.0.0") is bad
+    assert profile_for(profiles, "llama", "1.0.0") is good
+    assert profile_for(profiles, "mistral", "1") is default
+    assert profile_for({}, "mistral", "1") == Profile()
+
+
+def test_demand_split_by_route_weights_then_ready_pods():
+    pods = [pod("v1-a", "1"), pod("v1-b", "1"), pod("v2-a", "2"), pod("v2-b", "2", ready=False)]
+    services = [service("chat-v1", "1"), service("chat-v2", "2")]
+    rates = pod_rates({"llm-serving/chat": 100}, [route({"chat-v1": 90, "chat-v2": 10})], services, pods)
+    assert rates == {("llm-serving", "v1-a"): 45, ("llm-serving", "v1-b"): 45, ("llm-serving", "v2-a"): 10}
+
+
+def test_backend_without_ready_pods_drops_its_share():
+    pods = [pod("v1-a", "1"), pod("v2-a", "2", ready=False)]
+    rates = pod_rates({"llm-serving/chat": 10}, [route({"chat-v1": 50, "chat-v2": 50})], [service("chat-v1", "1"), service("chat-v2", "2")], pods)
+    assert rates == {("llm-serving", "v1-a"): 5}
+
+
+def test_without_route_the_logical_deployment_pods_share():
+    rates = pod_rates({"llm-serving/chat": 9}, [], [], [pod("a", "1"), pod("b", "1"), pod("c", "1", app="other")])
+    assert rates == {("llm-serving", "a"): 4.5, ("llm-serving", "b"): 4.5}
+
+
+def test_gpu_assignment_keeps_holders_and_frees_departed():
+    first = assign_gpus({}, {"n": 4}, {"n": [("ns/a", 2), ("ns/b", 1)]})
+    assert first == {"n": ["ns/a", "ns/a", "ns/b", None]}
+    second = assign_gpus(first, {"n": 4}, {"n": [("ns/b", 1), ("ns/c", 2)]})
+    assert second == {"n": ["ns/c", "ns/c", "ns/b", None]}
+
+
+def test_histogram_is_cumulative():
+    hist = Histogram((0.1, 1.0))
+    hist.observe(0.05, 3)
+    hist.observe(0.5)
+    hist.observe(5)
+    assert hist.cumulative() == [("0.1", 3), ("1.0", 4), ("+Inf", 5)]
+    assert hist.count == 5 and hist.sum == pytest.approx(5.65)
+
+
+def test_fleet_exposes_vllm_and_dcgm_series_per_pod():
+    fleet = Fleet(time_scale=10, seed=1)
+    node = {"metadata": {"name": "node-a", "labels": {"nvidia.com/gpu.memory": "81920"}}, "status": {"allocatable": {GPU_RESOURCE: "2"}}}
+    cluster = Cluster(pods=[pod("v1-a", "1")], services=[service("chat-v1", "1")], routes=[route({"chat-v1": 100})], nodes=[node], profiles={"default": PROFILE}, demand={"llm-serving/chat": Demand(rps=2)})
+    fleet.update(cluster, 0.5)
+    fleet.update(cluster, 0.5)  # 10 sandbox seconds at 2 rps
+    text = fleet.metrics()
+    labels = 'namespace="llm-serving",pod="v1-a",deployment="chat",version="1",model_name="llama",node="node-a"'
+    assert f'vllm:request_success_total{{{labels},finished_reason="length"}} 20.0' in text
+    assert f'vllm:time_to_first_token_seconds_count{{{labels}}} 20.0' in text
+    assert f'http_requests_total{{{labels},status="200",handler="/v1/completions"}} 20.0' in text
+    assert "# TYPE vllm:e2e_request_latency_seconds histogram" in text
+    assert 'DCGM_FI_DEV_FB_USED{gpu="0",' in text and 'Hostname="node-a",namespace="llm-serving",pod="v1-a"' in text
+    assert f'DCGM_FI_DEV_FB_FREE{{gpu="1",' in text
+    assert fleet.route("llm-serving", "chat-v1")[0].name == "v1-a"
+    assert fleet.route("llm-serving", "missing") is None
+
+
+def test_demand_curve_interpolates_and_repeats():
+    tide = Demand(curve=[(100, 50), (0, 10)], period_seconds=200)
+    assert tide.curve[0] == (0, 10)
+    assert demand_rps(tide, 50) == 30
+    assert demand_rps(tide, 150) == 50  # after the last point: hold
+    assert demand_rps(tide, 250) == 30  # next period
+    assert demand_rps(Demand(rps=7), 1e6) == 7
+
+
+def test_changed_demand_restarts_its_curve_clock():
+    fleet = Fleet(time_scale=1, seed=1)
+    ramp = Demand(curve=[(0, 0), (10, 100)])
+    cluster = Cluster(demand={"ns/chat": ramp})
+    fleet.update(cluster, 5)  # first seen: the curve starts here
+    fleet.update(cluster, 5)
+    assert fleet._current_demand(cluster.demand) == {"ns/chat": 50}
+    steady = Cluster(demand={"ns/chat": Demand(curve=[(0, 1), (10, 1)])})
+    fleet.update(steady, 5)
+    assert fleet._current_demand(steady.demand) == {"ns/chat": 1}
