@@ -11,9 +11,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.metrics import HTTP_TIMEOUT, QUERY_TIMEOUT, render
-from workers import telemetry
-from workers.config import settings
+from activities.metrics import HTTP_TIMEOUT, api, render
 from workflows.cost import GpuSeconds, NodeInfo, PodInfo, TokenCount
 from workflows.cost_report import COLLECT_COST_INPUTS, CollectCostInput, CostInputs
 
@@ -21,33 +19,9 @@ from workflows.cost_report import COLLECT_COST_INPUTS, CollectCostInput, CostInp
 MAX_POINTS = 10_000  # per series and request; Prometheus refuses more than 11,000
 
 
-def _api(http: httpx.Client, name: str, path: str, params: dict) -> dict:
-    """GET one Prometheus API call's ``data``; a PromQL error is bad input (non-retryable)."""
-    url = f"{settings().prometheus_url}{path}"
-    try:
-        resp = http.get(url, params={**params, "timeout": QUERY_TIMEOUT})
-    except httpx.HTTPError as exc:
-        telemetry.METRIC_QUERY_ERRORS.labels("prometheus", "unreachable").inc()
-        raise ApplicationError(f"Prometheus at {url} unreachable: {exc!r}", type="MetricsUnavailable") from None
-    try:
-        body = resp.json()
-    except ValueError:
-        body = {}
-    if resp.status_code == 400 and body.get("errorType") == "bad_data":
-        telemetry.METRIC_QUERY_ERRORS.labels("prometheus", "bad_query").inc()
-        raise ApplicationError(f"cost query {name!r}: Prometheus rejected {params['query']!r}: {body.get('error')}",
-                               non_retryable=True)
-    if resp.status_code != 200 or body.get("status") != "success":
-        telemetry.METRIC_QUERY_ERRORS.labels("prometheus", f"http_{resp.status_code}").inc()
-        detail = body.get("error") or resp.text[:200]
-        raise ApplicationError(f"cost query {name!r}: Prometheus answered HTTP {resp.status_code}: {detail}",
-                               type="MetricsUnavailable")
-    return body["data"]
-
-
 def vector(http: httpx.Client, name: str, promql: str, at: float) -> list[tuple[dict[str, str], float]]:
     """An instant query's series as (labels, value)."""
-    data = _api(http, name, "/api/v1/query", {"query": promql, "time": f"{at:.3f}"})
+    data = api(http, name, "/api/v1/query", {"query": promql, "time": f"{at:.3f}"})
     if data.get("resultType") != "vector":
         raise ApplicationError(f"cost query {name!r}: expected a vector, got a {data.get('resultType')}", non_retryable=True)
     return [(series["metric"], float(series["value"][1])) for series in data["result"]]
@@ -63,7 +37,7 @@ def integrate(http: httpx.Client, name: str, promql: str, end: float, window: in
     first = end - window + step
     while first <= end:
         last = min(end, first + (MAX_POINTS - 1) * step)
-        data = _api(http, name, "/api/v1/query_range",
+        data = api(http, name, "/api/v1/query_range",
                     {"query": promql, "start": f"{first:.3f}", "end": f"{last:.3f}", "step": str(step)})
         for series in data["result"]:
             key = tuple(sorted(series["metric"].items()))

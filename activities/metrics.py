@@ -16,6 +16,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from workers import telemetry
 from workers.config import settings
 from workflows.rollout_activities import QUERY_GATES, GateQueriesInput, GateQueriesResult
 
@@ -60,22 +61,32 @@ def scalar(name: str, data: dict) -> float | None:
     return value
 
 
-def query(http: httpx.Client, name: str, promql: str) -> float | None:
-    url = f"{settings().prometheus_url}/api/v1/query"
+def api(http: httpx.Client, name: str, path: str, params: dict) -> dict:
+    """GET one Prometheus API call's ``data``; a PromQL error is bad input (non-retryable),
+    anything else that keeps an answer from coming is ``MetricsUnavailable`` (retryable)."""
+    url = f"{settings().prometheus_url}{path}"
     try:
-        resp = http.get(url, params={"query": promql, "timeout": QUERY_TIMEOUT})
+        resp = http.get(url, params={**params, "timeout": QUERY_TIMEOUT})
     except httpx.HTTPError as exc:
+        telemetry.METRIC_QUERY_ERRORS.labels("prometheus", "unreachable").inc()
         raise ApplicationError(f"Prometheus at {url} unreachable: {exc!r}", type="MetricsUnavailable") from None
     try:
         body = resp.json()
     except ValueError:
         body = {}
     if resp.status_code == 400 and body.get("errorType") == "bad_data":
-        raise ApplicationError(f"gate {name!r}: Prometheus rejected {promql!r}: {body.get('error')}", non_retryable=True)
+        telemetry.METRIC_QUERY_ERRORS.labels("prometheus", "bad_query").inc()
+        raise ApplicationError(f"query {name!r}: Prometheus rejected {params['query']!r}: {body.get('error')}", non_retryable=True)
     if resp.status_code != 200 or body.get("status") != "success":
+        telemetry.METRIC_QUERY_ERRORS.labels("prometheus", f"http_{resp.status_code}").inc()
         detail = body.get("error") or resp.text[:200]
-        raise ApplicationError(f"gate {name!r}: Prometheus answered HTTP {resp.status_code}: {detail}", type="MetricsUnavailable")
-    return scalar(name, body["data"])
+        raise ApplicationError(f"query {name!r}: Prometheus answered HTTP {resp.status_code}: {detail}", type="MetricsUnavailable")
+    return body["data"]
+
+
+def query(http: httpx.Client, name: str, promql: str) -> float | None:
+    """An instant query reduced to one number (None: no data)."""
+    return scalar(name, api(http, name, "/api/v1/query", {"query": promql}))
 
 
 @activity.defn(name=QUERY_GATES)

@@ -525,7 +525,16 @@ class Fleet:
                 for status, count in (("200", replica.success), ("500", replica.errors)):
                     out.sample("http_requests_total", "counter", "HTTP requests by status.", {**labels, "status": status, "handler": "/v1/completions"}, count)
             self._dcgm(out)
+            self._node_labels(out)
             return out.text()
+
+    def _node_labels(self, out: Exposition) -> None:
+        """kube-state-metrics' ``kube_node_labels``, which cost queries join GPUs to pools with."""
+        for node in self.cluster.nodes:
+            node_labels = node["metadata"].get("labels") or {}
+            labels = {"node": node["metadata"]["name"]}
+            labels |= {"label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key): value for key, value in sorted(node_labels.items())}
+            out.sample("kube_node_labels", "gauge", "Kubernetes labels converted to Prometheus labels.", labels, 1)
 
     def _dcgm(self, out: Exposition) -> None:
         pods = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in self.cluster.pods}
