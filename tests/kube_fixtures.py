@@ -1,0 +1,74 @@
+"""Fixtures for the Kubernetes API emulator: a fresh emulated cluster per test, over real HTTP."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from infra.sandbox.ports import free_port, wait_for_port
+
+__all__ = ["kube_api", "kube_api_url", "kube_kubeconfig", "run_kube_api", "write_kubeconfig"]
+
+ROOT = Path(__file__).resolve().parents[1]
+TIME_SCALE = 100.0  # sandbox seconds per real second: a 30 s model load takes 0.3 s
+
+
+@contextmanager
+def run_kube_api(time_scale: float = TIME_SCALE, *extra_args: str) -> Iterator[str]:
+    """Start `python -m infra.sandbox.kubeapi` on a free loopback port; yield its base URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra.sandbox.kubeapi", "--host", "127.0.0.1", "--port", str(port),
+         "--time-scale", str(time_scale), *extra_args],
+        cwd=ROOT, stdout=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def write_kubeconfig(url: str, path: Path) -> Path:
+    """A kubeconfig for kubectl (or `kubernetes.config.load_kube_config`) pointing at url."""
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters:\n- name: sandbox\n  cluster:\n    server: {url}\n"
+        "users:\n- name: sandbox\n  user:\n    token: sandbox\n"
+        "contexts:\n- name: sandbox\n  context:\n    cluster: sandbox\n    user: sandbox\n"
+        "current-context: sandbox\n"
+    )
+    return path
+
+
+@pytest.fixture
+def kube_api_url() -> Iterator[str]:
+    """Base URL of a fresh, empty emulated cluster (time scale 100)."""
+    with run_kube_api() as url:
+        yield url
+
+
+@pytest.fixture
+def kube_api(kube_api_url: str) -> Iterator[client.ApiClient]:
+    """An official `kubernetes.client.ApiClient` talking HTTP to a fresh emulated cluster."""
+    config = client.Configuration()
+    config.host = kube_api_url
+    with client.ApiClient(config) as api_client:
+        yield api_client
+
+
+@pytest.fixture
+def kube_kubeconfig(kube_api_url: str, tmp_path: Path) -> Path:
+    """Path of a kubeconfig for the same emulated cluster as `kube_api`."""
+    return write_kubeconfig(kube_api_url, tmp_path / "kubeconfig")
