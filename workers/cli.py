@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from infra.grafana import import_help
 from infra.sandbox.config import DEFAULT_CONFIG, SandboxConfigError
 from infra.sandbox.launcher import DEFAULT_STATE_DIR, Sandbox, SandboxError
 from workers.config import SettingsError
@@ -29,7 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tideplane", description="Control plane for LLM inference fleets on Kubernetes GPU clusters.")
     commands = parser.add_subparsers(dest="command", required=True)
     sandbox = commands.add_parser("sandbox", help="the local GPU-cluster sandbox")
-    sandbox.add_argument("action", choices=("up", "down", "status"))
+    sandbox.add_argument("action", choices=("up", "down", "status", "spot-interrupt"))
+    sandbox.add_argument("node", nargs="?", help="spot-interrupt: the node whose instance EC2 reclaims")
+    sandbox.add_argument("--rebalance", action="store_true", help="spot-interrupt: send a rebalance recommendation only (no termination)")
     _sandbox_options(sandbox)
     commands.add_parser("worker", help="run the Temporal worker (settings from TIDEPLANE_* / the sandbox env file)")
     demo = commands.add_parser("demo", help="start the sandbox and the worker, then run the demo story")
@@ -40,6 +43,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _sandbox(args: argparse.Namespace) -> int:
+    if args.action == "spot-interrupt":
+        from infra.sandbox.spot import spot_interrupt_running
+
+        if not args.node:
+            raise SystemExit("usage: tideplane sandbox spot-interrupt NODE [--rebalance]")
+        done = spot_interrupt_running(args.state_dir, args.node, rebalance=args.rebalance)
+        print(f"{done.kind} sent for {done.instance_id} (node {done.node})" + ("; instance terminated" if done.terminated else ""))
+        return 0
     sandbox = Sandbox(args.state_dir, config_path=args.config, time_scale=args.time_scale)
     if args.action == "up":
         urls = sandbox.up()
@@ -57,6 +68,7 @@ def _sandbox(args: argparse.Namespace) -> int:
         return 1
     for name, entry in status.items():
         print(f"{name:<12} {'up' if entry['up'] else 'DOWN':<5} {entry['url']}")
+    print("\n" + import_help(sandbox.urls()["prometheus"]))
     return 0 if all(entry["up"] for entry in status.values()) else 1
 
 
