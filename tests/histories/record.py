@@ -1,0 +1,158 @@
+"""Record replay histories: run a workflow with stub activities and export its history as JSON.
+
+    .venv/bin/python -m tests.histories.record                   # every scenario
+    .venv/bin/python -m tests.histories.record return-to-spot    # some
+    .venv/bin/python -m tests.histories.record --list
+
+Runs on Temporal's time-skipping test server (tideplane's search attributes registered), so
+timers cost nothing and the event sequence is the same every time (only timestamps and run ids
+differ). The stubs return fixed answers chosen to walk the workflow through its interesting
+branches. The file format is the one ``temporal workflow show --workflow-id X -o json`` writes,
+so histories exported from a dev server go in the same folder. A history only replays in
+tests/test_replay.py once its workflow is registered in ``workers.worker.WORKFLOWS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel
+from temporalio import activity
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from tests.test_rollout_workflow import BAD, GOOD, SHORT, Fleet, rollout_input
+from workers.worker import WORKFLOWS
+from workflows import search_attributes, spot
+from workflows.canary import ERROR_RATE
+from workflows.rollout import ModelRollout, start_rollout
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+RUN_TIMEOUT_SECONDS = 60  # real seconds; virtual time skips every timer, so a run takes about one
+
+
+@dataclass
+class Scenario:
+    workflow: type
+    input: BaseModel
+    activities: Callable[[Client], list]  # fresh stubs per run (they keep state)
+    start: Callable[[Client, BaseModel, str, str], Awaitable[WorkflowHandle]] | None = None
+
+
+def _return_to_spot_stubs(_: Client) -> list:
+    """Spot Ready 1/2, then 2/2, a flap back to 1/2 (doubling the delay), then stable until released."""
+    ready = iter([1, 2, 1])
+
+    @activity.defn(name=spot.SPOT_REPLICA_COUNTS)
+    async def counts(req: spot.CountsInput) -> spot.CountsResult:
+        key = req.deployments[0]
+        return spot.CountsResult(counts=[spot.ReplicaCounts(
+            namespace=key.namespace, name=key.name, desired=2, ready=next(ready, 2), fallback_desired=2, fallback_ready=2,
+        )])
+
+    @activity.defn(name=spot.RELEASE_SPOT_FALLBACK)
+    async def release(req: spot.ReleaseFallbackInput) -> spot.FallbackState:
+        return spot.FallbackState(name=f"{req.deployment.name}-od", replicas=0)
+
+    @activity.defn(name=spot.SYNC_ON_DEMAND_POOL)
+    async def sync_pool(req: spot.PoolInput) -> spot.PoolState:
+        return spot.PoolState(desired=1, base=1)
+
+    return [counts, release, sync_pool]
+
+
+async def _start_rollout(client: Client, input: BaseModel, workflow_id: str, queue: str) -> WorkflowHandle:
+    return await start_rollout(client, input, task_queue=queue)  # its id is rollout/<deployment>
+
+
+def _rollout(deployment: str, bad_at_weight: int | None) -> Scenario:
+    """ModelRollout over the tests' stub fleet: 1 % -> 5 % -> 50 %; the error-rate gate fails the
+    second window at ``bad_at_weight`` (None: every gate passes and the rollout promotes)."""
+
+    def gates(weight: int, n: int) -> dict[str, float]:
+        return {**GOOD, ERROR_RATE: BAD[ERROR_RATE]} if weight == bad_at_weight and n == 2 else GOOD
+
+    return Scenario(
+        workflow=ModelRollout,
+        input=rollout_input(deployment=deployment, steps=SHORT),
+        activities=lambda client: Fleet(client, gates=gates).activities(),
+        start=_start_rollout,
+    )
+
+
+SCENARIOS = {
+    "return-to-spot": Scenario(
+        workflow=spot.ReturnToSpot,
+        input=spot.ReturnToSpotInput(
+            deployment=spot.DeploymentKey(namespace="llm-serving", name="chat-v1-3-0"),
+            policy=spot.FailoverPolicy(on_demand_pool_asg="gpu-on-demand", poll_seconds=30, stabilisation_seconds=60),
+        ),
+        activities=_return_to_spot_stubs,
+    ),
+    "model-rollout-promoted": _rollout("llm-serving/chat", bad_at_weight=None),
+    "model-rollout-rolled-back": _rollout("llm-serving/chat-rb", bad_at_weight=5),
+}
+
+
+async def record(name: str, env: WorkflowEnvironment, out: Path) -> Path:
+    """Run scenario ``name`` to completion and write ``<out>/<name>.json``."""
+    scenario = SCENARIOS[name]
+    queue = f"record-{uuid.uuid4().hex[:8]}"
+    workflows = WORKFLOWS if scenario.workflow in WORKFLOWS else [*WORKFLOWS, scenario.workflow]
+    async with Worker(env.client, task_queue=queue, workflows=workflows, activities=scenario.activities(env.client)):
+        if scenario.start:
+            handle = await scenario.start(env.client, scenario.input, f"replay/{name}", queue)
+        else:
+            handle = await env.client.start_workflow(scenario.workflow, scenario.input, id=f"replay/{name}", task_queue=queue)
+        await asyncio.wait_for(handle.result(), RUN_TIMEOUT_SECONDS)
+    history = await handle.fetch_history()
+    path = out / f"{name}.json"
+    path.write_text(history.to_json() + "\n")
+    return path
+
+
+async def main(names: list[str], out: Path) -> None:
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(BIN / "temporal-test-server"), data_converter=pydantic_data_converter
+    )
+    kinds = {"Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD, "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT}
+    await env.client.operator_service.add_search_attributes(AddSearchAttributesRequest(
+        namespace=env.client.namespace,
+        search_attributes={name: kinds[kind] for name, kind in search_attributes.CLI_TYPES.items()},
+    ))
+    try:
+        for name in names:
+            print(f"recorded {await record(name, env, out)}")
+    finally:
+        await env.shutdown()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="default: all")
+    parser.add_argument("--out", type=Path, default=HERE, help="folder to write to (default %(default)s)")
+    parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    args = parser.parse_args()
+    if args.list:
+        print("\n".join(SCENARIOS))
+        sys.exit(0)
+    chosen = args.scenarios or list(SCENARIOS)
+    if unknown := set(chosen) - set(SCENARIOS):
+        parser.error(f"unknown scenario(s) {', '.join(sorted(unknown))}; known: {', '.join(SCENARIOS)}")
+    asyncio.run(main(chosen, args.out))
+    # The SDK's Rust threads can race interpreter finalisation and abort after all the work is
+    # done (seen intermittently with temporalio 1.35): everything is written, so skip finalisation.
+    sys.stdout.flush()
+    os._exit(0)
