@@ -24,7 +24,7 @@ from temporalio.client import (
 
 from activities.registry import Registry, RegistryError
 from workers.config import settings
-from workers.worker import connect
+from workers.client import connect
 from workflows.registry_types import parse_quantization, parse_ref
 from workflows.retention import RETENTION_WORKFLOW, RETENTION_WORKFLOW_ID, RetentionInput, RetentionResult, render_plan
 

@@ -34,8 +34,8 @@ from temporalio.client import (
     ScheduleSpec,
     ScheduleUpdate,
 )
-from temporalio.contrib.pydantic import pydantic_data_converter
 
+from workers.client import connect
 from workers.config import settings
 from workflows.naming import split_deployment
 from workflows.schedule_floors import FloorEntry, ScheduleFile
@@ -178,8 +178,7 @@ async def describe_all(client: Client) -> list[dict]:
 
 
 async def _client() -> Client:
-    cfg = settings()
-    return await Client.connect(cfg.temporal_address, namespace=cfg.temporal_namespace, data_converter=pydantic_data_converter)
+    return await connect(settings())
 
 
 def cmd_apply(args) -> int:

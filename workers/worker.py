@@ -13,41 +13,46 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
-from activities import registry as registry_activities
-from activities import scaling as scaling_activities
-from activities import spot as spot_activities
+from activities import cloud, cost, kube, metrics, registry, scaling, serving, spot, storage
 from workers import telemetry
-from workers.config import Settings, settings
+from workers.client import connect
+from workers.config import settings
 from workflows import spot as spot_workflows
+from workflows.cost_report import CostReport
+from workflows.node_pool_workflow import NodePoolScaling
+from workflows.retention import RegistryRetention
+from workflows.rollout import ModelRollout
+from workflows.scaling_workflow import PredictivePrewarm, ReactiveScaling, ScheduleFloor
 
 log = logging.getLogger("tideplane.worker")
 
-# Registered on the worker; each feature adds its workflow classes and activity functions here.
-WORKFLOWS: list[type] = [*spot_workflows.WORKFLOWS]
+WORKFLOWS: list[type] = [
+    ModelRollout,
+    ReactiveScaling,
+    ScheduleFloor,
+    PredictivePrewarm,
+    NodePoolScaling,
+    RegistryRetention,
+    CostReport,
+    *spot_workflows.WORKFLOWS,
+]
 ACTIVITIES: list = [
-    *spot_activities.ACTIVITIES,
-    *registry_activities.ACTIVITIES,
-    *scaling_activities.ACTIVITIES,
+    *storage.ACTIVITIES,
+    *kube.ACTIVITIES,
+    *serving.ACTIVITIES,
+    *metrics.ACTIVITIES,
+    *registry.ACTIVITIES,
+    *scaling.ACTIVITIES,
+    *cloud.ACTIVITIES,
+    *spot.ACTIVITIES,
     *telemetry.ACTIVITIES,
+    cost.collect_cost_inputs,
 ]
 
 MAX_CONCURRENT_ACTIVITIES = 32
 SHUTDOWN_GRACE = timedelta(seconds=30)  # running activities get this long to finish on SIGTERM
-
-
-async def connect(config: Settings, runtime: Runtime | None = None) -> Client:
-    """A Temporal client with the pydantic data converter (every tideplane payload is a model)."""
-    return await Client.connect(
-        config.temporal_address,
-        namespace=config.temporal_namespace,
-        data_converter=pydantic_data_converter,
-        runtime=runtime,
-    )
 
 
 async def run_worker(stop: asyncio.Event | None = None) -> None:
@@ -57,8 +62,8 @@ async def run_worker(stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    metrics = telemetry.start_metrics_server(config.metrics_port) if config.metrics_port else None
-    client = await connect(config, metrics.runtime if metrics else None)
+    endpoint = telemetry.start_metrics_server(config.metrics_port) if config.metrics_port else None
+    client = await connect(config, endpoint.runtime if endpoint else None)
     with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_ACTIVITIES) as executor:
         worker = Worker(
             client,
@@ -75,5 +80,5 @@ async def run_worker(stop: asyncio.Event | None = None) -> None:
             log.info("stopping: finishing running activities")
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(sig)
-    if metrics:
-        metrics.close()
+    if endpoint:
+        endpoint.close()
