@@ -1,8 +1,9 @@
 """Node layer side effects: GPU node pools as EC2 Auto Scaling groups, seen through Kubernetes.
 
 - ``observe_node_pool``: the pool's nodes (GPUs allocatable and held, model pods on each), the
-  GPUs that Unschedulable model pods ask of this pool (by their capacity-type requirement), and
-  the group's desired capacity.
+  Unschedulable model pods this pool can serve (by their capacity-type requirement, which the
+  priority class sets: batch pods wait for the spot pool, realtime for on-demand) and the GPUs
+  they ask for, and the group's desired capacity.
 - ``set_pool_capacity``: the group's desired capacity (idempotent: setting it twice is a no-op).
 - ``remove_pool_node``: cordon an idle node and terminate its instance with the group's desired
   capacity decremented; a node that took a model pod meanwhile is uncordoned and kept.
@@ -24,6 +25,7 @@ from workflows.scaling_activities import (
     OBSERVE_NODE_POOL,
     REMOVE_POOL_NODE,
     SET_POOL_CAPACITY,
+    PendingReplica,
     PoolObservation,
     PoolRef,
     RemoveNodeInput,
@@ -32,6 +34,7 @@ from workflows.scaling_activities import (
 )
 
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB per GPU, as GPU feature discovery labels nodes
+DEFAULT_GPU_MEMORY_GIB = 80.0
 _DONE = ("Succeeded", "Failed")
 
 
@@ -76,7 +79,8 @@ def _unschedulable(pod: client.V1Pod) -> bool:
 
 
 def _model_pods(core: client.CoreV1Api, **kwargs) -> list[client.V1Pod]:
-    pods = core.list_pod_for_all_namespaces(label_selector=naming.LABEL_APP, _request_timeout=API_TIMEOUT, **kwargs).items
+    """Live pods serving a model (labelled tideplane.io/model): other apps' pods neither grow a pool nor keep a node."""
+    pods = core.list_pod_for_all_namespaces(label_selector=naming.LABEL_MODEL, _request_timeout=API_TIMEOUT, **kwargs).items
     return [p for p in pods if p.metadata.deletion_timestamp is None and (p.status.phase if p.status else None) not in _DONE]
 
 
@@ -90,10 +94,13 @@ def observe_node_pool(req: PoolRef) -> PoolObservation:
         if p.spec.node_name:
             on_node.setdefault(p.spec.node_name, []).append(p)
     nodes = []
+    memory = []
     for n in core.list_node(label_selector=f"{naming.NODE_POOL}={req.pool}", _request_timeout=API_TIMEOUT).items:
         allocatable = int((n.status.allocatable or {}).get(naming.GPU_RESOURCE, 0)) if n.status else 0
         held = sum(_gpus(p) for p in on_node.get(n.metadata.name, []))
-        memory_gib = int((n.metadata.labels or {}).get(GPU_MEMORY_LABEL, 0)) / 1024
+        # Model pods hold whole GPUs; without the feature-discovery label every GPU counts as the default size.
+        memory_gib = int((n.metadata.labels or {}).get(GPU_MEMORY_LABEL, 0)) / 1024 or DEFAULT_GPU_MEMORY_GIB
+        memory.append(memory_gib)
         nodes.append(
             Node(
                 name=n.metadata.name,
@@ -115,6 +122,17 @@ def observe_node_pool(req: PoolRef) -> PoolObservation:
         nodes=sorted(nodes, key=lambda n: n.name),
         pending_gpus=sum(_gpus(p) for p in pending),
         pending_pods=sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in pending),
+        pending=sorted(
+            (
+                PendingReplica(
+                    pod=f"{p.metadata.namespace}/{p.metadata.name}", model=p.metadata.labels[naming.LABEL_MODEL], gpus=_gpus(p)
+                )
+                for p in pending
+                if _gpus(p) > 0
+            ),
+            key=lambda r: r.pod,
+        ),
+        gpu_memory_gib=max(memory, default=DEFAULT_GPU_MEMORY_GIB),
         desired_capacity=group["DesiredCapacity"],
         max_size=group["MaxSize"],
     )

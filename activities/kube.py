@@ -19,6 +19,7 @@ from temporalio.exceptions import ApplicationError, CancelledError
 
 from workers.config import settings
 from workflows import naming
+from workflows.placement import node_selector, tolerations
 from workflows.rollout_activities import (
     DESCRIBE_DEPLOYMENT,
     ENSURE_VERSION,
@@ -162,12 +163,14 @@ def _cache_volume() -> dict:
 
 
 def deployment_manifest(req: EnsureVersionInput) -> dict:
-    """The Deployment serving one version: vLLM-style args, GPUs, readiness, the weights read-only."""
+    """The Deployment serving one version: vLLM-style args, GPUs, readiness, the weights read-only,
+    and, on GPUs, the priority class's node selector (realtime on on-demand, batch on spot)."""
     name = naming.versioned_name(req.deployment.name, req.version)
     labels = {
         **_selector(req.deployment.name, req.version),
         naming.LABEL_MODEL: req.model,
         naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
+        naming.LABEL_CLASS: req.priority_class,
     }
     cache_dir = str(settings().model_cache_dir)
     args = ["--model", req.weights_path, "--served-model-name", req.model, "--port", str(req.port)]
@@ -189,7 +192,12 @@ def deployment_manifest(req: EnsureVersionInput) -> dict:
             "limits": {naming.GPU_RESOURCE: str(req.gpus_per_replica)},
             "requests": {naming.GPU_RESOURCE: str(req.gpus_per_replica)},
         }
-        pod_spec["tolerations"] = [{"key": naming.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+        # The priority class picks the GPU capacity type: realtime on on-demand nodes, batch on spot.
+        pod_spec["nodeSelector"] = node_selector(req.priority_class)
+        pod_spec["tolerations"] = [
+            *tolerations(req.priority_class),
+            {"key": naming.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+        ]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -5,7 +5,8 @@
   returns ``Signals(error=...)`` so the loop holds and reports instead of retrying blind; a bad
   template or PromQL is bad input (non-retryable).
 - ``get_scale`` reads the scaled version's Deployment and its pods: replicas, Ready, Pending and
-  Unschedulable (no GPU capacity), which the node layer acts on.
+  Unschedulable (no GPU capacity, which the node layer acts on), and the declared priority class;
+  it sets the replicas desired/ready gauges of the control-plane metrics.
 - ``read_replica_history`` reads hourly replica peaks over past weeks for predictive pre-warm.
 Scaling itself is activities.kube.scale_version (the Deployment's scale subresource).
 """
@@ -21,9 +22,12 @@ from kubernetes import client
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube import API_TIMEOUT, _is_ready, _label_selector, _selector, api_client, describe_deployment
+from activities.kube import API_TIMEOUT, _is_ready, _label_selector, _read_or_none, _selector, api_client, describe_deployment
 from activities.metrics import HTTP_TIMEOUT, QUERY_TIMEOUT, query, render
+from workers import telemetry
 from workers.config import settings
+from workflows import naming
+from workflows.placement import CAPACITY_FOR_CLASS
 from workflows.prewarm import slot_key
 from workflows.rollout_activities import DeploymentRef
 from workflows.scaling import Signals
@@ -79,17 +83,29 @@ def get_scale(req: ScaleTarget) -> ScaleStatus:
             f"{req.namespace}/{req.deployment}: no Deployment for {wanted} (have {sorted(by_version) or 'none'})",
             non_retryable=True,
         )
-    pods = client.CoreV1Api(api_client()).list_namespaced_pod(
+    api = api_client()
+    dep = _read_or_none(
+        client.AppsV1Api(api).read_namespaced_deployment, naming.versioned_name(req.deployment, info.version), req.namespace
+    )
+    declared = ((dep.metadata.labels if dep else None) or {}).get(naming.LABEL_CLASS)
+    pods = client.CoreV1Api(api).list_namespaced_pod(
         req.namespace, label_selector=_label_selector(_selector(req.deployment, info.version)), _request_timeout=API_TIMEOUT
     ).items
     live = [p for p in pods if p.metadata.deletion_timestamp is None]
-    return ScaleStatus(
+    status = ScaleStatus(
         version=info.version,
         replicas=info.replicas,
         ready_replicas=sum(1 for p in live if _is_ready(p)),
         pending=sum(1 for p in live if (p.status.phase if p.status else "Pending") == "Pending"),
         unschedulable=sum(1 for p in live if _unschedulable(p)),
+        priority_class=declared,
     )
+    # The priority class is the pool these replicas belong to (realtime on on-demand, batch on spot).
+    pool = declared or "realtime"
+    labels = (req.namespace, req.deployment, pool, CAPACITY_FOR_CLASS.get(pool, "unknown"))
+    telemetry.REPLICAS_DESIRED.labels(*labels).set(status.replicas)
+    telemetry.REPLICAS_READY.labels(*labels).set(status.ready_replicas)
+    return status
 
 
 def _query_range(http: httpx.Client, promql: str, start: float, end: float, step: float) -> list[tuple[float, float]]:

@@ -176,6 +176,7 @@ def test_deployment_serves_the_staged_weights_read_only_on_gpus(kube_env):
         naming.LABEL_VERSION: "2.0.0",
         naming.LABEL_MODEL: "llama-3-8b",
         naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
+        naming.LABEL_CLASS: "realtime",  # the default priority class
     }
     (container,) = pod.spec.containers
     assert container.args[:2] == ["--model", f"{CACHE}/llama-3-8b/2.0.0"] and container.args[-2:] == ["--max-model-len", "8192"]

@@ -1,7 +1,7 @@
 """Placement planner and pool sizing rules."""
 
 from workflows.naming import NODE_CAPACITY_TYPE
-from workflows.placement import Gpu, ModelNeed, Node, PoolSizing, node_affinity, node_to_free, place_replica, size_pool
+from workflows.placement import Gpu, ModelNeed, Node, PoolSizing, node_selector, node_to_free, place_replica, size_pool
 
 
 def node(name, free, capacity="on-demand", replicas=0, util=0.0, allocated=()):
@@ -49,8 +49,8 @@ def test_pool_class_follows_capacity_type():
     nodes = [node("od", [80], capacity="on-demand"), node("sp", [80], capacity="spot")]
     assert place_replica(nodes, ModelNeed(model="m", gpu_memory_gib=40, pool_class="batch")).node == "sp"
     assert place_replica(nodes, ModelNeed(model="m", gpu_memory_gib=40, pool_class="realtime")).node == "od"
-    terms = node_affinity("batch")["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms[0]["matchExpressions"][0] == {"key": NODE_CAPACITY_TYPE, "operator": "In", "values": ["spot"]}
+    assert node_selector("batch") == {NODE_CAPACITY_TYPE: "spot"}
+    assert node_selector("realtime") == {NODE_CAPACITY_TYPE: "on-demand"}
 
 
 def test_least_loaded_node_is_freed_first():

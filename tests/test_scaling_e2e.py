@@ -23,6 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from activities import kube, scaling
+from workers import telemetry
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.ports import free_port
 from workers.config import settings
@@ -89,7 +90,7 @@ def worker(temporal: Client, queue: str) -> Worker:
         temporal,
         task_queue=queue,
         workflows=[ReactiveScaling],
-        activities=[scaling.read_scaling_signals, scaling.get_scale, kube.scale_version],
+        activities=[scaling.read_scaling_signals, scaling.get_scale, kube.scale_version, telemetry.record_scaling_decision],
         activity_executor=ThreadPoolExecutor(4),
     )
 

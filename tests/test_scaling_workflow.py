@@ -16,6 +16,7 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
+from workers import telemetry
 from workers.schedules import floor_spec
 from workflows import naming
 from workflows import scaling_activities as acts
@@ -62,7 +63,7 @@ class FakeDeployment:
         async def read_history(request: acts.ReplicaHistoryInput) -> acts.ReplicaHistory:
             return acts.ReplicaHistory(samples={"0:9": [6, 7, 8, 9], "0:10": [10, 10, 12, 11]}, weekday=0, minute_of_day=9 * 60 + 55)
 
-        return [get_scale, read_signals, scale_version, read_history]
+        return [get_scale, read_signals, scale_version, read_history, telemetry.record_scaling_decision]
 
 
 async def start_loop(env, fake: FakeDeployment, **overrides):

@@ -1,10 +1,19 @@
 """NodePoolScaling: one durable loop per GPU node pool (an EC2 Auto Scaling group).
 
 Every interval it observes the pool's nodes and the model pods left Unschedulable for lack of
-GPUs, asks the pure ``size_pool`` what to do, and grows the group, or drains and terminates the
-least-loaded idle node above the warm standby. It grows only for pods that stayed pending past a
-grace period and never while asked-for nodes are still booting. Continue-as-new keeps the
-history bounded.
+GPUs, asks the placement planner (``plan_pending``) whether those replicas fit on free GPUs of
+existing nodes or need new ones (and whether free GPUs are fragmented across nodes), asks the
+pure ``size_pool`` what to do, and grows the group, or drains and terminates the least-loaded
+idle node above the warm standby. It grows only for pods that stayed pending past a grace period
+and never while asked-for nodes are still booting. Continue-as-new keeps the history bounded.
+
+This is where the reactive loops' unschedulable replicas reach the node layer: ReactiveScaling
+reports them, and this loop reads the same pods from the cluster and serves those whose
+capacity-type requirement matches its pool, so batch replicas grow the spot pool and realtime ones
+the on-demand pool, with no coupling between the two workflows' IDs. Start one per pool:
+
+    temporal workflow start --type NodePoolScaling --task-queue tideplane --workflow-id nodepool/gpu-spot \
+      --input '{"pool": {"pool": "gpu-spot", "capacity_type": "spot"}, "sizing": {"min_nodes": 1, "max_nodes": 8, "warm_standby": 1, "gpus_per_node": 4}}'
 
 API (stable): workflow type NodePoolScaling, ID ``nodepool/<pool>``, query ``status``.
 """
@@ -21,7 +30,7 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from workflows import scaling_activities as acts
-    from workflows.placement import PoolDecision, PoolSizing, size_pool
+    from workflows.placement import CLASS_FOR_CAPACITY, ModelNeed, PoolDecision, PoolSizing, plan_pending, size_pool
 
 
 def node_pool_workflow_id(pool: str) -> str:
@@ -34,6 +43,8 @@ class PoolRecord(BaseModel):
     pending_gpus: int
     desired: int
     drain: str | None = None
+    fits_existing: int = Field(0, description="pending replicas the planner fits on existing nodes")
+    fragmented: bool = False
     reason: str
 
 
@@ -97,7 +108,20 @@ class NodePoolScaling:
             self._pending_since = now
         pending_for = now - self._pending_since if self._pending_since is not None else 0.0
         booting = max(0, seen.desired_capacity - len(seen.nodes))
-        decision: PoolDecision = size_pool(seen.nodes, seen.pending_gpus, pending_for, input.sizing, booting)
+        plan = None
+        if seen.pending:
+            pool_class = CLASS_FOR_CAPACITY[input.pool.capacity_type]
+            needs = [
+                ModelNeed(
+                    model=r.model,
+                    gpu_memory_gib=r.gpus * seen.gpu_memory_gib,
+                    gpus_per_replica=r.gpus,
+                    pool_class=pool_class,
+                )
+                for r in seen.pending
+            ]
+            plan = plan_pending(seen.nodes, needs, input.sizing, input.pool.capacity_type, seen.gpu_memory_gib)
+        decision: PoolDecision = size_pool(seen.nodes, seen.pending_gpus, pending_for, input.sizing, booting, plan)
         desired = min(decision.desired_nodes, seen.max_size)
         reason = decision.reason
         if decision.drain:
@@ -114,14 +138,24 @@ class NodePoolScaling:
                 summary=f"{self._pool} {seen.desired_capacity} -> {desired} nodes",
             )
         record = PoolRecord(
-            at_s=now, nodes=len(seen.nodes), pending_gpus=seen.pending_gpus, desired=desired, drain=decision.drain, reason=reason
+            at_s=now,
+            nodes=len(seen.nodes),
+            pending_gpus=seen.pending_gpus,
+            desired=desired,
+            drain=decision.drain,
+            fits_existing=plan.fits_existing if plan else 0,
+            fragmented=plan.fragmented if plan else False,
+            reason=reason,
         )
         self._records = [*self._records, record][-RECORDS_KEPT:]
         pods = ", ".join(seen.pending_pods[:5]) or "none"
-        workflow.set_current_details(
+        details = (
             f"**pool {self._pool}**: {len(seen.nodes)} node(s), desired {desired}, {seen.pending_gpus} GPU(s) pending"
             f" ({pods})\n\n{reason}"
         )
+        if plan and plan.fragmented:
+            details += "\n\n⚠ fragmented: free GPUs are spread over nodes that cannot each hold a pending replica"
+        workflow.set_current_details(details)
 
     @workflow.query(name="status")
     def status(self) -> NodePoolStatus:

@@ -55,17 +55,24 @@ class Placement(BaseModel):
     report: str
 
 
-def node_affinity(pool_class: PoolClass) -> dict:
-    """The pod spec affinity that keeps a class on its capacity type."""
-    return {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {"matchExpressions": [{"key": NODE_CAPACITY_TYPE, "operator": "In", "values": [CAPACITY_FOR_CLASS[pool_class]]}]}
-                ]
-            }
-        }
-    }
+# Taint an operator puts on spot nodes to keep everything but batch work off them (Karpenter and
+# EKS do not taint spot by default; with the taint, only pods tolerating it land there).
+SPOT_TAINT = {"key": NODE_CAPACITY_TYPE, "value": "spot", "effect": "NoSchedule"}
+
+
+def node_selector(pool_class: PoolClass) -> dict[str, str]:
+    """The pod spec nodeSelector that keeps a class on its capacity type (required, like a node affinity).
+
+    A nodeSelector rather than a nodeAffinity term so that whoever moves the pods elsewhere (the
+    spot failover's on-demand twin) overrides the one key instead of adding a second, conflicting
+    requirement.
+    """
+    return {NODE_CAPACITY_TYPE: CAPACITY_FOR_CLASS[pool_class]}
+
+
+def tolerations(pool_class: PoolClass) -> list[dict]:
+    """Batch pods tolerate the spot taint; realtime pods never need to (they select on-demand nodes)."""
+    return [{**SPOT_TAINT, "operator": "Equal"}] if pool_class == "batch" else []
 
 
 def _usable(node: Node, need: ModelNeed) -> list[Gpu]:
@@ -130,6 +137,76 @@ class PoolSizing(BaseModel):
     pending_grace_seconds: float = Field(60, ge=0, description="how long pods stay Unschedulable before growing")
 
 
+CLASS_FOR_CAPACITY: dict[str, PoolClass] = {v: k for k, v in CAPACITY_FOR_CLASS.items()}
+
+
+class PendingPlan(BaseModel):
+    fits_existing: int = Field(0, description="pending replicas that fit on free GPUs of existing nodes")
+    new_nodes: int = Field(0, description="nodes of the pool's shape that hold the rest")
+    unplaceable: int = Field(0, description="replicas larger than a whole node of the pool")
+    idle_left: int = Field(0, description="idle nodes no pending replica was planned on")
+    fragmented: bool = False
+    report: str = ""
+
+
+def _take(nodes: list[Node], placement: Placement) -> None:
+    node = next(n for n in nodes if n.name == placement.node)
+    for gpu in node.gpus:
+        if gpu.index in placement.gpus:
+            gpu.allocated, gpu.free_gib = True, 0
+    node.replicas += 1
+
+
+def plan_pending(
+    nodes: list[Node], pending: list[ModelNeed], sizing: PoolSizing, capacity_type: str, gpu_memory_gib: float
+) -> PendingPlan:
+    """Where a pool's Unschedulable replicas would go: free GPUs of existing nodes first (best
+    fit), the rest on as few new nodes of the pool's shape as hold them, biggest replicas first.
+
+    Placing one replica at a time is what makes fragmentation visible: 4 + 4 free GPUs on two
+    nodes do not hold one 8-GPU replica, although the pool has 8 free GPUs.
+    """
+    existing = [n.model_copy(deep=True) for n in nodes]
+    added: list[Node] = []
+    fits = unplaceable = 0
+    fragmented: list[str] = []
+    for need in sorted(pending, key=lambda n: (-n.gpus_per_replica, -n.gpu_memory_gib, n.model)):
+        placed = place_replica(existing, need)
+        if placed.fits:
+            fits += 1
+            _take(existing, placed)
+            continue
+        if placed.fragmented:
+            fragmented.append(placed.report)
+        placed = place_replica(added, need)
+        if not placed.fits:
+            fresh = Node(
+                name=f"new-{len(added) + 1}",
+                capacity_type=capacity_type,
+                gpus=[Gpu(index=i, free_gib=gpu_memory_gib) for i in range(sizing.gpus_per_node)],
+            )
+            placed = place_replica([fresh], need)
+            if not placed.fits:
+                unplaceable += 1
+                continue
+            added.append(fresh)
+        _take(added, placed)
+    idle_left = sum(1 for n in existing if n.schedulable and n.replicas == 0)
+    report = f"{len(pending)} pending replica(s): {fits} fit on existing nodes, {len(added)} new node(s) needed"
+    if unplaceable:
+        report += f", {unplaceable} larger than a whole {sizing.gpus_per_node}-GPU node"
+    if fragmented:
+        report += f"; {fragmented[0]}"
+    return PendingPlan(
+        fits_existing=fits,
+        new_nodes=len(added),
+        unplaceable=unplaceable,
+        idle_left=idle_left,
+        fragmented=bool(fragmented),
+        report=report,
+    )
+
+
 class PoolDecision(BaseModel):
     desired_nodes: int
     drain: str | None = Field(None, description="node to drain and remove (least loaded)")
@@ -142,20 +219,29 @@ def size_pool(
     pending_for_seconds: float,
     sizing: PoolSizing,
     booting: int = 0,
+    plan: PendingPlan | None = None,
 ) -> PoolDecision:
     """Grow only for pods that stayed Unschedulable; shrink one idle node above the warm standby.
 
     ``booting``: instances asked for that have not joined as nodes yet; nothing changes until
-    they have, so one burst of pending pods never asks for its nodes twice.
+    they have, so one burst of pending pods never asks for its nodes twice. ``plan`` (from
+    ``plan_pending``): grow by the nodes the pending replicas really need, none when they fit on
+    existing capacity; without it, by their GPUs over whole nodes.
     """
     current = len(nodes)
     if booting > 0:
         return PoolDecision(desired_nodes=current + booting, reason=f"hold: {booting} node(s) still booting")
     idle = [n for n in nodes if n.replicas == 0 and n.schedulable]
     if pending_gpus > 0 and pending_for_seconds >= sizing.pending_grace_seconds:
-        want = current + math.ceil(pending_gpus / sizing.gpus_per_node) + sizing.warm_standby - len(idle)
+        if plan is None:
+            want = current + math.ceil(pending_gpus / sizing.gpus_per_node) + sizing.warm_standby - len(idle)
+        else:
+            want = current + plan.new_nodes + max(0, sizing.warm_standby - plan.idle_left)
         desired = min(max(want, current), sizing.max_nodes)
-        reason = f"grow: {pending_gpus} GPU(s) pending {pending_for_seconds:.0f}s, {len(idle)} idle node(s)"
+        verb = "grow" if desired > current else "hold"
+        reason = f"{verb}: {pending_gpus} GPU(s) pending {pending_for_seconds:.0f}s, {len(idle)} idle node(s)"
+        if plan is not None:
+            reason += f"; {plan.report}"
         if want > sizing.max_nodes:
             reason += f"; capped at max_nodes {sizing.max_nodes}"
         return PoolDecision(desired_nodes=desired, reason=reason)

@@ -9,6 +9,7 @@ Every activity is idempotent: calling it twice with the same input leaves the sa
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -83,6 +84,10 @@ class EnsureVersionInput(BaseModel):
     port: int = 8000
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    priority_class: Literal["realtime", "batch"] = Field(
+        "realtime",
+        description="realtime: on-demand nodes; batch: spot nodes (labels the pods, selects their nodes)",
+    )
 
 
 class ScaleVersionInput(BaseModel):

@@ -19,6 +19,9 @@ import math
 
 from pydantic import BaseModel, Field, model_validator
 
+from workflows.cpu_fallback import CpuFallback
+from workflows.placement import PoolClass
+
 
 class ScalingPolicy(BaseModel):
     """Targets and pacing of one deployment's loop; changed live by the ``update_policy`` update."""
@@ -40,9 +43,22 @@ class ScalingPolicy(BaseModel):
     max_step_up: int = Field(16, ge=1, description="most replicas added by one decision")
     max_gpus: int | None = Field(None, ge=0, description="budget guard: GPUs the deployment may hold")
     gpus_per_replica: int = Field(1, ge=0)
+    priority_class: PoolClass = Field(
+        "realtime",
+        description="realtime: on-demand GPUs, floor kept (min_replicas >= 1); batch: spot, may scale to zero",
+    )
+    cpu_fallback: CpuFallback | None = Field(
+        None, description="batch only: CPU deployment scaled up while GPU replicas are unavailable"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ScalingPolicy:
+        if self.priority_class == "realtime" and self.min_replicas < 1:
+            raise ValueError(
+                "a realtime deployment keeps its floor: min_replicas must be >= 1 (only batch scales to zero)"
+            )
+        if self.cpu_fallback is not None and self.priority_class != "batch":
+            raise ValueError("cpu_fallback is for the batch class only (priority_class is realtime)")
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas})")
         if self.max_gpus is not None and self.min_replicas * self.gpus_per_replica > self.max_gpus:
@@ -93,9 +109,19 @@ class Trigger(BaseModel):
     replicas: int = Field(description="replicas this trigger asks for")
 
 
+TRIGGER_CAUSES = {"queue": "queue_depth", "ttft_p99": "ttft", "kv_cache": "kv_cache", "gpu_util": "gpu_util"}
+# Holds worth counting in the decisions metric; the others (at target, waiting out the window or
+# the cooldown) are the loop idling.
+NOTABLE_HOLDS = frozenset({"metric_fallback", "budget", "max_replicas"})
+
+
 class Decision(BaseModel):
     desired: int
     reason: str
+    cause: str = Field(
+        description="low-cardinality why, the decisions metric's reason label: a trigger (queue_depth, ttft, kv_cache,"
+        " gpu_util), below_target, stabilising, cooldown, at_target, metric_fallback, floor, max_replicas or budget"
+    )
     triggers: list[Trigger] = Field(default_factory=list)
     capped_by: str | None = Field(None, description="max_replicas | max_step_up | budget, when a cap cut the step")
     state: ScalerState
@@ -162,12 +188,14 @@ def decide(
         desired = current
         below_since = None
         reason = f"hold at {current}: metrics unavailable ({signals.error or 'no data'})"
+        cause = "metric_fallback"
     else:
         triggers = _triggers(now_s, current, signals, policy, util_since)
         fired = [t for t in triggers if t.fired]
         if fired:
             below_since = None
-            desired = max(t.replicas for t in fired)
+            top = max(fired, key=lambda t: t.replicas)
+            desired, cause = top.replicas, TRIGGER_CAUSES[top.name]
             if desired > current + policy.max_step_up:
                 desired, capped_by = current + policy.max_step_up, "max_step_up"
             reason = "up: " + "; ".join(_fmt(t) for t in fired)
@@ -176,29 +204,31 @@ def decide(
             quiet_for = now_s - below_since
             since_change = math.inf if state.last_change_s is None else now_s - state.last_change_s
             if quiet_for < policy.stabilisation_seconds:
-                desired = current
+                desired, cause = current, "stabilising"
                 reason = f"hold at {current}: below target for {quiet_for:.0f}s of {policy.stabilisation_seconds:.0f}s window"
             elif since_change < policy.cooldown_seconds:
-                desired = current
+                desired, cause = current, "cooldown"
                 reason = f"hold at {current}: cooldown, {since_change:.0f}s of {policy.cooldown_seconds:.0f}s since last change"
             else:
-                desired = current - 1
+                desired, cause = current - 1, "below_target"
                 reason = f"down one step: below target for {quiet_for:.0f}s, {since_change:.0f}s since last change"
         else:
             below_since = None
-            desired = current
+            desired, cause = current, "at_target"
             reason = f"hold at {current}: at target"
 
     lower = max(policy.min_replicas, floor)
     if desired < lower:
-        desired = lower
+        desired, cause = lower, "floor"
         reason += f"; raised to floor {lower} (min {policy.min_replicas}, schedule/pre-warm {floor})"
     if desired > policy.max_replicas:
         desired, capped_by = policy.max_replicas, "max_replicas"
+        cause = capped_by if desired <= current else cause
         reason += f"; capped at max_replicas {policy.max_replicas}"
     budget = policy.budget_replicas
     if budget is not None and desired > budget:
         desired, capped_by = budget, "budget"
+        cause = capped_by if desired <= current else cause
         reason += f"; budget guard: {policy.max_gpus} GPUs allow {budget} replicas"
 
     last_change = state.last_change_s
@@ -207,6 +237,7 @@ def decide(
     return Decision(
         desired=desired,
         reason=reason,
+        cause=cause,
         triggers=triggers,
         capped_by=capped_by,
         state=ScalerState(last_change_s=last_change, below_since_s=below_since, util_above_since_s=util_since),

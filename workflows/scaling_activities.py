@@ -56,6 +56,9 @@ class ScaleStatus(BaseModel):
     ready_replicas: int
     pending: int = Field(0, description="pods not yet Running")
     unschedulable: int = Field(0, description="pending pods the scheduler could not place (no GPU capacity)")
+    priority_class: str | None = Field(
+        None, description="the class the Deployment declares (label tideplane.io/priority-class)"
+    )
 
 
 class ReplicaHistoryInput(BaseModel):
@@ -89,10 +92,22 @@ class PoolRef(BaseModel):
     )
 
 
+class PendingReplica(BaseModel):
+    pod: str = Field(description="NAMESPACE/NAME")
+    model: str
+    gpus: int = Field(ge=1)
+
+
 class PoolObservation(BaseModel):
     nodes: list[Node] = Field(default_factory=list)
     pending_gpus: int = Field(0, description="GPUs requested by Unschedulable model pods this pool can serve")
     pending_pods: list[str] = Field(default_factory=list)
+    pending: list[PendingReplica] = Field(
+        default_factory=list, description="those pods that ask for GPUs, for the planner"
+    )
+    gpu_memory_gib: float = Field(
+        80, gt=0, description="memory of one of the pool's GPUs (node label nvidia.com/gpu.memory)"
+    )
     desired_capacity: int = Field(description="the Auto Scaling group's desired capacity")
     max_size: int
 

@@ -7,6 +7,13 @@ as ``set_floor`` signals keyed by source, so a schedule raises or lowers the flo
 fights the loop. The loop continues-as-new every ``iterations_per_run`` decisions (or when
 Temporal suggests it), carrying its state, so its history stays bounded however long it runs.
 
+The policy's priority class says which capacity the replicas run on (realtime: on-demand, floor
+kept; batch: spot, may scale to zero). Replicas left Unschedulable are reported here and served
+by the NodePoolScaling loop of the matching pool, which reads the same pods. A batch policy may
+declare a CPU fallback that the loop scales up while GPU replicas stay unavailable past a
+deadline (workflows.cpu_fallback). Decisions that change something, or hold for a reason worth
+alerting on, are counted in the control-plane metrics through ``record_scaling_decision``.
+
 API (stable): workflow types ReactiveScaling, ScheduleFloor, PredictivePrewarm; ID
 ``scaling/<namespace>/<name>``; signals ``pause``, ``resume``, ``set_floor``; update
 ``update_policy``; query ``status``.
@@ -23,11 +30,14 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from workers.telemetry import RECORD_SCALING_DECISION, ScalingDecisionEvent
     from workflows import naming, search_attributes
     from workflows import scaling_activities as acts
-    from workflows.rollout_activities import SCALE_VERSION, DeploymentRef, ScaleVersionInput
+    from workflows.cpu_fallback import FallbackState, decide_fallback
+    from workflows.placement import CAPACITY_FOR_CLASS
     from workflows.prewarm import prewarm_floor
-    from workflows.scaling import Decision, ScalerState, ScalingPolicy, Signals, Trigger, decide
+    from workflows.rollout_activities import SCALE_VERSION, DeploymentRef, ScaleVersionInput
+    from workflows.scaling import NOTABLE_HOLDS, Decision, ScalerState, ScalingPolicy, Signals, Trigger, decide
 
 DECISIONS_KEPT = 20
 
@@ -49,6 +59,8 @@ class DecisionRecord(BaseModel):
     capped_by: str | None = None
     triggers: list[Trigger] = Field(default_factory=list)
     signals: Signals | None = None
+    fallback_replicas: int | None = Field(None, description="CPU fallback replicas wanted (batch with cpu_fallback)")
+    fallback_reason: str | None = None
 
 
 class ScalingCarry(BaseModel):
@@ -60,6 +72,8 @@ class ScalingCarry(BaseModel):
     pause_reason: str = ""
     decisions: list[DecisionRecord] = Field(default_factory=list)
     runs: int = Field(0, description="runs before this one")
+    fallback: FallbackState = Field(default_factory=FallbackState)
+    fallback_applied: int | None = Field(None, description="CPU fallback replicas last set (None: not yet)")
 
 
 class ScalingInput(BaseModel):
@@ -133,6 +147,8 @@ class ReactiveScaling:
         self._pause_reason = carry.pause_reason
         self._decisions = list(carry.decisions)
         self._runs = carry.runs
+        self._fallback = carry.fallback
+        self._fallback_applied = carry.fallback_applied
         self._iteration = 0
         self._wake = False
 
@@ -203,6 +219,10 @@ class ReactiveScaling:
             triggers=decision.triggers,
             signals=signals,
         )
+        if scale.priority_class and scale.priority_class != self._policy.priority_class:
+            record.reason += (
+                f"; the Deployment declares class {scale.priority_class}, the policy {self._policy.priority_class}"
+            )
         if decision.desired != scale.replicas:
             try:
                 await workflow.execute_activity(
@@ -217,8 +237,54 @@ class ReactiveScaling:
                 record.applied = True
             except ActivityError as err:
                 record.reason += f"; scaling failed: {_cause(err)}"
+        if self._policy.cpu_fallback is not None:
+            await self._cpu_fallback(now, decision.desired, scale, record)
         self._decisions = [*self._decisions, record][-DECISIONS_KEPT:]
         self._details()
+        await self._record_metric(namespace, name, scale.replicas, decision)
+
+    async def _cpu_fallback(self, now: datetime, desired: int, scale: acts.ScaleStatus, record: DecisionRecord) -> None:
+        """Batch only: scale the declared CPU deployment up while GPU replicas stay unavailable."""
+        fallback = self._policy.cpu_fallback
+        verdict = decide_fallback(
+            now.timestamp(), desired, scale.ready_replicas, scale.unschedulable, fallback, self._fallback
+        )
+        self._fallback = verdict.state
+        record.fallback_replicas, record.fallback_reason = verdict.replicas, verdict.reason
+        if verdict.replicas == self._fallback_applied:
+            return
+        namespace, name = naming.split_deployment(fallback.deployment)
+        try:
+            await workflow.execute_activity(
+                SCALE_VERSION,
+                ScaleVersionInput(
+                    deployment=DeploymentRef(namespace=namespace, name=name),
+                    version=fallback.version,
+                    replicas=verdict.replicas,
+                ),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_SHORT,
+                summary=f"CPU fallback {fallback.deployment} -> {verdict.replicas}",
+            )
+            self._fallback_applied = verdict.replicas
+        except ActivityError as err:
+            record.fallback_reason += f"; scaling the fallback failed: {_cause(err)}"
+
+    async def _record_metric(self, namespace: str, name: str, current: int, decision: Decision) -> None:
+        """Count the decision in the control-plane metrics (best effort: metrics never block scaling)."""
+        direction = "up" if decision.desired > current else "down" if decision.desired < current else "hold"
+        if direction == "hold" and decision.cause not in NOTABLE_HOLDS:
+            return
+        try:
+            await workflow.execute_activity(
+                RECORD_SCALING_DECISION,
+                ScalingDecisionEvent(namespace=namespace, deployment=name, direction=direction, reason=decision.cause),
+                start_to_close_timeout=timedelta(seconds=10),
+                retry_policy=RetryPolicy(maximum_attempts=2),
+                summary=f"metric: {direction} ({decision.cause})",
+            )
+        except ActivityError:
+            pass
 
     def _floor(self, now: datetime) -> int:
         self._floors = {k: c for k, c in self._floors.items() if c.expires_at is None or c.expires_at > now}
@@ -232,12 +298,17 @@ class ReactiveScaling:
             pause_reason=self._pause_reason,
             decisions=self._decisions,
             runs=self._runs + 1,
+            fallback=self._fallback,
+            fallback_applied=self._fallback_applied,
         )
 
     def _details(self, note: str = "") -> None:
         p = self._policy
         floors = ", ".join(f"{k} {c.replicas}" for k, c in self._floors.items()) or "none"
-        lines = [f"**{self._input.deployment}** · policy min {p.min_replicas} / max {p.max_replicas} · floors: {floors}"]
+        lines = [
+            f"**{self._input.deployment}** · {p.priority_class} ({CAPACITY_FOR_CLASS[p.priority_class]} GPUs)"
+            f" · policy min {p.min_replicas} / max {p.max_replicas} · floors: {floors}"
+        ]
         if note:
             lines.append(f"⚠ {note}")
         if self._decisions:
@@ -246,6 +317,13 @@ class ReactiveScaling:
                 f"last decision {d.at:%Y-%m-%d %H:%M:%S}Z: **{d.current} → {d.desired}**"
                 f" ({d.ready} ready{f', {d.unschedulable} Pending unschedulable' if d.unschedulable else ''}): {d.reason}"
             )
+            if d.unschedulable:
+                lines.append(
+                    f"{d.unschedulable} replica(s) wait for {CAPACITY_FOR_CLASS[p.priority_class]} GPU capacity:"
+                    f" the NodePoolScaling loop of that pool grows it for them"
+                )
+            if d.fallback_reason:
+                lines.append(f"CPU fallback {p.cpu_fallback.deployment if p.cpu_fallback else ''}: {d.fallback_reason}")
             if d.triggers:
                 lines.append(
                     "| trigger | value | target | wants |\n|---|---|---|---|\n"
