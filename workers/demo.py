@@ -7,27 +7,180 @@ stop — stays here so ``make demo`` ends with the sandbox left running for expl
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from kubernetes import client
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.service import RPCError
 
+from activities.registry import Registry
+from infra.sandbox.config import Demand, Profile
+from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.launcher import Sandbox
-from workflows.naming import GPU_RESOURCE, NODE_CAPACITY_TYPE, NODE_POOL, NODE_ZONE
+from workers import registry_cli
+from workers.client import connect
+from workers.config import settings
+from workflows.naming import (
+    GPU_RESOURCE,
+    NODE_CAPACITY_TYPE,
+    NODE_POOL,
+    NODE_ZONE,
+    TASK_QUEUE,
+    rollout_workflow_id,
+    split_deployment,
+)
+from workflows.rollout_types import RolloutResult, RolloutStatus
 
 WORKER_GRACE_SECONDS = 3.0
 
 
+DEMO_DEPLOYMENT = "llm-serving/chat"
+DEMO_MODEL = "llama-3-8b"
+DEMO_IMAGE = "vllm/vllm-openai:v0.6.3"
+DEMO_RPS = 8.0  # sandbox requests/s offered to the chat deployment
+GOOD = Profile(load_seconds=60, error_rate=0.002, ttft_seconds=0.15, tpot_seconds=0.025, capacity_rps=4)
+# The release that "hallucinates on an edge case": a quarter of its answers fail.
+BAD = GOOD.model_copy(update={"error_rate": 0.25})
+RELEASES = [("1.0.0", GOOD, "first deploy"), ("1.1.0", GOOD, "a good release"), ("1.2.0", BAD, "a bad release")]
+POLL_SECONDS = 1.0
+
+
+def rollout_input(version: str) -> dict:
+    """The demo's rollout: the default ladder 1 -> 5 -> 50 -> 100 % with windows compressed to
+    seconds, weights resolved from the registry by model and version."""
+    return {
+        "deployment": DEMO_DEPLOYMENT,
+        "model": DEMO_MODEL,
+        "version": version,
+        "image": DEMO_IMAGE,
+        "gpus_per_replica": 1,
+        "replicas": 3,
+        "steps": [{"weight": w, "window_seconds": 15} for w in (1, 5, 50, 100)],
+        "gate_interval_seconds": 5,
+        "query_window_seconds": 15,
+        "gates": {"min_requests": 5},
+        "warm_up": {"requests": 8, "deadline_seconds": 180},
+        "scale_down_delay_seconds": 10,
+    }
+
+
+def _weights(sandbox: Sandbox, version: str) -> Path:
+    """A small stand-in for a weights file, different per version (registered, then staged)."""
+    path = sandbox.state_dir / "demo-weights" / version / "model.safetensors"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(random.Random(version).randbytes(4 * 1024 * 1024))
+    return path
+
+
+def _start_with_cli(sandbox: Sandbox, version: str) -> None:
+    """Start the rollout exactly as a user would: with the temporal CLI."""
+    argv = [
+        str(Path(sys.executable).with_name("temporal")), "workflow", "start",
+        "--address", sandbox.urls()["temporal"],
+        "--type", "ModelRollout", "--task-queue", TASK_QUEUE,
+        "--workflow-id", rollout_workflow_id(DEMO_DEPLOYMENT),
+        "--input", json.dumps(rollout_input(version)),
+    ]
+    print("  $ temporal workflow start --type ModelRollout --task-queue tideplane \\\n"
+          f"      --workflow-id {rollout_workflow_id(DEMO_DEPLOYMENT)} --input '{{\"version\": \"{version}\", ...}}'")
+    subprocess.run(argv, check=True, capture_output=True, text=True)
+
+
+def _progress(status: RolloutStatus) -> str:
+    line = f"{status.stage.value:<12} {status.weight:>3}%"
+    if status.last_verdict:
+        line += f"  gate: {status.last_verdict.evaluation.describe()}"
+    if status.paused:
+        line += f"  PAUSED: {status.pause_reason}"
+    return line
+
+
+async def _follow(client: Client) -> RolloutResult:
+    """Print a line whenever the stage, the weight or the last gate verdict changes."""
+    handle = client.get_workflow_handle(rollout_workflow_id(DEMO_DEPLOYMENT), result_type=RolloutResult)
+    started, shown = time.monotonic(), ""
+    while (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
+        try:
+            line = _progress(await handle.query("status", result_type=RolloutStatus))
+        except RPCError:
+            line = shown  # no workflow task has run yet
+        if line != shown:
+            print(f"  [{time.monotonic() - started:4.0f}s] {line}", flush=True)
+            shown = line
+        await asyncio.sleep(POLL_SECONDS)
+    return await handle.result()
+
+
+def _outcome(result: RolloutResult) -> str:
+    text = f"  => {result.outcome.value}: {result.reason}"
+    if result.cold_start_seconds is not None:
+        text += f"\n     cold start {result.cold_start_seconds:.1f}s"
+    if result.benchmark:
+        b = result.benchmark
+        text += f"; warm-up benchmark {b.tokens_per_second:.0f} tokens/s, p50 {b.p50_latency_seconds:.2f}s, p99 {b.p99_latency_seconds:.2f}s"
+    if result.route_reverted_seconds is not None:
+        text += f"\n     traffic back on stable {result.route_reverted_seconds:.1f}s after the failing gate"
+    return text
+
+
+async def _rollouts(sandbox: Sandbox) -> None:
+    client = await connect(settings())
+    for version, _, what in RELEASES:
+        print(f"\nRolling out {DEMO_MODEL} {version} ({what}) to {DEMO_DEPLOYMENT}")
+        _start_with_cli(sandbox, version)
+        try:
+            print(_outcome(await _follow(client)))
+        except WorkflowFailureError as exc:
+            print(f"  => failed: {exc.cause}")
+
+
+def _fresh_namespace(core: client.CoreV1Api, namespace: str) -> None:
+    """Start the story from an empty namespace, so ``make demo`` can be run again."""
+    try:
+        core.delete_namespace(namespace)
+        print(f"\nDeleted namespace {namespace} left by an earlier demo run")
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise
+    core.create_namespace({"metadata": {"name": namespace}})
+
+
 def story(sandbox: Sandbox) -> None:
-    """What the demo shows once everything runs: for now, the GPU cluster the sandbox emulates."""
-    core = client.CoreV1Api(api_client(sandbox.urls()["kubeapi"]))
+    """The headline: three rollouts of one deployment, the last one rolled back by its gates."""
+    os.environ.update(sandbox.env())
+    settings.cache_clear()
+    api = api_client(sandbox.urls()["kubeapi"])
+    core = client.CoreV1Api(api)
     nodes = raw(core.list_node(_preload_content=False))["items"]
     print(f"\nThe emulated cluster has {len(nodes)} nodes:")
     for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
         labels = node["metadata"]["labels"]
         gpus = node["status"]["allocatable"].get(GPU_RESOURCE, "0")
         print(f"  {node['metadata']['name']:<36} pool={labels.get(NODE_POOL):<14} {labels.get(NODE_CAPACITY_TYPE):<9} {labels.get(NODE_ZONE)}  gpus={gpus}")
+
+    namespace, _ = split_deployment(DEMO_DEPLOYMENT)
+    _fresh_namespace(core, namespace)
+    registry = Registry.from_settings()
+    print(f"\nRegistering {DEMO_MODEL} {', '.join(v for v, _, _ in RELEASES)} in the model registry (S3) and declaring how each behaves")
+    for version, profile, _ in RELEASES:
+        registry.register(DEMO_MODEL, version, str(_weights(sandbox, version)), image=DEMO_IMAGE)
+        set_profile(api, DEMO_MODEL, version, profile)
+    set_demand(api, DEMO_DEPLOYMENT, Demand(rps=DEMO_RPS))
+    asyncio.run(_rollouts(sandbox))
+
+    print(f"\nThe registry now says:\n$ tideplane registry list {DEMO_MODEL}")
+    registry_cli.main(["registry", "list", DEMO_MODEL])
+    print(f"\nkubectl --kubeconfig {sandbox.kubeconfig} get deploy,pods -n {namespace}   # what is left in the cluster")
+    print(f"temporal workflow show --workflow-id {rollout_workflow_id(DEMO_DEPLOYMENT)}   # the last rollout's history")
 
 
 def run(state_dir: Path, config_path: Path, time_scale: float | None) -> int:
