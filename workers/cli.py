@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from benchmarks.cli import add_bench_commands
 from infra.grafana import import_help
 from infra.sandbox.config import DEFAULT_CONFIG, SandboxConfigError
 from infra.sandbox.launcher import DEFAULT_STATE_DIR, Sandbox, SandboxError
@@ -39,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     _sandbox_options(demo)
     add_registry_commands(commands)
     add_schedules_commands(commands)
+    add_bench_commands(commands)
     return parser
 
 

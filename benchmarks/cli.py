@@ -1,0 +1,132 @@
+"""``tideplane bench scaling|spot|staging|control-plane``; also ``python -m benchmarks.cli ...``.
+
+Each command prints its table (markdown) and writes its files under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from benchmarks import traces
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _scaling(args: argparse.Namespace) -> int:
+    from benchmarks import scaling
+    from benchmarks.fleet_sim import FleetConfig
+
+    cfg = FleetConfig(
+        step_s=args.step,
+        capacity_rps=args.capacity,
+        cold_start_s=args.cold_start,
+        ttft_base_s=args.ttft_base,
+        ttft_slo_s=args.slo,
+        scrape_s=args.scrape,
+        gpu_hour_price=args.gpu_price,
+    )
+    floors, zone = scaling.floors_from_file(args.schedule) if args.schedule else (None, "UTC")
+    overrides = json.loads(args.policy) if args.policy else None
+    table, _, demand = scaling.run(
+        args.trace, args.out, cfg, seed=args.seed, category=args.category, clients=args.clients,
+        days=args.days, floors=floors, time_zone=zone, start=args.start or scaling.DEFAULT_START, overrides=overrides,
+    )
+    print(f"{demand.name} ({demand.source})")
+    print(scaling.markdown_table(table, scaling.COLUMNS))
+    return 0
+
+
+def _spot(args: argparse.Namespace) -> int:
+    from benchmarks import spot
+
+    table = spot.run(args.trace, args.out, target=args.target, availability=args.availability, window=args.window,
+                     cold_start_s=args.cold_start, return_delay_s=args.return_delay, notice_s=args.notice,
+                     rate_floor=args.rate_floor, days=args.days)
+    print(spot.markdown_table(table))
+    return 0
+
+
+def _staging(args: argparse.Namespace) -> int:
+    from benchmarks import staging
+
+    table = staging.run(args.out, size_bytes=int(args.size_gib * 2**30), files=args.files, repeats=args.repeats)
+    print(staging.markdown_table(table))
+    return 0
+
+
+def _control_plane(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from benchmarks import control_plane
+
+    table = asyncio.run(control_plane.run(args.out, loops=args.loops, duration_s=args.duration, interval_s=args.interval,
+                                            iterations_per_run=args.iterations_per_run))
+    print(control_plane.markdown_table(table))
+    return 0
+
+
+def add_bench_commands(subparsers) -> None:
+    """Registers ``bench`` and its four benchmarks on the ``tideplane`` CLI's subparsers."""
+    bench = subparsers.add_parser("bench", help="benchmarks on real traces (results under benchmarks/results/)")
+    kinds = bench.add_subparsers(dest="bench", required=True)
+
+    s = kinds.add_parser("scaling", help="GPU-hours vs TTFT SLO: static, HPA, seed and tideplane policies on a trace")
+    s.add_argument("--trace", type=Path, default=traces.SERVEGEN, help="ServeGen .tar.gz or the Azure 2023 .csv (default %(default)s)")
+    s.add_argument("--category", default="m-large", help="ServeGen model category (m-large, m-mid)")
+    s.add_argument("--clients", type=int, default=None, help="read only the first N ServeGen clients")
+    s.add_argument("--days", type=float, default=None, help="simulate only the first N days")
+    s.add_argument("--step", type=float, default=15.0, help="simulation step and scrape interval, s")
+    s.add_argument("--scrape", type=float, default=15.0, help="Prometheus scrape interval, s")
+    s.add_argument("--capacity", type=float, default=8.0, help="requests/s one replica serves within the SLO")
+    s.add_argument("--cold-start", type=float, default=240.0, help="node boot + weight load + warm-up, s")
+    s.add_argument("--ttft-base", type=float, default=0.4, help="TTFT of a request that does not queue, s")
+    s.add_argument("--slo", type=float, default=2.0, help="p99 TTFT SLO, s")
+    s.add_argument("--gpu-price", type=float, default=10.32, help="$ per GPU-hour")
+    s.add_argument("--schedule", type=Path, default=None, help="a `tideplane schedules apply` file: floors + prewarm for tideplane")
+    s.add_argument("--policy", default=None, help='JSON overrides of ScalingPolicy for tideplane, e.g. \'{"cooldown_seconds": 300}\'')
+    s.add_argument("--start", default=None, help="wall-clock time of the trace's t=0 (ISO, default a Monday 00:00 UTC)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", type=Path, default=RESULTS)
+    s.set_defaults(func=_scaling)
+
+    p = kinds.add_parser("spot", help="SkyNomad spot availability: on-demand vs spot-only vs tideplane's mix")
+    p.add_argument("--trace", type=Path, default=traces.SKYNOMAD_ZONES, help="SkyNomad zones/ directory")
+    p.add_argument("--target", type=int, default=8, help="replicas (one GPU each) the service needs")
+    p.add_argument("--availability", type=float, default=0.99, help="mix policy's availability target")
+    p.add_argument("--window", type=int, default=144, help="preemption-rate history, steps of 10 min")
+    p.add_argument("--cold-start", type=float, default=240.0, help="a replacement replica's start-up, s")
+    p.add_argument("--return-delay", type=float, default=1800.0, help="spot healthy this long before moving back, s")
+    p.add_argument("--notice", type=float, default=30.0, help="preemption notice, s (GCP: 30, AWS: 120)")
+    p.add_argument("--rate-floor", type=float, default=0.0, help="what-if: also run the mix with this minimum preemption rate per zone")
+    p.add_argument("--days", type=float, default=None)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.set_defaults(func=_spot)
+
+    g = kinds.add_parser("staging", help="stage_weights (hashing, resumable) vs plain boto3 from a moto S3 server")
+    g.add_argument("--size-gib", type=float, default=2.0, help="total size of the weight set")
+    g.add_argument("--files", type=int, default=4, help="number of weight files")
+    g.add_argument("--repeats", type=int, default=2, help="timed runs of each method (best is reported)")
+    g.add_argument("--out", type=Path, default=RESULTS)
+    g.set_defaults(func=_staging)
+
+    c = kinds.add_parser("control-plane", help="N ReactiveScaling loops on a local Temporal dev server")
+    c.add_argument("--loops", type=int, nargs="+", default=[100], help="numbers of concurrent loops to measure")
+    c.add_argument("--duration", type=float, default=300.0, help="seconds to run each N")
+    c.add_argument("--interval", type=float, default=30.0, help="decision interval, s")
+    c.add_argument("--iterations-per-run", type=int, default=240, help="decisions per run before continue-as-new")
+    c.add_argument("--out", type=Path, default=RESULTS)
+    c.set_defaults(func=_control_plane)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cli", description="tideplane benchmarks")
+    add_bench_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Staging benchmark: the ``stage_weights`` activity against a plain boto3 download of the same objects.
+
+The bench starts its own moto S3 server, uploads a random weight set (``files`` objects,
+``size_bytes`` in all), then times, best of ``repeats``: boto3's ``download_file`` (s3transfer,
+multipart, no hashing) and ``stage_weights`` run through ``temporalio.testing.ActivityEnvironment``
+(ranged chunks, SHA-256 while downloading, fsync + sidecar per chunk). Then it interrupts a
+staging run at 50 % (a heartbeat that raises, as a worker crash would end the attempt) and times
+the retry, which must fetch only the unverified half. Local files are deleted after each run, so
+disk use stays at one copy of the weight set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import boto3
+from temporalio.testing import ActivityEnvironment
+
+from benchmarks.scaling import markdown_table as _table
+from benchmarks.scaling import write_csv
+from infra.sandbox.ports import free_port, wait_for_port
+from workflows.rollout_activities import StageWeightsInput, WeightFile
+
+BUCKET = "tideplane-bench"
+COLUMNS = ["measure", "value", "unit"]
+
+
+class _RandomStream:
+    """File-like random bytes of a fixed length, hashed as they are read (nothing kept in memory)."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+        self.sha = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        data = os.urandom(n)
+        self.left -= n
+        self.sha.update(data)
+        return data
+
+
+class Interrupted(Exception):
+    """Raised from a heartbeat to end a staging attempt halfway, like a worker crash."""
+
+
+def _upload(s3, files: int, size_bytes: int) -> list[WeightFile]:
+    s3.create_bucket(Bucket=BUCKET)
+    out = []
+    per_file = size_bytes // files
+    for i in range(files):
+        stream = _RandomStream(per_file + (size_bytes % files if i == files - 1 else 0))
+        key = f"bench/1.0.0/model-{i:05d}-of-{files:05d}.safetensors"
+        s3.upload_fileobj(stream, BUCKET, key)
+        out.append(WeightFile(uri=f"s3://{BUCKET}/{key}", sha256=stream.sha.hexdigest()))
+    return out
+
+
+def _boto3_download(s3, files: list[WeightFile], dest: Path) -> float:
+    dest.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    for wf in files:
+        key = wf.uri.split("/", 3)[3]
+        s3.download_file(BUCKET, key, str(dest / Path(key).name))
+    return time.perf_counter() - started
+
+
+def _stage(files: list[WeightFile], version: str, stop_at: int | None = None):
+    """Run stage_weights once; ``stop_at`` bytes: end the attempt there (returns None)."""
+    from activities import storage
+
+    env = ActivityEnvironment()
+
+    def beat(details) -> None:
+        if stop_at is not None and details["bytes_done"] >= stop_at:
+            raise Interrupted(f"interrupted at {details['bytes_done']} bytes")
+
+    env.on_heartbeat = lambda *d: beat(d[0])
+    started = time.perf_counter()
+    try:
+        result = env.run(storage.stage_weights, StageWeightsInput(model="bench", version=version, files=files))
+    except Interrupted:
+        return None, time.perf_counter() - started
+    return result, time.perf_counter() - started
+
+
+def run(out_dir: Path | None, size_bytes: int = 2 * 2**30, files: int = 4, repeats: int = 2, workdir: Path | None = None) -> list[dict]:
+    from workers.config import settings
+
+    work = Path(tempfile.mkdtemp(prefix="tideplane-staging-", dir=workdir))
+    port = free_port()
+    moto = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    env_keys = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "TIDEPLANE_MODEL_CACHE_DIR": str(work / "cache"),
+    }
+    saved = {k: os.environ.get(k) for k in env_keys}
+    os.environ.update(env_keys)
+    settings.cache_clear()
+    try:
+        wait_for_port(port)
+        s3 = boto3.client("s3", endpoint_url=env_keys["AWS_ENDPOINT_URL"], region_name="us-east-1")
+        weights = _upload(s3, files, size_bytes)
+        plain, staged = [], []
+        for i in range(repeats):
+            plain.append(_boto3_download(s3, weights, work / "plain"))
+            shutil.rmtree(work / "plain")
+            result, seconds = _stage(weights, f"run{i}")
+            if result is None or result.size_bytes != size_bytes or result.resumed_bytes:
+                raise RuntimeError(f"staging run {i} did not stage the whole set from scratch: {result}")
+            staged.append(seconds)
+            shutil.rmtree(work / "cache")
+        _, first = _stage(weights, "resume", stop_at=size_bytes // 2)
+        resumed, second = _stage(weights, "resume")
+        if resumed is None or resumed.size_bytes != size_bytes:
+            raise RuntimeError(f"the retry after the interruption did not finish: {resumed}")
+        shutil.rmtree(work / "cache")
+    finally:
+        moto.terminate()
+        moto.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        settings.cache_clear()
+
+    mib = size_bytes / 2**20
+    table = [
+        {"measure": "weight set", "value": f"{mib / 1024:.2f} GiB in {files} files", "unit": ""},
+        {"measure": "plain boto3 download_file (best)", "value": f"{mib / min(plain):.0f}", "unit": "MiB/s"},
+        {"measure": "stage_weights, hashing + fsync (best)", "value": f"{mib / min(staged):.0f}", "unit": "MiB/s"},
+        {"measure": "throughput ratio stage_weights / boto3 (goal >= 0.9)", "value": f"{min(plain) / min(staged):.2f}", "unit": ""},
+        {"measure": "full staging", "value": f"{min(staged):.1f}", "unit": "s"},
+        {"measure": "attempt interrupted at 50 %", "value": f"{first:.1f}", "unit": "s"},
+        {"measure": "retry after the interruption", "value": f"{second:.1f}", "unit": "s"},
+        {"measure": "bytes verified from disk, not fetched again", "value": f"{resumed.resumed_bytes / 2**20:.0f} of {mib:.0f}", "unit": "MiB"},
+    ]
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_csv(out_dir / "staging.csv", table, COLUMNS)
+        (out_dir / "staging.md").write_text(
+            f"moto S3 server on 127.0.0.1 (same machine), repeats {repeats}, runs: boto3 {', '.join(f'{t:.1f}s' for t in plain)}; "
+            f"stage_weights {', '.join(f'{t:.1f}s' for t in staged)}\n\n" + markdown_table(table) + "\n"
+        )
+    return table
+
+
+def markdown_table(table: list[dict]) -> str:
+    return _table(table, COLUMNS)
