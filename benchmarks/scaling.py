@@ -6,15 +6,12 @@ Every policy drives the same simulated fleet (benchmarks.fleet_sim) over the sam
 - hpa: Kubernetes HPA's rule on GPU utilisation (``ceil(current * util / target)``, 10 %
   tolerance, 15 s sync, scale-up limit max(+100 %, +4) per sync, 300 s down stabilisation);
 - seed: the seed's loop (queue > 50 -> +ceil(queue / 20); utilisation < 30 % for 10 min -> -1);
-- tideplane-reactive: ``workflows.scaling.decide`` alone, exactly as ReactiveScaling calls it;
+- tideplane-reactive: ``workflows.scaling.decide`` alone, exactly as ReactiveScaling calls it
+  (the Deployment's spec replicas as ``current``, the Ready ones as ``ready``);
 - tideplane: the same plus the floors the schedules would set: ``floor_at`` of a schedule file
-  and ``prewarm_floor`` over the fleet's own hourly peaks of serving replicas (what
-  PredictivePrewarm reads from Prometheus), recomputed every ``every_minutes``;
-- what-if: tideplane on Ready: NOT what the workflow does. ReactiveScaling passes the spec
-  replicas as ``current``, so while new replicas start (utilisation still high on the old ones)
-  each decision multiplies the spec again; this row decides about the Ready count and
-  lets a scale-up only grow the spec past what is already starting (like HPA), to show what
-  that change would buy.
+  and ``prewarm_floor`` over the hourly peaks of the replicas the load needed (Ready replicas x
+  GPU utilisation / target: what PredictivePrewarm's default query reads from Prometheus),
+  recomputed every ``every_minutes``;
 """
 
 from __future__ import annotations
@@ -122,11 +119,10 @@ class TideplanePolicy:
     name: str = "tideplane"
     interval_s: float = 30.0
     floors: DeploymentFloors | None = None
-    on_ready: bool = False  # what-if, not the workflow: decide about Ready replicas (see the module doc)
     time_zone: str = "UTC"
     t0: datetime = T0
     state: ScalerState = field(default_factory=ScalerState)
-    _hour_peaks: dict[int, int] = field(default_factory=dict)  # absolute hour -> peak serving replicas
+    _hour_peaks: dict[int, float] = field(default_factory=dict)  # absolute hour -> peak replicas the load needed
     _prewarm: int = 0
     _prewarm_at: float = -math.inf
 
@@ -157,14 +153,11 @@ class TideplanePolicy:
 
     def desired(self, now_s: float, current: int, ready: int, signals: Signals) -> int:
         hour = int(now_s // 3600)
-        self._hour_peaks[hour] = max(self._hour_peaks.get(hour, 0), ready)
-        base = ready if self.on_ready else current
-        decision = decide(now_s, base, signals, self.policy, self.state, self.floor(now_s))
+        util = signals.gpu_util_percent or 0.0
+        self._hour_peaks[hour] = max(self._hour_peaks.get(hour, 0.0), ready * util / self.policy.gpu_util_target_percent)
+        decision = decide(now_s, current, signals, self.policy, self.state, self.floor(now_s), ready=ready)
         self.state = decision.state
-        if not self.on_ready:
-            return decision.desired
-        # Ready replicas asked for -> the spec only grows past what is already starting
-        return max(current, decision.desired) if decision.desired >= ready else current - (ready - decision.desired)
+        return decision.desired
 
 
 @dataclass(frozen=True)
@@ -217,7 +210,6 @@ def policies(demand: list[float], cfg: FleetConfig, floors: DeploymentFloors | N
         SeedPolicy(start),
         TideplanePolicy(policy, start, name="tideplane-reactive", time_zone=time_zone, t0=t0),
         TideplanePolicy(policy, start, name="tideplane", floors=prewarm_only, time_zone=time_zone, t0=t0),
-        TideplanePolicy(policy, start, name="what-if: tideplane on Ready", floors=prewarm_only, on_ready=True, time_zone=time_zone, t0=t0),
     ]
 
 

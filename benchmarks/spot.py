@@ -4,7 +4,8 @@
 - spot-only: ``target`` spot replicas in the cheapest zone that is up; when it is preempted the
   fleet relaunches in the next cheapest zone that is up, with no on-demand to bridge the gap;
 - tideplane: ``workflows.spot_policy`` as the failover workflows use it: ``plan_mix`` (spot
-  over-provisioned across zones + an on-demand base, from each zone's recent preemption rate),
+  over-provisioned across the zones with the lowest expected cost per available replica + an
+  on-demand base, from each zone's recent preemption rate, floored at ``MIN_PREEMPTION_RATE``),
   ``fallback_on_demand`` the moment Ready spot falls short, and ``return_to_spot`` after
   ``stabilisation_delay`` once spot is healthy again.
 
@@ -23,6 +24,7 @@ from benchmarks import traces
 from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
 from workflows.spot_policy import (
+    MIN_PREEMPTION_RATE,
     ZoneMarket,
     fallback_on_demand,
     plan_mix,
@@ -159,11 +161,12 @@ def tideplane_mix(
     cold_start_s: float,
     return_delay_s: float,
     notice_s: float = 30.0,
-    rate_floor: float = 0.0,
+    rate_floor: float = MIN_PREEMPTION_RATE,
     days: float | None = None,
 ) -> Replay:
-    """``rate_floor`` > 0 is a what-if (not what the workflows do): no zone counts as never preempted."""
-    out = Replay("tideplane-mix" + (f" (rate floor {rate_floor:g})" if rate_floor else ""))
+    """``rate_floor`` other than ``MIN_PREEMPTION_RATE`` is a what-if, not what plan_mix's callers get."""
+    what_if = rate_floor != MIN_PREEMPTION_RATE
+    out = Replay("tideplane-mix" + (f" (what-if: rate floor {rate_floor:g})" if what_if else ""))
     fleet = _Fleet(m, cold_start_s)
     step_s = m.zones[0].step_s
     per_step = round(step_s / MINUTE)
@@ -183,10 +186,11 @@ def tideplane_mix(
             target,
             availability,
             [
-                ZoneMarket(z.zone, max(rate_floor, preemption_rate(history[z.zone], window)), m.spot_price(z), z.zone in up)
+                ZoneMarket(z.zone, preemption_rate(history[z.zone], window), m.spot_price(z), z.zone in up)
                 for z in m.zones
             ],
             m.on_demand_price,
+            min_preemption_rate=rate_floor,
         )
         for z in m.zones:  # make before break: grow now, shrink once the new placement serves
             want = plan.spot_per_zone.get(z.zone, 0)
@@ -290,13 +294,14 @@ def run(
     rate_floor: float = 0.0,
     days: float | None = None,
 ) -> list[dict]:
+    """``rate_floor`` (when given and not the shipped ``MIN_PREEMPTION_RATE``) adds a what-if mix row."""
     m = market(traces.load_skynomad(trace))
     replays = [
         on_demand_only(m, target, days),
         spot_only(m, target, cold_start_s, notice_s, days),
-        tideplane_mix(m, target, availability, window, cold_start_s, return_delay_s, notice_s, 0.0, days),
+        tideplane_mix(m, target, availability, window, cold_start_s, return_delay_s, notice_s, MIN_PREEMPTION_RATE, days),
     ]
-    if rate_floor:
+    if rate_floor and rate_floor != MIN_PREEMPTION_RATE:
         replays.append(tideplane_mix(m, target, availability, window, cold_start_s, return_delay_s, notice_s, rate_floor, days))
     table = rows(replays, target)
     if out_dir is not None:

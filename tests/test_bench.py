@@ -10,8 +10,8 @@ import pytest
 from benchmarks import scaling, spot, staging, traces
 from benchmarks.fleet_sim import FleetConfig, simulate
 from benchmarks.scaling import SeedPolicy, StaticPolicy, TideplanePolicy
-from workflows.scaling import ScalingPolicy
-from workflows.schedule_floors import DeploymentFloors, FloorEntry
+from workflows.scaling import ScalingPolicy, Signals
+from workflows.schedule_floors import DeploymentFloors, FloorEntry, PrewarmSpec
 
 CFG = FleetConfig()
 T0 = datetime.fromisoformat(scaling.DEFAULT_START)
@@ -92,6 +92,19 @@ def test_tideplane_policy_applies_schedule_floor_at_local_time():
     assert max(r.replicas[: nine - 2]) == 2
     assert r.replicas[nine + 2] == 12
     assert r.ready[nine + 2] < 12 and r.ready[nine + 2 + round(CFG.cold_start_s / 15)] == 12
+
+
+def test_prewarm_learns_from_demand_not_from_its_own_floors():
+    """A week held at 12 replicas that were busy only at 09h pre-warms 12 for 09h, not for every hour."""
+    floors = DeploymentFloors(deployment="bench/fleet", prewarm=PrewarmSpec(startup_seconds=600))
+    p = TideplanePolicy(ScalingPolicy(min_replicas=1, max_replicas=50), start=12, floors=floors, t0=T0)
+    busy, idle = Signals(queue_waiting=0, gpu_util_percent=80.0), Signals(queue_waiting=0, gpu_util_percent=0.0)
+    for half_minute in range(7 * 24 * 120):  # one week, a decision every 30 s, 12 replicas all along
+        now = half_minute * 30.0
+        p.desired(now, 12, 12, busy if now // 3600 == 9 else idle)
+    week = 7 * 86400
+    assert p.floor(week + 8 * 3600 + 55 * 60) == 12  # Monday 08:55: the 09h demand is 10 minutes ahead
+    assert p.floor(week + 14 * 3600) == 0  # Monday 14h: 12 replicas stood idle, the load needed none
 
 
 def _zones(*availability: list[bool], spot_prices=(8.0, 16.0)) -> spot.Market:

@@ -135,7 +135,11 @@ async def test_loop_records_its_decisions_in_the_metrics(time_skipping_env):
     async def busy(request: acts.ReadSignalsInput) -> Signals:
         return Signals(queue_waiting=100, gpu_util_percent=90)
 
-    activities[1] = busy
+    @activity.defn(name=SCALE_VERSION)
+    async def scale_ready(request: ScaleVersionInput) -> None:
+        fleet.replicas = fleet.ready = request.replicas  # Ready at once: the queue keeps asking for more
+
+    activities[1], activities[2] = busy, scale_ready
     async with Worker(env.client, task_queue=queue, workflows=[ReactiveScaling], activities=activities,
                       activity_executor=ThreadPoolExecutor(4)):
         handle = await env.client.start_workflow(

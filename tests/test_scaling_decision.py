@@ -1,10 +1,12 @@
 """One test per scaling rule of the pure decision function."""
 
+from itertools import pairwise
+
 import pytest
 from pydantic import ValidationError
 
 from workflows.prewarm import expected_peak, prewarm_floor
-from workflows.scaling import ScalerState, ScalingPolicy, Signals, decide
+from workflows.scaling import ScalerState, ScalingPolicy, Signals, decide, down_step
 
 POLICY = ScalingPolicy(min_replicas=1, max_replicas=40, queue_per_replica=5, queue_capacity_per_replica=20)
 QUIET = Signals(queue_waiting=0, running=2, kv_cache_usage=0.1, ttft_p99_seconds=0.2, gpu_util_percent=10)
@@ -72,6 +74,63 @@ def test_down_only_after_stabilisation_window_one_step():
     assert [r for t, r in seen if t < 300] == [6] * 10
     assert dict(seen)[300] == 5  # one step, not straight to the 1 the load justifies
     assert dict(seen)[330] == 5  # next step waits for a new window
+
+
+def test_cold_start_does_not_compound():
+    # 10 serve at 100 %, a queue builds; the new replicas need minutes: their load is still on the 10
+    hot = Signals(queue_waiting=200, gpu_util_percent=100, ttft_p99_seconds=1.5)
+    d = decide(0, 10, hot, POLICY, ScalerState(), ready=10)
+    assert d.desired == 10 + 10  # ready + ceil(200 / 20)
+    current, state = d.desired, d.state
+    for t in (30, 60, 90, 120, 150):  # every decision while they start sees the same load
+        d = decide(t, current, hot, POLICY, state, ready=10)
+        assert d.desired == 20, f"t={t}: the starting replicas already cover the want"
+        assert d.cause == "starting" and "10 starting replica(s) cover the want" in d.reason
+        state = d.state
+    assert state.last_change_s == 0  # holding is not a change
+
+
+def test_a_further_rise_while_starting_adds_only_the_difference():
+    d = decide(0, 20, Signals(queue_waiting=400, gpu_util_percent=100), POLICY, ScalerState(), ready=10)
+    assert (d.desired, d.cause) == (10 + 20, "queue_depth")  # 10 more than the 20 asked for already
+    assert "(10 of 20 ready)" in d.reason
+    d = decide(0, 20, Signals(queue_waiting=0, ttft_p99_seconds=6.0), POLICY, ScalerState(), ready=10)
+    assert d.desired == 30  # ceil(10 ready * 6 / 2), not ceil(20 * 6 / 2) = 60
+
+
+def test_ready_defaults_to_current():
+    hot = Signals(queue_waiting=0, ttft_p99_seconds=6.0)
+    assert decide(0, 4, hot, POLICY, ScalerState()).desired == decide(0, 4, hot, POLICY, ScalerState(), ready=4).desired == 12
+
+
+def test_replicas_still_starting_are_not_spare_capacity():
+    policy = POLICY.model_copy(update={"stabilisation_seconds": 0, "cooldown_seconds": 0})
+    # the 5 Ready serve just under target: the 15 starting are needed, nothing to take down
+    d = decide(0, 20, Signals(queue_waiting=0, gpu_util_percent=78), policy, ScalerState(), ready=5)
+    assert (d.desired, d.cause) == (20, "at_target")
+    # the Ready ones are idle: a step down from the spec, never below what the load needs
+    d = decide(0, 20, Signals(queue_waiting=0, gpu_util_percent=16), policy, ScalerState(), ready=5)
+    assert d.desired == 18 and d.cause == "below_target"  # 20 - 10 %; the load needs 1 + 15 starting
+
+
+def test_down_step_is_a_share_of_the_fleet():
+    policy = POLICY.model_copy(update={"max_replicas": 400, "stabilisation_seconds": 300, "cooldown_seconds": 600})
+    assert [down_step(n, policy) for n in (1, 8, 19, 20, 200)] == [1, 1, 1, 2, 20]
+    # small fleet: one replica per step, as before
+    seen, _ = run_quiet(8, start=0, until=1230, policy=policy)
+    assert [r for _, r in seen if r < 8][:1] == [7] and min(r for _, r in seen) == 6
+    # large fleet: 10 % per step, stabilisation and cooldown still pace it
+    seen, _ = run_quiet(200, start=0, until=3600, policy=policy)
+    downs = [(t, r) for (_, prev), (t, r) in pairwise(seen) if r < prev]
+    assert downs[0] == (300, 180)
+    assert all(b[0] - a[0] >= 600 for a, b in pairwise(downs))
+    assert dict(seen)[3600] < 120  # ~halved within the hour (one replica per step would be 194)
+    # the step never goes below what the load justifies
+    busy = Signals(queue_waiting=0, gpu_util_percent=76)
+    d = decide(0, 200, busy, policy.model_copy(update={"stabilisation_seconds": 0}), ScalerState())
+    assert d.desired == 190  # ceil(200 * 76 / 80), not 180
+    one = policy.model_copy(update={"scale_down_step_percent": 0, "stabilisation_seconds": 0})
+    assert decide(0, 200, QUIET, one, ScalerState()).desired == 199
 
 
 def test_cooldown_delays_down_after_a_change():

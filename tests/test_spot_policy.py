@@ -3,6 +3,7 @@
 import pytest
 
 from workflows.spot_policy import (
+    MIN_PREEMPTION_RATE,
     ZoneMarket,
     _survival,
     fallback_on_demand,
@@ -21,10 +22,32 @@ def zones(*rates, price=SPOT):
 
 
 def test_reliable_spot_needs_no_hedge():
-    plan = plan_mix(4, 0.99, zones(0.0, 0.0), OD)
+    plan = plan_mix(4, 0.99, zones(0.0, 0.0), OD, min_preemption_rate=0.0)
     assert plan.on_demand == 0 and plan.spot == 4 and plan.overprovision == 0
     assert plan.availability == pytest.approx(1.0)
     assert plan.cost_per_hour == pytest.approx(4 * SPOT)
+
+
+def test_a_zone_never_preempted_recently_is_not_certain():
+    # without the floor, one zone with no recent preemption would get every replica (no hedge)
+    plan = plan_mix(8, 0.99, zones(0.0, 0.0, 0.0, 0.0), OD)
+    assert MIN_PREEMPTION_RATE == 0.02
+    assert len(plan.spot_per_zone) >= 2 and max(plan.spot_per_zone.values()) < 8
+    assert plan.overprovision > 0 and plan.on_demand == 0
+    assert plan.availability >= 0.99  # computed at the floor rate, not at 0
+    assert _survival([(8, 0.02)])[8] < 0.99  # why one zone cannot do it
+
+
+def test_zones_chosen_by_expected_cost_per_available_replica():
+    # the never-preempted zone is 4.7x the price: a hedge over cheap, slightly shakier zones wins
+    markets = [ZoneMarket("reliable-pricey", 0.0, 8.74)] + [ZoneMarket(f"cheap{i}", 0.05, 1.86) for i in range(3)]
+    plan = plan_mix(8, 0.99, markets, OD)
+    assert "reliable-pricey" not in plan.spot_per_zone
+    assert plan.availability >= 0.99 and plan.on_demand == 0
+    assert plan.cost_per_hour < 8 * 8.74
+    # a cheap zone that is gone most of the time costs more per available replica than its price
+    flaky = [ZoneMarket("flaky", 0.6, 1.5), ZoneMarket("steady", 0.05, 2.0), ZoneMarket("steady2", 0.05, 2.0)]
+    assert "flaky" not in plan_mix(2, 0.9, flaky, OD).spot_per_zone
 
 
 def test_overprovisions_across_zones_instead_of_on_demand():
@@ -67,10 +90,10 @@ def test_higher_target_never_cheaper():
     assert costs == sorted(costs)
 
 
-@pytest.mark.parametrize("bad", [(-1, 0.9), (2, 1.5), (2, -0.1)])
+@pytest.mark.parametrize("bad", [(-1, 0.9, 0.02), (2, 1.5, 0.02), (2, -0.1, 0.02), (2, 0.9, 1.5)])
 def test_bad_input(bad):
     with pytest.raises(ValueError):
-        plan_mix(bad[0], bad[1], zones(0.1), OD)
+        plan_mix(bad[0], bad[1], zones(0.1), OD, min_preemption_rate=bad[2])
 
 
 def test_survival_matches_enumeration():

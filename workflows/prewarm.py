@@ -3,6 +3,9 @@
 Demand is tidal and repeats by weekday and hour, and a replica needs minutes to become Ready, so
 the floor for "now" is the expected peak of every hour slot between now and now + start-up time,
 where the expected peak of a slot is a quantile of that slot's peaks over past weeks.
+The history is demand in replicas (what the load needed: served work over one replica's
+capacity), never the replicas the fleet had: those include the floors pre-warm itself raised,
+which would carry one week's floor into the next for ever.
 Pure: the history arrives keyed by local ``"<weekday>:<hour>"`` (Monday = 0).
 """
 

@@ -33,8 +33,16 @@ DEFAULT_SIGNAL_QUERIES: dict[str, str] = {
     ),
 }
 
-# Serving replicas of the deployment, one sample per hour: the peak of each hour.
+# Serving replicas of the deployment, one sample per hour: the peak of each hour. What the fleet
+# HAD, floors and over-provisioning included: not what pre-warm should predict from.
 DEFAULT_REPLICA_HISTORY_QUERY = f"max_over_time(count(vllm:num_requests_running{{{_SELECTOR}}})[1h:1m])"
+# Pre-warm's default: the replicas the load NEEDED, hourly peak: the demand the deployment's GPUs
+# served, in replicas busy at the loop's default 80 % utilisation target (idle replicas add ~0,
+# so a floor raised one week does not raise the next week's). With a request-rate capacity per
+# replica, override with e.g. sum(rate(vllm:request_success_total{...}[5m])) / <req/s per replica>.
+DEFAULT_DEMAND_HISTORY_QUERY = (
+    f"max_over_time((sum(DCGM_FI_DEV_GPU_UTIL and on(namespace, pod) vllm:num_requests_running{{{_SELECTOR}}}) / 80)[1h:1m])"
+)
 
 
 class ReadSignalsInput(BaseModel):
@@ -67,7 +75,7 @@ class ReplicaHistoryInput(BaseModel):
     time_zone: str = "UTC"
     weeks: int = Field(4, ge=1, le=12)
     at: float = Field(description="epoch seconds of 'now' (the workflow's clock)")
-    query: str = DEFAULT_REPLICA_HISTORY_QUERY
+    query: str = DEFAULT_DEMAND_HISTORY_QUERY
 
 
 class ReplicaHistory(BaseModel):

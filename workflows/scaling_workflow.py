@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timedelta
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -134,8 +134,11 @@ class ScalingStatus(BaseModel):
 _SHORT = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
 
 
-@workflow.defn(name="ReactiveScaling")
+@workflow.defn(name="ReactiveScaling", failure_exception_types=[ValidationError])
 class ReactiveScaling:
+    """ValidationError fails the run: a bad input (e.g. min_replicas > max_replicas) is reported with
+    its field at once instead of retrying the workflow task forever."""
+
     @workflow.init
     def __init__(self, input: ScalingInput) -> None:
         carry = input.carry or ScalingCarry()
@@ -205,7 +208,11 @@ class ReactiveScaling:
         except ActivityError as err:
             signals = Signals(error=_cause(err))
         floor = self._floor(now)
-        decision: Decision = decide(now.timestamp(), scale.replicas, signals, self._policy, self._state, floor)
+        if workflow.patched("decide-on-ready"):
+            ready, policy = scale.ready_replicas, self._policy
+        else:  # a run that decided before this change replays the decisions it recorded: spec-only, -1 per step
+            ready, policy = None, self._policy.model_copy(update={"scale_down_step_percent": 0})
+        decision: Decision = decide(now.timestamp(), scale.replicas, signals, policy, self._state, floor, ready=ready)
         self._state = decision.state
         record = DecisionRecord(
             at=now,
@@ -412,7 +419,7 @@ class PrewarmInput(BaseModel):
     startup_seconds: float = Field(600, ge=0, description="node boot + image pull + weight load + warm-up")
     quantile: float = Field(0.75, ge=0, le=1)
     ttl_seconds: float = Field(3600, gt=0, description="how long the predicted floor holds if not renewed")
-    query: str = acts.DEFAULT_REPLICA_HISTORY_QUERY
+    query: str = Field(acts.DEFAULT_DEMAND_HISTORY_QUERY, description="hourly peaks of the replicas the load needed")
 
     @field_validator("deployment")
     @classmethod

@@ -6,17 +6,24 @@ Pure, plain-value code: the failover workflows, the unit tests and the offline s
 Model (after SkyServe's SpotHedge, Mao et al., EuroSys 2025): spot capacity is lost a zone at a
 time, so replicas in one zone are preempted together and zones fail independently, each with its
 recent preemption rate ``p`` (the fraction of recent intervals in which the zone's spot capacity
-was unavailable). On-demand replicas are never preempted. A plan puts ``S`` spot replicas evenly
-over the ``k`` most reliable (then cheapest) zones that are available now, and keeps ``b``
-on-demand replicas as a base, such that P(Ready replicas >= target) >= the availability target
-at the lowest hourly cost. Over-provisioning (``S > target - b``) buys availability with cheap
-spot replicas instead of expensive on-demand ones; when a zone is preempted the dynamic fallback
-(``fallback_on_demand``) covers the shortfall on on-demand until spot returns.
+was unavailable), but never below ``min_preemption_rate``: a zone that was not preempted in the
+recent window is not a zone that cannot be, and calling it certain would put every replica in
+it. On-demand replicas are never preempted. A plan puts ``S`` spot replicas evenly over the
+``k`` zones, available now, with the lowest expected cost per available replica
+(``price / (1 - p)``: a cheap zone that is often gone costs more than its price, a reliable
+but expensive one is not worth its reliability when a hedge over cheap zones does the same), and
+keeps ``b`` on-demand replicas as a base, such that P(Ready replicas >= target) >= the
+availability target at the lowest hourly cost. Over-provisioning (``S > target - b``) buys
+availability with cheap spot replicas instead of expensive on-demand ones; when a zone is
+preempted the dynamic fallback (``fallback_on_demand``) covers the shortfall on on-demand until
+spot returns.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+MIN_PREEMPTION_RATE = 0.02  # no zone is counted as more reliable than this
 
 
 @dataclass(frozen=True)
@@ -54,26 +61,30 @@ def plan_mix(
     zones: list[ZoneMarket] | tuple[ZoneMarket, ...],
     on_demand_price: float,
     max_overprovision: int | None = None,
+    min_preemption_rate: float = MIN_PREEMPTION_RATE,
 ) -> MixPlan:
     """Cheapest (spot per zone, on-demand base) meeting ``availability_target`` for ``target`` replicas.
 
-    ``max_overprovision`` bounds the extra spot replicas (default: ``target``, i.e. at most 2x).
+    ``max_overprovision`` bounds the extra spot replicas (default: ``target``, i.e. at most 2x);
+    ``min_preemption_rate`` is the rate a zone with no recent preemption is given.
     All on-demand (availability 1) is always a candidate, so a plan always exists.
     """
     if target < 0:
         raise ValueError(f"target must be >= 0, got {target}")
     if not 0 <= availability_target <= 1:
         raise ValueError(f"availability_target must be in [0, 1], got {availability_target}")
+    if not 0 <= min_preemption_rate <= 1:
+        raise ValueError(f"min_preemption_rate must be in [0, 1], got {min_preemption_rate}")
     extra = target if max_overprovision is None else max(0, max_overprovision)
     best = MixPlan(target, {}, target, 1.0, target * on_demand_price)
-    usable = sorted(
-        (z for z in zones if z.available), key=lambda z: (z.preemption_rate, z.spot_price, z.zone)
-    )
+    rated = [(z, min(1.0, max(min_preemption_rate, z.preemption_rate))) for z in zones if z.available]
+    usable = sorted(rated, key=lambda zr: (_cost_per_available(zr[0].spot_price, zr[1]), zr[1], zr[0].zone))
     for k in range(1, len(usable) + 1):
-        chosen = usable[:k]
+        chosen = [z for z, _ in usable[:k]]
+        rates = [r for _, r in usable[:k]]
         for spot in range(k, target + extra + 1):
             counts = _spread(spot, k)
-            survival = _survival([(c, z.preemption_rate) for c, z in zip(counts, chosen)])
+            survival = _survival(list(zip(counts, rates)))
             # largest q with P(X >= q) >= availability_target: spot covers q, on-demand the rest
             covered = max((q for q, p in enumerate(survival) if p >= availability_target - 1e-12), default=0)
             base = max(0, target - covered)
@@ -114,8 +125,13 @@ def return_to_spot(healthy_since: float | None, now: float, delay_seconds: float
     return healthy_since is not None and now - healthy_since >= delay_seconds
 
 
+def _cost_per_available(price: float, rate: float) -> float:
+    """Expected price of one replica-hour that is actually available in a zone preempted at ``rate``."""
+    return price / (1 - rate) if rate < 1 else float("inf")
+
+
 def _spread(total: int, k: int) -> list[int]:
-    """``total`` replicas over ``k`` zones as evenly as possible, most reliable zones first."""
+    """``total`` replicas over ``k`` zones as evenly as possible, cheapest available zones first."""
     q, r = divmod(total, k)
     return [q + 1 if i < r else q for i in range(k)]
 
