@@ -48,9 +48,14 @@ def moto_url():
         proc.wait(10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 async def time_skipping_env():
-    """Temporal's time-skipping test server with tideplane's search attributes registered."""
+    """Temporal's time-skipping test server with tideplane's search attributes registered.
+
+    One per test module: the server skips time only while nothing is outstanding, so a
+    workflow another module left running (a scaling loop without its worker) must not stall
+    the next module's clock.
+    """
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(BIN / "temporal-test-server"),
         data_converter=pydantic_data_converter,
