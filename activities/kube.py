@@ -16,7 +16,9 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
+from urllib3.util.retry import Retry
 
+from workers import telemetry
 from workers.config import settings
 from workflows import naming
 from workflows.placement import node_selector, tolerations
@@ -44,13 +46,23 @@ CACHE_VOLUME = "model-cache"
 _CONFLICT_RETRIES = 5
 
 
+# An API server answering 429/5xx for a moment (overload, leader change) is retried here, briefly,
+# so that one blip does not spend an attempt of the activity; 409s stay with the callers (re-read).
+# Writes are safe to repeat: creates treat 409 AlreadyExists as "update", scale/patch are idempotent.
+TRANSIENT_RETRIES = Retry(
+    total=3, backoff_factor=0.2, status_forcelist=(429, 500, 502, 503, 504), allowed_methods=None, raise_on_status=False
+)
+
+
 @functools.cache
 def _client_for(kubeconfig: str | None, in_cluster: bool) -> client.ApiClient:
+    cfg = client.Configuration()
     if in_cluster:
-        cfg = client.Configuration()
         config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
-    return config.new_client_from_config(config_file=kubeconfig)
+    else:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    cfg.retries = TRANSIENT_RETRIES
+    return client.ApiClient(cfg)
 
 
 def api_client() -> client.ApiClient:
@@ -352,6 +364,7 @@ def set_route_weights(req: RouteWeightsInput) -> None:
     Versions at weight 0 stay listed so the next step can re-weight them; the route is created
     (attached to settings().gateway) when missing. Read-modify-replace keeps the rule's matches
     and filters, and the resourceVersion makes a concurrent edit a retried conflict, not a loss.
+    The weights set are exported as ``tideplane_rollout_weight`` (the rollouts dashboard).
     """
     if not req.weights or any(not 0 <= w <= 100 for w in req.weights.values()) or sum(req.weights.values()) != 100:
         raise ApplicationError(f"route weights must be 0..100 and sum to 100, got {req.weights}", non_retryable=True)
@@ -385,21 +398,23 @@ def set_route_weights(req: RouteWeightsInput) -> None:
                     "spec": {"parentRefs": [_parent_ref(ref.namespace)], "rules": [{"backendRefs": backends}]},
                 }
                 api.create_namespaced_custom_object(*ROUTE_API, ref.namespace, "httproutes", body, _request_timeout=API_TIMEOUT)
-                return
+                break
             rules = route.setdefault("spec", {}).setdefault("rules", [])
             if not rules:
                 rules.append({})
             if rules[0].get("backendRefs") == backends:
-                return
+                break
             rules[0]["backendRefs"] = backends
             api.replace_namespaced_custom_object(
                 *ROUTE_API, ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
             )
-            return
+            break
         except ApiException as exc:
             if exc.status != 409:
                 _fail(exc, what)
-    raise ApplicationError(f"{what} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+    else:
+        raise ApplicationError(f"{what} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+    telemetry.record_route_weights(ref.namespace, ref.name, req.weights)
 
 
 ACTIVITIES = [describe_deployment, ensure_version, scale_version, wait_ready, set_route_weights]

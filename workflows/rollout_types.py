@@ -13,6 +13,7 @@ from itertools import pairwise
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import to_json
 
 from workflows.canary import (
     ERROR_RATE,
@@ -32,6 +33,9 @@ from workflows.naming import split_deployment
 from workflows.rollout_activities import Benchmark, StagedWeights
 
 MAX_OBSERVATIONS = 3000  # ~11 history events each: well under Temporal's 51,200-event limit
+# The input travels in the history, the status query and activity inputs (args/env): keep it far below
+# Temporal's 2 MiB payload limit, which fails a run late and confusingly (PayloadsTooLarge).
+MAX_INPUT_BYTES = 64 * 1024
 TEMPLATE_VARIABLES = frozenset({"namespace", "deployment", "model", "version", "stable_version", "window"})
 
 
@@ -182,6 +186,17 @@ class RolloutInput(_Strict):
             raise ValueError(
                 f"steps/gate_interval_seconds: {observations} gate observations exceed {MAX_OBSERVATIONS}"
                 " (workflow history limit); lengthen the interval or shorten the windows"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _bounded_size(self) -> RolloutInput:
+        sizes = {name: len(to_json(getattr(self, name))) for name in type(self).model_fields}
+        if sum(sizes.values()) > MAX_INPUT_BYTES:
+            largest = max(sizes, key=sizes.__getitem__)
+            raise ValueError(
+                f"input is {sum(sizes.values())} bytes, over the {MAX_INPUT_BYTES}-byte limit (largest field:"
+                f" {largest}, {sizes[largest]} bytes); pass large data by reference (S3, a ConfigMap)"
             )
         return self
 

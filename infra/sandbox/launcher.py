@@ -377,6 +377,42 @@ class Sandbox:
         self.pids_file.write_text(json.dumps(record, indent=2))
         return entry
 
+    # -- one component (fault tests: Prometheus or Temporal going away and coming back)
+
+    def stop(self, name: str, timeout: float = 15.0) -> None:
+        """Stop one recorded component (its process group); its record stays, for ``restart``."""
+        entry = self._record()["processes"][name]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not self._alive(entry):
+                break
+            try:
+                os.killpg(entry["pid"], sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + timeout
+            while self._alive(entry) and time.monotonic() < deadline:
+                self._reap()
+                time.sleep(0.1)
+        self._reap()
+
+    def restart(self, name: str, timeout: float = 60.0) -> dict:
+        """Stop one component if it runs, start it again with the same argv (so the same ports,
+        config and data: Temporal's --db-filename, Prometheus' TSDB) and wait until it listens."""
+        record = self._record()
+        self.ports = Ports(**record["ports"])
+        self.stop(name)
+        entry = self._spawn(name, record["processes"][name]["argv"])
+        record["processes"][name] = entry
+        self.pids_file.write_text(json.dumps(record, indent=2))
+        port = getattr(self.ports, f"{name}_port", None)
+        deadline = time.monotonic() + timeout
+        while port is not None and not _listening(port):
+            self._check_alive(name)
+            if time.monotonic() > deadline:
+                raise SandboxError(f"{name} did not listen on port {port} after a restart (log: {entry['log']})")
+            time.sleep(0.1)
+        return entry
+
     # -- down and status
 
     def down(self, timeout: float = 15.0) -> list[str]:
