@@ -13,6 +13,7 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+from pydantic import ValidationError
 from temporalio.worker import Worker
 
 from activities import cloud, cost, kube, metrics, registry, scaling, serving, spot, storage
@@ -73,6 +74,8 @@ async def run_worker(stop: asyncio.Event | None = None) -> None:
             activity_executor=executor,
             max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
             graceful_shutdown_timeout=SHUTDOWN_GRACE,
+            # A bad input fails the workflow naming the field, instead of retrying its task forever.
+            workflow_failure_exception_types=[ValidationError],
         )
         async with worker:
             log.info("worker polling task queue %r on %s (namespace %s)", config.task_queue, config.temporal_address, config.temporal_namespace)
