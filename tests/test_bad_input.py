@@ -1,6 +1,6 @@
 """Bad input, tried the way a user sends it (the ``temporal`` CLI against the sandbox's dev server
 and a worker with every real activity): each gets a fast answer naming the problem, and the
-cluster is left as it was. docs/bad-input.md is the table of these cases and their answers.
+cluster is left as it was. The README's "Bad input and its answer" table lists these cases and their answers.
 """
 
 from __future__ import annotations
