@@ -16,7 +16,7 @@ from datetime import timedelta
 from pydantic import ValidationError
 from temporalio.worker import Worker
 
-from activities import cloud, cost, kube, metrics, registry, scaling, serving, spot, storage
+from activities import cloud, cost, gpu, kube, metrics, registry, scaling, serving, spot, storage
 from workers import telemetry
 from workers.client import connect
 from workers.config import settings
@@ -47,6 +47,7 @@ ACTIVITIES: list = [
     *registry.ACTIVITIES,
     *scaling.ACTIVITIES,
     *cloud.ACTIVITIES,
+    *gpu.ACTIVITIES,
     *spot.ACTIVITIES,
     *telemetry.ACTIVITIES,
     cost.collect_cost_inputs,
