@@ -151,11 +151,15 @@ async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox_env
     print(f"\nspot reclaim of {node} ({interruption.instance_id}): capacity gap {result.capacity_gap_seconds:.1f} s"
           f" (workflow clock), replacements Ready after {result.replacement_ready_seconds} s,"
           f" lowest Ready {min(totals)}/{REPLICAS}, back on spot after {elapsed:.1f} s")
-    assert result.outcome == "drained" and result.node == node and result.replicas_moved == REPLICAS
-    assert result.evicted == REPLICAS, "drained through the Eviction API"
+    # The sandbox is shared by the session: other tests' serving pods may sit on the node too,
+    # and the reclaim moves them as well; this test's deployment is the one it measures.
+    ours = [a for a in result.affected if a.namespace == NAMESPACE]
+    assert result.outcome == "drained" and result.node == node
+    assert [a.replicas_on_node for a in ours] == [REPLICAS]
+    assert result.evicted >= REPLICAS and result.evicted == result.replicas_moved, "drained through the Eviction API"
     assert monitor.cordoned, "the node was cordoned before it went away"
     assert max(fb for _, _, fb in monitor.samples) == REPLICAS, "on-demand replacements were Ready"
-    assert min(totals) >= REPLICAS - result.replicas_moved
+    assert min(totals) >= REPLICAS - ours[0].replicas_on_node
     assert status.started == 1 and status.malformed == 0
 
     # back on spot: the replacement spot node serves the tier, the on-demand fallback is gone
