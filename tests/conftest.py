@@ -74,5 +74,5 @@ async def time_skipping_env():
         yield env
     finally:
         await env.shutdown()
-from tests.sandbox_fixtures import sandbox, sandbox_env  # noqa: E402,F401  (the whole sandbox, session-scoped)
+from tests.sandbox_fixtures import _reset_sandbox_after_module, sandbox, sandbox_env  # noqa: E402,F401  (the whole sandbox, session-scoped)
 from tests.kube_fixtures import *  # noqa: E402,F401,F403 - Kubernetes API emulator fixtures

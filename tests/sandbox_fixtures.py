@@ -15,6 +15,8 @@ import pytest
 import yaml
 from kubernetes import client
 
+from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
+from infra.sandbox.kubeclient import api_client
 from infra.sandbox.launcher import Ports, Sandbox, SandboxError
 from workers.config import settings
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, versioned_name
@@ -49,6 +51,30 @@ class RunningSandbox:
         return self.sandbox.kubeconfig
 
 
+_RUNNING: list[RunningSandbox] = []  # the session's sandbox once a test asked for it
+_BASE_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", SANDBOX_NAMESPACE}
+
+
+def reset_cluster(box: RunningSandbox) -> None:
+    """Give the next module the cluster as ``up`` left it: the namespaces tests created (and all
+    their pods, so the GPUs they held are free again) deleted, and no demand offered."""
+    core = client.CoreV1Api(api_client(box.urls["kubeapi"]))
+    for ns in core.list_namespace().items:
+        if ns.metadata.name not in _BASE_NAMESPACES:
+            core.delete_namespace(ns.metadata.name)
+    demand = core.read_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE)
+    demand.data = {}
+    core.replace_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, demand)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _reset_sandbox_after_module():
+    """Modules share one sandbox: what one leaves running must not take another's GPUs."""
+    yield
+    for box in _RUNNING:
+        reset_cluster(box)
+
+
 @pytest.fixture(scope="session")
 def sandbox(tmp_path_factory):
     """A running sandbox; torn down (and checked to leave nothing running) after the session."""
@@ -61,9 +87,12 @@ def sandbox(tmp_path_factory):
     except SandboxError:  # another process took a chosen port before it was bound: once more
         box = Sandbox(state_dir, Ports.free(), config_path)
         urls = box.up()
+    running = RunningSandbox(box, urls, box.env(), TEST_CONFIG)
+    _RUNNING.append(running)
     try:
-        yield RunningSandbox(box, urls, box.env(), TEST_CONFIG)
+        yield running
     finally:
+        _RUNNING.remove(running)
         box.down()
 
 
