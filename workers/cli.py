@@ -77,6 +77,7 @@ def _sandbox(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("botocore").setLevel(logging.WARNING)  # "Found credentials" on every client
     try:
         if args.command == "sandbox":
             return _sandbox(args)
