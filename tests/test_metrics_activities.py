@@ -8,20 +8,18 @@ negotiate OpenMetrics with Prometheus 2.42 and escape ``vllm:`` names to ``vllm_
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities import metrics
+from infra.prometheus import running_prometheus, serve_registry
 from infra.sandbox.ports import free_port
 from workers.config import settings
 from workflows.rollout_activities import GateQueriesInput
@@ -71,42 +69,9 @@ def prometheus(tmp_path_factory):
     """Prometheus on a free port scraping the exporter every second; yields its URL once it has data."""
     registry = CollectorRegistry()
     registry.register(FleetExporter())
-
-    class Metrics(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = generate_latest(registry)
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE_PLAIN_0_0_4)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    exporter_port = server.server_address[1]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    work = tmp_path_factory.mktemp("prometheus")
-    (work / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"scrape_configs: [{{job_name: fleet, static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]}}]\n"
-    )
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            "/usr/bin/prometheus",
-            f"--config.file={work / 'prometheus.yml'}",
-            f"--storage.tsdb.path={work / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
+    with serve_registry(registry) as exporter, running_prometheus(tmp_path_factory.mktemp("prometheus"), {"fleet": exporter}) as url:
         deadline = time.monotonic() + 25
-        while True:
+        while True:  # rate() needs two scrapes
             try:
                 r = httpx.get(f"{url}/api/v1/query", params={"query": 'count(rate(http_requests_total[10s]) > 0)'}, timeout=2)
                 if r.json()["data"]["result"]:
@@ -116,10 +81,6 @@ def prometheus(tmp_path_factory):
             assert time.monotonic() < deadline, "Prometheus never had two scrapes of the exporter"
             time.sleep(0.3)
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        server.shutdown()
 
 
 @pytest.fixture
