@@ -23,9 +23,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.kube import API_TIMEOUT, _is_ready, _label_selector, _read_or_none, _selector, api_client, describe_deployment
-from activities.metrics import HTTP_TIMEOUT, QUERY_TIMEOUT, query, render
+from activities.metrics import HTTP_TIMEOUT, api, query, render
 from workers import telemetry
-from workers.config import settings
 from workflows import naming
 from workflows.placement import CAPACITY_FOR_CLASS
 from workflows.prewarm import slot_key
@@ -109,23 +108,8 @@ def get_scale(req: ScaleTarget) -> ScaleStatus:
 
 
 def _query_range(http: httpx.Client, promql: str, start: float, end: float, step: float) -> list[tuple[float, float]]:
-    url = f"{settings().prometheus_url}/api/v1/query_range"
-    try:
-        resp = http.get(url, params={"query": promql, "start": start, "end": end, "step": step, "timeout": QUERY_TIMEOUT})
-    except httpx.HTTPError as exc:
-        raise ApplicationError(f"Prometheus at {url} unreachable: {exc!r}", type="MetricsUnavailable") from None
-    try:
-        body = resp.json()
-    except ValueError:
-        body = {}
-    if resp.status_code == 400 and body.get("errorType") == "bad_data":
-        raise ApplicationError(f"replica history: Prometheus rejected {promql!r}: {body.get('error')}", non_retryable=True)
-    if resp.status_code != 200 or body.get("status") != "success":
-        raise ApplicationError(
-            f"replica history: Prometheus answered HTTP {resp.status_code}: {body.get('error') or resp.text[:200]}",
-            type="MetricsUnavailable",
-        )
-    series = body["data"]["result"]
+    data = api(http, "replica history", "/api/v1/query_range", {"query": promql, "start": start, "end": end, "step": step})
+    series = data["result"]
     if len(series) > 1:
         activity.logger.warning("replica history returned %d series; using the first", len(series))
     return [(float(t), float(v)) for t, v in (series[0]["values"] if series else []) if not math.isnan(float(v))]

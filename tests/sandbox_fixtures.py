@@ -7,6 +7,7 @@ Use ``sandbox`` for URLs and paths, ``sandbox_env`` to also point ``workers.conf
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,17 @@ def sandbox_env(sandbox, monkeypatch):
     settings.cache_clear()
     yield sandbox
     settings.cache_clear()
+
+
+async def wait_for(predicate, timeout: float, what: str, interval: float = 0.3):
+    """``wait_until`` for async tests: the (blocking) predicate runs in a thread."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await asyncio.to_thread(predicate)
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(interval)
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.25):

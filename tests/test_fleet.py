@@ -141,7 +141,7 @@ def test_fleet_exposes_vllm_and_dcgm_series_per_pod():
     assert f'http_requests_total{{{labels},status="200",handler="/v1/completions"}} 20.0' in text
     assert "# TYPE vllm:e2e_request_latency_seconds histogram" in text
     assert 'DCGM_FI_DEV_FB_USED{gpu="0",' in text and 'Hostname="node-a",namespace="llm-serving",pod="v1-a"' in text
-    assert f'DCGM_FI_DEV_FB_FREE{{gpu="1",' in text
+    assert 'DCGM_FI_DEV_FB_FREE{gpu="1",' in text
     assert fleet.route("llm-serving", "chat-v1")[0].name == "v1-a"
     assert fleet.route("llm-serving", "missing") is None
 

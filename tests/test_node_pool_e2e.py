@@ -7,8 +7,6 @@ boot delay and deletes the nodes of terminated instances.
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,19 +20,10 @@ from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 from workflows.node_pool_workflow import NodePoolInput, NodePoolScaling, NodePoolStatus, node_pool_workflow_id
 from workflows.placement import PoolSizing
 from workflows.scaling_activities import PoolRef
+from tests.sandbox_fixtures import wait_for
 
 NAMESPACE = "e2e-nodepool"
 POOL = "gpu-spot"
-
-
-async def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await asyncio.to_thread(predicate)
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.3)
 
 
 async def test_pending_pods_grow_the_pool_and_idle_nodes_are_removed(sandbox_env):

@@ -9,9 +9,7 @@ pods become Ready; meanwhile the CPU fallback covers the gap and goes back to ze
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,6 +33,7 @@ from workflows.rollout_activities import DeploymentRef, EnsureVersionInput
 from workflows.scaling import ScalingPolicy
 from workflows.scaling_activities import PoolRef
 from workflows.scaling_workflow import ReactiveScaling, ScalingInput, ScalingStatus
+from tests.sandbox_fixtures import wait_for
 
 SPOT_POOL = "gpu-spot"
 
@@ -63,16 +62,6 @@ def capacity_of(core: client.CoreV1Api, node: str) -> str:
 
 def ready_count(apps: client.AppsV1Api, namespace: str, deployment: str) -> int:
     return apps.read_namespaced_deployment(deployment, namespace).status.ready_replicas or 0
-
-
-async def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await asyncio.to_thread(predicate)
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.3)
 
 
 def register_node(core: client.CoreV1Api, name: str, capacity_type: str) -> None:

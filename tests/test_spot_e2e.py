@@ -36,7 +36,7 @@ from activities.spot import (
 )
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.spot import spot_interrupt_running
-from tests.sandbox_fixtures import create_logical_deployment
+from tests.sandbox_fixtures import create_logical_deployment, wait_for
 from workflows import spot as s
 from workflows.naming import LABEL_APP, NODE_CAPACITY_TYPE, NODE_POOL
 from workflows.rollout_activities import DeploymentRef
@@ -82,16 +82,6 @@ class Monitor(threading.Thread):
             if len(self.samples) % 5 == 0:
                 self.max_pool = max(self.max_pool, self.pool_desired())
             time.sleep(0.1)
-
-
-async def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await asyncio.to_thread(predicate)
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.3)
 
 
 async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox_env):
