@@ -39,6 +39,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
 from activities.spot import FALLBACK_FOR, fallback_name
+from activities.storage import CHUNK_BYTES
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.kubeclient import api_client
@@ -47,9 +48,20 @@ from infra.sandbox.ports import free_port
 from infra.sandbox.spot import spot_interrupt
 from tests.sandbox_fixtures import create_logical_deployment, wait_until
 from tests.test_faults_e2e import KUBE_FAULTS
-from tests.test_rollout_e2e import Cluster, WorkerProcess, status, watching
+from tests.test_rollout_e2e import (
+    Cluster,
+    WorkerProcess,
+    route_weights,
+    status,
+    watching,
+)
 from workflows import spot as s
-from workflows.naming import LABEL_VERSION, NODE_CAPACITY_TYPE, scaling_workflow_id, versioned_name
+from workflows.naming import (
+    LABEL_VERSION,
+    NODE_CAPACITY_TYPE,
+    scaling_workflow_id,
+    versioned_name,
+)
 from workflows.rollout import start_rollout
 from workflows.rollout_types import Outcome, RolloutInput, RolloutResult, Stage
 from workflows.scaling import ScalingPolicy
@@ -59,7 +71,7 @@ from workflows.spot_events import reclaim_workflow_id
 NAME, MODEL, STABLE = "chat", "wk-llm", "1.0.0"
 PROFILE = Profile(load_seconds=20, error_rate=0.0, ttft_seconds=0.15, tpot_seconds=0.025, capacity_rps=4)
 SLOW_LOAD = PROFILE.model_copy(update={"load_seconds": 100})  # Ready 5 s (real) after scheduling
-BAD = PROFILE.model_copy(update={"error_rate": 0.5})
+BAD = PROFILE.model_copy(update={"error_rate": 0.3})  # warm-up passes (8 requests), the error gate fails
 SMALL, LARGE = 256 * 1024, 64 * 1024 * 1024  # LARGE: eight 8 MiB chunks, so a kill lands mid-download
 SCALE_DOWN_DELAY = 4.0
 # Where each rollout is killed -> (version, profile, weights bytes, stage at which to kill)
@@ -116,7 +128,7 @@ async def activity_attempts(handle: WorkflowHandle, activity: str) -> int:
 @dataclass
 class Killed:
     result: RolloutResult
-    killed_in: Stage | str
+    killed_in: str
     pids: set[str]
     killed_pid: int
     new_pid: int
@@ -144,7 +156,7 @@ def kill_mid_download(worker: WorkerProcess, sidecar: Path, timeout: float) -> i
             chunks = len(json.loads(sidecar.read_text())["chunks"])
         except (OSError, ValueError, KeyError):
             chunks = 0
-        if 0 < chunks < LARGE // (8 * 1024 * 1024):
+        if 0 < chunks < LARGE // CHUNK_BYTES:
             os.kill(worker.proc.pid, signal.SIGKILL)
             worker.proc.wait(10)
             return chunks
@@ -171,7 +183,7 @@ async def roll_out_and_kill(sandbox, api: client.ApiClient, temporal: Client, wh
             "gate_interval_seconds": 1,
             "query_window_seconds": 10,
             "gates": {"min_requests": 1, "max_latency_degradation": 2.0},
-            "warm_up": {"requests": 4, "deadline_seconds": 90},
+            "warm_up": {"requests": 8, "deadline_seconds": 90},
             "deadlines": {"step_ready_seconds": 60},
             "scale_down_delay_seconds": SCALE_DOWN_DELAY,
         })
@@ -180,18 +192,17 @@ async def roll_out_and_kill(sandbox, api: client.ApiClient, temporal: Client, wh
             handle = await start_rollout(temporal, inp, task_queue=queue)
             killed_pid = worker.proc.pid
             if kill_stage is Stage.STAGING:
-                sidecar = settings_cache(sandbox) / MODEL / version / "model.safetensors.partial.json"
+                sidecar = Path(sandbox.env["TIDEPLANE_MODEL_CACHE_DIR"]) / MODEL / version / "model.safetensors.partial.json"
                 chunks = await asyncio.to_thread(kill_mid_download, worker, sidecar, 60)
-                killed_in = f"staging ({chunks} of 8 chunks verified)"
+                killed_in = f"staging ({chunks} of {LARGE // CHUNK_BYTES} chunks verified)"
+                await asyncio.to_thread(worker.start)
             else:
                 deadline = time.monotonic() + 90
                 while (now := await status(handle)) is None or now.stage is not kill_stage:
                     assert time.monotonic() < deadline, f"never saw stage {kill_stage.value}; last status {now}"
                     await asyncio.sleep(0.05)
-                os.kill(killed_pid, signal.SIGKILL)
-                await asyncio.to_thread(worker.proc.wait, 10)
-                killed_in = now.stage
-            await asyncio.to_thread(worker.start)
+                await restart(worker)
+                killed_in = now.stage.value
             result = await asyncio.wait_for(handle.result(), 150)
             seconds = time.monotonic() - started
             await asyncio.sleep(0.5)  # let the watch deliver the last state
@@ -205,10 +216,6 @@ async def roll_out_and_kill(sandbox, api: client.ApiClient, temporal: Client, wh
         await asyncio.to_thread(worker.stop)
         set_demand(api, deployment, Demand(rps=0))
         client.CoreV1Api(api).delete_namespace(namespace)
-
-
-def settings_cache(sandbox) -> Path:
-    return Path(sandbox.env["TIDEPLANE_MODEL_CACHE_DIR"])
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +237,7 @@ async def rollouts(sandbox, kube, temporal, tmp_path_factory) -> dict[str, Kille
 
 
 @pytest.mark.parametrize("where", list(KILL_AT))
-def test_rollout_killed_at_stage_is_finished_by_a_new_worker(rollouts, where, request):
+def test_rollout_killed_at_stage_is_finished_by_a_new_worker(rollouts, where):
     run = rollouts[where]
     version = KILL_AT[where][0]
     print(f"\n{where}: killed in {run.killed_in}; {run.result.outcome.value} after {run.seconds:.1f}s,"
@@ -239,11 +246,11 @@ def test_rollout_killed_at_stage_is_finished_by_a_new_worker(rollouts, where, re
     assert run.result.outcome is expected, run.result.reason
     assert {str(run.killed_pid), str(run.new_pid)} <= run.pids, "the new process took the workflow over"
     if where == "staging":
-        assert "staging" in str(run.killed_in)
+        assert run.killed_in.startswith("staging")
         assert run.staging_attempts == 2 and run.result.staged.resumed_bytes > 0  # resumed, not refetched
         assert run.result.staged.size_bytes == LARGE
     else:
-        assert run.killed_in is KILL_AT[where][3]
+        assert run.killed_in == KILL_AT[where][3].value
         assert run.staging_attempts == 1
     if where == "rolling_back":
         assert run.result.failing_verdict is not None and run.result.failed_gates
@@ -255,7 +262,7 @@ def test_rollout_killed_at_stage_is_finished_by_a_new_worker(rollouts, where, re
     assert sorted(sv.metadata.name for sv in cluster.services) == sorted([old, new])
     assert [d.metadata.labels[LABEL_VERSION] for d in cluster.deployments if d.metadata.name == new] == [version]
     (route,) = cluster.routes
-    final = {r["name"]: r["weight"] for r in route["spec"]["rules"][0]["backendRefs"]}
+    final = route_weights(route)
     if expected is Outcome.PROMOTED:
         assert final == {old: 0, new: 100} and cluster.replicas(STABLE) == 0 and cluster.replicas(version) == 1
     else:
@@ -268,10 +275,14 @@ def test_rollout_killed_at_stage_is_finished_by_a_new_worker(rollouts, where, re
 
 SCALE_NS = "wk-scaling"
 SCALE_MODEL = "wk-scale-llm"
+# One decision adds at most 4 replicas, below max_replicas: a repeated decision would show as more.
+# The queue is the only trigger: TTFT lags it (the backlog's TTFT outlives the backlog), which
+# would be a second, legitimate step up here.
 SCALE_POLICY = ScalingPolicy(
-    min_replicas=1, max_replicas=8, queue_per_replica=2, queue_capacity_per_replica=4,
-    ttft_p99_slo_seconds=30, gpu_util_sustain_seconds=0, stabilisation_seconds=3, cooldown_seconds=20,
+    min_replicas=1, max_replicas=8, max_step_up=4, queue_per_replica=2, queue_capacity_per_replica=4,
+    ttft_p99_slo_seconds=600, gpu_util_sustain_seconds=0, stabilisation_seconds=3, cooldown_seconds=20,
 )
+SCALE_INTERVAL = 2  # 20 decisions kept in the status span 40 s: the scale-up stays in view
 
 
 class SpecReplicas(threading.Thread):
@@ -318,7 +329,7 @@ async def test_scaling_loop_killed_after_scale_up_carries_on_in_the_same_run(san
         await asyncio.to_thread(wait_until, ready, 30, "the first replica")
         set_profile(kube, SCALE_MODEL, None, SLOW_LOAD)  # replicas added from now on load for 5 s
         handle = await temporal.start_workflow(
-            ReactiveScaling.run, ScalingInput(deployment=deployment, policy=SCALE_POLICY, interval_seconds=1, window="5s"),
+            ReactiveScaling.run, ScalingInput(deployment=deployment, policy=SCALE_POLICY, interval_seconds=SCALE_INTERVAL, window="5s"),
             id=scaling_workflow_id(deployment), task_queue=queue,
         )
         run_id = (await handle.describe()).run_id
@@ -412,23 +423,27 @@ async def test_spot_failover_killed_while_replacements_come_up_under_kube_faults
                     result = await asyncio.wait_for(reclaim.result(), 120)
                 except WorkflowFailureError as err:
                     raise AssertionError(f"the reclaim failed: {err.cause!r} caused by {err.cause.cause!r}") from err
-                if not terminate.done():  # the instance goes as soon as it is drained
-                    terminate.cancel()
-                    await terminate_now(sandbox, interruption.instance_id)
+                node_left = not terminate.done()  # read before the instance goes: drained, not just gone
+                on_node = [p for p in retried(lambda: core.list_namespaced_pod(SPOT_NS)).items if p.spec.node_name == node and p.metadata.deletion_timestamp is None]
                 fallback_ready = await asyncio.to_thread(
                     wait_until,
                     lambda: (retried(lambda: apps.read_namespaced_deployment(fallback_name(name), SPOT_NS)).status.ready_replicas or 0) >= SPOT_REPLICAS,
                     30, "the fallback replicas Ready",
                 )
                 deployments = retried(lambda: apps.list_namespaced_deployment(SPOT_NS)).items
-                on_node = [p for p in retried(lambda: core.list_namespaced_pod(SPOT_NS)).items if p.spec.node_name == node and p.metadata.deletion_timestamp is None]
+                if not terminate.done():  # the instance goes as soon as it is drained
+                    terminate.cancel()
+                    await terminate_now(sandbox, interruption.instance_id)
             finally:
                 (await http.delete("/sandbox/faults")).raise_for_status()
         print(f"\nspot: killed in phase {phase}; outcome {result.outcome}, evicted {result.evicted},"
               f" replacements Ready after {result.replacement_ready_seconds}s, capacity gap {result.capacity_gap_seconds:.1f}s")
         assert phase == "replacing"
         assert result.outcome == "drained" and result.node == node
-        assert result.evicted >= SPOT_REPLICAS, "drained through the Eviction API before the node went"
+        # Drained through the Eviction API while the node was still there. (An eviction attempt that
+        # a fault cut short evicted some pods; its retry finds them gone, so ``evicted`` counts only
+        # the pods of the last attempt.)
+        assert node_left and result.evicted >= 1, "drained through the Eviction API before the node went"
         ours = [a for a in result.affected if a.namespace == SPOT_NS]
         assert [a.replicas_on_node for a in ours] == [SPOT_REPLICAS]
         assert {str(killed_pid), str(worker.proc.pid)} <= await worker_pids(reclaim)

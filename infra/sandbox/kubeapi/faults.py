@@ -10,10 +10,11 @@ from typing import Any
 from . import errors
 
 KINDS = ("500", "409", "429", "delay")
+WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})  # a real API server answers 409 Conflict only to these
 
 
 class Faults:
-    """Answer a fraction of API requests with 500 / 409 Conflict / 429, or delay them."""
+    """Answer a fraction of API requests with 500 / 409 Conflict (writes only) / 429, or delay them."""
 
     def __init__(self, rate: float = 0.0, kinds: list[str] | None = None, delay_seconds: float = 1.0,
                  methods: list[str] | None = None):
@@ -46,7 +47,8 @@ class Faults:
         s = self.settings
         if not s["rate"] or (s["methods"] and method not in s["methods"]) or random.random() >= s["rate"]:
             return
-        kind = random.choice(s["kinds"])
+        kinds = [k for k in s["kinds"] if k != "409" or method in WRITES] or ["500"]
+        kind = random.choice(kinds)
         if kind == "delay":
             time.sleep(s["delay_seconds"])
         elif kind == "409":
