@@ -9,23 +9,18 @@ kept on on-demand GPUs instead (ScalingPolicy refuses a fallback for them).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from workflows import naming
 
 
 class CpuFallback(BaseModel):
-    deployment: str = Field(description="NAMESPACE/NAME of the CPU deployment (laid out like the GPU one)")
+    deployment: naming.DeploymentName = Field(description="NAMESPACE/NAME of the CPU deployment (laid out like the GPU one)")
     version: str = Field(description="its version: the Deployment scaled is versioned_name(name, version)")
     replicas: int = Field(1, ge=1, description="CPU replicas while the GPU replicas are unavailable")
     after_seconds: float = Field(300, ge=0, description="GPU replicas short this long before falling back")
     stabilisation_seconds: float = Field(300, ge=0, description="GPU replicas back this long before the fallback goes")
 
-    @field_validator("deployment")
-    @classmethod
-    def _ref(cls, value: str) -> str:
-        naming.split_deployment(value)
-        return value
 
 
 class FallbackState(BaseModel):

@@ -8,6 +8,9 @@ and Prometheus queries select on can never drift apart.
 from __future__ import annotations
 
 import re
+from typing import Annotated
+
+from pydantic import AfterValidator
 
 TASK_QUEUE = "tideplane"
 
@@ -35,6 +38,15 @@ def split_deployment(ref: str) -> tuple[str, str]:
     if not sep or not _DNS_LABEL.match(namespace) or not _DNS_LABEL.match(name):
         raise ValueError(f"deployment must be NAMESPACE/NAME with DNS-label parts, got {ref!r}")
     return namespace, name
+
+
+def _checked_deployment(ref: str) -> str:
+    split_deployment(ref)
+    return ref
+
+
+# A NAMESPACE/NAME field of a workflow input: validated once here, named in the error by pydantic.
+DeploymentName = Annotated[str, AfterValidator(_checked_deployment)]
 
 
 def version_slug(version: str) -> str:

@@ -29,7 +29,7 @@ from workflows.canary import (
     StepAnalysis,
     required_passes,
 )
-from workflows.naming import split_deployment
+from workflows.naming import DeploymentName, split_deployment
 from workflows.rollout_activities import Benchmark, StagedWeights
 
 MAX_OBSERVATIONS = 3000  # ~11 history events each: well under Temporal's 51,200-event limit
@@ -130,7 +130,7 @@ class RolloutInput(_Strict):
     moves the version's registry status (testing -> canary -> stable, or back) and records its
     warm-up benchmark there."""
 
-    deployment: str = Field(description="NAMESPACE/NAME of the logical deployment (one HTTPRoute)")
+    deployment: DeploymentName = Field(description="NAMESPACE/NAME of the logical deployment (one HTTPRoute)")
     model: str = Field(min_length=1)
     version: str = Field(min_length=1)
     image: str = Field(min_length=1, description="serving image, e.g. vllm/vllm-openai:v0.6.3")
@@ -156,11 +156,6 @@ class RolloutInput(_Strict):
     deadlines: Deadlines = Field(default_factory=Deadlines)
     scale_down_delay_seconds: float = Field(600, ge=0, description="old (or failed) version kept warm this long")
 
-    @field_validator("deployment")
-    @classmethod
-    def _deployment(cls, value: str) -> str:
-        split_deployment(value)
-        return value
 
     @field_validator("sha256", mode="before")
     @classmethod

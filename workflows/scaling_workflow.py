@@ -77,7 +77,7 @@ class ScalingCarry(BaseModel):
 
 
 class ScalingInput(BaseModel):
-    deployment: str = Field(description="NAMESPACE/NAME of the logical deployment")
+    deployment: naming.DeploymentName = Field(description="NAMESPACE/NAME of the logical deployment")
     version: str | None = Field(None, description="version to scale; None: the one with the most traffic")
     policy: ScalingPolicy = Field(default_factory=ScalingPolicy)
     interval_seconds: float = Field(30, ge=1)
@@ -86,11 +86,6 @@ class ScalingInput(BaseModel):
     window: str = Field("1m", description="rate window of the signal queries")
     carry: ScalingCarry | None = None
 
-    @field_validator("deployment")
-    @classmethod
-    def _ref(cls, value: str) -> str:
-        naming.split_deployment(value)
-        return value
 
     @field_validator("queries")
     @classmethod
@@ -389,16 +384,11 @@ def _cause(err: ActivityError) -> str:
 class ScheduleFloorInput(BaseModel):
     """What a Temporal Schedule's action passes: the floor a profile sets at its time."""
 
-    deployment: str
+    deployment: naming.DeploymentName
     replicas: int = Field(ge=0)
     source: str = "schedule"
     ttl_seconds: float | None = Field(None, gt=0)
 
-    @field_validator("deployment")
-    @classmethod
-    def _ref(cls, value: str) -> str:
-        naming.split_deployment(value)
-        return value
 
 
 @workflow.defn(name="ScheduleFloor")
@@ -413,7 +403,7 @@ class ScheduleFloor:
 
 
 class PrewarmInput(BaseModel):
-    deployment: str
+    deployment: naming.DeploymentName
     time_zone: str = "UTC"
     weeks: int = Field(4, ge=1, le=12)
     startup_seconds: float = Field(600, ge=0, description="node boot + image pull + weight load + warm-up")
@@ -421,11 +411,6 @@ class PrewarmInput(BaseModel):
     ttl_seconds: float = Field(3600, gt=0, description="how long the predicted floor holds if not renewed")
     query: str = Field(acts.DEFAULT_DEMAND_HISTORY_QUERY, description="hourly peaks of the replicas the load needed")
 
-    @field_validator("deployment")
-    @classmethod
-    def _ref(cls, value: str) -> str:
-        naming.split_deployment(value)
-        return value
 
 
 @workflow.defn(name="PredictivePrewarm")

@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from workflows.naming import split_deployment
+from workflows.naming import DeploymentName
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")  # index = datetime.weekday()
 DAY_ALIASES = {"weekdays": WEEKDAYS[:5], "weekends": WEEKDAYS[5:], "daily": WEEKDAYS}
@@ -91,16 +91,11 @@ class PrewarmSpec(_Strict):
 
 
 class DeploymentFloors(_Strict):
-    deployment: str
+    deployment: DeploymentName
     time_zone: str | None = None
     floors: list[FloorEntry] = Field(default_factory=list)
     prewarm: PrewarmSpec | None = None
 
-    @field_validator("deployment")
-    @classmethod
-    def _ref(cls, value: str) -> str:
-        split_deployment(value)
-        return value
 
     @field_validator("time_zone")
     @classmethod
