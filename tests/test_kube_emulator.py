@@ -16,20 +16,15 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from tests.kube_fixtures import run_kube_api
+from tests.sandbox_fixtures import wait_until
 from workflows.naming import GPU_RESOURCE, NODE_CAPACITY_TYPE, NODE_INSTANCE_TYPE, NODE_ZONE
+
 
 NS = "llm-serving"
 
 
 def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    return wait_until(predicate, timeout, what, interval=0.05)  # the emulator answers in milliseconds
 
 
 def add_node(core: client.CoreV1Api, name: str, gpus: int = 4, capacity_type: str = "on-demand",
