@@ -12,13 +12,15 @@ import csv
 import io
 import json
 import math
+import os
 import random
 import tarfile
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-TRACES_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
+# ../shared/traces beside the checkout (as CI lays it out); TIDEPLANE_TRACES_DIR for a checkout elsewhere.
+TRACES_DIR = Path(os.environ.get("TIDEPLANE_TRACES_DIR") or Path(__file__).resolve().parents[2] / "shared" / "traces")
 SERVEGEN = TRACES_DIR / "servegen" / "servegen-language-m-large-m-mid.tar.gz"
 PARTIAL_GAP_FRACTION = 0.05  # a window below this fraction of the median total is missing data
 AZURE_CODE = TRACES_DIR / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
