@@ -20,8 +20,8 @@ from temporalio.exceptions import ApplicationError
 from activities.kube import API_TIMEOUT, _fail, _read_or_none, api_client
 from activities.spot import aws_client
 from workflows import naming
-from workflows.placement import Gpu, Node
-from workflows.scaling_activities import (
+from workflows.scaling.placement import Gpu, Node
+from workflows.scaling.activities import (
     OBSERVE_NODE_POOL,
     REMOVE_POOL_NODE,
     SET_POOL_CAPACITY,

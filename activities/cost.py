@@ -12,8 +12,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.metrics import HTTP_TIMEOUT, api, render
-from workflows.cost import GpuSeconds, NodeInfo, PodInfo, TokenCount
-from workflows.cost_report import COLLECT_COST_INPUTS, CollectCostInput, CostInputs
+from workflows.cost.pricing import GpuSeconds, NodeInfo, PodInfo, TokenCount
+from workflows.cost.report import COLLECT_COST_INPUTS, CollectCostInput, CostInputs
 
 
 MAX_POINTS = 10_000  # per series and request; Prometheus refuses more than 11,000

@@ -23,7 +23,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.metrics import HTTP_TIMEOUT, api, render
-from workflows.gpu_types import (
+from workflows.scaling.gpu_inventory import (
     READ_GPUS,
     READ_GPUS_FROM_DCGM,
     GpuInventory,

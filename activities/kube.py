@@ -21,8 +21,8 @@ from urllib3.util.retry import Retry
 from workers import telemetry
 from workers.config import settings
 from workflows import naming
-from workflows.placement import node_selector, tolerations
-from workflows.rollout_activities import (
+from workflows.scaling.placement import node_selector, tolerations
+from workflows.rollout.activities import (
     DESCRIBE_DEPLOYMENT,
     ENSURE_VERSION,
     SCALE_VERSION,

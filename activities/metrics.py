@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 from workers import telemetry
 from workers.config import settings
-from workflows.rollout_activities import QUERY_GATES, GateQueriesInput, GateQueriesResult
+from workflows.rollout.activities import QUERY_GATES, GateQueriesInput, GateQueriesResult
 
 HTTP_TIMEOUT = httpx.Timeout(10.0, connect=3.0)
 QUERY_TIMEOUT = "8s"  # Prometheus' own evaluation limit, under the HTTP timeout

@@ -14,7 +14,7 @@ Every write is a compare-and-swap with S3 conditional writes: ``If-None-Match: *
 retries, so two concurrent writers never lose an update. The manifest is written first; the
 index is then brought up to date from it (an entry is only replaced by a higher manifest
 revision), so a crash in between leaves a stale index entry that the next write or retry repairs.
-moto 5.2.5 honours both headers on put_object (tests/test_registry.py checks it), but its
+moto 5.2.5 honours both headers on put_object (tests/activities/test_registry.py checks it), but its
 threaded server checks the condition and stores without a lock in between, so on moto two
 writes racing within microseconds could in principle both pass; S3 itself is atomic.
 """
@@ -41,9 +41,9 @@ from temporalio.exceptions import ApplicationError
 
 from activities.kube import api_client
 from workers.config import settings
-from workflows import rollout_activities as ra
+from workflows.rollout import activities as ra
 from workflows.naming import LABEL_MODEL, LABEL_VERSION
-from workflows.registry_types import (
+from workflows.registry.schema import (
     DELETE_REGISTRY_WEIGHTS,
     LIST_REFERENCED_VERSIONS,
     LIST_REGISTRY_VERSIONS,

@@ -26,11 +26,11 @@ from activities.kube import API_TIMEOUT, _is_ready, _label_selector, _read_or_no
 from activities.metrics import HTTP_TIMEOUT, api, query, render
 from workers import telemetry
 from workflows import naming
-from workflows.placement import CAPACITY_FOR_CLASS
-from workflows.prewarm import slot_key
-from workflows.rollout_activities import DeploymentRef
-from workflows.scaling import Signals
-from workflows.scaling_activities import (
+from workflows.scaling.placement import CAPACITY_FOR_CLASS
+from workflows.scaling.prewarm import slot_key
+from workflows.rollout.activities import DeploymentRef
+from workflows.scaling.decide import Signals
+from workflows.scaling.activities import (
     GET_SCALE,
     READ_REPLICA_HISTORY,
     READ_SCALING_SIGNALS,

@@ -16,7 +16,7 @@ from temporalio.exceptions import ApplicationError
 
 from workers.config import settings
 from workflows import naming
-from workflows.rollout_activities import WARM_UP, Benchmark, WarmUpInput
+from workflows.rollout.activities import WARM_UP, Benchmark, WarmUpInput
 
 # A cold replica's first completions are slow (CUDA graphs, caches); 120 s read bounds a stuck one.
 HTTP_TIMEOUT = httpx.Timeout(120.0, connect=5.0)

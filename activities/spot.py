@@ -1,6 +1,6 @@
 """Side effects of spot failover: SQS notices, node cordon and drain, on-demand replacements.
 
-- SQS: long-poll EventBridge's queue (parsed with workflows.spot_events), delete handled messages.
+- SQS: long-poll EventBridge's queue (parsed with workflows.spot.events), delete handled messages.
 - Temporal: signal-with-start the per-instance ``SpotReclaim`` (async: uses the activity's client).
 - Kubernetes (the official client via activities.kube.api_client): node by ``spec.providerID``,
   cordon, serving pods on a node, the policy/v1 Eviction API, Ready counts, and the fallback
@@ -28,7 +28,7 @@ from temporalio.exceptions import ApplicationError
 from activities.kube import API_TIMEOUT, _fail, _is_ready, _read_or_none, api_client
 from workers.config import settings
 from workflows import naming
-from workflows.spot import (
+from workflows.spot.workflows import (
     CLAIM_SPOT_FALLBACK,
     DELETE_SPOT_MESSAGE,
     EVICT_PODS,
@@ -70,7 +70,7 @@ from workflows.spot import (
     UnschedulableInput,
     return_to_spot_workflow_id,
 )
-from workflows.spot_events import (
+from workflows.spot.events import (
     MalformedEvent,
     instance_id_from_provider_id,
     parse_event,

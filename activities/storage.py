@@ -29,7 +29,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from workers.config import settings
-from workflows.rollout_activities import STAGE_WEIGHTS, StagedWeights, StageWeightsInput, WeightFile
+from workflows.rollout.activities import STAGE_WEIGHTS, StagedWeights, StageWeightsInput, WeightFile
 
 CHUNK_BYTES = 8 * 1024 * 1024
 PARALLEL_FETCHES = 4  # chunks in flight; they are hashed and written strictly in order

@@ -31,11 +31,11 @@ from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
 from infra.sandbox.ports import free_port
 from workers.telemetry import record_scaling_decision
-from workflows import scaling_activities as acts
+from workflows.scaling import activities as acts
 from workflows import search_attributes
-from workflows.rollout_activities import SCALE_VERSION, ScaleVersionInput
-from workflows.scaling import ScalingPolicy, Signals
-from workflows.scaling_workflow import ReactiveScaling, ScalingInput
+from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
+from workflows.scaling.decide import ScalingPolicy, Signals
+from workflows.scaling.loop import ReactiveScaling, ScalingInput
 
 TASK_QUEUE = "tideplane-bench-control-plane"
 COLUMNS = [

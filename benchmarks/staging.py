@@ -26,7 +26,7 @@ from temporalio.testing import ActivityEnvironment
 from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
 from infra.sandbox.ports import free_port, wait_for_port
-from workflows.rollout_activities import StageWeightsInput, WeightFile
+from workflows.rollout.activities import StageWeightsInput, WeightFile
 
 BUCKET = "tideplane-bench"
 COLUMNS = ["measure", "value", "unit"]

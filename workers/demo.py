@@ -37,7 +37,7 @@ from workflows.naming import (
     rollout_workflow_id,
     split_deployment,
 )
-from workflows.rollout_types import RolloutResult, RolloutStatus
+from workflows.rollout.types import RolloutResult, RolloutStatus
 
 WORKER_GRACE_SECONDS = 3.0
 

@@ -25,8 +25,8 @@ from temporalio.client import (
 from activities.registry import Registry, RegistryError
 from workers.config import settings
 from workers.client import connect
-from workflows.registry_types import parse_quantization, parse_ref
-from workflows.retention import RETENTION_WORKFLOW, RETENTION_WORKFLOW_ID, RetentionInput, RetentionResult, render_plan
+from workflows.registry.schema import parse_quantization, parse_ref
+from workflows.registry.retention import RETENTION_WORKFLOW, RETENTION_WORKFLOW_ID, RetentionInput, RetentionResult, render_plan
 
 RETENTION_SCHEDULE_ID = "registry-retention-daily"
 

@@ -38,8 +38,8 @@ from temporalio.client import (
 from workers.client import connect
 from workers.config import settings
 from workflows.naming import split_deployment
-from workflows.schedule_floors import FloorEntry, ScheduleFile
-from workflows.scaling_workflow import PredictivePrewarm, PrewarmInput, ScheduleFloor, ScheduleFloorInput
+from workflows.scaling.floors import FloorEntry, ScheduleFile
+from workflows.scaling.loop import PredictivePrewarm, PrewarmInput, ScheduleFloor, ScheduleFloorInput
 
 FLOOR_PREFIX = "floor"
 PREWARM_PREFIX = "prewarm"

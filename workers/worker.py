@@ -20,12 +20,12 @@ from activities import cloud, cost, gpu, kube, metrics, registry, scaling, servi
 from workers import telemetry
 from workers.client import connect
 from workers.config import settings
-from workflows import spot as spot_workflows
-from workflows.cost_report import CostReport
-from workflows.node_pool_workflow import NodePoolScaling
-from workflows.retention import RegistryRetention
-from workflows.rollout import ModelRollout
-from workflows.scaling_workflow import PredictivePrewarm, ReactiveScaling, ScheduleFloor
+from workflows.spot import workflows as spot_workflows
+from workflows.cost.report import CostReport
+from workflows.scaling.node_pools import NodePoolScaling
+from workflows.registry.retention import RegistryRetention
+from workflows.rollout.workflow import ModelRollout
+from workflows.scaling.loop import PredictivePrewarm, ReactiveScaling, ScheduleFloor
 
 log = logging.getLogger("tideplane.worker")
 

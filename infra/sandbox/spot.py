@@ -25,7 +25,7 @@ from kubernetes import client
 
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.launcher import Ports, Sandbox, SandboxError
-from workflows.spot_events import (
+from workflows.spot.events import (
     NOTICE_SECONDS,
     NoticeKind,
     build_event,

@@ -9,7 +9,7 @@ timers cost nothing and the event sequence is the same every time (only timestam
 differ). The stubs return fixed answers chosen to walk the workflow through its interesting
 branches. The file format is the one ``temporal workflow show --workflow-id X -o json`` writes,
 so histories exported from a dev server go in the same folder. A history only replays in
-tests/test_replay.py once its workflow is registered in ``workers.worker.WORKFLOWS``.
+tests/workflows/test_replay.py once its workflow is registered in ``workers.worker.WORKFLOWS``.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.test_rollout_workflow import BAD, GOOD, SHORT, Fleet, rollout_input
+from tests.workflows.test_rollout import BAD, GOOD, SHORT, Fleet, rollout_input
 from workers.worker import WORKFLOWS
-from workflows import search_attributes, spot
-from workflows.canary import ERROR_RATE
-from workflows.rollout import ModelRollout, start_rollout
+from workflows import search_attributes
+from workflows.spot import workflows as spot
+from workflows.rollout.gates import ERROR_RATE
+from workflows.rollout.workflow import ModelRollout, start_rollout
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent

@@ -1,0 +1,163 @@
+"""`tideplane schedules apply/list` against a real Temporal dev server.
+
+Checks that applying is idempotent and declarative, that the server fires each floor at the
+profile's local time (its next action times), that a schedule's action really sets the loop's
+floor, and that a bad time zone is refused by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from zoneinfo import ZoneInfo
+
+import pytest
+import pytest_asyncio
+import yaml
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from tests.conftest import BIN
+from tests.workflows.test_scaling import FakeDeployment
+from workers import schedules
+from workers.config import settings
+from workflows import naming, search_attributes
+from workflows.scaling.loop import PredictivePrewarm, ReactiveScaling, ScalingInput, ScheduleFloor
+
+TZ = "Asia/Tokyo"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def dev_env():
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(BIN / "temporal"),
+        data_converter=pydantic_data_converter,
+        search_attributes=list(search_attributes.ALL),
+        ui=False,
+    )
+    old = os.environ.get("TEMPORAL_ADDRESS")
+    os.environ["TEMPORAL_ADDRESS"] = env.client.service_client.config.target_host
+    settings.cache_clear()
+    try:
+        yield env
+    finally:
+        if old is None:
+            os.environ.pop("TEMPORAL_ADDRESS", None)
+        else:
+            os.environ["TEMPORAL_ADDRESS"] = old
+        settings.cache_clear()
+        await env.shutdown()
+
+
+def profile(deployment: str, floors: list[dict], time_zone: str = TZ, prewarm: dict | None = None) -> dict:
+    entry = {"deployment": deployment, "floors": floors}
+    if prewarm:
+        entry["prewarm"] = prewarm
+    return {"time_zone": time_zone, "schedules": [entry]}
+
+
+FLOORS = [
+    {"at": "08:50", "replicas": 6, "days": ["weekdays"]},
+    {"at": "09:00", "replicas": 8, "days": ["weekdays"]},
+    {"at": "21:00", "replicas": 3},
+    {"at": "02:00", "replicas": 1},
+]
+
+
+async def ids_for(client, deployment: str, expected: int) -> set[str]:
+    """Schedule list is eventually consistent: wait until it shows ``expected`` of this deployment's."""
+    _, name = naming.split_deployment(deployment)
+    for _ in range(100):
+        ids = {r["id"] for r in await schedules.describe_all(client) if f"/{name}" in r["id"]}
+        if len(ids) == expected:
+            return ids
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"schedules of {deployment}: {ids}, expected {expected}")
+
+
+async def test_apply_is_idempotent_and_fires_at_local_times(dev_env, tmp_path):
+    client = dev_env.client
+    deployment = f"llm-serving/c{uuid.uuid4().hex[:6]}"
+    path = tmp_path / "floors.yaml"
+    path.write_text(yaml.safe_dump(profile(deployment, FLOORS, prewarm={"every_minutes": 15})))
+    file = schedules.load_schedule_file(path)
+
+    first = await schedules.apply(client, file, "tq")
+    assert sorted(o for _, o in first) == ["created"] * 5
+    ids = await ids_for(client, deployment, 5)
+    second = await schedules.apply(client, file, "tq")
+    assert sorted(o for _, o in second) == ["updated"] * 5
+    assert await ids_for(client, deployment, 5) == ids
+
+    rows = {r["id"]: r for r in await schedules.describe_all(client) if r["id"] in ids}
+    _, name = naming.split_deployment(deployment)
+    for entry in file.schedules[0].floors:
+        sid = f"floor/llm-serving/{name}/{entry.key}"
+        desc = await client.get_schedule_handle(sid).describe()
+        for when in desc.info.next_action_times[:3]:
+            local = when.astimezone(ZoneInfo(TZ))
+            assert (local.hour, local.minute) == (entry.hour, entry.minute)
+            assert local.weekday() in entry.weekdays
+        assert rows[sid]["time_zone"] == TZ and f"floor {entry.replicas}" in rows[sid]["what"]
+        assert desc.schedule.policy.overlap.name == "SKIP"
+
+    # dropping an entry from the file deletes its schedule
+    path.write_text(yaml.safe_dump(profile(deployment, FLOORS[1:])))
+    outcomes = dict(await schedules.apply(client, schedules.load_schedule_file(path), "tq"))
+    assert outcomes[f"floor/llm-serving/{name}/0850-mon-tue-wed-thu-fri"] == "deleted"
+    assert outcomes[f"prewarm/llm-serving/{name}"] == "deleted"
+    assert len(await ids_for(client, deployment, 3)) == 3
+
+
+async def test_schedule_action_sets_the_loop_floor(dev_env, tmp_path):
+    client = dev_env.client
+    queue = f"q-{uuid.uuid4()}"
+    deployment = f"llm-serving/c{uuid.uuid4().hex[:6]}"
+    fake = FakeDeployment(replicas=2)
+    worker = Worker(
+        client,
+        task_queue=queue,
+        workflows=[ReactiveScaling, ScheduleFloor, PredictivePrewarm],
+        activities=fake.activities(),
+        activity_executor=ThreadPoolExecutor(4),
+    )
+    path = tmp_path / "floors.json"
+    path.write_text(yaml.safe_dump(profile(deployment, FLOORS)))
+    async with worker:
+        loop = await client.start_workflow(
+            ReactiveScaling.run, ScalingInput(deployment=deployment), id=naming.scaling_workflow_id(deployment), task_queue=queue
+        )
+        await schedules.apply(client, schedules.load_schedule_file(path), queue)
+        _, name = naming.split_deployment(deployment)
+        await client.get_schedule_handle(f"floor/llm-serving/{name}/0900-mon-tue-wed-thu-fri").trigger()
+        for _ in range(100):
+            status = await loop.query(ReactiveScaling.status)
+            if "schedule" in status.floors and fake.replicas == 8:
+                break
+            await asyncio.sleep(0.1)
+        assert status.floors["schedule"].replicas == 8 and fake.replicas == 8
+        await loop.terminate()
+
+
+def test_cli_list_and_invalid_time_zone(dev_env, tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(profile("llm-serving/chat", FLOORS, time_zone="Mars/Olympus_Mons")))
+    assert schedules.main(["schedules", "apply", str(bad)]) == 2
+    assert "unknown time zone 'Mars/Olympus_Mons'" in capsys.readouterr().err
+    with pytest.raises(schedules.ScheduleFileError, match=r"schedules.0.floors.0.at: .*expected HH:MM, got '25:00'"):
+        bad.write_text(yaml.safe_dump(profile("llm-serving/chat", [{"at": "25:00", "replicas": 1}])))
+        schedules.load_schedule_file(bad)
+
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(profile("llm-serving/cli", [{"at": "07:30", "replicas": 2}])))
+    assert schedules.main(["schedules", "apply", str(good)]) == 0
+    assert "floor/llm-serving/cli/0730" in capsys.readouterr().out
+    for _ in range(50):
+        assert schedules.main(["schedules", "list"]) == 0
+        out = capsys.readouterr().out
+        if "floor/llm-serving/cli/0730" in out:
+            break
+    assert "floor/llm-serving/cli/0730" in out and TZ in out and "floor 2 at 07:30" in out

@@ -1,0 +1,1 @@
+"""Cost: the daily CostReport workflow and the pure pricing arithmetic."""

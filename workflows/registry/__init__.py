@@ -1,0 +1,1 @@
+"""Model registry: the manifest schema and the retention workflow."""

@@ -1,0 +1,201 @@
+"""Retention of model weights: which versions' weights to delete, which to keep, and why.
+
+``plan_retention`` is pure (plain values in, decisions out) so the rules are unit-tested and the
+workflow only adds I/O around it. ``RegistryRetention`` runs it daily from a Temporal Schedule
+(see workers/registry_cli.py) and with ``dry_run`` reports the plan without deleting anything.
+
+Rules, first match wins, for every version whose weights still exist:
+1. referenced by a Deployment in the cluster -> keep (whatever the registry says);
+2. stable or canary -> keep;
+3. the model's previous stable version, stable until less than ``rollback_days`` ago -> keep
+   (the rollback target);
+4. deprecated more than ``deprecated_days`` ago -> delete;
+5. anything else (testing, recently deprecated) -> keep.
+A version planned for deletion whose weights location overlaps a kept version's is kept.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.registry.schema import (
+        DELETE_REGISTRY_WEIGHTS,
+        LIST_REFERENCED_VERSIONS,
+        LIST_REGISTRY_VERSIONS,
+        DeleteWeightsInput,
+        DeleteWeightsResult,
+        ListReferencesInput,
+        ListVersionsInput,
+        ReferencedVersions,
+        VersionList,
+        VersionSummary,
+    )
+
+RETENTION_WORKFLOW = "RegistryRetention"
+RETENTION_WORKFLOW_ID = "registry-retention"
+
+
+class RetentionInput(BaseModel):
+    dry_run: bool = Field(False, description="plan and report only; delete nothing")
+    deprecated_days: float = Field(30, ge=0, description="delete weights deprecated longer than this")
+    rollback_days: float = Field(7, ge=0, description="keep the previous stable at least this long")
+    models: list[str] | None = Field(None, description="None: every model in the registry")
+
+
+class RetentionDecision(BaseModel):
+    model: str
+    version: str
+    action: Literal["delete", "keep"]
+    reason: str
+    size_bytes: int = 0
+
+
+class RetentionResult(BaseModel):
+    dry_run: bool
+    at: datetime
+    deleted: list[RetentionDecision] = Field(description="in a dry run: what would be deleted")
+    kept: list[RetentionDecision]
+    freed_bytes: int
+
+
+def _days(delta: timedelta) -> str:
+    return f"{delta.total_seconds() / 86400:.1f} days"
+
+
+def _overlap(a: str, b: str) -> bool:
+    a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
+
+
+def plan_retention(
+    versions: list[VersionSummary],
+    now: datetime,
+    referenced: dict[str, list[str]],
+    deprecated_days: float = 30,
+    rollback_days: float = 7,
+) -> list[RetentionDecision]:
+    """Decide per version (see the module docstring). ``referenced``: "model@version" ->
+    Deployments ("ns/name") that use it. Versions whose weights are already deleted are left out."""
+    live = [v for v in versions if v.weights_deleted_at is None]
+    previous_stable: dict[str, VersionSummary] = {}
+    for v in live:
+        if v.status.state != "stable" and v.stable_until is not None:
+            best = previous_stable.get(v.model)
+            if best is None or v.stable_until > best.stable_until:
+                previous_stable[v.model] = v
+
+    decisions: list[RetentionDecision] = []
+    for v in live:
+        ref = f"{v.model}@{v.version}"
+        status = v.status
+
+        def keep(reason: str) -> RetentionDecision:
+            return RetentionDecision(model=v.model, version=v.version, action="keep", reason=reason, size_bytes=v.size_bytes)
+
+        if ref in referenced:
+            decision = keep(f"referenced by Deployment {', '.join(referenced[ref])}")
+        elif status.state == "stable":
+            decision = keep("stable")
+        elif status.state == "canary":
+            decision = keep(f"canary at {status.percent} %")
+        elif previous_stable.get(v.model) is v and now - v.stable_until < timedelta(days=rollback_days):
+            decision = keep(
+                f"previous stable (rollback target): stable until {_days(now - v.stable_until)} ago, "
+                f"kept at least {rollback_days:g} days"
+            )
+        elif status.state == "deprecated" and now - status.since > timedelta(days=deprecated_days):
+            decision = RetentionDecision(
+                model=v.model,
+                version=v.version,
+                action="delete",
+                reason=f"deprecated {_days(now - status.since)} ago (> {deprecated_days:g} days)",
+                size_bytes=v.size_bytes,
+            )
+        elif status.state == "deprecated":
+            decision = keep(f"deprecated only {_days(now - status.since)} ago (<= {deprecated_days:g} days)")
+        else:
+            decision = keep(status.state)
+        decisions.append(decision)
+
+    kept_locations = {
+        (d.model, d.version): v.weights_location for d, v in zip(decisions, live) if d.action == "keep"
+    }
+    for i, (d, v) in enumerate(zip(decisions, live)):
+        if d.action == "delete":
+            sharing = [f"{m}@{ver}" for (m, ver), loc in kept_locations.items() if _overlap(loc, v.weights_location)]
+            if sharing:
+                decisions[i] = d.model_copy(
+                    update={"action": "keep", "reason": f"shares weights at {v.weights_location} with {', '.join(sharing)}"}
+                )
+    return decisions
+
+
+def render_plan(decisions: list[RetentionDecision], dry_run: bool) -> str:
+    """Markdown for the Temporal UI and the CLI."""
+    verb = "would delete" if dry_run else "delete"
+    lines = [f"**Registry retention{' (dry run)' if dry_run else ''}**", ""]
+    for d in decisions:
+        action = verb if d.action == "delete" else "keep"
+        lines.append(f"- `{d.model}@{d.version}`: {action} — {d.reason}")
+    return "\n".join(lines) if decisions else lines[0] + "\n\nnothing in the registry"
+
+
+@workflow.defn(name=RETENTION_WORKFLOW)
+class RegistryRetention:
+    """Deletes old weights by the rules of ``plan_retention`` and reports every decision."""
+
+    @workflow.run
+    async def run(self, req: RetentionInput) -> RetentionResult:
+        now = workflow.now()
+        retry = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(minutes=1))
+        versions = await workflow.execute_activity(
+            LIST_REGISTRY_VERSIONS,
+            ListVersionsInput(models=req.models),
+            result_type=VersionList,
+            start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=retry,
+            summary="read the registry indexes",
+        )
+        # Without the cluster's answer nothing is deleted: the workflow fails after the retries.
+        referenced = await workflow.execute_activity(
+            LIST_REFERENCED_VERSIONS,
+            ListReferencesInput(),
+            result_type=ReferencedVersions,
+            start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=retry,
+            summary="versions referenced by Deployments",
+        )
+        plan = plan_retention(versions.versions, now, referenced.where, req.deprecated_days, req.rollback_days)
+        workflow.set_current_details(render_plan(plan, req.dry_run))
+
+        deleted: list[RetentionDecision] = []
+        kept = [d for d in plan if d.action == "keep"]
+        for d in plan:
+            if d.action != "delete":
+                continue
+            if not req.dry_run:
+                done = await workflow.execute_activity(
+                    DELETE_REGISTRY_WEIGHTS,
+                    DeleteWeightsInput(model=d.model, version=d.version, reason=d.reason, at=now),
+                    result_type=DeleteWeightsResult,
+                    start_to_close_timeout=timedelta(minutes=10),
+                    retry_policy=retry,
+                    summary=f"delete weights of {d.model}@{d.version}",
+                )
+                if not done.deleted:
+                    kept.append(d.model_copy(update={"action": "keep", "reason": done.reason}))
+                    continue
+            deleted.append(d)
+        return RetentionResult(
+            dry_run=req.dry_run,
+            at=now,
+            deleted=deleted,
+            kept=kept,
+            freed_bytes=sum(d.size_bytes for d in deleted),
+        )
