@@ -10,14 +10,14 @@ from __future__ import annotations
 import functools
 import time
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
-from urllib3.util.retry import Retry
 
+from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
 from workers import telemetry
 from workers.config import settings
 from workflows import naming
@@ -38,31 +38,18 @@ from workflows.rollout.activities import (
     WaitReadyInput,
 )
 
-# (connect, read) seconds on every API call: a hung API server must not hang an activity.
-API_TIMEOUT = (5, 30)
 ROUTE_API = ("gateway.networking.k8s.io", "v1")
 CONTAINER = "server"
 CACHE_VOLUME = "model-cache"
 _CONFLICT_RETRIES = 5
 
-
-# An API server answering 429/5xx for a moment (overload, leader change) is retried here, briefly,
-# so that one blip does not spend an attempt of the activity; 409s stay with the callers (re-read).
-# Writes are safe to repeat: creates treat 409 AlreadyExists as "update", scale/patch are idempotent.
-TRANSIENT_RETRIES = Retry(
-    total=3, backoff_factor=0.2, status_forcelist=(429, 500, 502, 503, 504), allowed_methods=None, raise_on_status=False
-)
+# Old names of the helpers now in activities.clients.kube, until their last users move there.
+_fail, _read_or_none, _is_ready, _selector, _label_selector = fail, read_or_none, is_ready, selector, label_selector
 
 
 @functools.cache
 def _client_for(kubeconfig: str | None, in_cluster: bool) -> client.ApiClient:
-    cfg = client.Configuration()
-    if in_cluster:
-        config.load_incluster_config(client_configuration=cfg)
-    else:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    cfg.retries = TRANSIENT_RETRIES
-    return client.ApiClient(cfg)
+    return KubeClient.connect(kubeconfig, in_cluster).api
 
 
 def api_client() -> client.ApiClient:
@@ -71,41 +58,9 @@ def api_client() -> client.ApiClient:
     return _client_for(str(s.kubeconfig) if s.kubeconfig else None, s.kube_in_cluster)
 
 
-def _fail(exc: ApiException, what: str) -> NoReturn:
-    """Re-raise an API error: requests that cannot succeed as sent are non-retryable."""
-    if exc.status in (400, 403, 404, 422):
-        raise ApplicationError(f"{what}: HTTP {exc.status} {exc.reason}: {exc.body}", non_retryable=True) from None
-    raise exc
-
-
 def require_namespace(namespace: str) -> None:
     """Fail non-retryably on an unknown namespace (lists in one just come back empty)."""
-    try:
-        client.CoreV1Api(api_client()).read_namespace(namespace, _request_timeout=API_TIMEOUT)
-    except ApiException as exc:
-        if exc.status == 404:
-            raise ApplicationError(f"namespace {namespace!r} not found", non_retryable=True) from None
-        raise
-
-
-def _read_or_none(read: Callable[..., Any], *args: Any) -> Any:
-    try:
-        return read(*args, _request_timeout=API_TIMEOUT)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-
-
-def _selector(name: str, version: str | None = None) -> dict[str, str]:
-    labels = {naming.LABEL_APP: name}
-    if version is not None:
-        labels[naming.LABEL_VERSION] = version
-    return labels
-
-
-def _label_selector(labels: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in labels.items())
+    KubeClient(api_client()).require_namespace(namespace)
 
 
 def _get_route(ref: DeploymentRef) -> dict | None:
@@ -299,12 +254,6 @@ def scale_version(req: ScaleVersionInput) -> None:
         )
     except ApiException as exc:
         _fail(exc, f"scale Deployment {req.deployment.namespace}/{name} (version {req.version})")
-
-
-def _is_ready(pod: client.V1Pod) -> bool:
-    if pod.metadata.deletion_timestamp is not None or not pod.status:
-        return False
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
 def _waiting_reason(pod: client.V1Pod) -> str:
