@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BaseModel, Field
 
 TASK_QUEUE = "tideplane"
 
@@ -57,6 +57,30 @@ def version_slug(version: str) -> str:
 def versioned_name(name: str, version: str) -> str:
     """Name of the Deployment and Service that serve one version of a logical deployment."""
     return f"{name}-v{version_slug(version)}"[:63].rstrip("-")
+
+
+class DeploymentRef(BaseModel):
+    """One logical deployment (``"llm-serving/chat"``): the one reference type activities take.
+
+    Workflow inputs keep the ``"NAMESPACE/NAME"`` string users type (``DeploymentName``) and turn
+    it into this with ``DeploymentRef.from_name``; the versions' Kubernetes objects are ``versioned``.
+    """
+
+    namespace: str
+    name: str = Field(description="logical deployment name, e.g. 'chat'")
+
+    @classmethod
+    def from_name(cls, deployment: str) -> DeploymentRef:
+        """``"llm-serving/chat"`` -> DeploymentRef; ValueError when malformed."""
+        namespace, name = split_deployment(deployment)
+        return cls(namespace=namespace, name=name)
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def versioned(self, version: str) -> str:
+        """Name of the Deployment and Service that serve ``version`` of this deployment."""
+        return versioned_name(self.name, version)
 
 
 def rollout_workflow_id(deployment: str) -> str:

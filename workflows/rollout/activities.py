@@ -1,8 +1,8 @@
 """The contract between the ModelRollout workflow and the activities that act for it.
 
-Activity names and their pydantic inputs/outputs live here, in a module with no I/O imports, so
-the workflow can reference them deterministically and the activities (activities/storage.py,
-activities/kube.py, activities/metrics.py, activities/serving.py) implement exactly this.
+The contract class ``RolloutActivities`` (implemented in activities/rollout.py), its activity
+names and pydantic inputs/outputs live here, in a module with no I/O imports, so the workflow
+references them deterministically: ``workflow.execute_activity_method(RolloutActivities.x, ...)``.
 Every activity is idempotent: calling it twice with the same input leaves the same state.
 """
 
@@ -12,18 +12,20 @@ from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
+from temporalio import activity
 
+from workflows.naming import DeploymentRef
 from workflows.registry import schema as registry_types
 
 # Activity names (stable API: histories refer to them).
-STAGE_WEIGHTS = "stage_weights"  # activities/storage.py
-DESCRIBE_DEPLOYMENT = "describe_deployment"  # activities/kube.py
-ENSURE_VERSION = "ensure_version"  # activities/kube.py
-SCALE_VERSION = "scale_version"  # activities/kube.py
-WAIT_READY = "wait_ready"  # activities/kube.py
-SET_ROUTE_WEIGHTS = "set_route_weights"  # activities/kube.py
-WARM_UP = "warm_up"  # activities/serving.py
-QUERY_GATES = "query_gates"  # activities/metrics.py
+STAGE_WEIGHTS = "stage_weights"
+DESCRIBE_DEPLOYMENT = "describe_deployment"
+ENSURE_VERSION = "ensure_version"
+SCALE_VERSION = "scale_version"
+WAIT_READY = "wait_ready"
+SET_ROUTE_WEIGHTS = "set_route_weights"
+WARM_UP = "warm_up"
+QUERY_GATES = "query_gates"
 RESOLVE_REGISTRY_WEIGHTS = "resolve_registry_weights"  # activities/registry.py (model registry issue)
 SET_REGISTRY_STATUS = "set_registry_status"  # activities/registry.py
 RECORD_REGISTRY_BENCHMARK = "record_registry_benchmark"  # activities/registry.py
@@ -45,11 +47,6 @@ class StagedWeights(BaseModel):
     size_bytes: int
     resumed_bytes: int = Field(0, description="bytes already verified by an earlier attempt, not fetched again")
     seconds: float
-
-
-class DeploymentRef(BaseModel):
-    namespace: str
-    name: str = Field(description="logical deployment name, e.g. 'chat'")
 
 
 class VersionInfo(BaseModel):
@@ -174,3 +171,48 @@ class RecordRegistryBenchmarkInput(BaseModel):
     model: str
     version: str
     benchmark: registry_types.BenchmarkResult
+
+
+class RolloutActivities:
+    """What ModelRollout asks of S3, the cluster, the new version's endpoint and Prometheus
+    (implemented in activities/rollout.py)."""
+
+    @activity.defn(name=STAGE_WEIGHTS)
+    def stage_weights(self, req: StageWeightsInput) -> StagedWeights:
+        """Download and verify every weights file into the model cache that serving pods mount."""
+        raise NotImplementedError
+
+    @activity.defn(name=DESCRIBE_DEPLOYMENT)
+    def describe_deployment(self, ref: DeploymentRef) -> DeploymentState:
+        """The versions of a logical deployment in the cluster, their replicas and route weights."""
+        raise NotImplementedError
+
+    @activity.defn(name=ENSURE_VERSION)
+    def ensure_version(self, req: EnsureVersionInput) -> None:
+        """Create or update the Deployment and Service for one version (no route change)."""
+        raise NotImplementedError
+
+    @activity.defn(name=SCALE_VERSION)
+    def scale_version(self, req: ScaleVersionInput) -> None:
+        """Set one version's replicas."""
+        raise NotImplementedError
+
+    @activity.defn(name=WAIT_READY)
+    def wait_ready(self, req: WaitReadyInput) -> ReadyResult:
+        """Until ``replicas`` pods of the version are Ready (heartbeats; the caller bounds the wait)."""
+        raise NotImplementedError
+
+    @activity.defn(name=SET_ROUTE_WEIGHTS)
+    def set_route_weights(self, req: RouteWeightsInput) -> None:
+        """Make the HTTPRoute send exactly these weights to the versions' Services."""
+        raise NotImplementedError
+
+    @activity.defn(name=WARM_UP)
+    def warm_up(self, req: WarmUpInput) -> Benchmark:
+        """Warm the new version up through its own Service and benchmark it."""
+        raise NotImplementedError
+
+    @activity.defn(name=QUERY_GATES)
+    def query_gates(self, req: GateQueriesInput) -> GateQueriesResult:
+        """Each gate's PromQL template rendered and run as an instant query."""
+        raise NotImplementedError
