@@ -16,11 +16,13 @@ from datetime import timedelta
 from pydantic import ValidationError
 from temporalio.worker import Worker
 
-from activities import cloud, cost, gpu, kube, metrics, registry, scaling, serving, spot, storage
+from activities import cloud, cost, gpu, kube, metrics, registry, scaling, serving, storage
 from workers import telemetry
 from workers.client import connect
 from workers.config import settings
-from workflows.spot import workflows as spot_workflows
+from workflows.spot.reclaim import SpotReclaim
+from workflows.spot.return_to_spot import ReturnToSpot
+from workflows.spot.watcher import SpotInterruptionWatcher
 from workflows.cost.report import CostReport
 from workflows.scaling.node_pools import NodePoolScaling
 from workflows.registry.retention import RegistryRetention
@@ -37,7 +39,9 @@ WORKFLOWS: list[type] = [
     NodePoolScaling,
     RegistryRetention,
     CostReport,
-    *spot_workflows.WORKFLOWS,
+    SpotInterruptionWatcher,
+    SpotReclaim,
+    ReturnToSpot,
 ]
 ACTIVITIES: list = [
     *storage.ACTIVITIES,
@@ -48,7 +52,6 @@ ACTIVITIES: list = [
     *scaling.ACTIVITIES,
     *cloud.ACTIVITIES,
     *gpu.ACTIVITIES,
-    *spot.ACTIVITIES,
     *telemetry.ACTIVITIES,
     cost.collect_cost_inputs,
 ]

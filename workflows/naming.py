@@ -91,3 +91,13 @@ def rollout_workflow_id(deployment: str) -> str:
 def scaling_workflow_id(deployment: str) -> str:
     namespace, name = split_deployment(deployment)
     return f"scaling/{namespace}/{name}"
+
+
+def spot_reclaim_workflow_id(instance_id: str) -> str:
+    """One SpotReclaim per spot instance: every notice about the instance joins that workflow."""
+    return f"spot-reclaim/{instance_id}"
+
+
+def return_to_spot_workflow_id(namespace: str, name: str) -> str:
+    """One ReturnToSpot per spot Deployment: it serves every reclaim that claimed replacements for it."""
+    return f"return-to-spot/{namespace}/{name}"

@@ -35,7 +35,9 @@ from temporalio.worker import Worker
 from tests.workflows.test_rollout import BAD, GOOD, SHORT, Fleet, rollout_input
 from workers.worker import WORKFLOWS
 from workflows import search_attributes
-from workflows.spot import workflows as spot
+from workflows.naming import DeploymentRef
+from workflows.spot import activities as spot
+from workflows.spot.return_to_spot import ReturnToSpot
 from workflows.rollout.gates import ERROR_RATE
 from workflows.rollout.workflow import ModelRollout, start_rollout
 
@@ -56,18 +58,18 @@ def _return_to_spot_stubs(_: Client) -> list:
     """Spot Ready 1/2, then 2/2, a flap back to 1/2 (doubling the delay), then stable until released."""
     ready = iter([1, 2, 1])
 
-    @activity.defn(name=spot.SPOT_REPLICA_COUNTS)
+    @activity.defn(name="spot_replica_counts")
     async def counts(req: spot.CountsInput) -> spot.CountsResult:
         key = req.deployments[0]
         return spot.CountsResult(counts=[spot.ReplicaCounts(
             namespace=key.namespace, name=key.name, desired=2, ready=next(ready, 2), fallback_desired=2, fallback_ready=2,
         )])
 
-    @activity.defn(name=spot.RELEASE_SPOT_FALLBACK)
-    async def release(req: spot.ReleaseFallbackInput) -> spot.FallbackState:
-        return spot.FallbackState(name=f"{req.deployment.name}-od", replicas=0)
+    @activity.defn(name="release_spot_fallback")
+    async def release(req: spot.ReleaseFallbackInput) -> spot.FallbackClaims:
+        return spot.FallbackClaims(name=f"{req.deployment.name}-od", replicas=0)
 
-    @activity.defn(name=spot.SYNC_ON_DEMAND_POOL)
+    @activity.defn(name="sync_on_demand_pool")
     async def sync_pool(req: spot.PoolInput) -> spot.PoolState:
         return spot.PoolState(desired=1, base=1)
 
@@ -95,9 +97,9 @@ def _rollout(deployment: str, bad_at_weight: int | None) -> Scenario:
 
 SCENARIOS = {
     "return-to-spot": Scenario(
-        workflow=spot.ReturnToSpot,
+        workflow=ReturnToSpot,
         input=spot.ReturnToSpotInput(
-            deployment=spot.DeploymentKey(namespace="llm-serving", name="chat-v1-3-0"),
+            deployment=DeploymentRef(namespace="llm-serving", name="chat-v1-3-0"),
             policy=spot.FailoverPolicy(on_demand_pool_asg="gpu-on-demand", poll_seconds=30, stabilisation_seconds=60),
         ),
         activities=_return_to_spot_stubs,

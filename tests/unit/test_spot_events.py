@@ -12,8 +12,8 @@ from workflows.spot.events import (
     instance_id_from_provider_id,
     parse_event,
     provider_id,
-    reclaim_workflow_id,
 )
+from workflows.naming import spot_reclaim_workflow_id
 
 # Verbatim shape of AWS's documented examples (ids and times filled in).
 INTERRUPTION = """{
@@ -150,4 +150,4 @@ def test_provider_id():
     for bad in ("", "kind://x/y", "aws:///us-east-1a/node-1"):
         with pytest.raises(ValueError):
             instance_id_from_provider_id(bad)
-    assert reclaim_workflow_id("i-0abc12345") == "spot-reclaim/i-0abc12345"
+    assert spot_reclaim_workflow_id("i-0abc12345") == "spot-reclaim/i-0abc12345"

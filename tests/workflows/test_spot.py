@@ -1,10 +1,11 @@
 """Spot failover workflows on Temporal's time-skipping server, with stub cluster/cloud activities.
 
-The stubs share a ``FakeFleet``: one spot node with a few serving replicas, replacement pods
-that become Ready a configurable (virtual) time after they are claimed, evictions that take the
-node's replicas away. Time in the fake is the server's virtual clock (the activity's scheduled
-time), so a 2-minute notice and a 5-minute load take milliseconds. ``start_spot_reclaim`` is the
-real activity: it signal-with-starts SpotReclaim through the worker's client.
+The stubs are a ``FakeFleet``, the SpotActivities contract over an in-memory fleet: one spot node
+with a few serving replicas, replacement pods that become Ready a configurable (virtual) time
+after they are claimed, evictions that take the node's replicas away. Time in the fake is the
+server's virtual clock (the activity's scheduled time), so a 2-minute notice and a 5-minute load
+take milliseconds. ``SpotWorkflowStarts`` is the real activity class: it signal-with-starts
+SpotReclaim and starts ReturnToSpot through the worker's client.
 """
 
 from __future__ import annotations
@@ -21,29 +22,55 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities.spot import start_return_to_spot, start_spot_reclaim
-from workflows.spot import workflows as s
-from workflows.spot.events import (
-    NoticeKind,
-    SpotNotice,
-    build_event,
-    parse_event,
-    reclaim_workflow_id,
+from activities.spot import SpotWorkflowStarts
+from workflows.naming import DeploymentRef, return_to_spot_workflow_id, spot_reclaim_workflow_id
+from workflows.spot.activities import (
+    ClaimFallbackInput,
+    CountsInput,
+    CountsResult,
+    DeleteMessageInput,
+    EvictInput,
+    EvictResult,
+    FailoverPolicy,
+    FallbackClaims,
+    FindNodeInput,
+    NodeRef,
+    PodsOnNode,
+    PoolInput,
+    PoolState,
+    ReceivedBatch,
+    ReceivedMessage,
+    ReceiveNoticesInput,
+    ReleaseFallbackInput,
+    ReplicaCounts,
+    ReturnToSpotInput,
+    ServingPod,
+    SpotActivities,
+    SpotNode,
+    StartedWorkflow,
+    StartReclaimInput,
+    UnschedulableInput,
 )
+from workflows.spot.events import NoticeKind, SpotNotice, build_event, parse_event
+from workflows.spot.reclaim import SpotReclaim, SpotReclaimInput, SpotReclaimResult
+from workflows.spot.return_to_spot import ReturnToSpot, ReturnToSpotResult
+from workflows.spot.watcher import SpotInterruptionWatcher, WatcherInput, WatcherStatus
 
 INSTANCE = "i-0123456789abcdef0"
 NODE = "ip-10-0-1-7.ec2.internal"
 NS = "llm-serving"
 DEP = "chat-v1-3-0"
-POLICY = s.FailoverPolicy(poll_seconds=5, drain_margin_seconds=30, return_to_spot=False, stabilisation_seconds=300)
+POOL = "gpu-spot"
+WORKFLOWS = [SpotInterruptionWatcher, SpotReclaim, ReturnToSpot]
+POLICY = FailoverPolicy(poll_seconds=5, drain_margin_seconds=30, return_to_spot=False, stabilisation_seconds=300)
 
 
-class FakeFleet:
+class FakeFleet(SpotActivities):
     """The cluster and the cloud as the stub activities see and change them."""
 
     def __init__(self, replicas_on_node: int = 2, desired: int = 4, ready_delay: float = 60, node: str | None = NODE):
         self.node = node
-        self.pods = [s.ServingPod(namespace=NS, name=f"{DEP}-{i}", deployment=DEP, ready=True) for i in range(replicas_on_node)]
+        self.pods = [ServingPod(namespace=NS, name=f"{DEP}-{i}", deployment=DEP, ready=True) for i in range(replicas_on_node)]
         self.desired = desired
         self.own_ready = desired
         self.ready_delay = ready_delay
@@ -66,116 +93,128 @@ class FakeFleet:
             return 0
         return wanted if (self.now() - self.claimed_at).total_seconds() >= self.ready_delay else 0
 
-    def activities(self) -> list:
-        fake = self
+    @activity.defn(name="receive_spot_notices")
+    async def receive_spot_notices(self, req: ReceiveNoticesInput) -> ReceivedBatch:
+        batch = ReceivedBatch()
+        for mid, body in list(self.queue.items()):
+            m = ReceivedMessage(message_id=mid, receipt_handle=f"rh-{mid}")
+            try:
+                m.notice = parse_event(body)
+            except ValueError as exc:
+                m.error = str(exc)
+            batch.messages.append(m)
+        return batch
 
-        @activity.defn(name=s.RECEIVE_SPOT_NOTICES)
-        async def receive(req: s.ReceiveNoticesInput) -> s.ReceivedBatch:
-            batch = s.ReceivedBatch()
-            for mid, body in list(fake.queue.items()):
-                m = s.ReceivedMessage(message_id=mid, receipt_handle=f"rh-{mid}")
-                try:
-                    m.notice = parse_event(body)
-                except ValueError as exc:
-                    m.error = str(exc)
-                batch.messages.append(m)
-            return batch
+    @activity.defn(name="delete_spot_message")
+    async def delete_spot_message(self, req: DeleteMessageInput) -> None:
+        mid = req.receipt_handle.removeprefix("rh-")
+        self.log.append(f"delete:{mid}")
+        self.queue.pop(mid, None)
 
-        @activity.defn(name=s.DELETE_SPOT_MESSAGE)
-        async def delete(req: s.DeleteMessageInput) -> None:
-            mid = req.receipt_handle.removeprefix("rh-")
-            fake.log.append(f"delete:{mid}")
-            fake.queue.pop(mid, None)
+    @activity.defn(name="find_spot_node")
+    async def find_spot_node(self, req: FindNodeInput) -> SpotNode:
+        self.calls.append(("find", self.now()))
+        return SpotNode(name=self.node if req.instance_id == INSTANCE else None, pool=POOL, capacity_type="spot")
 
-        @activity.defn(name=s.FIND_SPOT_NODE)
-        async def find(req: s.FindNodeInput) -> s.NodeInfo:
-            fake.calls.append(("find", fake.now()))
-            return s.NodeInfo(name=fake.node if req.instance_id == INSTANCE else None, capacity_type="spot")
+    @activity.defn(name="set_node_unschedulable")
+    async def set_node_unschedulable(self, req: UnschedulableInput) -> None:
+        self.calls.append(("cordon" if req.unschedulable else "uncordon", self.now()))
+        self.cordoned = req.unschedulable
 
-        @activity.defn(name=s.SET_NODE_UNSCHEDULABLE)
-        async def cordon(req: s.UnschedulableInput) -> None:
-            fake.calls.append(("cordon" if req.unschedulable else "uncordon", fake.now()))
-            fake.cordoned = req.unschedulable
+    @activity.defn(name="serving_pods_on_node")
+    async def serving_pods_on_node(self, req: NodeRef) -> PodsOnNode:
+        return PodsOnNode(pods=[p for p in self.pods if f"{p.namespace}/{p.name}" not in self.evicted])
 
-        @activity.defn(name=s.SERVING_PODS_ON_NODE)
-        async def pods(req: s.NodeRef) -> s.PodsOnNode:
-            return s.PodsOnNode(pods=[p for p in fake.pods if f"{p.namespace}/{p.name}" not in fake.evicted])
+    @activity.defn(name="claim_spot_fallback")
+    async def claim_spot_fallback(self, req: ClaimFallbackInput) -> FallbackClaims:
+        self.calls.append((f"claim:{req.replicas}", self.now()))
+        if req.replicas:
+            if req.claimant not in self.claims:
+                self.claimed_at = self.now()
+            self.claims[req.claimant] = req.replicas
+        else:
+            self.claims.pop(req.claimant, None)
+        return FallbackClaims(name=f"{DEP}-od", replicas=sum(self.claims.values()), claims=dict(self.claims))
 
-        @activity.defn(name=s.CLAIM_SPOT_FALLBACK)
-        async def claim(req: s.ClaimFallbackInput) -> s.FallbackState:
-            fake.calls.append((f"claim:{req.replicas}", fake.now()))
-            if req.replicas:
-                if req.claimant not in fake.claims:
-                    fake.claimed_at = fake.now()
-                fake.claims[req.claimant] = req.replicas
+    @activity.defn(name="release_spot_fallback")
+    async def release_spot_fallback(self, req: ReleaseFallbackInput) -> FallbackClaims:
+        self.calls.append(("release", self.now()))
+        released, self.claims = dict(self.claims), {}
+        return FallbackClaims(name=f"{DEP}-od", replicas=sum(released.values()), claims=released)
+
+    @activity.defn(name="evict_pods")
+    async def evict_pods(self, req: EvictInput) -> EvictResult:
+        self.calls.append(("evict", self.now()))
+        result = EvictResult()
+        for p in req.pods:
+            ref = f"{p.namespace}/{p.name}"
+            if ref in self.evicted:
+                result.gone.append(ref)
             else:
-                fake.claims.pop(req.claimant, None)
-            return s.FallbackState(name=f"{DEP}-od", replicas=sum(fake.claims.values()), claims=dict(fake.claims))
+                self.evicted.append(ref)
+                self.own_ready -= 1  # the spot capacity is gone: its replicas do not come back yet
+                result.evicted.append(ref)
+        return result
 
-        @activity.defn(name=s.RELEASE_SPOT_FALLBACK)
-        async def release(req: s.ReleaseFallbackInput) -> s.FallbackState:
-            fake.calls.append(("release", fake.now()))
-            released, fake.claims = dict(fake.claims), {}
-            return s.FallbackState(name=f"{DEP}-od", replicas=sum(released.values()), claims=released)
+    @activity.defn(name="spot_replica_counts")
+    async def spot_replica_counts(self, req: CountsInput) -> CountsResult:
+        return CountsResult(counts=[
+            ReplicaCounts(namespace=k.namespace, name=k.name, desired=self.desired, ready=self.own_ready,
+                          fallback_desired=sum(self.claims.values()), fallback_ready=self.fallback_ready())
+            for k in req.deployments
+        ])
 
-        @activity.defn(name=s.EVICT_PODS)
-        async def evict(req: s.EvictInput) -> s.EvictResult:
-            fake.calls.append(("evict", fake.now()))
-            result = s.EvictResult()
-            for p in req.pods:
-                ref = f"{p.namespace}/{p.name}"
-                if ref in fake.evicted:
-                    result.gone.append(ref)
-                else:
-                    fake.evicted.append(ref)
-                    fake.own_ready -= 1  # the spot capacity is gone: its replicas do not come back yet
-                    result.evicted.append(ref)
-            return result
+    @activity.defn(name="sync_on_demand_pool")
+    async def sync_on_demand_pool(self, req: PoolInput) -> PoolState:
+        self.calls.append((f"pool:{len(self.claims)}", self.now()))
+        return PoolState(desired=2 + len(self.claims), base=2, claimants=sorted(self.claims))
 
-        @activity.defn(name=s.SPOT_REPLICA_COUNTS)
-        async def counts(req: s.CountsInput) -> s.CountsResult:
-            return s.CountsResult(counts=[
-                s.ReplicaCounts(namespace=k.namespace, name=k.name, desired=fake.desired, ready=fake.own_ready,
-                                fallback_desired=sum(fake.claims.values()), fallback_ready=fake.fallback_ready())
-                for k in req.deployments
-            ])
-
-        @activity.defn(name=s.SYNC_ON_DEMAND_POOL)
-        async def pool(req: s.PoolInput) -> s.PoolState:
-            fake.calls.append((f"pool:{len(fake.claims)}", fake.now()))
-            return s.PoolState(desired=2 + len(fake.claims), base=2, claimants=sorted(fake.claims))
-
-        @activity.defn(name=s.START_SPOT_RECLAIM)
-        async def start(req: s.StartReclaimInput) -> s.StartedWorkflow:
-            if req.notice.event_id in fake.fail_start_once:
-                fake.fail_start_once.discard(req.notice.event_id)
-                fake.log.append(f"start-failed:{req.notice.event_id}")
-                raise ApplicationError("temporal unavailable", non_retryable=True)
-            fake.log.append(f"started:{req.notice.event_id}")
-            return s.StartedWorkflow(workflow_id=reclaim_workflow_id(req.notice.instance_id))
-
-        return [receive, delete, find, cordon, pods, claim, release, evict, counts, pool, start]
+    def activities(self) -> list:
+        return [
+            self.receive_spot_notices, self.delete_spot_message, self.find_spot_node, self.set_node_unschedulable,
+            self.serving_pods_on_node, self.claim_spot_fallback, self.release_spot_fallback, self.evict_pods,
+            self.spot_replica_counts, self.sync_on_demand_pool,
+        ]
 
     def count(self, name: str) -> int:
         return sum(1 for c, _ in self.calls if c == name)
 
 
+class FakeStarts(SpotWorkflowStarts):
+    """Starting SpotReclaim is faked (and can fail once per event); ReturnToSpot starts for real."""
+
+    def __init__(self, fake: FakeFleet):
+        self.fake = fake
+
+    @activity.defn(name="start_spot_reclaim")
+    async def start_spot_reclaim(self, req: StartReclaimInput) -> StartedWorkflow:
+        if req.notice.event_id in self.fake.fail_start_once:
+            self.fake.fail_start_once.discard(req.notice.event_id)
+            self.fake.log.append(f"start-failed:{req.notice.event_id}")
+            raise ApplicationError("temporal unavailable", non_retryable=True)
+        self.fake.log.append(f"started:{req.notice.event_id}")
+        return StartedWorkflow(workflow_id=spot_reclaim_workflow_id(req.notice.instance_id))
+
+
 def _worker(env, fake: FakeFleet, real_start: bool = False) -> Worker:
-    stubs = [*fake.activities(), start_return_to_spot]
-    if real_start:
-        stubs = [a for a in stubs if a.__temporal_activity_definition.name != s.START_SPOT_RECLAIM] + [start_spot_reclaim]
-    return Worker(env.client, task_queue=f"spot-{uuid.uuid4()}", workflows=s.WORKFLOWS, activities=stubs)
+    starts = SpotWorkflowStarts() if real_start else FakeStarts(fake)
+    return Worker(
+        env.client,
+        task_queue=f"spot-{uuid.uuid4()}",
+        workflows=WORKFLOWS,
+        activities=[*fake.activities(), starts.start_spot_reclaim, starts.start_return_to_spot],
+    )
 
 
 def _notice(kind: NoticeKind, at: datetime, event_id: str | None = None, **kw) -> SpotNotice:
     return parse_event(build_event(kind, INSTANCE, event_id=event_id or str(uuid.uuid4()), time=at, **kw))
 
 
-async def _signal_start(env, worker: Worker, notice: SpotNotice, policy: s.FailoverPolicy = POLICY) -> WorkflowHandle:
+async def _signal_start(env, worker: Worker, notice: SpotNotice, policy: FailoverPolicy = POLICY) -> WorkflowHandle:
     return await env.client.start_workflow(
-        s.SpotReclaim.run,
-        s.SpotReclaimInput(instance_id=notice.instance_id, policy=policy),
-        id=f"{reclaim_workflow_id(notice.instance_id)}-{uuid.uuid4()}",
+        SpotReclaim.run,
+        SpotReclaimInput(instance_id=notice.instance_id, policy=policy),
+        id=f"{spot_reclaim_workflow_id(notice.instance_id)}-{uuid.uuid4()}",
         task_queue=worker.task_queue,
         start_signal="notice",
         start_signal_args=[notice],
@@ -198,20 +237,20 @@ async def test_duplicate_notices_through_the_watcher_give_one_failover(time_skip
     fake.queue = {"m1": body, "m2": body, "m3": json.dumps(build_event(NoticeKind.INTERRUPTION, INSTANCE, event_id="evt-2", time=now))}
     async with _worker(env, fake, real_start=True) as worker:
         watcher = await env.client.start_workflow(
-            s.SpotInterruptionWatcher.run,
-            s.WatcherInput(policy=POLICY, idle_seconds=5),
+            SpotInterruptionWatcher.run,
+            WatcherInput(policy=POLICY, idle_seconds=5),
             id=f"spot-watcher-{uuid.uuid4()}",
             task_queue=worker.task_queue,
         )
-        reclaim = env.client.get_workflow_handle(reclaim_workflow_id(INSTANCE), result_type=s.SpotReclaimResult)
+        reclaim = env.client.get_workflow_handle(spot_reclaim_workflow_id(INSTANCE), result_type=SpotReclaimResult)
         for _ in range(100):
             if not fake.queue:
                 break
             await asyncio.sleep(0.05)
         assert not fake.queue, "every message deleted once its start succeeded"
-        result: s.SpotReclaimResult = await _result(env, reclaim)
-        await watcher.signal(s.SpotInterruptionWatcher.stop)
-        status: s.WatcherStatus = await watcher.result()
+        result: SpotReclaimResult = await _result(env, reclaim)
+        await watcher.signal(SpotInterruptionWatcher.stop)
+        status: WatcherStatus = await watcher.result()
 
     assert result.outcome == "drained" and result.node == NODE
     assert fake.count("claim:2") == 1, "one failover: replacement capacity claimed once"
@@ -227,13 +266,13 @@ async def test_rebalance_then_interruption_starts_warm(time_skipping_env):
         t0 = await env.get_current_time()
         handle = await _signal_start(env, worker, _notice(NoticeKind.REBALANCE, t0))
         await env.sleep(120)  # the rebalance window: pre-warm, no drain
-        status = await handle.query(s.SpotReclaim.status)
+        status = await handle.query(SpotReclaim.status)
         assert status.phase == "replacing" and status.warm
         assert fake.cordoned is True and fake.count("claim:3") == 1
         assert fake.count("evict") == 0 and not fake.evicted, "a rebalance recommendation never drains"
         t1 = await env.get_current_time()
         interruption = _notice(NoticeKind.INTERRUPTION, t1)
-        await handle.signal(s.SpotReclaim.notice, interruption)
+        await handle.signal(SpotReclaim.notice, interruption)
         result = await handle.result()
 
     assert result.outcome == "drained" and result.warm
@@ -296,7 +335,7 @@ async def test_replacement_slower_than_the_notice_records_the_gap_and_returns_to
         assert fake.own_ready + fake.claims[INSTANCE] == fake.desired
 
         # spot capacity returns: ReturnToSpot waits out the stabilisation, then removes the fallback
-        back = env.client.get_workflow_handle(s.return_to_spot_workflow_id(NS, DEP), result_type=s.ReturnToSpotResult)
+        back = env.client.get_workflow_handle(return_to_spot_workflow_id(NS, DEP), result_type=ReturnToSpotResult)
         await env.sleep(60)
         assert fake.claims, "no move back while spot is still short"
         fake.own_ready = fake.desired
@@ -313,8 +352,8 @@ async def test_return_to_spot_waits_longer_after_a_flap(time_skipping_env):
     fake.own_ready = 2
     async with _worker(env, fake) as worker:
         handle = await env.client.start_workflow(
-            s.ReturnToSpot.run,
-            s.ReturnToSpotInput(deployment=s.DeploymentKey(namespace=NS, name=DEP), policy=POLICY),
+            ReturnToSpot.run,
+            ReturnToSpotInput(deployment=DeploymentRef(namespace=NS, name=DEP), policy=POLICY),
             id=f"return-{uuid.uuid4()}",
             task_queue=worker.task_queue,
         )
@@ -343,8 +382,8 @@ async def test_watcher_deletes_only_after_a_successful_start(time_skipping_env):
     fake.fail_start_once = {"evt-good"}
     async with _worker(env, fake) as worker:
         watcher = await env.client.start_workflow(
-            s.SpotInterruptionWatcher.run,
-            s.WatcherInput(policy=POLICY, idle_seconds=5),
+            SpotInterruptionWatcher.run,
+            WatcherInput(policy=POLICY, idle_seconds=5),
             id=f"spot-watcher-{uuid.uuid4()}",
             task_queue=worker.task_queue,
         )
@@ -352,8 +391,8 @@ async def test_watcher_deletes_only_after_a_successful_start(time_skipping_env):
             if not fake.queue:
                 break
             await asyncio.sleep(0.05)
-        await watcher.signal(s.SpotInterruptionWatcher.stop)
-        status: s.WatcherStatus = await watcher.result()
+        await watcher.signal(SpotInterruptionWatcher.stop)
+        status: WatcherStatus = await watcher.result()
 
     assert not fake.queue
     good = [e for e in fake.log if e.endswith(":evt-good") or e == "delete:good"]
@@ -372,14 +411,14 @@ async def test_watcher_continues_as_new_with_its_counters(time_skipping_env, pol
     fake.queue = {"bad": "nope"}
     async with _worker(env, fake) as worker:
         watcher = await env.client.start_workflow(
-            s.SpotInterruptionWatcher.run,
-            s.WatcherInput(policy=POLICY, idle_seconds=5, polls_per_run=polls),
+            SpotInterruptionWatcher.run,
+            WatcherInput(policy=POLICY, idle_seconds=5, polls_per_run=polls),
             id=f"spot-watcher-{uuid.uuid4()}",
             task_queue=worker.task_queue,
         )
         await env.sleep(5 * (polls + 2))
-        status = await watcher.query(s.SpotInterruptionWatcher.status)
+        status = await watcher.query(SpotInterruptionWatcher.status)
         latest = await env.client.get_workflow_handle(watcher.id).describe()
         assert latest.run_id != watcher.first_execution_run_id, "continued as new"
-        await watcher.signal(s.SpotInterruptionWatcher.stop)
+        await watcher.signal(SpotInterruptionWatcher.stop)
     assert status.polls > polls and status.malformed == 1

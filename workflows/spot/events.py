@@ -169,11 +169,6 @@ def provider_id(zone: str, instance_id: str) -> str:
     return f"aws:///{zone}/{instance_id}"
 
 
-def reclaim_workflow_id(instance_id: str) -> str:
-    """One SpotReclaim per instance: every notice about it joins this workflow."""
-    return f"spot-reclaim/{instance_id}"
-
-
 def _decode(body: str | bytes | dict[str, Any]) -> dict[str, Any]:
     if isinstance(body, dict):
         return body
