@@ -36,6 +36,7 @@ from temporalio import activity
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from infra.sandbox.ports import free_port
+from workflows.telemetry import BUCKETS
 
 log = logging.getLogger(__name__)
 
@@ -223,3 +224,18 @@ def start_metrics_server(port: int, host: str = "0.0.0.0") -> MetricsServer:
     thread = threading.Thread(target=server.serve_forever, name="tideplane-metrics", daemon=True)
     thread.start()
     return MetricsServer(server.server_port, runtime, sdk_port, server, thread)
+
+
+def metrics_runtime(port: int, host: str = "0.0.0.0") -> Runtime:
+    """A Temporal runtime serving every metric on ``http://host:port/metrics``.
+
+    Pass it to ``Client.connect(runtime=...)``: the workers of that client record into it.
+    Names are exported as declared (no ``_total``/unit suffixes added), so the SDK's own metrics
+    keep their documented names; histograms get the buckets declared with each metric. Raises
+    ValueError when the port is taken.
+    """
+    return Runtime(
+        telemetry=TelemetryConfig(
+            metrics=PrometheusConfig(bind_address=f"{host}:{port}", histogram_bucket_overrides=BUCKETS)
+        )
+    )

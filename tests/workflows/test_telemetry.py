@@ -1,16 +1,20 @@
-"""The worker's /metrics: tideplane's control-plane metrics and the Temporal SDK's, on one port.
+"""The worker's /metrics: tideplane's metrics, recorded through the SDK's metric meters, and the
+Temporal SDK's own, from one exporter.
 
-A workflow records its outcomes through the record_* activities exactly as the rollout and
-scaling workflows do; a worker runs it against Temporal's test server with a client on the
-telemetry runtime, then we read /metrics over HTTP as Prometheus would.
+A workflow records through ``workflow.metric_meter()`` and an activity through
+``activity.metric_meter()`` with the functions of ``workflows/telemetry.py``, on a worker whose
+client uses ``workers.telemetry.metrics_runtime``; /metrics is read over HTTP as Prometheus would.
+The workflow cache is off, so every workflow task replays the history from the start: a figure
+recorded before a timer must still count once.
 """
 
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-from temporalio import workflow
+from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
@@ -22,35 +26,39 @@ with workflow.unsafe.imports_passed_through():
     from prometheus_client.parser import text_string_to_metric_families
 
     from infra.sandbox.ports import free_port
-    from workers import telemetry
-    from workers.telemetry import GateVerdictEvent, RolloutEvent, ScalingDecisionEvent
+    from workers.telemetry import metrics_runtime
+    from workflows import telemetry
 
 NS, DEP = "telemetry-test", f"chat-{uuid.uuid4().hex[:6]}"
 
 
+@activity.defn(name="telemetry_probe_weights")
+def set_weights(deployment: str) -> None:
+    """What the route-weight activity records after it applied the weights."""
+    telemetry.route_weights(activity.metric_meter(), NS, deployment, {"1.0.0": 100, "2.0.0": 0})
+
+
 @workflow.defn(name="TelemetryProbe")
 class TelemetryProbe:
-    """Records what a rollout that failed its 5 % gate and one scale-up decision would record."""
+    """What a rollout that failed its 5 % gate and one scale-up record, around timers."""
 
     @workflow.run
     async def run(self, deployment: str) -> None:
-        timeout = timedelta(seconds=10)
-        await workflow.execute_activity(telemetry.RECORD_GATE_VERDICT, GateVerdictEvent(
-            namespace=NS, deployment=deployment, version="2.0.0", verdict="fail", failing_gate="error_rate"),
-            start_to_close_timeout=timeout)
-        await workflow.execute_activity(telemetry.RECORD_ROLLOUT, RolloutEvent(
-            namespace=NS, deployment=deployment, event="rolled_back", stage="canary-5", rollback_seconds=4.5),
-            start_to_close_timeout=timeout)
-        await workflow.execute_activity(telemetry.RECORD_SCALING_DECISION, ScalingDecisionEvent(
-            namespace=NS, deployment=deployment, direction="up", reason="queue_depth"),
-            start_to_close_timeout=timeout)
+        meter = workflow.metric_meter()
+        telemetry.gate_verdict(meter, NS, deployment, "2.0.0", "fail", failing_gate="error_rate")
+        await workflow.sleep(timedelta(seconds=5))
+        await workflow.execute_activity(set_weights, deployment, start_to_close_timeout=timedelta(seconds=10))
+        telemetry.rollout_finished(meter, NS, deployment, "rolled_back", "canary-5", rollback_seconds=4.5)
+        telemetry.scaling_decision(meter, NS, deployment, "up", "queue_depth")
+        telemetry.scale_up_started(meter, NS, deployment, "gpu-spot")
+        await workflow.sleep(timedelta(seconds=5))
+        telemetry.scale_up_finished(meter, NS, deployment, "gpu-spot", ready=True, seconds=95)
 
 
 @pytest.fixture(scope="module")
-def metrics_server():
-    server = telemetry.start_metrics_server(free_port(), host="127.0.0.1")
-    yield server
-    server.close()
+def runtime_port():
+    port = free_port()
+    return metrics_runtime(port, host="127.0.0.1"), port
 
 
 def samples(port: int) -> dict[tuple[str, frozenset], float]:
@@ -62,43 +70,89 @@ def samples(port: int) -> dict[tuple[str, frozenset], float]:
     }
 
 
-async def test_worker_metrics_show_tideplane_and_sdk_metrics(time_skipping_env, metrics_server):
+def ours(got: dict, name: str, deployment: str) -> dict[frozenset, float]:
+    """This test's series of ``name``, with the labels the SDK adds to every series removed."""
+    sdk = {"namespace", "task_queue", "workflow_type", "activity_type", "service_name"}
+    return {
+        frozenset((k, v) for k, v in labels if k not in sdk): value
+        for (n, labels), value in got.items()
+        if n == name and ("deployment", deployment) in labels
+    }
+
+
+async def test_workflow_and_activity_metrics_on_the_worker_endpoint(time_skipping_env, runtime_port):
+    runtime, port = runtime_port
     client = await Client.connect(
         time_skipping_env.client.service_client.config.target_host,
         namespace=time_skipping_env.client.namespace,
         data_converter=pydantic_data_converter,
-        runtime=metrics_server.runtime,
+        runtime=runtime,
     )
     queue = f"telemetry-{uuid.uuid4()}"
-    async with Worker(client, task_queue=queue, workflows=[TelemetryProbe], activities=telemetry.ACTIVITIES):
+    async with Worker(
+        client, task_queue=queue, workflows=[TelemetryProbe], activities=[set_weights],
+        activity_executor=ThreadPoolExecutor(2),
+        max_cached_workflows=0,  # every task replays the whole history
+    ):
         await client.execute_workflow(TelemetryProbe.run, DEP, id=f"probe-{uuid.uuid4()}", task_queue=queue)
-    # What scaling and rollout activities record directly in the worker process.
-    telemetry.scale_up_started(NS, DEP, "gpu-spot")
-    telemetry.scale_up_finished(NS, DEP, "gpu-spot", ready=True, seconds=95)
-    telemetry.record_route_weights(NS, DEP, {"1.0.0": 100, "2.0.0": 0})
 
-    got = samples(metrics_server.port)
-    dep = {("namespace", NS), ("deployment", DEP)}
-    assert got[("tideplane_rollouts_total", frozenset(dep | {("outcome", "rolled_back"), ("stage", "canary-5")}))] == 1
-    assert got[("tideplane_rollback_seconds_sum", frozenset(dep))] == 4.5
-    assert got[("tideplane_rollout_paused", frozenset(dep))] == 0
-    verdict = dep | {("version", "2.0.0"), ("verdict", "fail"), ("gate", "error_rate")}
-    assert got[("tideplane_gate_verdicts_total", frozenset(verdict))] == 1
-    assert got[("tideplane_scaling_decisions_total", frozenset(dep | {("direction", "up"), ("reason", "queue_depth")}))] == 1
+    got = samples(port)
+    dep = {("kube_namespace", NS), ("deployment", DEP)}
+    assert ours(got, "tideplane_gate_verdicts_total", DEP) == {
+        frozenset(dep | {("version", "2.0.0"), ("verdict", "fail"), ("gate", "error_rate")}): 1
+    }
+    assert ours(got, "tideplane_rollouts_total", DEP) == {
+        frozenset(dep | {("outcome", "rolled_back"), ("stage", "canary-5")}): 1
+    }
+    assert ours(got, "tideplane_rollback_seconds_sum", DEP) == {frozenset(dep): 4.5}
+    assert ours(got, "tideplane_rollout_paused", DEP) == {frozenset(dep): 0}
+    assert ours(got, "tideplane_scaling_decisions_total", DEP) == {
+        frozenset(dep | {("direction", "up"), ("reason", "queue_depth")}): 1
+    }
     pool = frozenset(dep | {("pool", "gpu-spot")})
-    assert got[("tideplane_scale_up_attempts_total", pool)] == got[("tideplane_scale_up_successes_total", pool)] == 1
-    assert got[("tideplane_cold_start_seconds_bucket", pool | {("le", "120.0")})] == 1
-    assert got[("tideplane_cold_start_seconds_bucket", pool | {("le", "60.0")})] == 0
-    assert got[("tideplane_rollout_weight", frozenset(dep | {("version", "1.0.0")}))] == 100
+    assert ours(got, "tideplane_scale_up_attempts_total", DEP) == {pool: 1}
+    assert ours(got, "tideplane_scale_up_successes_total", DEP) == {pool: 1}
+    # The buckets declared with the metric, not the SDK's millisecond defaults.
+    cold = ours(got, "tideplane_cold_start_seconds_bucket", DEP)
+    assert cold[pool | {("le", "60")}] == 0 and cold[pool | {("le", "120")}] == 1
+    assert {dict(k)["le"] for k in cold} == {*(f"{b:g}" for b in telemetry.COLD_START_SECONDS.buckets), "+Inf"}
+    weights = ours(got, "tideplane_rollout_weight", DEP)
+    assert weights == {frozenset(dep | {("version", "1.0.0")}): 100, frozenset(dep | {("version", "2.0.0")}): 0}
 
-    # The Temporal SDK's own metrics, from the runtime's Prometheus exporter, on the same port.
+    # The SDK's labels tell Temporal's namespace from the deployment's Kubernetes namespace.
+    ((labels, _),) = [(dict(k), v) for (n, k), v in got.items() if n == "tideplane_rollouts_total" and ("deployment", DEP) in k]
+    assert labels["namespace"] == time_skipping_env.client.namespace and labels["kube_namespace"] == NS
+    assert labels["workflow_type"] == "TelemetryProbe" and labels["task_queue"] == queue
+    ((labels, _),) = [(dict(k), v) for (n, k), v in got.items() if n == "tideplane_rollout_weight" and ("version", "1.0.0") in k and ("deployment", DEP) in k]
+    assert labels["activity_type"] == "telemetry_probe_weights"
+
+    # The Temporal SDK's own metrics, same exporter, their documented names.
     completed = [v for (name, labels), v in got.items()
                  if name.startswith("temporal_workflow_completed") and ("workflow_type", "TelemetryProbe") in labels]
-    assert completed and sum(completed) >= 1
+    assert completed == [1]
     assert any(name.startswith("temporal_activity_execution_latency") for name, _ in got)
 
 
-def test_metrics_endpoint_paths(metrics_server):
-    assert httpx.get(f"http://127.0.0.1:{metrics_server.port}/nope").status_code == 404
-    resp = httpx.get(f"http://127.0.0.1:{metrics_server.port}/metrics")
+def test_metrics_endpoint_paths(runtime_port):
+    _, port = runtime_port
+    assert httpx.get(f"http://127.0.0.1:{port}/nope").status_code == 404
+    resp = httpx.get(f"http://127.0.0.1:{port}/metrics")
     assert resp.status_code == 200 and "version=0.0.4" in resp.headers["content-type"]
+
+
+def test_a_taken_port_is_refused(runtime_port):
+    _, port = runtime_port
+    with pytest.raises(ValueError, match="Address already in use"):
+        metrics_runtime(port, host="127.0.0.1")
+
+
+def test_every_metric_declared_once_with_prometheus_conventions():
+    names = [m.name for m in telemetry.METRICS]
+    assert len(names) == len(set(names))
+    for m in telemetry.METRICS:
+        assert m.name.startswith("tideplane_")
+        assert m.name.endswith("_total") == (m.kind == "counter"), m.name
+        assert (m.kind == "histogram") == bool(m.buckets) and list(m.buckets) == sorted(m.buckets), m.name
+        assert "namespace" not in m.labels, f"{m.name}: 'namespace' is the SDK's (Temporal's) label"
+    assert set(telemetry.BUCKETS) == {m.name for m in telemetry.METRICS if m.kind == "histogram"}
+
