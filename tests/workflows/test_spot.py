@@ -17,9 +17,11 @@ from datetime import datetime
 
 import pytest
 from temporalio import activity
-from temporalio.client import WorkflowHandle
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
+from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 
 from activities.spot import SpotWorkflowStarts
@@ -422,3 +424,31 @@ async def test_watcher_continues_as_new_with_its_counters(time_skipping_env, pol
         assert latest.run_id != watcher.first_execution_run_id, "continued as new"
         await watcher.signal(SpotInterruptionWatcher.stop)
     assert status.polls > polls and status.malformed == 1
+
+
+async def test_a_failover_counts_by_pool_and_outcome_and_records_its_gap(time_skipping_env):
+    """The workflow's own metric meter: one failover on the node's pool, its measured gap."""
+    env = time_skipping_env
+    fake = FakeFleet(replicas_on_node=2, desired=4, ready_delay=300)
+    buffer = MetricBuffer(100_000)  # the SDK records its own metrics into it too
+    metered = await Client.connect(
+        env.client.service_client.config.target_host,
+        namespace=env.client.namespace,
+        data_converter=pydantic_data_converter,
+        runtime=Runtime(telemetry=TelemetryConfig(metrics=buffer)),
+    )
+    starts = FakeStarts(fake)
+    queue = f"spot-metrics-{uuid.uuid4()}"
+    async with Worker(metered, task_queue=queue, workflows=WORKFLOWS,
+                      activities=[*fake.activities(), starts.start_spot_reclaim, starts.start_return_to_spot]):
+        notice = _notice(NoticeKind.INTERRUPTION, await env.get_current_time())
+        result = await env.client.execute_workflow(
+            SpotReclaim.run, SpotReclaimInput(instance_id=INSTANCE, policy=POLICY, notice=notice),
+            id=f"{spot_reclaim_workflow_id(INSTANCE)}-{uuid.uuid4()}", task_queue=queue,
+        )
+    updates = [u for u in buffer.retrieve_updates() if u.metric.name.startswith("tideplane_")]
+    failovers = [(dict(u.attributes), u.value) for u in updates if u.metric.name == "tideplane_spot_failovers_total"]
+    gaps = [(dict(u.attributes), u.value) for u in updates if u.metric.name == "tideplane_capacity_gap_seconds"]
+    assert result.pool == POOL and result.capacity_gap_seconds > 0
+    assert [(a["pool"], a["outcome"], v) for a, v in failovers] == [(POOL, "drained", 1)]
+    assert [(a["pool"], v) for a, v in gaps] == [(POOL, result.capacity_gap_seconds)]
