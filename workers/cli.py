@@ -1,6 +1,9 @@
 """The ``tideplane`` command: the local sandbox, the worker and the demo.
 
 Workflows are started and steered with the ``temporal`` CLI; this covers what it cannot do.
+The sandbox, demo and bench commands import their modules inside the command, so the worker
+image (infra/k8s/Containerfile), which holds neither the sandbox nor the benchmarks, runs
+``tideplane worker`` (tests/unit/test_image.py builds that file set and proves it).
 """
 
 from __future__ import annotations
@@ -12,18 +15,14 @@ import os
 import sys
 from pathlib import Path
 
-from benchmarks.cli import add_bench_commands
-from infra.grafana import import_help
-from infra.sandbox.config import DEFAULT_CONFIG, SandboxConfigError
-from infra.sandbox.launcher import DEFAULT_STATE_DIR, Sandbox, SandboxError
 from workers.config import SettingsError
 from workers.registry_cli import add_registry_commands
 from workers.schedules import add_schedules_commands
 
 
 def _sandbox_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-dir", type=Path, default=Path(os.environ.get("TIDEPLANE_SANDBOX_DIR", DEFAULT_STATE_DIR)), help="where env, kubeconfig, pids and logs go (default %(default)s)")
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="sandbox config: node pools, profiles, demand")
+    parser.add_argument("--state-dir", type=Path, default=None, help="where env, kubeconfig, pids and logs go (default $TIDEPLANE_SANDBOX_DIR, else .tideplane/sandbox)")
+    parser.add_argument("--config", type=Path, default=None, help="sandbox config: node pools, profiles, demand (default infra/sandbox/sandbox.yaml)")
     parser.add_argument("--time-scale", type=float, default=None, help="sandbox seconds per real second (overrides the config)")
 
 
@@ -40,11 +39,43 @@ def _parser() -> argparse.ArgumentParser:
     _sandbox_options(demo)
     add_registry_commands(commands)
     add_schedules_commands(commands)
-    add_bench_commands(commands)
+    # Parsed by benchmarks.cli inside _bench: numpy, matplotlib and the simulators load only when asked for.
+    bench = commands.add_parser("bench", help="benchmarks on real traces (tideplane bench --help)", add_help=False)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     return parser
 
 
+def _bench(argv: list[str]) -> int:
+    from benchmarks.cli import add_bench_commands
+
+    parser = argparse.ArgumentParser(prog="tideplane")
+    add_bench_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", *argv])
+    return args.func(args)
+
+
+def _with_sandbox(args: argparse.Namespace) -> int:
+    """``sandbox`` and ``demo``: the sandbox's defaults and errors, loaded only for these commands."""
+    from infra.sandbox.config import DEFAULT_CONFIG, SandboxConfigError
+    from infra.sandbox.launcher import DEFAULT_STATE_DIR
+
+    args.state_dir = args.state_dir or Path(os.environ.get("TIDEPLANE_SANDBOX_DIR", DEFAULT_STATE_DIR))
+    args.config = args.config or DEFAULT_CONFIG
+    try:
+        if args.command == "demo":
+            from workers.demo import run
+
+            return run(args.state_dir, args.config, args.time_scale)
+        return _sandbox(args)
+    except SandboxConfigError as exc:  # a ValueError; SandboxError is a RuntimeError, answered in main
+        print(f"tideplane: {exc}", file=sys.stderr)
+        return 2
+
+
 def _sandbox(args: argparse.Namespace) -> int:
+    from infra.grafana import import_help
+    from infra.sandbox.launcher import Sandbox
+
     if args.action == "spot-interrupt":
         from infra.sandbox.spot import spot_interrupt_running
 
@@ -75,26 +106,27 @@ def _sandbox(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("botocore").setLevel(logging.WARNING)  # "Found credentials" on every client
     try:
-        if args.command == "sandbox":
-            return _sandbox(args)
+        if args.command in ("sandbox", "demo"):
+            return _with_sandbox(args)
+        if args.command == "bench":
+            return _bench(unknown + args.bench_args)  # `bench -h` leaves -h in unknown
         if args.command == "worker":
             from workers.worker import run_worker
 
             asyncio.run(run_worker())
             return 0
-        if args.command == "demo":
-            from workers.demo import run
-
-            return run(args.state_dir, args.config, args.time_scale)
         return args.func(args)
-    except (SandboxConfigError, SettingsError) as exc:
+    except SettingsError as exc:
         print(f"tideplane: {exc}", file=sys.stderr)
         return 2
-    except (SandboxError, RuntimeError) as exc:
+    except RuntimeError as exc:
         print(f"tideplane: {exc}", file=sys.stderr)
         return 1
 
