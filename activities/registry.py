@@ -1,6 +1,9 @@
 """The model registry in S3, beside the weights: manifests, indexes, checksums, retention deletes.
 
-Layout in the weights bucket (``settings().weights_bucket``)::
+``Registry`` is the store (used by the CLI and the demo as well); ``RegistryActivities`` are the
+activities of workflows/registry/activities.py on top of it and of the cluster's Deployments.
+
+Layout in the weights bucket (``TIDEPLANE_WEIGHTS_BUCKET``)::
 
     registry/models.json                      the model names (ModelsIndex)
     registry/<model>/index.json               every version's summary (ModelIndex)
@@ -24,47 +27,48 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, TypeVar
 
-import boto3
 from boto3.s3.transfer import TransferConfig
-from botocore.config import Config
 from botocore.exceptions import ClientError
-from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube import api_client
-from workers.config import settings
-from workflows.rollout import activities as ra
+from activities.clients.kube import API_TIMEOUT, KubeClient, fail
+from activities.clients.s3 import CHUNK_BYTES, NOT_FOUND, ObjectChanged, S3Client, error_code, parse_s3_uri
 from workflows.naming import LABEL_MODEL, LABEL_VERSION
-from workflows.registry.schema import (
-    DELETE_REGISTRY_WEIGHTS,
-    LIST_REFERENCED_VERSIONS,
-    LIST_REGISTRY_VERSIONS,
-    BenchmarkResult,
-    Canary,
+from workflows.registry import activities as contract
+from workflows.registry.activities import (
     DeleteWeightsInput,
     DeleteWeightsResult,
-    Deprecated,
     ListReferencesInput,
     ListVersionsInput,
+    ModelVersionRef,
+    RecordRegistryBenchmarkInput,
+    ReferencedVersions,
+    RegistryStatusResult,
+    RegistryWeights,
+    RegistryWeightsInput,
+    SetRegistryStatusInput,
+    VersionList,
+)
+from workflows.registry.schema import (
+    BenchmarkResult,
+    Canary,
+    Deprecated,
     Manifest,
     ManifestFile,
     ModelIndex,
     ModelsIndex,
-    ModelVersionRef,
     NoQuantization,
-    ReferencedVersions,
     Stable,
     StatusChange,
     Testing,
-    VersionList,
     VersionSummary,
     Weights,
     semver_key,
@@ -72,10 +76,10 @@ from workflows.registry.schema import (
     summarize,
     transition,
 )
+from workflows.rollout.activities import WeightFile
 
 PREFIX = "registry"
 MODELS_KEY = f"{PREFIX}/models.json"
-CHUNK = 8 * 1024 * 1024
 T = TypeVar("T", bound=BaseModel)
 AnyStatus = Testing | Canary | Stable | Deprecated
 
@@ -96,47 +100,33 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def split_s3_uri(uri: str) -> tuple[str, str]:
-    if not uri.startswith("s3://"):
-        raise RegistryError(f"expected s3://bucket/key, got {uri!r}")
-    bucket, _, key = uri[5:].partition("/")
-    if not bucket:
-        raise RegistryError(f"no bucket in {uri!r}")
-    return bucket, key
+def _split(uri: str, prefix: bool = False) -> tuple[str, str]:
+    try:
+        return parse_s3_uri(uri, prefix=prefix)
+    except ValueError as exc:
+        raise RegistryError(str(exc)) from None
 
 
 def _conflict(exc: ClientError) -> bool:
     """A lost compare-and-swap race (412), a concurrent conditional write (409), or the object
     vanished under an If-Match."""
-    code = exc.response.get("Error", {}).get("Code", "")
-    return code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "412", "409")
+    return error_code(exc) in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "412", "409")
 
 
 def _missing(exc: ClientError) -> bool:
-    return exc.response.get("Error", {}).get("Code", "") in ("NoSuchKey", "404", "NotFound")
+    return error_code(exc) in NOT_FOUND
 
 
 class Registry:
     """The registry in one bucket. Thread-safe (boto3 clients are); one per process is enough."""
 
-    def __init__(self, s3, bucket: str, transfer: TransferConfig | None = None, cas_attempts: int = 100):
+    def __init__(self, s3: S3Client, bucket: str, transfer: TransferConfig | None = None, cas_attempts: int = 100):
         self.s3 = s3
         self.bucket = bucket
         self.transfer = transfer or TransferConfig(
-            multipart_threshold=CHUNK, multipart_chunksize=CHUNK, max_concurrency=8, use_threads=True
+            multipart_threshold=CHUNK_BYTES, multipart_chunksize=CHUNK_BYTES, max_concurrency=8, use_threads=True
         )
         self.cas_attempts = cas_attempts
-
-    @classmethod
-    def from_settings(cls) -> Registry:
-        cfg = settings()
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=cfg.aws_endpoint_url,
-            region_name=cfg.aws_region,
-            config=Config(max_pool_connections=32, retries={"max_attempts": 5, "mode": "standard"}),
-        )
-        return cls(s3, cfg.weights_bucket)
 
     # --- keys ----------------------------------------------------------------------------------
 
@@ -152,7 +142,7 @@ class Registry:
 
     def _read(self, key: str, cls: type[T]) -> tuple[T | None, str | None]:
         try:
-            obj = self.s3.get_object(Bucket=self.bucket, Key=key)
+            obj = self.s3.boto.get_object(Bucket=self.bucket, Key=key)
         except ClientError as exc:
             if _missing(exc):
                 return None, None
@@ -163,7 +153,7 @@ class Registry:
         """Write if the object is still at ``etag`` (None: still absent); False if it moved."""
         cond = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
         try:
-            self.s3.put_object(
+            self.s3.boto.put_object(
                 Bucket=self.bucket,
                 Key=key,
                 Body=value.model_dump_json(indent=1).encode(),
@@ -282,7 +272,7 @@ class Registry:
         existing, _ = self._read(key, Manifest)
         if existing is None and upload:
             etags = self._upload(upload, progress)
-            prefix = split_s3_uri(location)[1]
+            prefix = _split(location, prefix=True)[1]
             weights.files = [f.model_copy(update={"etag": etags[prefix + f.path]}) for f in files]
         manifest = Manifest(
             model=model,
@@ -329,19 +319,19 @@ class Registry:
 
         def one(item: tuple[Path, str]) -> tuple[str, str]:
             path, key = item
-            self.s3.upload_file(str(path), self.bucket, key, Config=self.transfer, Callback=progress)
-            return key, self.s3.head_object(Bucket=self.bucket, Key=key)["ETag"]
+            self.s3.boto.upload_file(str(path), self.bucket, key, Config=self.transfer, Callback=progress)
+            return key, self.s3.boto.head_object(Bucket=self.bucket, Key=key)["ETag"]
 
         with ThreadPoolExecutor(max_workers=4) as pool:
             return dict(pool.map(one, items))
 
     def _checksum_s3(self, uri: str, progress) -> tuple[str, list[ManifestFile]]:
         """Files under an s3:// prefix (or one object), each hashed by streaming it."""
-        bucket, key = split_s3_uri(uri)
+        bucket, key = _split(uri, prefix=True)
         objects: list[tuple[str, int]] = []
         if key and not key.endswith("/"):
             try:
-                head = self.s3.head_object(Bucket=bucket, Key=key)
+                head = self.s3.boto.head_object(Bucket=bucket, Key=key)
                 objects = [(key, head["ContentLength"])]
                 prefix = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
             except ClientError as exc:
@@ -350,49 +340,28 @@ class Registry:
                 key += "/"
         if not objects:
             prefix = key
-            pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            pages = self.s3.boto.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
             objects = [(o["Key"], o["Size"]) for page in pages for o in page.get("Contents", [])]
         if not objects:
             raise NotFound(f"no objects under {uri}")
         with ThreadPoolExecutor(max_workers=4) as pool:
-            hashed = list(pool.map(lambda o: self._sha256_object(bucket, o[0], progress), objects))
+            hashed = list(pool.map(lambda o: self._sha256(bucket, o[0], progress), objects))
         files = [
             ManifestFile(path=k[len(prefix):], sha256=digest, size_bytes=size, etag=etag)
             for (k, size), (digest, etag) in zip(objects, hashed)
         ]
         return f"s3://{bucket}/{prefix}", files
 
-    def _sha256_object(self, bucket: str, key: str, progress) -> tuple[str, str]:
-        """Stream an object through sha256 with parallel ranged GETs, hashed in order.
-
-        Every range is fetched with If-Match on the ETag seen first, so an object rewritten
-        while it is read fails instead of hashing a mix of two versions.
-        """
+    def _sha256(self, bucket: str, key: str, progress) -> tuple[str, str]:
+        """(sha256, ETag) of an object, streamed by the S3 client's ranged reads pinned to its ETag."""
         try:
-            head = self.s3.head_object(Bucket=bucket, Key=key)
+            return self.s3.sha256(bucket, key, progress)
         except ClientError as exc:
             if _missing(exc):
                 raise NotFound(f"missing object s3://{bucket}/{key}") from None
             raise
-        size, etag = head["ContentLength"], head["ETag"]
-        chunk = self.transfer.multipart_chunksize
-        ranges = iter(range(0, size, chunk))
-
-        def fetch(offset: int) -> bytes:
-            rng = f"bytes={offset}-{min(offset + chunk, size) - 1}"
-            return self.s3.get_object(Bucket=bucket, Key=key, Range=rng, IfMatch=etag)["Body"].read()
-
-        digest = hashlib.sha256()
-        with ThreadPoolExecutor(max_workers=self.transfer.max_concurrency) as pool:
-            window = deque(pool.submit(fetch, o) for _, o in zip(range(self.transfer.max_concurrency), ranges))
-            while window:
-                data = window.popleft().result()
-                digest.update(data)
-                progress(len(data))
-                nxt = next(ranges, None)
-                if nxt is not None:
-                    window.append(pool.submit(fetch, nxt))
-        return digest.hexdigest(), etag
+        except ObjectChanged as exc:
+            raise ChecksumMismatch(str(exc)) from None
 
     # --- status, benchmarks ----------------------------------------------------------------------
 
@@ -457,9 +426,9 @@ class Registry:
         if manifest.weights.deleted_at is not None:
             raise NotFound(f"{manifest.ref}: weights were deleted by retention at {manifest.weights.deleted_at}")
         for f in manifest.weights.files:
-            bucket, key = split_s3_uri(manifest.weights.uri(f.path))
+            bucket, key = _split(manifest.weights.uri(f.path))
             try:
-                head = self.s3.head_object(Bucket=bucket, Key=key)
+                head = self.s3.boto.head_object(Bucket=bucket, Key=key)
             except ClientError as exc:
                 if _missing(exc):
                     raise NotFound(f"{manifest.ref}: missing weights file s3://{bucket}/{key}") from None
@@ -470,7 +439,7 @@ class Registry:
                     f"(size {head['ContentLength']} vs {f.size_bytes}, ETag {head['ETag']} vs {f.etag})"
                 )
             if verify:
-                actual, _ = self._sha256_object(bucket, key, progress)
+                actual, _ = self._sha256(bucket, key, progress)
                 if actual != f.sha256:
                     raise ChecksumMismatch(
                         f"{manifest.ref}: s3://{bucket}/{key} sha256 mismatch: expected {f.sha256}, actual {actual}"
@@ -505,12 +474,12 @@ class Registry:
             return DeleteWeightsResult(deleted=False, reason=refused[0])
         keys: dict[str, list[str]] = {}
         for f in manifest.weights.files:
-            bucket, key = split_s3_uri(manifest.weights.uri(f.path))
+            bucket, key = _split(manifest.weights.uri(f.path))
             keys.setdefault(bucket, []).append(key)
         for bucket, names in keys.items():
             for i in range(0, len(names), 1000):
                 batch = [{"Key": k} for k in names[i : i + 1000]]
-                resp = self.s3.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+                resp = self.s3.boto.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
                 if resp.get("Errors"):
                     raise RuntimeError(f"delete failed for {resp['Errors'][:3]}")
         return DeleteWeightsResult(
@@ -521,7 +490,7 @@ class Registry:
 def _sha256_file(path: Path, progress) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
-        while data := fh.read(CHUNK):
+        while data := fh.read(CHUNK_BYTES):
             digest.update(data)
             progress(len(data))
     return digest.hexdigest()
@@ -530,85 +499,81 @@ def _sha256_file(path: Path, progress) -> str:
 # --- activities --------------------------------------------------------------------------------
 
 
-def _registry() -> Registry:
-    return Registry.from_settings()
-
-
 def _non_retryable(exc: RegistryError) -> ApplicationError:
     return ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True)
 
 
-@activity.defn(name=ra.RESOLVE_REGISTRY_WEIGHTS)
-def resolve_registry_weights(req: ra.RegistryWeightsInput) -> ra.RegistryWeights:
-    """The weight files and their sha256 a rollout stages, from the registry entry; a file that
-    is missing or was rewritten since registration fails here, before the cluster changes."""
-    try:
-        manifest = _registry().resolve(req.model, req.version)
-    except RegistryError as exc:
-        raise _non_retryable(exc) from None
-    return ra.RegistryWeights(
-        files=[ra.WeightFile(uri=manifest.weights.uri(f.path), sha256=f.sha256) for f in manifest.weights.files]
-    )
+class RegistryActivities(contract.RegistryActivities):
+    """The registry's activities: the store in ``weights_bucket`` and the cluster's Deployments."""
 
+    def __init__(self, s3: S3Client, kube: KubeClient, weights_bucket: str) -> None:
+        self.registry = Registry(s3, weights_bucket)
+        self.kube = kube
 
-@activity.defn(name=ra.SET_REGISTRY_STATUS)
-def set_registry_status(req: ra.SetRegistryStatusInput) -> ra.RegistryStatusResult:
-    try:
-        manifest, demoted = _registry().set_status(
-            req.model, req.version, req.status, req.reason, req.at, req.demote_previous
+    @activity.defn(name="resolve_registry_weights")
+    def resolve_registry_weights(self, req: RegistryWeightsInput) -> RegistryWeights:
+        """The weight files and their sha256 a rollout stages, from the registry entry; a file that
+        is missing or was rewritten since registration fails here, before the cluster changes."""
+        try:
+            manifest = self.registry.resolve(req.model, req.version)
+        except RegistryError as exc:
+            raise _non_retryable(exc) from None
+        return RegistryWeights(
+            files=[WeightFile(uri=manifest.weights.uri(f.path), sha256=f.sha256) for f in manifest.weights.files]
         )
-    except RegistryError as exc:
-        raise _non_retryable(exc) from None
-    return ra.RegistryStatusResult(status=manifest.status, demoted=demoted)
 
+    @activity.defn(name="set_registry_status")
+    def set_registry_status(self, req: SetRegistryStatusInput) -> RegistryStatusResult:
+        try:
+            manifest, demoted = self.registry.set_status(
+                req.model, req.version, req.status, req.reason, req.at, req.demote_previous
+            )
+        except RegistryError as exc:
+            raise _non_retryable(exc) from None
+        return RegistryStatusResult(status=manifest.status, demoted=demoted)
 
-@activity.defn(name=ra.RECORD_REGISTRY_BENCHMARK)
-def record_registry_benchmark(req: ra.RecordRegistryBenchmarkInput) -> None:
-    try:
-        _registry().record_benchmark(req.model, req.version, req.benchmark)
-    except RegistryError as exc:
-        raise _non_retryable(exc) from None
+    @activity.defn(name="record_registry_benchmark")
+    def record_registry_benchmark(self, req: RecordRegistryBenchmarkInput) -> None:
+        try:
+            self.registry.record_benchmark(req.model, req.version, req.benchmark)
+        except RegistryError as exc:
+            raise _non_retryable(exc) from None
 
+    @activity.defn(name="list_registry_versions")
+    def list_registry_versions(self, req: ListVersionsInput) -> VersionList:
+        return VersionList(versions=self.registry.list_versions(req.models))
 
-@activity.defn(name=LIST_REGISTRY_VERSIONS)
-def list_registry_versions(req: ListVersionsInput) -> VersionList:
-    return VersionList(versions=_registry().list_versions(req.models))
+    @activity.defn(name="delete_registry_weights")
+    def delete_registry_weights(self, req: DeleteWeightsInput) -> DeleteWeightsResult:
+        try:
+            return self.registry.delete_weights(req.model, req.version, req.reason, req.at)
+        except RegistryError as exc:
+            raise _non_retryable(exc) from None
 
-
-@activity.defn(name=DELETE_REGISTRY_WEIGHTS)
-def delete_registry_weights(req: DeleteWeightsInput) -> DeleteWeightsResult:
-    try:
-        return _registry().delete_weights(req.model, req.version, req.reason, req.at)
-    except RegistryError as exc:
-        raise _non_retryable(exc) from None
-
-
-@activity.defn(name=LIST_REFERENCED_VERSIONS)
-def list_referenced_versions(req: ListReferencesInput) -> ReferencedVersions:
-    """(model, version) of every Deployment labelled with a model, in any namespace: the
-    weights retention must never delete, whatever their registry status."""
-    apps = client.AppsV1Api(api_client())
-    items = []
-    for namespace in req.namespaces or [None]:
-        if namespace is None:
-            items += apps.list_deployment_for_all_namespaces(label_selector=LABEL_MODEL).items
-        else:
-            items += apps.list_namespaced_deployment(namespace, label_selector=LABEL_MODEL).items
-    where: dict[str, list[str]] = {}
-    for dep in items:
-        labels = {**((dep.spec.template.metadata.labels or {}) if dep.spec.template.metadata else {}), **(dep.metadata.labels or {})}
-        model, version = labels.get(LABEL_MODEL), labels.get(LABEL_VERSION)
-        if model and version:
-            where.setdefault(f"{model}@{version}", []).append(f"{dep.metadata.namespace}/{dep.metadata.name}")
-    refs = [ModelVersionRef(model=k.split("@", 1)[0], version=k.split("@", 1)[1]) for k in sorted(where)]
-    return ReferencedVersions(refs=refs, where=where)
-
-
-ACTIVITIES = [
-    resolve_registry_weights,
-    set_registry_status,
-    record_registry_benchmark,
-    list_registry_versions,
-    delete_registry_weights,
-    list_referenced_versions,
-]
+    @activity.defn(name="list_referenced_versions")
+    def list_referenced_versions(self, req: ListReferencesInput) -> ReferencedVersions:
+        """(model, version) of every Deployment labelled with a model, in any namespace: the
+        weights retention must never delete, whatever their registry status."""
+        items = []
+        for namespace in req.namespaces or [None]:
+            try:
+                if namespace is None:
+                    listed = self.kube.apps.list_deployment_for_all_namespaces(
+                        label_selector=LABEL_MODEL, _request_timeout=API_TIMEOUT
+                    )
+                else:
+                    listed = self.kube.apps.list_namespaced_deployment(
+                        namespace, label_selector=LABEL_MODEL, _request_timeout=API_TIMEOUT
+                    )
+            except ApiException as exc:
+                fail(exc, f"list Deployments labelled {LABEL_MODEL} in {namespace or 'all namespaces'}")
+            items += listed.items
+        where: dict[str, list[str]] = {}
+        for dep in items:
+            template = (dep.spec.template.metadata.labels or {}) if dep.spec.template.metadata else {}
+            labels = {**template, **(dep.metadata.labels or {})}
+            model, version = labels.get(LABEL_MODEL), labels.get(LABEL_VERSION)
+            if model and version:
+                where.setdefault(f"{model}@{version}", []).append(f"{dep.metadata.namespace}/{dep.metadata.name}")
+        refs = [ModelVersionRef(model=k.split("@", 1)[0], version=k.split("@", 1)[1]) for k in sorted(where)]
+        return ReferencedVersions(refs=refs, where=where)

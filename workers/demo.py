@@ -20,7 +20,6 @@ from kubernetes import client
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
-from activities.registry import Registry
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.kubeclient import api_client, raw
@@ -169,7 +168,7 @@ def story(sandbox: Sandbox) -> None:
 
     namespace, _ = split_deployment(DEMO_DEPLOYMENT)
     _fresh_namespace(core, namespace)
-    registry = Registry.from_settings()
+    registry = registry_cli.open_registry(settings())
     print(f"\nRegistering {DEMO_MODEL} {', '.join(v for v, _, _ in RELEASES)} in the model registry (S3) and declaring how each behaves")
     for version, profile, _ in RELEASES:
         registry.register(DEMO_MODEL, version, str(_weights(sandbox, version)), image=DEMO_IMAGE)

@@ -101,3 +101,10 @@ def spot_reclaim_workflow_id(instance_id: str) -> str:
 def return_to_spot_workflow_id(namespace: str, name: str) -> str:
     """One ReturnToSpot per spot Deployment: it serves every reclaim that claimed replacements for it."""
     return f"return-to-spot/{namespace}/{name}"
+
+
+# The registry's daily retention (RegistryRetention) and the daily cost report (CostReport).
+RETENTION_WORKFLOW_ID = "registry-retention"  # its scheduled runs; `tideplane registry retention` adds a timestamp
+RETENTION_SCHEDULE_ID = "registry-retention-daily"
+COST_REPORT_WORKFLOW_ID = "cost-report/daily"
+COST_REPORT_SCHEDULE_ID = "cost-report-daily"

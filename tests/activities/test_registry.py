@@ -10,24 +10,23 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 
-import boto3
 import pytest
 from boto3.s3.transfer import TransferConfig
 from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import registry as reg
-from activities.registry import ChecksumMismatch, NotFound, Registry, RegistryError
+from activities.clients.kube import KubeClient
+from activities.clients.s3 import S3Client
+from activities.registry import ChecksumMismatch, NotFound, Registry, RegistryActivities, RegistryError
 from workers import registry_cli
-from workers.config import settings
-from workflows.rollout import activities as ra
+from workers.config import Settings
+from workflows.registry import activities as ra
+from workflows.registry.activities import DeleteWeightsInput, ListVersionsInput
 from workflows.registry.schema import (
     BenchmarkResult,
     Canary,
-    DeleteWeightsInput,
     Gguf,
-    ListVersionsInput,
     Manifest,
     Stable,
     Testing as StatusTesting,
@@ -43,14 +42,14 @@ T0 = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
 SMALL_PARTS = TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB, max_concurrency=4)
 
 
-def s3_client():
-    return boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+def s3_client() -> S3Client:
+    return S3Client(os.environ["AWS_ENDPOINT_URL"], "us-east-1")
 
 
 @pytest.fixture
 def bucket(moto_url):
     name = f"models-{uuid.uuid4().hex[:12]}"
-    s3_client().create_bucket(Bucket=name)
+    s3_client().boto.create_bucket(Bucket=name)
     return name
 
 
@@ -60,12 +59,9 @@ def registry(bucket):
 
 
 @pytest.fixture
-def use_bucket(bucket, monkeypatch):
-    """Activities and the CLI read the bucket from settings(), like the worker."""
-    monkeypatch.setenv("TIDEPLANE_WEIGHTS_BUCKET", bucket)
-    settings.cache_clear()
-    yield bucket
-    settings.cache_clear()
+def activities(bucket, kube_api):
+    """The activities as the worker builds them: an S3 client, a cluster (the emulator), the bucket."""
+    return RegistryActivities(s3_client(), KubeClient(kube_api), bucket)
 
 
 def weights_dir(tmp_path, big: bool = False, seed: bytes = b"w"):
@@ -98,7 +94,7 @@ def test_register_list_show_deprecate(registry, tmp_path):
     lines = "".join(f"{p} {files[p].sha256}\n" for p in sorted(files))
     assert shown.weights.digest == hashlib.sha256(lines.encode()).hexdigest() == set_digest(shown.weights.files)
     assert shown.weights.size_bytes == sum(f.size_bytes for f in files.values())
-    body = registry.s3.get_object(Bucket=registry.bucket, Key="weights/llama-3-8b/1.2.0/model.safetensors")["Body"]
+    body = registry.s3.boto.get_object(Bucket=registry.bucket, Key="weights/llama-3-8b/1.2.0/model.safetensors")["Body"]
     assert hashlib.sha256(body.read()).hexdigest() == files["model.safetensors"].sha256
     assert registry.resolve("llama-3-8b", "1.2.0", verify=True) == manifest, "ranged, parallel re-hash agrees"
 
@@ -127,12 +123,11 @@ def test_register_list_show_deprecate(registry, tmp_path):
 
 
 def test_register_points_at_existing_s3_weights(registry):
-    s3 = registry.s3
-    blobs = {"shard-1.safetensors": os.urandom(3 * MiB + 17), "config.json": b"{}"}
+    s3 = registry.s3.boto
+    blobs = {"shard-1.safetensors": os.urandom(17 * MiB + 17), "config.json": b"{}"}
     for name, data in blobs.items():
         s3.put_object(Bucket=registry.bucket, Key=f"hub/mistral/{name}", Body=data)
-    # 1 MiB ranges: the big shard is hashed from four parallel ranged GETs, in order.
-    registry.transfer = TransferConfig(multipart_chunksize=MiB, max_concurrency=3)
+    # The S3 client's 8 MiB ranges: the big shard is hashed from three parallel ranged GETs, in order.
     manifest = registry.register("mistral-7b", "0.3.0", f"s3://{registry.bucket}/hub/mistral/", at=T0)
     assert manifest.weights.location == f"s3://{registry.bucket}/hub/mistral/"
     assert {f.path: f.sha256 for f in manifest.weights.files} == {
@@ -192,7 +187,7 @@ def test_two_concurrent_writers_lose_nothing(registry, tmp_path):
 
     def benchmarks():
         writer = Registry(s3_client(), registry.bucket)
-        writer.s3.meta.events.register("after-call.s3.PutObject", count_conflicts)
+        writer.s3.boto.meta.events.register("after-call.s3.PutObject", count_conflicts)
         start.wait()
         for i in range(n):
             writer.record_benchmark("llama", "2.0.0", BenchmarkResult(
@@ -202,7 +197,7 @@ def test_two_concurrent_writers_lose_nothing(registry, tmp_path):
 
     def statuses():
         writer = Registry(s3_client(), registry.bucket)
-        writer.s3.meta.events.register("after-call.s3.PutObject", count_conflicts)
+        writer.s3.boto.meta.events.register("after-call.s3.PutObject", count_conflicts)
         start.wait()
         for i in range(1, n + 1):
             at = T0 + timedelta(minutes=i)
@@ -264,17 +259,17 @@ def test_semver_and_refs():
         parse_quantization("int3")
 
 
-def test_tampered_weights_are_caught(registry, tmp_path, use_bucket):
+def test_tampered_weights_are_caught(registry, tmp_path, activities):
     root = weights_dir(tmp_path)
     registry.register("llama", "1.0.0", str(root), at=T0)
     assert registry.resolve("llama", "1.0.0", verify=True).version == "1.0.0"
     key = "weights/llama/1.0.0/model.safetensors"
     original = (root / "model.safetensors").read_bytes()
-    registry.s3.put_object(Bucket=registry.bucket, Key=key, Body=bytes(reversed(original)))  # same size
+    registry.s3.boto.put_object(Bucket=registry.bucket, Key=key, Body=bytes(reversed(original)))  # same size
 
     env = ActivityEnvironment()
     with pytest.raises(ApplicationError, match="model.safetensors changed since registration") as exc:
-        env.run(reg.resolve_registry_weights, ra.RegistryWeightsInput(model="llama", version="1.0.0"))
+        env.run(activities.resolve_registry_weights, ra.RegistryWeightsInput(model="llama", version="1.0.0"))
     assert exc.value.non_retryable
 
     # A manifest without ETags (e.g. written by hand) is still caught by the full sha256 check.
@@ -283,60 +278,61 @@ def test_tampered_weights_are_caught(registry, tmp_path, use_bucket):
     with pytest.raises(ChecksumMismatch, match=f"expected {sha(root / 'model.safetensors')}, actual"):
         registry.resolve("llama", "1.0.0", verify=True)
 
-    registry.s3.delete_object(Bucket=registry.bucket, Key=key)
+    registry.s3.boto.delete_object(Bucket=registry.bucket, Key=key)
     with pytest.raises(ApplicationError, match="missing weights file"):
-        env.run(reg.resolve_registry_weights, ra.RegistryWeightsInput(model="llama", version="1.0.0"))
+        env.run(activities.resolve_registry_weights, ra.RegistryWeightsInput(model="llama", version="1.0.0"))
 
 
-def test_activities_for_rollout_and_retention(registry, tmp_path, use_bucket):
+def test_activities_for_rollout_and_retention(registry, tmp_path, activities):
     registry.register("llama", "1.0.0", str(weights_dir(tmp_path)), at=T0)
     env = ActivityEnvironment()
-    resolved = env.run(reg.resolve_registry_weights, ra.RegistryWeightsInput(model="llama", version="1.0.0"))
+    resolved = env.run(activities.resolve_registry_weights, ra.RegistryWeightsInput(model="llama", version="1.0.0"))
     assert {f.uri for f in resolved.files} == {
-        f"s3://{use_bucket}/weights/llama/1.0.0/{p}" for p in ("config.json", "model.safetensors", "tokenizer/tokenizer.json")
+        f"s3://{registry.bucket}/weights/llama/1.0.0/{p}" for p in ("config.json", "model.safetensors", "tokenizer/tokenizer.json")
     }
     t1 = T0 + timedelta(hours=1)
     status = ra.SetRegistryStatusInput(model="llama", version="1.0.0", status=Canary(percent=1, since=t1), at=t1)
-    assert env.run(reg.set_registry_status, status).status == Canary(percent=1, since=t1)
+    assert env.run(activities.set_registry_status, status).status == Canary(percent=1, since=t1)
     bench = BenchmarkResult(tokens_per_second=50, p50_latency_seconds=1, p99_latency_seconds=2, dataset="warm-up", measured_at=t1)
-    env.run(reg.record_registry_benchmark, ra.RecordRegistryBenchmarkInput(model="llama", version="1.0.0", benchmark=bench))
+    env.run(activities.record_registry_benchmark, ra.RecordRegistryBenchmarkInput(model="llama", version="1.0.0", benchmark=bench))
     assert registry.show("llama", "1.0.0").benchmarks == [bench]
     with pytest.raises(ApplicationError, match="llama@3.0.0 is not in the registry") as exc:
-        env.run(reg.set_registry_status, status.model_copy(update={"version": "3.0.0"}))
+        env.run(activities.set_registry_status, status.model_copy(update={"version": "3.0.0"}))
     assert exc.value.non_retryable
 
     delete = DeleteWeightsInput(model="llama", version="1.0.0", reason="old", at=t1)
-    refused = env.run(reg.delete_registry_weights, delete)
+    refused = env.run(activities.delete_registry_weights, delete)
     assert not refused.deleted and "canary now, not deprecated" in refused.reason
     registry.deprecate("llama", "1.0.0", at=t1)
-    done = env.run(reg.delete_registry_weights, delete)
+    done = env.run(activities.delete_registry_weights, delete)
     assert done.deleted and done.files == 3
-    assert env.run(reg.delete_registry_weights, delete).deleted, "idempotent"
-    left = registry.s3.list_objects_v2(Bucket=use_bucket, Prefix="weights/").get("KeyCount")
+    assert env.run(activities.delete_registry_weights, delete).deleted, "idempotent"
+    left = registry.s3.boto.list_objects_v2(Bucket=registry.bucket, Prefix="weights/").get("KeyCount")
     assert left == 0
-    listed = env.run(reg.list_registry_versions, ListVersionsInput())
+    listed = env.run(activities.list_registry_versions, ListVersionsInput())
     assert listed.versions[0].weights_deleted_at == t1
     with pytest.raises(ApplicationError, match="weights were deleted by retention"):
-        env.run(reg.resolve_registry_weights, ra.RegistryWeightsInput(model="llama", version="1.0.0"))
+        env.run(activities.resolve_registry_weights, ra.RegistryWeightsInput(model="llama", version="1.0.0"))
     with pytest.raises(ApplicationError, match="cannot become canary: its weights were deleted"):
-        env.run(reg.set_registry_status, status)
+        env.run(activities.set_registry_status, status)
 
 
-def test_cli(tmp_path, use_bucket, capsys):
+def test_cli(tmp_path, bucket, capsys):
+    settings = Settings(weights_bucket=bucket)  # what the CLI reads from TIDEPLANE_WEIGHTS_BUCKET
     root = weights_dir(tmp_path)
-    assert registry_cli.main(["registry", "register", "phi-3@1.0.0", str(root), "--quantization", "awq:4", "--image", "vllm:0.6"]) == 0
+    assert registry_cli.main(["registry", "register", "phi-3@1.0.0", str(root), "--quantization", "awq:4", "--image", "vllm:0.6"], settings) == 0
     assert "registered phi-3@1.0.0: 3 files" in capsys.readouterr().out
-    assert registry_cli.main(["registry", "list"]) == 0
+    assert registry_cli.main(["registry", "list"], settings) == 0
     assert "phi-3" in (out := capsys.readouterr().out) and "awq:4" in out and "testing" in out
-    assert registry_cli.main(["registry", "show", "phi-3@1.0.0", "--verify"]) == 0
+    assert registry_cli.main(["registry", "show", "phi-3@1.0.0", "--verify"], settings) == 0
     captured = capsys.readouterr()
     assert Manifest.model_validate_json(captured.out).image == "vllm:0.6" and "verified" in captured.err
-    assert registry_cli.main(["registry", "deprecate", "phi-3@1.0.0"]) == 0
+    assert registry_cli.main(["registry", "deprecate", "phi-3@1.0.0"], settings) == 0
     assert "phi-3@1.0.0: deprecated since" in capsys.readouterr().out
-    assert registry_cli.main(["registry", "show", "phi-3@2.0.0"]) == 1
+    assert registry_cli.main(["registry", "show", "phi-3@2.0.0"], settings) == 1
     assert "phi-3@2.0.0 is not in the registry" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="semantic version"):
-        registry_cli.main(["registry", "deprecate", "phi-3@2"])
+        registry_cli.main(["registry", "deprecate", "phi-3@2"], settings)
 
 
 def test_listing_many_models_reads_only_the_indexes(registry, tmp_path):
@@ -353,7 +349,7 @@ def test_listing_many_models_reads_only_the_indexes(registry, tmp_path):
 
     calls: dict[str, int] = {}
     counter = lambda event_name, **_: calls.__setitem__(event_name.split(".")[-1], calls.get(event_name.split(".")[-1], 0) + 1)  # noqa: E731
-    registry.s3.meta.events.register("before-call.s3", counter)
+    registry.s3.boto.meta.events.register("before-call.s3", counter)
     started = time.perf_counter()
     listed = registry.list_versions()
     elapsed = time.perf_counter() - started

@@ -22,7 +22,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from activities.cost import collect_cost_inputs
+from activities.clients.prometheus import PrometheusClient
+from activities.cost import CostActivities
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
 from tests.sandbox_fixtures import create_logical_deployment, wait_until
@@ -100,8 +101,9 @@ async def test_cost_report_matches_hand_calculation(sandbox_env):
 
     temporal = await Client.connect(sandbox_env.env["TEMPORAL_ADDRESS"], data_converter=pydantic_data_converter)
     queue = f"cost-e2e-{uuid.uuid4().hex[:6]}"
+    cost = CostActivities(PrometheusClient(urls["prometheus"]))
     with ThreadPoolExecutor(2) as executor:
-        async with Worker(temporal, task_queue=queue, workflows=[CostReport], activities=[collect_cost_inputs],
+        async with Worker(temporal, task_queue=queue, workflows=[CostReport], activities=[cost.collect_cost_inputs],
                           activity_executor=executor):
             result: CostReportResult = await temporal.execute_workflow(
                 CostReport.run,

@@ -1,5 +1,5 @@
-"""Cost: the pure arithmetic against a hand calculation, then the CostReport workflow reading a
-real Prometheus that scrapes an exporter whose GPUs, pods, nodes and token rates we control.
+"""Cost: the CostReport workflow reading a real Prometheus that scrapes an exporter whose GPUs,
+pods, nodes and token rates we control (the pure arithmetic: tests/unit/test_cost.py).
 
 The exporter computes every counter from the clock at scrape time (a straight line), so
 Prometheus' increase()/rate() extrapolation is exact up to the scrape's few milliseconds, and
@@ -23,96 +23,16 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities import metrics
-from activities.cost import collect_cost_inputs
+from activities.clients.prometheus import PrometheusClient
+from activities.cost import CostActivities
 from infra.prometheus import running_prometheus, serve_registry
 from tests.conftest import BIN
-from workers.config import settings
-from workflows.cost.pricing import (
-    CANARY_TOKENS_PER_GPU,
-    STABLE_TOKENS_PER_GPU,
-    THROUGHPUT_QUERIES,
-    GpuSeconds,
-    NodeInfo,
-    PodInfo,
-    Prices,
-    TokenCount,
-    compare_throughput,
-    compute_cost,
-    render_markdown,
-)
-from workflows.cost.report import (
-    SCHEDULE_ID,
-    CollectCostInput,
-    CostQueries,
-    CostReport,
-    CostReportInput,
-    CostReportResult,
-    cost_report_schedule,
-)
-from workflows.rollout.activities import GateQueriesInput
+from workflows.cost.activities import CollectCostInput, CostQueries
+from workflows.cost.pricing import Prices
+from workflows.cost.report import CostReport, CostReportInput, CostReportResult, cost_report_schedule
+from workflows.naming import COST_REPORT_SCHEDULE_ID
 
 NS = "llm-serving"
-
-
-# --- pure ---------------------------------------------------------------------------------------
-def test_compute_cost_matches_hand_calculation():
-    gpu = [
-        GpuSeconds(namespace=NS, pod="chat-v1-a", node="od-1", gpu_seconds=2 * 3600),  # 2 GPUs x 1 h
-        GpuSeconds(namespace=NS, pod="chat-v1-b", node="od-1", gpu_seconds=2 * 3600),
-        GpuSeconds(namespace=NS, pod="chat-v2-a", node="spot-1", gpu_seconds=1800),  # 1 GPU x 30 min
-        GpuSeconds(namespace=NS, pod="loading", node="gone", gpu_seconds=600),  # never served, node unknown
-        GpuSeconds(namespace=NS, pod="batch-a", node="special-1", gpu_seconds=3600),
-    ]
-    pods = [
-        PodInfo(namespace=NS, pod="chat-v1-a", deployment="chat", version="1.0.0", model="llama"),
-        PodInfo(namespace=NS, pod="chat-v1-b", deployment="chat", version="1.0.0", model="llama"),
-        PodInfo(namespace=NS, pod="chat-v2-a", deployment="chat", version="2.0.0", model="llama"),
-        PodInfo(namespace=NS, pod="batch-a", deployment="batch", version="1.0.0", model="mistral"),
-    ]
-    nodes = [
-        NodeInfo(node="od-1", pool="gpu-on-demand", capacity_type="on-demand"),
-        NodeInfo(node="spot-1", pool="gpu-spot", capacity_type="spot"),
-        NodeInfo(node="special-1", pool="reserved", capacity_type="on-demand"),
-    ]
-    tokens = [
-        TokenCount(namespace=NS, deployment="chat", version="1.0.0", model="llama", generation_tokens=1e6, prompt_tokens=3e6),
-        TokenCount(namespace=NS, deployment="chat", version="2.0.0", model="llama", generation_tokens=2e5, prompt_tokens=3e5),
-    ]
-    prices = Prices(by_pool={"reserved": 7}, by_capacity_type={"on-demand": 10, "spot": 4}, default=12)
-    table = compute_cost(gpu, pods, nodes, tokens, prices)
-
-    # Hand calculation: v1 4 GPU-h x $10 = $40; v2 0.5 GPU-h x $4 = $2; unattributed 1/6 GPU-h x
-    # $12 (unknown node: default price) = $2; batch 1 GPU-h at the reserved pool's $7.
-    pools = {(r.deployment, r.pool): (round(r.gpu_hours, 6), r.price_per_gpu_hour, round(r.cost, 6)) for r in table.pools}
-    assert pools == {
-        ("chat", "gpu-on-demand"): (4.0, 10, 40.0),
-        ("chat", "gpu-spot"): (0.5, 4, 2.0),
-        ("(unattributed)", "unknown"): (round(1 / 6, 6), 12, 2.0),
-        ("batch", "reserved"): (1.0, 7, 7.0),
-    }
-    versions = {(v.deployment, v.version): v for v in table.versions}
-    v1, v2 = versions[("chat", "1.0.0")], versions[("chat", "2.0.0")]
-    assert (v1.cost, v1.cost_per_million_tokens, v1.cost_per_million_generated_tokens) == (40.0, 10.0, 40.0)
-    assert v1.generated_tokens_per_gpu_second == pytest.approx(1e6 / (4 * 3600))
-    assert (v2.cost, v2.cost_per_million_tokens, v2.cost_per_million_generated_tokens) == (2.0, 4.0, 10.0)
-    assert versions[("batch", "1.0.0")].cost_per_million_tokens is None  # GPU time but no tokens
-    assert table.total_cost == pytest.approx(51.0)
-    assert table.total_gpu_hours == pytest.approx(5 + 4 / 6)
-    md = render_markdown(table, "Cost today")
-    assert "**Total: $51.00 for 5.67 GPU-hours**" in md
-    assert "| llm-serving/chat 2.0.0 | llama | 0.500 | $2.00 | 500,000 | $4.0000 | $10.0000 |" in md
-
-
-def test_price_lookup_prefers_pool_then_capacity_type_then_default():
-    prices = Prices(by_pool={"p": 1}, by_capacity_type={"spot": 2}, default=3)
-    assert [prices.gpu_hour("p", "spot"), prices.gpu_hour("q", "spot"), prices.gpu_hour("q", "unknown")] == [1, 2, 3]
-
-
-def test_compare_throughput():
-    cmp = compare_throughput({CANARY_TOKENS_PER_GPU: 120.0, STABLE_TOKENS_PER_GPU: 100.0})
-    assert cmp.change_percent == pytest.approx(20.0)
-    assert compare_throughput({CANARY_TOKENS_PER_GPU: 120.0, STABLE_TOKENS_PER_GPU: None}).change_percent is None
 
 
 # --- against Prometheus -------------------------------------------------------------------------
@@ -172,22 +92,24 @@ def prometheus(tmp_path_factory):
         yield url, started
 
 
+@pytest.fixture(scope="module")
+def cost(prometheus) -> CostActivities:
+    return CostActivities(PrometheusClient(prometheus[0]))
+
+
 @pytest.fixture
-def window_end(prometheus, monkeypatch):
+def window_end(prometheus):
     """A whole second, WINDOW + 3 s after Prometheus started, so the whole window has samples."""
-    url, started = prometheus
-    monkeypatch.setenv("TIDEPLANE_PROMETHEUS_URL", url)
-    settings.cache_clear()
+    _, started = prometheus
     time.sleep(max(0.0, started + WINDOW + 4 - time.time()))
-    yield datetime.fromtimestamp(math.floor(time.time()) - 1, tz=timezone.utc)
-    settings.cache_clear()
+    return datetime.fromtimestamp(math.floor(time.time()) - 1, tz=timezone.utc)
 
 
-async def test_cost_report_workflow_against_prometheus(time_skipping_env, window_end):
+async def test_cost_report_workflow_against_prometheus(time_skipping_env, cost, window_end):
     env = time_skipping_env
     queue = f"cost-{uuid.uuid4()}"
     with ThreadPoolExecutor(4) as executor:
-        async with Worker(env.client, task_queue=queue, workflows=[CostReport], activities=[collect_cost_inputs],
+        async with Worker(env.client, task_queue=queue, workflows=[CostReport], activities=[cost.collect_cost_inputs],
                           activity_executor=executor):
             result = await env.client.execute_workflow(
                 CostReport.run,
@@ -218,32 +140,20 @@ async def test_cost_report_workflow_against_prometheus(time_skipping_env, window
     assert result.markdown.startswith("## Cost ") and "**Total: $0.24 for 0.01 GPU-hours**" in result.markdown
 
 
-def test_throughput_queries_compare_canary_with_stable(window_end):
-    """The rollout's canary-vs-stable tokens/s per GPU, through the gate activity."""
-    values = ActivityEnvironment().run(metrics.query_gates, GateQueriesInput(
-        queries=THROUGHPUT_QUERIES,
-        variables={"namespace": NS, "deployment": "chat", "version": "2.0.0", "stable_version": "1.0.0", "window": f"{WINDOW}s"},
-    )).values
-    cmp = compare_throughput(values)
-    assert cmp.canary_tokens_per_gpu_second == pytest.approx(80, rel=0.02)  # 80 tok/s on 1 GPU
-    assert cmp.stable_tokens_per_gpu_second == pytest.approx(50, rel=0.02)  # 150 tok/s on 3 GPUs
-    assert cmp.change_percent == pytest.approx(60, abs=3)
-
-
-def test_bad_query_template_is_non_retryable(window_end):
+def test_bad_query_template_is_non_retryable(cost, window_end):
     req = CollectCostInput(end=window_end, window_seconds=WINDOW, step_seconds=1,
                            queries=CostQueries(pods="group by (pod) (vllm:num_requests_running[${windw}])"))
     with pytest.raises(ApplicationError) as err:
-        ActivityEnvironment().run(collect_cost_inputs, req)
+        ActivityEnvironment().run(cost.collect_cost_inputs, req)
     assert err.value.non_retryable and "windw" in str(err.value)
     req = CollectCostInput(end=window_end, window_seconds=WINDOW, step_seconds=1,
                            queries=CostQueries(pods="group by (pod) (vllm:num_requests_running)"))
     with pytest.raises(ApplicationError) as err:
-        ActivityEnvironment().run(collect_cost_inputs, req)
+        ActivityEnvironment().run(cost.collect_cost_inputs, req)
     assert err.value.non_retryable and "deployment" in str(err.value)  # the labels the query must return
 
 
-async def test_daily_schedule_runs_the_report(window_end):
+async def test_daily_schedule_runs_the_report(cost, window_end):
     """The Schedule as `tideplane schedules` applies it: daily at 00:00 UTC; triggered now, it reports."""
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(BIN / "temporal"), data_converter=pydantic_data_converter, ui=False
@@ -251,10 +161,10 @@ async def test_daily_schedule_runs_the_report(window_end):
     try:
         queue = f"cost-{uuid.uuid4()}"
         with ThreadPoolExecutor(4) as executor:
-            async with Worker(env.client, task_queue=queue, workflows=[CostReport], activities=[collect_cost_inputs],
+            async with Worker(env.client, task_queue=queue, workflows=[CostReport], activities=[cost.collect_cost_inputs],
                               activity_executor=executor):
                 handle = await env.client.create_schedule(
-                    SCHEDULE_ID, cost_report_schedule(CostReportInput(window_hours=1, step_seconds=1, prices=PRICES), queue)
+                    COST_REPORT_SCHEDULE_ID, cost_report_schedule(CostReportInput(window_hours=1, step_seconds=1, prices=PRICES), queue)
                 )
                 desc = await handle.describe()
                 calendar = desc.schedule.spec.calendars[0]

@@ -165,35 +165,3 @@ def _money(value: float | None) -> str:
 
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
-
-
-# --- canary vs stable efficiency, for the rollout's result ------------------------------------
-_TOKENS_PER_GPU_SECOND = (
-    'sum(rate(vllm:generation_tokens_total{namespace="${namespace}",deployment="${deployment}",version="${VERSION}"}[${window}]))'
-    " / "
-    'count(DCGM_FI_DEV_GPU_UTIL{namespace="${namespace}",pod!=""} * on (namespace, pod) group_left () '
-    'group by (namespace, pod) (vllm:num_requests_running{namespace="${namespace}",deployment="${deployment}",version="${VERSION}"}))'
-)
-CANARY_TOKENS_PER_GPU = "canary_tokens_per_gpu_second"
-STABLE_TOKENS_PER_GPU = "stable_tokens_per_gpu_second"
-# Add these to the rollout's gate queries (variables namespace, deployment, version,
-# stable_version, window); feed the values to compare_throughput.
-THROUGHPUT_QUERIES = {
-    CANARY_TOKENS_PER_GPU: _TOKENS_PER_GPU_SECOND.replace("${VERSION}", "${version}"),
-    STABLE_TOKENS_PER_GPU: _TOKENS_PER_GPU_SECOND.replace("${VERSION}", "${stable_version}"),
-}
-
-
-class ThroughputComparison(BaseModel):
-    """Generated tokens per second per GPU, canary against stable: cheaper or dearer per token."""
-
-    canary_tokens_per_gpu_second: float | None
-    stable_tokens_per_gpu_second: float | None
-    change_percent: float | None = Field(description="+20 means the canary serves 20 % more tokens per GPU")
-
-
-def compare_throughput(values: dict[str, float | None]) -> ThroughputComparison:
-    canary, stable = values.get(CANARY_TOKENS_PER_GPU), values.get(STABLE_TOKENS_PER_GPU)
-    change = (canary / stable - 1) * 100 if canary is not None and stable else None
-    return ThroughputComparison(canary_tokens_per_gpu_second=canary, stable_tokens_per_gpu_second=stable,
-                                change_percent=change)

@@ -19,51 +19,9 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.cost.pricing import CostTable, GpuSeconds, NodeInfo, PodInfo, Prices, TokenCount, compute_cost, render_markdown
-
-COLLECT_COST_INPUTS = "collect_cost_inputs"  # activities/cost.py
-SCHEDULE_ID = "cost-report-daily"
-
-
-class CostQueries(BaseModel):
-    """PromQL templates (``${window}``; a literal $ is $$) and the labels each must return.
-
-    gpu_occupancy (GPUs a pod holds at an instant; run as a range query at ``step_seconds`` and
-    summed into GPU-seconds) -> namespace, pod, node; pods -> namespace, pod, deployment, version, model_name;
-    nodes -> node, pool, capacity_type (kube-state-metrics' kube_node_labels, with
-    ``--metric-labels-allowlist=nodes=[karpenter.sh/nodepool,karpenter.sh/capacity-type]``);
-    tokens -> namespace, deployment, version, model_name.
-    """
-
-    gpu_occupancy: str = (
-        'label_replace(count by (namespace, pod, Hostname) (DCGM_FI_DEV_GPU_UTIL{pod!=""}), "node", "$$1", "Hostname", "(.*)")'
-    )
-    pods: str = (
-        "group by (namespace, pod, deployment, version, model_name) (last_over_time(vllm:num_requests_running[${window}]))"
-    )
-    nodes: str = (
-        'label_replace(label_replace(group by (node, label_karpenter_sh_nodepool, label_karpenter_sh_capacity_type) '
-        '(last_over_time(kube_node_labels[${window}])), "pool", "$$1", "label_karpenter_sh_nodepool", "(.*)"), '
-        '"capacity_type", "$$1", "label_karpenter_sh_capacity_type", "(.*)")'
-    )
-    generation_tokens: str = (
-        "sum by (namespace, deployment, version, model_name) (increase(vllm:generation_tokens_total[${window}]))"
-    )
-    prompt_tokens: str = "sum by (namespace, deployment, version, model_name) (increase(vllm:prompt_tokens_total[${window}]))"
-
-
-class CollectCostInput(BaseModel):
-    end: datetime
-    window_seconds: int = Field(gt=0)
-    step_seconds: int = Field(gt=0, description="resolution of GPU occupancy; the window must be a multiple")
-    queries: CostQueries = Field(default_factory=CostQueries)
-
-
-class CostInputs(BaseModel):
-    gpu: list[GpuSeconds]
-    pods: list[PodInfo]
-    nodes: list[NodeInfo]
-    tokens: list[TokenCount]
+    from workflows.cost.activities import CollectCostInput, CostActivities, CostQueries
+    from workflows.cost.pricing import CostTable, Prices, compute_cost, render_markdown
+    from workflows.naming import COST_REPORT_WORKFLOW_ID
 
 
 class CostReportInput(BaseModel):
@@ -89,10 +47,9 @@ class CostReport:
         window_seconds = round(input.window_hours * 3600 / input.step_seconds) * input.step_seconds or input.step_seconds
         start = end - timedelta(seconds=window_seconds)
         workflow.set_current_details(f"Collecting {start:%Y-%m-%d %H:%M} - {end:%Y-%m-%d %H:%M} UTC from Prometheus")
-        inputs: CostInputs = await workflow.execute_activity(
-            COLLECT_COST_INPUTS,
+        inputs = await workflow.execute_activity_method(
+            CostActivities.collect_cost_inputs,
             CollectCostInput(end=end, window_seconds=window_seconds, step_seconds=input.step_seconds, queries=input.queries),
-            result_type=CostInputs,
             start_to_close_timeout=timedelta(minutes=5),
             retry_policy=RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(minutes=1)),
             summary=f"Prometheus: GPU-seconds and tokens over {window_seconds / 3600:g} h",
@@ -104,7 +61,7 @@ class CostReport:
 
 
 def cost_report_schedule(input: CostReportInput, task_queue: str, hour_utc: int = 0):
-    """The daily schedule, to apply with ``client.create_schedule(SCHEDULE_ID, ...)``.
+    """The daily schedule, to apply with ``client.create_schedule(naming.COST_REPORT_SCHEDULE_ID, ...)``.
 
     Fires at ``hour_utc``:00 UTC; with ``input.end`` unset each run reports the 24 h before it.
     A run missed while the server was down is caught up within 6 hours; runs never overlap.
@@ -120,7 +77,7 @@ def cost_report_schedule(input: CostReportInput, task_queue: str, hour_utc: int 
     )
 
     return Schedule(
-        action=ScheduleActionStartWorkflow(CostReport.run, input, id="cost-report/daily", task_queue=task_queue),
+        action=ScheduleActionStartWorkflow(CostReport.run, input, id=COST_REPORT_WORKFLOW_ID, task_queue=task_queue),
         spec=ScheduleSpec(calendars=[ScheduleCalendarSpec(hour=[ScheduleRange(hour_utc)], minute=[ScheduleRange(0)],
                                                           second=[ScheduleRange(0)])]),
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=timedelta(hours=6)),

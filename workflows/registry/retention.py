@@ -12,10 +12,14 @@ Rules, first match wins, for every version whose weights still exist:
 4. deprecated more than ``deprecated_days`` ago -> delete;
 5. anything else (testing, recently deprecated) -> keep.
 A version planned for deletion whose weights location overlaps a kept version's is kept.
+
+A real run (not a dry run) counts the versions whose weights it deleted and kept, per model, in
+``tideplane_registry_retention_actions_total`` (action ``deleted`` | ``kept``).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -24,21 +28,11 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.registry.schema import (
-        DELETE_REGISTRY_WEIGHTS,
-        LIST_REFERENCED_VERSIONS,
-        LIST_REGISTRY_VERSIONS,
-        DeleteWeightsInput,
-        DeleteWeightsResult,
-        ListReferencesInput,
-        ListVersionsInput,
-        ReferencedVersions,
-        VersionList,
-        VersionSummary,
-    )
+    from workflows import telemetry
+    from workflows.registry.activities import DeleteWeightsInput, ListReferencesInput, ListVersionsInput, RegistryActivities
+    from workflows.registry.schema import VersionSummary
 
 RETENTION_WORKFLOW = "RegistryRetention"
-RETENTION_WORKFLOW_ID = "registry-retention"
 
 
 class RetentionInput(BaseModel):
@@ -146,6 +140,14 @@ def render_plan(decisions: list[RetentionDecision], dry_run: bool) -> str:
     return "\n".join(lines) if decisions else lines[0] + "\n\nnothing in the registry"
 
 
+def _count_actions(deleted: list[RetentionDecision], kept: list[RetentionDecision]) -> None:
+    """tideplane_registry_retention_actions_total per model: versions whose weights went or stayed."""
+    counts = Counter((d.model, "deleted") for d in deleted) + Counter((d.model, "kept") for d in kept)
+    meter = workflow.metric_meter()
+    for (model, action), count in sorted(counts.items()):
+        telemetry.retention_action(meter, model, action, count)
+
+
 @workflow.defn(name=RETENTION_WORKFLOW)
 class RegistryRetention:
     """Deletes old weights by the rules of ``plan_retention`` and reports every decision."""
@@ -154,19 +156,17 @@ class RegistryRetention:
     async def run(self, req: RetentionInput) -> RetentionResult:
         now = workflow.now()
         retry = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(minutes=1))
-        versions = await workflow.execute_activity(
-            LIST_REGISTRY_VERSIONS,
+        versions = await workflow.execute_activity_method(
+            RegistryActivities.list_registry_versions,
             ListVersionsInput(models=req.models),
-            result_type=VersionList,
             start_to_close_timeout=timedelta(minutes=2),
             retry_policy=retry,
             summary="read the registry indexes",
         )
         # Without the cluster's answer nothing is deleted: the workflow fails after the retries.
-        referenced = await workflow.execute_activity(
-            LIST_REFERENCED_VERSIONS,
+        referenced = await workflow.execute_activity_method(
+            RegistryActivities.list_referenced_versions,
             ListReferencesInput(),
-            result_type=ReferencedVersions,
             start_to_close_timeout=timedelta(minutes=2),
             retry_policy=retry,
             summary="versions referenced by Deployments",
@@ -180,10 +180,9 @@ class RegistryRetention:
             if d.action != "delete":
                 continue
             if not req.dry_run:
-                done = await workflow.execute_activity(
-                    DELETE_REGISTRY_WEIGHTS,
+                done = await workflow.execute_activity_method(
+                    RegistryActivities.delete_registry_weights,
                     DeleteWeightsInput(model=d.model, version=d.version, reason=d.reason, at=now),
-                    result_type=DeleteWeightsResult,
                     start_to_close_timeout=timedelta(minutes=10),
                     retry_policy=retry,
                     summary=f"delete weights of {d.model}@{d.version}",
@@ -192,6 +191,8 @@ class RegistryRetention:
                     kept.append(d.model_copy(update={"action": "keep", "reason": done.reason}))
                     continue
             deleted.append(d)
+        if not req.dry_run:
+            _count_actions(deleted, kept)
         return RetentionResult(
             dry_run=req.dry_run,
             at=now,

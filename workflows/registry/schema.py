@@ -20,11 +20,6 @@ from pydantic import AfterValidator, BaseModel, Field, model_validator
 
 SCHEMA_VERSION = 1
 
-# Activity names of the registry (stable API: workflow histories refer to them).
-LIST_REGISTRY_VERSIONS = "list_registry_versions"
-LIST_REFERENCED_VERSIONS = "list_referenced_versions"
-DELETE_REGISTRY_WEIGHTS = "delete_registry_weights"
-
 # semver.org's recommended regular expression (2.0.0), anchored.
 _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -206,7 +201,7 @@ class Weights(BaseModel):
         if len(set(paths)) != len(paths):
             raise ValueError("files: duplicate paths")
         if self.digest != set_digest(self.files):
-            raise ValueError("digest: does not match the files' sha256 (see registry_types docstring)")
+            raise ValueError("digest: does not match the files' sha256 (see the schema module's docstring)")
         if self.size_bytes != sum(f.size_bytes for f in self.files):
             raise ValueError("size_bytes: not the sum of the files' sizes")
         return self
@@ -303,42 +298,3 @@ class ModelsIndex(BaseModel):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     models: list[str] = Field(default_factory=list)
-
-
-# --- activity I/O for retention ----------------------------------------------------------------
-
-
-class ListVersionsInput(BaseModel):
-    models: list[str] | None = Field(None, description="None: every model in the registry")
-
-
-class VersionList(BaseModel):
-    versions: list[VersionSummary]
-
-
-class ListReferencesInput(BaseModel):
-    namespaces: list[str] | None = Field(None, description="None: every namespace")
-
-
-class ModelVersionRef(BaseModel):
-    model: str
-    version: str
-
-
-class ReferencedVersions(BaseModel):
-    refs: list[ModelVersionRef] = Field(default_factory=list)
-    where: dict[str, list[str]] = Field(default_factory=dict, description="model@version -> ['ns/deployment', ...]")
-
-
-class DeleteWeightsInput(BaseModel):
-    model: ModelName
-    version: SemVer
-    reason: str
-    at: datetime | None = Field(None, description="recorded as weights.deleted_at (workflow time); default now")
-
-
-class DeleteWeightsResult(BaseModel):
-    deleted: bool
-    reason: str = Field(description="why not, when deleted is False")
-    files: int = 0
-    bytes: int = 0
