@@ -35,10 +35,19 @@ def _fail(exc: ClientError, what: str) -> NoReturn:
 class AwsClient:
     """SQS, EC2 Auto Scaling and EC2 clients for one region and endpoint."""
 
-    def __init__(self, region: str, endpoint_url: str | None = None, connect_timeout: float = 5, read_timeout: float = 40):
+    def __init__(
+        self,
+        region: str,
+        endpoint_url: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        connect_timeout: float = 5,
+        read_timeout: float = 40,
+    ):
+        """Credentials: boto3's default chain (environment, IRSA, instance profile) unless given."""
         # read_timeout above SQS's 20 s long poll
         config = Config(connect_timeout=connect_timeout, read_timeout=read_timeout, retries={"max_attempts": 3, "mode": "standard"})
-        session = boto3.session.Session()
+        session = boto3.session.Session(aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key)
         self.sqs = session.client("sqs", endpoint_url=endpoint_url, region_name=region, config=config)
         self.autoscaling = session.client("autoscaling", endpoint_url=endpoint_url, region_name=region, config=config)
         self.ec2 = session.client("ec2", endpoint_url=endpoint_url, region_name=region, config=config)

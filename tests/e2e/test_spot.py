@@ -4,8 +4,9 @@ Real parts: the sandbox's Temporal dev server, moto (SQS queue, Auto Scaling gro
 Kubernetes API emulator (scheduler, kubelet, Eviction API), the cloud loop (instances <-> Nodes)
 and the fleet simulator. ``spot_interrupt`` publishes the real-format EventBridge event and
 terminates the instance after the time-scaled notice; the watcher, SpotReclaim and ReturnToSpot
-run with the production activities. A monitor thread samples Ready counts throughout. The
-fallback claims are also checked directly against the emulator (idempotent, invisible to rollouts).
+run with the production activity classes, built here with clients pointed at the sandbox. A
+monitor thread samples Ready counts throughout. The fallback claims are also checked directly
+against the emulator (idempotent, invisible to rollouts).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-import boto3
 import pytest
 from kubernetes import client, config
 from temporalio.client import Client
@@ -25,28 +25,35 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities.kube import describe_deployment
-from activities.spot import (
-    ACTIVITIES,
-    FALLBACK_FOR,
-    claim_spot_fallback,
-    fallback_name,
-    release_spot_fallback,
-    spot_replica_counts,
-)
+from activities.clients.aws import AwsClient
+from activities.clients.kube import KubeClient
+from activities.clients.prometheus import PrometheusClient
+from activities.clients.s3 import S3Client
+from activities.clients.vllm import VllmClient
+from activities.rollout import RolloutActivities, ServingPods
+from activities.spot import FALLBACK_FOR, SpotActivities, SpotWorkflowStarts, fallback_name
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
+from infra.sandbox.launcher import AWS_ENV
 from infra.sandbox.spot import spot_interrupt_running
 from tests.sandbox_fixtures import create_logical_deployment, wait_for
-from workflows.spot import workflows as s
-from workflows.naming import LABEL_APP, NODE_CAPACITY_TYPE, NODE_POOL
-from workflows.rollout.activities import DeploymentRef
-from workflows.spot.events import reclaim_workflow_id
+from workflows.naming import (
+    LABEL_APP,
+    NODE_CAPACITY_TYPE,
+    NODE_POOL,
+    DeploymentRef,
+    return_to_spot_workflow_id,
+    spot_reclaim_workflow_id,
+)
+from workflows.spot.activities import ClaimFallbackInput, CountsInput, FailoverPolicy, FallbackClaims, ReleaseFallbackInput
+from workflows.spot.reclaim import SpotReclaim, SpotReclaimResult
+from workflows.spot.return_to_spot import ReturnToSpot, ReturnToSpotResult
+from workflows.spot.watcher import SpotInterruptionWatcher, WatcherInput
 
 NAMESPACE = "e2e-spot"
 REPLICAS = 3
 ON_DEMAND_POOL = "gpu-on-demand"
 # Sandbox seconds scaled down like the cluster: the 2-minute notice lasts 6 s here.
-POLICY = s.FailoverPolicy(
+POLICY = FailoverPolicy(
     on_demand_pool_asg=ON_DEMAND_POOL,
     poll_seconds=0.5,
     drain_margin_seconds=2,
@@ -54,6 +61,21 @@ POLICY = s.FailoverPolicy(
     stabilisation_seconds=3,
     max_stabilisation_seconds=12,
 )
+
+
+
+@pytest.fixture(scope="module")
+def aws(sandbox) -> AwsClient:
+    return AwsClient(
+        AWS_ENV["AWS_DEFAULT_REGION"], sandbox.urls["moto"],
+        access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"], secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"],
+    )
+
+
+@pytest.fixture(scope="module")
+def spot(sandbox, aws) -> SpotActivities:
+    """The production spot activities over the sandbox's cluster, SQS queue and Auto Scaling groups."""
+    return SpotActivities(KubeClient.connect(sandbox.kubeconfig), aws, queue_url=sandbox.env["TIDEPLANE_SPOT_QUEUE_URL"])
 
 
 class Monitor(threading.Thread):
@@ -84,14 +106,13 @@ class Monitor(threading.Thread):
             time.sleep(0.1)
 
 
-async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox_env):
-    env = sandbox_env.env
-    api = config.new_client_from_config(config_file=str(sandbox_env.kubeconfig))
+async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox, aws, spot):
+    env = sandbox.env
+    api = config.new_client_from_config(config_file=str(sandbox.kubeconfig))
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
-    autoscaling = boto3.client("autoscaling", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1")
 
     def desired(pool: str) -> int:
-        return autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[pool])["AutoScalingGroups"][0]["DesiredCapacity"]
+        return aws.auto_scaling_group(pool)["DesiredCapacity"]
 
     spot_nodes = lambda: [n for n in core.list_node(label_selector=f"{NODE_CAPACITY_TYPE}=spot").items
                           if not n.spec.unschedulable]
@@ -115,25 +136,32 @@ async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox_env
     task_queue = f"spot-e2e-{uuid.uuid4()}"
     monitor = Monitor(core, selector, node, lambda: desired(ON_DEMAND_POOL))
     with ThreadPoolExecutor(max_workers=16) as executor:
-        async with Worker(temporal, task_queue=task_queue, workflows=s.WORKFLOWS, activities=ACTIVITIES, activity_executor=executor):
+        starts = SpotWorkflowStarts()
+        activities = [
+            spot.receive_spot_notices, spot.delete_spot_message, spot.find_spot_node, spot.set_node_unschedulable,
+            spot.serving_pods_on_node, spot.claim_spot_fallback, spot.release_spot_fallback, spot.evict_pods,
+            spot.spot_replica_counts, spot.sync_on_demand_pool, starts.start_spot_reclaim, starts.start_return_to_spot,
+        ]
+        workflows = [SpotInterruptionWatcher, SpotReclaim, ReturnToSpot]
+        async with Worker(temporal, task_queue=task_queue, workflows=workflows, activities=activities, activity_executor=executor):
             watcher = await temporal.start_workflow(
-                s.SpotInterruptionWatcher.run,
-                s.WatcherInput(policy=POLICY, wait_seconds=1, idle_seconds=0),
+                SpotInterruptionWatcher.run,
+                WatcherInput(policy=POLICY, wait_seconds=1, idle_seconds=0),
                 id=f"spot-watcher-e2e-{uuid.uuid4()}",
                 task_queue=task_queue,
             )
             monitor.start()
             started = time.monotonic()
-            interruption = await asyncio.to_thread(spot_interrupt_running, sandbox_env.state_dir, node)
+            interruption = await asyncio.to_thread(spot_interrupt_running, sandbox.state_dir, node)
             assert interruption.terminated
 
-            reclaim = temporal.get_workflow_handle(reclaim_workflow_id(interruption.instance_id), result_type=s.SpotReclaimResult)
+            reclaim = temporal.get_workflow_handle(spot_reclaim_workflow_id(interruption.instance_id), result_type=SpotReclaimResult)
             result = await asyncio.wait_for(reclaim.result(), 45)
-            back = temporal.get_workflow_handle(s.return_to_spot_workflow_id(NAMESPACE, name), result_type=s.ReturnToSpotResult)
+            back = temporal.get_workflow_handle(return_to_spot_workflow_id(NAMESPACE, name), result_type=ReturnToSpotResult)
             returned = await asyncio.wait_for(back.result(), 45)
             elapsed = time.monotonic() - started
             monitor.stop.set()
-            await watcher.signal(s.SpotInterruptionWatcher.stop)
+            await watcher.signal(SpotInterruptionWatcher.stop)
             status = await asyncio.wait_for(watcher.result(), 30)
     monitor.join(5)
 
@@ -165,16 +193,21 @@ async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox_env
     assert core.list_node(label_selector=f"{NODE_POOL}=gpu-spot").items, "the spot pool has a node again"
 
 
-def test_fallback_claims_converge_and_stay_out_of_the_logical_deployment(sandbox_env):
+def test_fallback_claims_converge_and_stay_out_of_the_logical_deployment(sandbox, spot, tmp_path):
     """Claims are set, not added: a retried or repeated claim leaves the same fallback."""
-    api = config.new_client_from_config(config_file=str(sandbox_env.kubeconfig))
+    api = config.new_client_from_config(config_file=str(sandbox.kubeconfig))
     apps = client.AppsV1Api(api)
     ns = "e2e-spot-claims"
     name = create_logical_deployment(api, ns, "embed", "2.0.0", "bge-large", replicas=1)
-    key = s.DeploymentKey(namespace=ns, name=name)
+    key = DeploymentRef(namespace=ns, name=name)
+    rollout = RolloutActivities(
+        KubeClient(api), S3Client(sandbox.urls["moto"], AWS_ENV["AWS_DEFAULT_REGION"]), PrometheusClient(sandbox.urls["prometheus"]),
+        VllmClient(), ServingPods(model_cache_dir=tmp_path), gateway="inference-gateway",
+        service_url_template="http://{service}.{namespace}.svc.cluster.local:8000",
+    )
 
-    def claim(instance: str, replicas: int) -> s.FallbackState:
-        return claim_spot_fallback(s.ClaimFallbackInput(deployment=key, claimant=instance, replicas=replicas))
+    def claim(instance: str, replicas: int) -> FallbackClaims:
+        return spot.claim_spot_fallback(ClaimFallbackInput(deployment=key, claimant=instance, replicas=replicas))
 
     assert claim("i-0aaaaaaaaaaaaaaaa", 2).replicas == 2
     assert claim("i-0aaaaaaaaaaaaaaaa", 2).replicas == 2, "a retry does not add again"
@@ -184,12 +217,12 @@ def test_fallback_claims_converge_and_stay_out_of_the_logical_deployment(sandbox
     assert fallback.spec.replicas == 1
     assert fallback.spec.template.spec.node_selector == {NODE_CAPACITY_TYPE: "on-demand"}
     assert LABEL_APP not in (fallback.metadata.labels or {}), "not listed as a version of the logical deployment"
-    assert [v.version for v in describe_deployment(DeploymentRef(namespace=ns, name="embed")).versions] == ["2.0.0"]
+    assert [v.version for v in rollout.describe_deployment(DeploymentRef(namespace=ns, name="embed")).versions] == ["2.0.0"]
 
-    released = release_spot_fallback(s.ReleaseFallbackInput(deployment=key))
+    released = spot.release_spot_fallback(ReleaseFallbackInput(deployment=key))
     assert released.replicas == 1 and released.claims == {"i-0bbbbbbbbbbbbbbbb": 1}
     assert apps.read_namespaced_deployment(fallback_name(name), ns).spec.replicas == 0
-    counts = spot_replica_counts(s.CountsInput(deployments=[key])).counts[0]
+    counts = spot.spot_replica_counts(CountsInput(deployments=[key])).counts[0]
     assert (counts.desired, counts.fallback_desired) == (1, 0)
     with pytest.raises(ApplicationError, match="not found"):
-        claim_spot_fallback(s.ClaimFallbackInput(deployment=s.DeploymentKey(namespace=ns, name="nope"), claimant="i-0aaaaaaaaaaaaaaaa", replicas=1))
+        spot.claim_spot_fallback(ClaimFallbackInput(deployment=DeploymentRef(namespace=ns, name="nope"), claimant="i-0aaaaaaaaaaaaaaaa", replicas=1))

@@ -55,18 +55,20 @@ from tests.e2e.test_rollout import (
     status,
     watching,
 )
-from workflows.spot import workflows as s
 from workflows.naming import (
     LABEL_VERSION,
     NODE_CAPACITY_TYPE,
     scaling_workflow_id,
+    spot_reclaim_workflow_id,
     versioned_name,
 )
 from workflows.rollout.workflow import start_rollout
 from workflows.rollout.types import Outcome, RolloutInput, RolloutResult, Stage
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.loop import ReactiveScaling, ScalingInput, ScalingStatus
-from workflows.spot.events import reclaim_workflow_id
+from workflows.spot.activities import FailoverPolicy
+from workflows.spot.reclaim import ReclaimStatus, SpotReclaimResult
+from workflows.spot.watcher import SpotInterruptionWatcher, WatcherInput
 
 NAME, MODEL, STABLE = "chat", "wk-llm", "1.0.0"
 PROFILE = Profile(load_seconds=20, error_rate=0.0, ttft_seconds=0.15, tpot_seconds=0.025, capacity_rps=4)
@@ -374,7 +376,7 @@ SPOT_REPLICAS = 2
 # The two-minute notice lasts 60 s here: room for a kill and for the activity the kill cut short to
 # time out (30 s) before the deadline. The instance goes as soon as the reclaim is done.
 NOTICE_SCALE = 2
-SPOT_POLICY = s.FailoverPolicy(
+SPOT_POLICY = FailoverPolicy(
     on_demand_pool_asg="gpu-on-demand", poll_seconds=0.5, drain_margin_seconds=2, restore_timeout_seconds=60,
     return_to_spot=False,
 )
@@ -406,7 +408,7 @@ async def test_spot_failover_killed_while_replacements_come_up_under_kube_faults
     worker, queue = worker_process(sandbox, tmp_path / "spot-worker.log")
     await asyncio.to_thread(worker.start)
     watcher = await temporal.start_workflow(
-        s.SpotInterruptionWatcher.run, s.WatcherInput(policy=SPOT_POLICY, wait_seconds=1, idle_seconds=0),
+        SpotInterruptionWatcher.run, WatcherInput(policy=SPOT_POLICY, wait_seconds=1, idle_seconds=0),
         id=f"spot-watcher-kill-{uuid.uuid4().hex[:8]}", task_queue=queue,
     )
     terminate: asyncio.Task | None = None
@@ -416,7 +418,7 @@ async def test_spot_failover_killed_while_replacements_come_up_under_kube_faults
             (await http.put("/sandbox/faults", json=KUBE_FAULTS)).raise_for_status()
             try:
                 terminate = asyncio.create_task(terminate_after_notice(sandbox, interruption.instance_id))
-                reclaim = temporal.get_workflow_handle(reclaim_workflow_id(interruption.instance_id), result_type=s.SpotReclaimResult)
+                reclaim = temporal.get_workflow_handle(spot_reclaim_workflow_id(interruption.instance_id), result_type=SpotReclaimResult)
                 phase = await reclaim_phase(reclaim, 30)
                 killed_pid, _ = await restart(worker)
                 try:
@@ -466,7 +468,7 @@ async def reclaim_phase(handle: WorkflowHandle, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            st = await handle.query("status", result_type=s.ReclaimStatus, rpc_timeout=timedelta(seconds=3))
+            st = await handle.query("status", result_type=ReclaimStatus, rpc_timeout=timedelta(seconds=3))
         except RPCError:
             st = None
         if st is not None and st.phase not in ("waiting", "cordoning"):
