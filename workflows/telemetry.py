@@ -218,7 +218,8 @@ def scale_up_finished(
 
 # --- spot, registry, metric sources -----------------------------------------------------------
 def spot_failover(meter: MetricMeter, pool: str, outcome: str, gap_seconds: float) -> None:
-    """A spot interruption on ``pool`` was handled (outcome e.g. replaced, on_demand, degraded);
+    """A spot interruption on ``pool`` was handled (outcome as SpotReclaim ends: drained, no-node,
+    no-managed-pods, rebalance-released);
     ``gap_seconds``: how long fewer replicas than desired were Ready."""
     _add(meter, SPOT_FAILOVERS, pool, outcome)
     _observe(meter, CAPACITY_GAP_SECONDS, gap_seconds, pool)
