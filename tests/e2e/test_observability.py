@@ -2,9 +2,13 @@
 
 One Prometheus scrapes (1) an exporter of vLLM / DCGM / kube-state-metrics series for
 llm-serving/chat whose numbers we control (version 2.0.0 is the bad canary: 60 requests
-waiting, 3 s TTFT, 200 ms TPOT, and its node's GPU is hot and full), (2) tideplane's own
-metrics as the worker registers them, driven through workers/telemetry.py, and (3) a target
-where nothing listens. Every alert's ``for:`` is dropped in a rendered copy of alerts.yml (the
+waiting, 3 s TTFT, 200 ms TPOT, and its node's GPU is hot and full), (2) tideplane series whose
+numbers we also choose (a 7-minute cold start, a scale-up given up, a paused rollout: figures a
+short sandbox run cannot produce), recorded with the product's own functions of
+workflows/telemetry.py into the product's exporter (workers.telemetry.metrics_runtime), so names,
+labels and bucket bounds are exactly the worker's, and (3) a target where nothing listens.
+These are the rules' inputs; that the product emits every one of these metrics is shown by
+``test_every_declared_metric_moves_after_real_runs`` below. Every alert's ``for:`` is dropped in a rendered copy of alerts.yml (the
 expressions are the shipped ones, unchanged) so the test sees them fire in seconds, not minutes.
 Prometheus 2.42 has no parse endpoint: a dashboard query parses when /api/v1/query does not
 answer ``bad_data``.
@@ -12,7 +16,6 @@ answer ``bad_data``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import subprocess
@@ -21,13 +24,14 @@ import time
 import httpx
 import pytest
 import yaml
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from infra.grafana import DASHBOARDS
 from infra.prometheus import RULE_FILES, running_prometheus, serve_registry
 from infra.sandbox.ports import free_port
-from workers import telemetry
+from workers.telemetry import metrics_runtime
+from workflows import telemetry
 
 NS, DEP = "alerts-test", "chat"  # a namespace no other test records in the shared registry
 
@@ -50,8 +54,9 @@ ALERTS = {
 
 
 def telemetry_metrics() -> set[str]:
-    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
-    return {f"{f.name}{s}" for f in REGISTRY.collect() if f.name.startswith("tideplane_") for s in suffixes[f.type]}
+    """The series names of every declared tideplane metric, as the exporter writes them."""
+    suffixes = {"counter": ("",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    return {f"{m.name}{s}" for m in telemetry.METRICS for s in suffixes[m.kind]}
 
 
 def recording_rules() -> set[str]:
@@ -160,29 +165,26 @@ class Fleet:
         yield from (util, used, free, nodes)
 
 
-async def drive_control_plane_before_first_scrape() -> None:
-    """What the worker records while a rollout of 2.0.0 fails and chat scales up on spot."""
+def record_before_first_scrape(meter) -> None:
+    """A rollout of 2.0.0 is at 5 %, embed's is paused, chat scales up on spot."""
     for pool, capacity, desired, ready in (("gpu-on-demand", "on-demand", 2, 2), ("gpu-spot", "spot", 3, 1)):
-        telemetry.REPLICAS_DESIRED.labels(NS, DEP, pool, capacity).set(desired)
-        telemetry.REPLICAS_READY.labels(NS, DEP, pool, capacity).set(ready)
-    telemetry.record_route_weights(NS, DEP, {"1.0.0": 95, "2.0.0": 5})
-    telemetry.scale_up_started(NS, DEP, "gpu-spot")
-    await telemetry.record_rollout(telemetry.RolloutEvent(namespace=NS, deployment="embed", event="paused", stage="canary-1"))
-    telemetry.SPOT_FAILOVERS.labels("gpu-spot", "replaced").inc()
-    telemetry.CAPACITY_GAP_SECONDS.labels("gpu-spot").observe(42)
-    telemetry.RETENTION_ACTIONS.labels("llama", "deleted").inc()
-    await telemetry.record_gate_verdict(telemetry.GateVerdictEvent(namespace=NS, deployment=DEP, version="2.0.0", verdict="pass"))
+        telemetry.replicas(meter, NS, DEP, pool, capacity, desired, ready)
+    telemetry.route_weights(meter, NS, DEP, {"1.0.0": 95, "2.0.0": 5})
+    telemetry.scale_up_started(meter, NS, DEP, "gpu-spot")
+    telemetry.rollout_paused(meter, NS, "embed", True)
+    telemetry.spot_failover(meter, "gpu-spot", "replaced", 42)
+    telemetry.retention_action(meter, "llama", "deleted")
+    telemetry.gate_verdict(meter, NS, DEP, "2.0.0", "pass")
 
 
-async def drive_control_plane_after_first_scrape() -> None:
-    await telemetry.record_gate_verdict(telemetry.GateVerdictEvent(
-        namespace=NS, deployment=DEP, version="2.0.0", verdict="fail", failing_gate="ttft_p99"))
-    await telemetry.record_rollout(telemetry.RolloutEvent(
-        namespace=NS, deployment=DEP, event="rolled_back", stage="canary-5", rollback_seconds=3.5))
-    await telemetry.record_scaling_decision(telemetry.ScalingDecisionEvent(namespace=NS, deployment=DEP, direction="up", reason="queue_depth"))
-    telemetry.scale_up_finished(NS, DEP, "gpu-spot", ready=True, seconds=420)  # a 7-minute cold start
-    telemetry.scale_up_finished(NS, DEP, "gpu-spot", ready=False, seconds=900)  # and one that never became Ready
-    telemetry.METRIC_QUERY_ERRORS.labels("prometheus", "unreachable").inc()
+def record_after_first_scrape(meter) -> None:
+    """2.0.0 fails its TTFT gate and is rolled back; one 7-minute cold start, one scale-up given up."""
+    telemetry.gate_verdict(meter, NS, DEP, "2.0.0", "fail", failing_gate="ttft_p99")
+    telemetry.rollout_finished(meter, NS, DEP, "rolled_back", "canary-5", rollback_seconds=3.5)
+    telemetry.scaling_decision(meter, NS, DEP, "up", "queue_depth")
+    telemetry.scale_up_finished(meter, NS, DEP, "gpu-spot", ready=True, seconds=420)
+    telemetry.scale_up_finished(meter, NS, DEP, "gpu-spot", ready=False, seconds=900)
+    telemetry.metric_query_error(meter, "prometheus", "unreachable")
 
 
 @pytest.fixture(scope="module")
@@ -195,12 +197,18 @@ def prometheus(tmp_path_factory):
     (work / "alerts-now.yml").write_text(yaml.safe_dump(groups))
     fleet = CollectorRegistry()
     fleet.register(Fleet())
-    asyncio.run(drive_control_plane_before_first_scrape())
-    with serve_registry(fleet) as fleet_target, serve_registry(REGISTRY) as worker_target:
-        targets = {"fleet": fleet_target, "tideplane-worker": worker_target, "gone": f"127.0.0.1:{free_port()}"}
+    worker_port = free_port()
+    # The labels a workflow's meter adds to every series (namespace is Temporal's, not Kubernetes').
+    runtime = metrics_runtime(worker_port, host="127.0.0.1")  # held: the exporter lives as long as it
+    meter = runtime.metric_meter.with_additional_attributes(
+        {"namespace": "default", "task_queue": "tideplane", "workflow_type": "ModelRollout"}
+    )
+    record_before_first_scrape(meter)
+    with serve_registry(fleet) as fleet_target:
+        targets = {"fleet": fleet_target, "tideplane-worker": f"127.0.0.1:{worker_port}", "gone": f"127.0.0.1:{free_port()}"}
         with running_prometheus(work, targets, rule_files=[RULE_FILES[0], work / "alerts-now.yml"]) as url:
-            time.sleep(1.5)  # a second scrape: pre-created series are seen at 0 before they move
-            asyncio.run(drive_control_plane_after_first_scrape())
+            time.sleep(1.5)  # a second scrape: series started at 0 are seen at 0 before they move
+            record_after_first_scrape(meter)
             yield url
 
 
@@ -208,13 +216,7 @@ def test_alerts_fire_when_their_conditions_hold(prometheus):
     deadline = time.monotonic() + 40
     while True:
         alerts = httpx.get(f"{prometheus}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
-        # Control-plane metrics live in the process-wide registry other tests also record in:
-        # only this test's namespace counts (node and scrape alerts carry none).
-        firing = {
-            a["labels"]["alertname"]: a["labels"]
-            for a in alerts
-            if a["state"] == "firing" and a["labels"].get("namespace", NS) == NS
-        }
+        firing = {a["labels"]["alertname"]: a["labels"] for a in alerts if a["state"] == "firing"}
         if set(firing) >= ALERTS or time.monotonic() > deadline:
             break
         time.sleep(0.5)
