@@ -42,11 +42,21 @@ def error_code(exc: ClientError) -> str:
 class S3Client:
     """The worker's S3 client (boto3 clients are thread-safe: one per process is enough)."""
 
-    def __init__(self, endpoint_url: str | None, region: str, max_pool_connections: int = 32) -> None:
+    def __init__(
+        self,
+        endpoint_url: str | None,
+        region: str,
+        max_pool_connections: int = 32,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+    ) -> None:
+        """Credentials: boto3's default chain (environment, IRSA, instance profile) unless given."""
         self.boto = boto3.client(
             "s3",
             endpoint_url=endpoint_url,
             region_name=region,
+            aws_access_key_id=access_key_id,
+            aws_secret_access_key=secret_access_key,
             config=Config(
                 connect_timeout=5,
                 read_timeout=60,

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-import boto3
 import httpx
 import pytest
 from kubernetes import client, watch
@@ -39,6 +38,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFail
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
+from activities.clients.s3 import S3Client
 from activities.registry import Registry
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
@@ -307,9 +307,9 @@ def kube(sandbox) -> client.ApiClient:
 
 @pytest.fixture(scope="module")
 def registry(sandbox) -> Registry:
-    s3 = boto3.client(
-        "s3", endpoint_url=sandbox.urls["moto"], region_name=AWS_ENV["AWS_DEFAULT_REGION"],
-        aws_access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"], aws_secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"],
+    s3 = S3Client(
+        sandbox.urls["moto"], AWS_ENV["AWS_DEFAULT_REGION"],
+        access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"], secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"],
     )
     return Registry(s3, WEIGHTS_BUCKET)
 
