@@ -1,1 +1,1 @@
-"""Model registry: the manifest schema and the retention workflow."""
+"""Model registry: the manifest schema, the retention workflow and the registry activity contract."""
