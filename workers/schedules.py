@@ -7,7 +7,8 @@ declarative and idempotent: schedules are created or updated in place, and this 
 schedules that the file no longer declares are deleted.
 
 workers/cli.py wires these in with ``add_schedules_commands(subparsers)``; each subcommand sets
-``func(args) -> int``. ``python -m workers.schedules ...`` runs them on their own.
+``func(args, settings=None) -> int`` (settings read from the environment once when not given).
+``python -m workers.schedules ...`` runs them on their own.
 """
 
 from __future__ import annotations
@@ -36,13 +37,11 @@ from temporalio.client import (
 )
 
 from workers.client import connect
-from workers.config import settings
-from workflows.naming import split_deployment
-from workflows.scaling.floors import FloorEntry, ScheduleFile
-from workflows.scaling.loop import PredictivePrewarm, PrewarmInput, ScheduleFloor, ScheduleFloorInput
+from workers.config import Settings, load_settings
+from workflows import naming
+from workflows.scaling.floors import FloorEntry, ScheduleFile, ScheduleFloor, ScheduleFloorInput
+from workflows.scaling.prewarm import PredictivePrewarm, PrewarmInput
 
-FLOOR_PREFIX = "floor"
-PREWARM_PREFIX = "prewarm"
 # A floor missed while the server or worker was down still applies if caught up within this.
 CATCHUP = timedelta(hours=1)
 
@@ -84,23 +83,18 @@ def floor_spec(entry: FloorEntry, time_zone: str) -> ScheduleSpec:
     return ScheduleSpec(calendars=[calendar], time_zone_name=time_zone)
 
 
-def _prefix(kind: str, deployment: str) -> str:
-    namespace, name = split_deployment(deployment)
-    return f"{kind}/{namespace}/{name}"
-
-
 def desired_schedules(file: ScheduleFile, task_queue: str) -> dict[str, Schedule]:
     """Schedule ID -> Schedule for everything the file declares."""
     out: dict[str, Schedule] = {}
     for item in file.schedules:
         tz = file.zone_of(item)
         for entry in item.floors:
-            sid = f"{_prefix(FLOOR_PREFIX, item.deployment)}/{entry.key}"
+            sid = naming.floor_schedule_id(item.deployment, entry.key)
             out[sid] = Schedule(
                 action=ScheduleActionStartWorkflow(
                     ScheduleFloor.run,
                     ScheduleFloorInput(deployment=item.deployment, replicas=entry.replicas),
-                    id=f"{sid}/run",
+                    id=naming.scheduled_workflow_id(sid),
                     task_queue=task_queue,
                     static_summary=f"floor {entry.replicas} for {item.deployment} ({entry.at} {tz})",
                 ),
@@ -109,7 +103,7 @@ def desired_schedules(file: ScheduleFile, task_queue: str) -> dict[str, Schedule
             )
         if item.prewarm is not None:
             p = item.prewarm
-            sid = _prefix(PREWARM_PREFIX, item.deployment)
+            sid = naming.prewarm_schedule_id(item.deployment)
             out[sid] = Schedule(
                 action=ScheduleActionStartWorkflow(
                     PredictivePrewarm.run,
@@ -121,7 +115,7 @@ def desired_schedules(file: ScheduleFile, task_queue: str) -> dict[str, Schedule
                         quantile=p.quantile,
                         ttl_seconds=2 * 60 * p.every_minutes,
                     ),
-                    id=f"{sid}/run",
+                    id=naming.scheduled_workflow_id(sid),
                     task_queue=task_queue,
                 ),
                 spec=ScheduleSpec(
@@ -148,7 +142,11 @@ async def apply(client: Client, file: ScheduleFile, task_queue: str) -> list[tup
         except ScheduleAlreadyRunningError:
             await client.get_schedule_handle(sid).update(lambda _, s=schedule: ScheduleUpdate(schedule=s))
             outcomes.append((sid, "updated"))
-    prefixes = [_prefix(kind, item.deployment) for item in file.schedules for kind in (FLOOR_PREFIX, PREWARM_PREFIX)]
+    prefixes = [
+        naming.schedule_prefix(kind, item.deployment)
+        for item in file.schedules
+        for kind in (naming.FLOOR_SCHEDULE_PREFIX, naming.PREWARM_SCHEDULE_PREFIX)
+    ]
     for sid in await _ids_with_prefix(client, prefixes):
         if sid not in wanted:
             await client.get_schedule_handle(sid).delete()
@@ -159,7 +157,7 @@ async def apply(client: Client, file: ScheduleFile, task_queue: str) -> list[tup
 async def describe_all(client: Client) -> list[dict]:
     """Every tideplane floor/pre-warm schedule with its action and next run in local time."""
     rows = []
-    for sid in sorted(await _ids_with_prefix(client, [FLOOR_PREFIX, PREWARM_PREFIX])):
+    for sid in sorted(await _ids_with_prefix(client, [naming.FLOOR_SCHEDULE_PREFIX, naming.PREWARM_SCHEDULE_PREFIX])):
         desc = await client.get_schedule_handle(sid).describe()
         spec = desc.schedule.spec
         tz = spec.time_zone_name or "UTC"
@@ -177,28 +175,27 @@ async def describe_all(client: Client) -> list[dict]:
     return rows
 
 
-async def _client() -> Client:
-    return await connect(settings())
-
-
-def cmd_apply(args) -> int:
+def cmd_apply(args, settings: Settings | None = None) -> int:
     try:
         file = load_schedule_file(args.file)
     except ScheduleFileError as exc:
         print(f"tideplane: {exc}", file=sys.stderr)
         return 2
+    config = settings or load_settings()
 
     async def run():
-        return await apply(await _client(), file, settings().task_queue)
+        return await apply(await connect(config), file, config.task_queue)
 
     for sid, outcome in asyncio.run(run()):
         print(f"{outcome:8} {sid}")
     return 0
 
 
-def cmd_list(args) -> int:
+def cmd_list(args, settings: Settings | None = None) -> int:
+    config = settings or load_settings()
+
     async def run():
-        return await describe_all(await _client())
+        return await describe_all(await connect(config))
 
     rows = asyncio.run(run())
     if args.json:
@@ -222,11 +219,11 @@ def add_schedules_commands(subparsers) -> None:
     p.set_defaults(func=cmd_list)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, settings: Settings | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tideplane")
     add_schedules_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args)
+    return args.func(args, settings)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,42 @@ def scaling_workflow_id(deployment: str) -> str:
     return f"scaling/{namespace}/{name}"
 
 
+def node_pool_workflow_id(pool: str) -> str:
+    """The NodePoolScaling loop of one GPU node pool (= its Auto Scaling group)."""
+    return f"nodepool/{pool}"
+
+
+FLOOR_SCHEDULE_PREFIX = "floor"  # Temporal Schedules of time-of-day floors (ScheduleFloor)
+PREWARM_SCHEDULE_PREFIX = "prewarm"  # Temporal Schedules of predictive pre-warm (PredictivePrewarm)
+
+
+def schedule_prefix(kind: str, deployment: str) -> str:
+    """``floor/<namespace>/<name>`` or ``prewarm/<namespace>/<name>``: one deployment's schedules of a kind."""
+    namespace, name = split_deployment(deployment)
+    return f"{kind}/{namespace}/{name}"
+
+
+def floor_schedule_id(deployment: str, entry_key: str) -> str:
+    """The Schedule of one floor entry of a deployment's profile (``FloorEntry.key``)."""
+    return f"{schedule_prefix(FLOOR_SCHEDULE_PREFIX, deployment)}/{entry_key}"
+
+
+def prewarm_schedule_id(deployment: str) -> str:
+    return schedule_prefix(PREWARM_SCHEDULE_PREFIX, deployment)
+
+
+def scheduled_workflow_id(schedule_id: str) -> str:
+    """The workflow a schedule starts (the server appends the action time)."""
+    return f"{schedule_id}/run"
+
+
+# The registry's daily retention (RegistryRetention) and the daily cost report (CostReport).
+RETENTION_WORKFLOW_ID = "registry-retention"  # its scheduled runs; `tideplane registry retention` adds a timestamp
+RETENTION_SCHEDULE_ID = "registry-retention-daily"
+COST_REPORT_WORKFLOW_ID = "cost-report/daily"
+COST_REPORT_SCHEDULE_ID = "cost-report-daily"
+
+
 def spot_reclaim_workflow_id(instance_id: str) -> str:
     """One SpotReclaim per spot instance: every notice about the instance joins that workflow."""
     return f"spot-reclaim/{instance_id}"
@@ -101,10 +137,3 @@ def spot_reclaim_workflow_id(instance_id: str) -> str:
 def return_to_spot_workflow_id(namespace: str, name: str) -> str:
     """One ReturnToSpot per spot Deployment: it serves every reclaim that claimed replacements for it."""
     return f"return-to-spot/{namespace}/{name}"
-
-
-# The registry's daily retention (RegistryRetention) and the daily cost report (CostReport).
-RETENTION_WORKFLOW_ID = "registry-retention"  # its scheduled runs; `tideplane registry retention` adds a timestamp
-RETENTION_SCHEDULE_ID = "registry-retention-daily"
-COST_REPORT_WORKFLOW_ID = "cost-report/daily"
-COST_REPORT_SCHEDULE_ID = "cost-report-daily"

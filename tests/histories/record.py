@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowContinuedAsNewError, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -38,8 +38,12 @@ from workflows import search_attributes
 from workflows.naming import DeploymentRef
 from workflows.spot import activities as spot
 from workflows.spot.return_to_spot import ReturnToSpot
+from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
 from workflows.rollout.gates import ERROR_RATE
 from workflows.rollout.workflow import ModelRollout, start_rollout
+from workflows.scaling import activities as scaling
+from workflows.scaling.decide import ScalingPolicy, Signals
+from workflows.scaling.loop import ReactiveScaling, ScalingInput
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -52,6 +56,7 @@ class Scenario:
     input: BaseModel
     activities: Callable[[Client], list]  # fresh stubs per run (they keep state)
     start: Callable[[Client, BaseModel, str, str], Awaitable[WorkflowHandle]] | None = None
+    continues_as_new: bool = False  # a loop: record its first run, which ends by continuing as new
 
 
 def _return_to_spot_stubs(_: Client) -> list:
@@ -74,6 +79,31 @@ def _return_to_spot_stubs(_: Client) -> list:
         return spot.PoolState(desired=1, base=1)
 
     return [counts, release, sync_pool]
+
+
+def _reactive_scaling_stubs(_: Client) -> list:
+    """A deployment at 2 replicas whose queue jumps: the loop scales 2 -> 8 (max_replicas) in one
+    decision, then decides on the 3 of 8 replicas Ready (the ``decide-on-ready`` path: it wants 9,
+    capped at 8) until the run continues as new."""
+    fleet = {"replicas": 2, "ready": 2}
+    queues = iter([0, 120, 120, 120])
+
+    @activity.defn(name=scaling.GET_SCALE)
+    async def get_scale(req: scaling.ScaleTarget) -> scaling.ScaleStatus:
+        return scaling.ScaleStatus(
+            version="1.0.0", replicas=fleet["replicas"], ready_replicas=fleet["ready"],
+            pending=fleet["replicas"] - fleet["ready"], unschedulable=0, priority_class="realtime",
+        )
+
+    @activity.defn(name=scaling.READ_SCALING_SIGNALS)
+    async def read_signals(req: scaling.ReadSignalsInput) -> Signals:
+        return Signals(queue_waiting=next(queues, 120), running=4, kv_cache_usage=0.5, ttft_p99_seconds=0.4, gpu_util_percent=70)
+
+    @activity.defn(name=SCALE_VERSION)
+    async def scale_version(req: ScaleVersionInput) -> None:
+        fleet["replicas"], fleet["ready"] = req.replicas, min(req.replicas, 3)  # the rest still loading
+
+    return [get_scale, read_signals, scale_version]
 
 
 async def _start_rollout(client: Client, input: BaseModel, workflow_id: str, queue: str) -> WorkflowHandle:
@@ -106,6 +136,17 @@ SCENARIOS = {
     ),
     "model-rollout-promoted": _rollout("llm-serving/chat", bad_at_weight=None),
     "model-rollout-rolled-back": _rollout("llm-serving/chat-rb", bad_at_weight=5),
+    "reactive-scaling": Scenario(
+        workflow=ReactiveScaling,
+        input=ScalingInput(
+            deployment="llm-serving/chat",
+            policy=ScalingPolicy(min_replicas=1, max_replicas=8),
+            interval_seconds=30,
+            iterations_per_run=4,
+        ),
+        activities=_reactive_scaling_stubs,
+        continues_as_new=True,
+    ),
 }
 
 
@@ -119,7 +160,15 @@ async def record(name: str, env: WorkflowEnvironment, out: Path) -> Path:
             handle = await scenario.start(env.client, scenario.input, f"replay/{name}", queue)
         else:
             handle = await env.client.start_workflow(scenario.workflow, scenario.input, id=f"replay/{name}", task_queue=queue)
-        await asyncio.wait_for(handle.result(), RUN_TIMEOUT_SECONDS)
+        if scenario.continues_as_new:
+            try:
+                await asyncio.wait_for(handle.result(follow_runs=False), RUN_TIMEOUT_SECONDS)
+            except WorkflowContinuedAsNewError:
+                pass
+            await env.client.get_workflow_handle(handle.id).terminate()  # the runs after the recorded one
+            handle = env.client.get_workflow_handle(handle.id, run_id=handle.result_run_id)
+        else:
+            await asyncio.wait_for(handle.result(), RUN_TIMEOUT_SECONDS)
     history = await handle.fetch_history()
     path = out / f"{name}.json"
     path.write_text(history.to_json() + "\n")

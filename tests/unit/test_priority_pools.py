@@ -6,16 +6,19 @@ scale to zero; Unschedulable replicas are placed on free GPUs first and only the
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
-from activities.kube import deployment_manifest
+from activities.rollout import ServingPods, deployment_manifest
 from activities.spot import fallback_manifest
-from workflows.naming import GPU_RESOURCE, LABEL_CLASS, NODE_CAPACITY_TYPE
-from workflows.scaling.placement import Gpu, ModelNeed, Node, PoolSizing, plan_pending, size_pool
-from workflows.rollout.activities import DeploymentRef, EnsureVersionInput
+from workflows.naming import GPU_RESOURCE, LABEL_CLASS, NODE_CAPACITY_TYPE, DeploymentRef
+from workflows.rollout.activities import EnsureVersionInput
 from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide
+from workflows.scaling.placement import Gpu, ModelNeed, Node, PoolSizing, plan_pending, size_pool
 
+PODS = ServingPods(model_cache_dir=Path("/var/cache/tideplane/models"))
 IDLE = Signals(queue_waiting=0, running=0, kv_cache_usage=0, ttft_p99_seconds=0.1, gpu_util_percent=0)
 
 
@@ -34,8 +37,8 @@ def version(priority_class: str | None = None, gpus: int = 1) -> EnsureVersionIn
 
 
 def test_deployment_declares_its_class_and_follows_it_to_its_capacity_type():
-    batch = deployment_manifest(version("batch"))
-    realtime = deployment_manifest(version())  # realtime is the default
+    batch = deployment_manifest(version("batch"), PODS)
+    realtime = deployment_manifest(version(), PODS)  # realtime is the default
     for manifest, cls, capacity in ((batch, "batch", "spot"), (realtime, "realtime", "on-demand")):
         assert manifest["metadata"]["labels"][LABEL_CLASS] == cls
         assert manifest["spec"]["template"]["metadata"]["labels"][LABEL_CLASS] == cls  # pods too: the node layer reads them
@@ -48,13 +51,13 @@ def test_deployment_declares_its_class_and_follows_it_to_its_capacity_type():
 
 def test_spot_failover_twin_of_a_batch_deployment_can_schedule_on_on_demand():
     """The on-demand twin overrides the one capacity-type key: no second, contradicting requirement."""
-    batch = deployment_manifest(version("batch"))
+    batch = deployment_manifest(version("batch"), PODS)
     twin = fallback_manifest(batch, {"i-0abc": 1}, "on-demand")["spec"]["template"]["spec"]
     assert twin["nodeSelector"] == {NODE_CAPACITY_TYPE: "on-demand"} and "affinity" not in twin
 
 
 def test_cpu_deployment_is_not_pinned_to_a_gpu_capacity_type():
-    spec = deployment_manifest(version("batch", gpus=0))["spec"]["template"]["spec"]
+    spec = deployment_manifest(version("batch", gpus=0), PODS)["spec"]["template"]["spec"]
     assert "nodeSelector" not in spec and "tolerations" not in spec
 
 

@@ -1,7 +1,8 @@
 """CPU fallback for the batch class: the pure rule, then the loop on Temporal's time-skipping server.
 
 The stubs play a batch GPU deployment whose Ready replicas the test controls (spot capacity gone,
-then back) and a CPU deployment whose replicas follow what the loop sets.
+then back) and a CPU deployment whose replicas follow what the loop sets. The loop's decisions
+metric is read from the worker's Prometheus endpoint (the workflow metric meter).
 """
 
 from __future__ import annotations
@@ -9,22 +10,36 @@ from __future__ import annotations
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from temporalio import activity
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from workers.telemetry import RECORD_SCALING_DECISION, ScalingDecisionEvent
+from infra.sandbox.ports import free_port
+from tests.workflows.test_telemetry import ours, samples
+from workers.telemetry import metrics_runtime
 from workflows import naming
-from workflows.scaling import activities as acts
-from workflows.scaling.cpu_fallback import CpuFallback, FallbackState, decide_fallback
 from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
+from workflows.scaling import activities as acts
+from workflows.scaling.cpu_fallback import CpuFallback, CpuFallbackState, decide_fallback
 from workflows.scaling.decide import ScalingPolicy, Signals
 from workflows.scaling.loop import ReactiveScaling, ScalingInput, ScalingStatus
+from workflows.telemetry import (
+    COLD_START_SECONDS,
+    REPLICAS_DESIRED,
+    REPLICAS_READY,
+    SCALE_UP_ATTEMPTS,
+    SCALE_UP_SUCCESSES,
+    SCALING_DECISIONS,
+)
 
 FALLBACK = CpuFallback(deployment="batch-jobs/summarise-cpu", version="1.0.0", replicas=3, after_seconds=300, stabilisation_seconds=120)
 
 
 def run(steps: list[tuple[float, int, int]], fallback: CpuFallback = FALLBACK) -> list[int]:
-    state, out = FallbackState(), []
+    state, out = CpuFallbackState(), []
     for now, desired, ready in steps:
         d = decide_fallback(now, desired, ready, desired - ready, fallback, state)
         state = d.state
@@ -43,13 +58,13 @@ def test_a_short_blip_resets_the_deadline():
 def test_goes_back_down_only_after_gpu_capacity_stayed_back():
     steps = [(0, 4, 0), (300, 4, 0), (400, 4, 4), (450, 4, 1), (460, 4, 4), (579, 4, 4), (580, 4, 4)]
     assert run(steps) == [0, 3, 3, 3, 3, 3, 0]  # the blip at 450 restarted the 120 s window
-    d = decide_fallback(580, 4, 4, 0, FALLBACK, FallbackState(active=True, back_since_s=460))
+    d = decide_fallback(580, 4, 4, 0, FALLBACK, CpuFallbackState(active=True, back_since_s=460))
     assert d.replicas == 0 and "fallback down to 0" in d.reason and not d.state.active
 
 
 def test_scaled_to_zero_is_not_a_shortage():
     assert run([(0, 0, 0), (1000, 0, 0)]) == [0, 0]
-    d = decide_fallback(0, 2, 0, 2, FALLBACK, FallbackState())
+    d = decide_fallback(0, 2, 0, 2, FALLBACK, CpuFallbackState())
     assert "0/2 GPU replica(s) Ready, 2 Unschedulable" in d.reason
 
 
@@ -59,7 +74,6 @@ class BatchFleet:
     def __init__(self) -> None:
         self.replicas, self.ready = 4, 4
         self.cpu_calls: list[int] = []
-        self.events: list[ScalingDecisionEvent] = []
 
     def activities(self):
         @activity.defn(name=acts.GET_SCALE)
@@ -80,20 +94,37 @@ class BatchFleet:
             else:
                 self.replicas = request.replicas
 
-        @activity.defn(name=RECORD_SCALING_DECISION)
-        async def record(event: ScalingDecisionEvent) -> None:
-            self.events.append(event)
+        return [get_scale, read_signals, scale_version]
 
-        return [get_scale, read_signals, scale_version, record]
+
+async def metered_client(env) -> tuple[Client, int]:
+    """A client on ``env`` whose workers export their metrics on the returned port."""
+    port = free_port()
+    client = await Client.connect(
+        env.client.service_client.config.target_host,
+        namespace=env.client.namespace,
+        data_converter=pydantic_data_converter,
+        runtime=metrics_runtime(port, host="127.0.0.1"),
+    )
+    return client, port
+
+
+def decisions_counted(port: int, name: str) -> dict[tuple[str, str], float]:
+    """(direction, reason) -> count of this deployment's decisions on the worker's /metrics."""
+    return {
+        (dict(labels)["direction"], dict(labels)["reason"]): value
+        for labels, value in ours(samples(port), SCALING_DECISIONS.name, name).items()
+    }
 
 
 async def test_loop_scales_the_cpu_fallback_up_and_back_down(time_skipping_env):
     env = time_skipping_env
+    client, port = await metered_client(env)
     fleet = BatchFleet()
     deployment = f"batch-jobs/s{uuid.uuid4().hex[:8]}"
     queue = f"q-{uuid.uuid4()}"
     policy = ScalingPolicy(priority_class="batch", min_replicas=0, max_replicas=4, cpu_fallback=FALLBACK)
-    async with Worker(env.client, task_queue=queue, workflows=[ReactiveScaling], activities=fleet.activities(),
+    async with Worker(client, task_queue=queue, workflows=[ReactiveScaling], activities=fleet.activities(),
                       activity_executor=ThreadPoolExecutor(4)):
         handle = await env.client.start_workflow(
             ReactiveScaling.run, ScalingInput(deployment=deployment, policy=policy, interval_seconds=30),
@@ -119,11 +150,13 @@ async def test_loop_scales_the_cpu_fallback_up_and_back_down(time_skipping_env):
         assert any("fallback down to 0: 4/4 GPU replica(s) Ready" in (d.fallback_reason or "") for d in s.decisions)
         assert all(d.desired == 4 for d in s.decisions)  # the GPU deployment itself was never touched
         await handle.terminate()
-    assert fleet.events == []  # holds at target are not counted in the decisions metric
+    _, name = naming.split_deployment(deployment)
+    assert decisions_counted(port, name) == {}  # holds at target are not counted in the decisions metric
 
 
-async def test_loop_records_its_decisions_in_the_metrics(time_skipping_env):
+async def test_loop_records_its_decisions_replicas_and_cold_starts_in_the_metrics(time_skipping_env):
     env = time_skipping_env
+    client, port = await metered_client(env)
     fleet = BatchFleet()
     fleet.replicas = fleet.ready = 1
     deployment = f"batch-jobs/s{uuid.uuid4().hex[:8]}"
@@ -140,7 +173,7 @@ async def test_loop_records_its_decisions_in_the_metrics(time_skipping_env):
         fleet.replicas = fleet.ready = request.replicas  # Ready at once: the queue keeps asking for more
 
     activities[1], activities[2] = busy, scale_ready
-    async with Worker(env.client, task_queue=queue, workflows=[ReactiveScaling], activities=activities,
+    async with Worker(client, task_queue=queue, workflows=[ReactiveScaling], activities=activities,
                       activity_executor=ThreadPoolExecutor(4)):
         handle = await env.client.start_workflow(
             ReactiveScaling.run, ScalingInput(deployment=deployment, policy=policy, interval_seconds=30),
@@ -149,5 +182,17 @@ async def test_loop_records_its_decisions_in_the_metrics(time_skipping_env):
         await env.sleep(100)
         await handle.terminate()
     _, name = naming.split_deployment(deployment)
-    assert fleet.events[0] == ScalingDecisionEvent(namespace="batch-jobs", deployment=name, direction="up", reason="queue_depth")
-    assert ScalingDecisionEvent(namespace="batch-jobs", deployment=name, direction="hold", reason="max_replicas") in fleet.events
+    counted = decisions_counted(port, name)
+    assert counted[("up", "queue_depth")] >= 1 and counted[("hold", "max_replicas")] >= 1
+    up = frozenset({("kube_namespace", "batch-jobs"), ("deployment", name), ("direction", "up"), ("reason", "queue_depth")})
+    assert ours(samples(port), SCALING_DECISIONS.name, name)[up] >= 1  # labelled with the Kubernetes namespace
+
+    got = samples(port)
+    batch = {("kube_namespace", "batch-jobs"), ("deployment", name), ("pool", "batch")}
+    assert ours(got, REPLICAS_DESIRED.name, name) == {frozenset(batch | {("capacity_type", "spot")}): 8}
+    assert ours(got, REPLICAS_READY.name, name) == {frozenset(batch | {("capacity_type", "spot")}): 8}
+    # every scale-up was Ready by the next decision, 30 s after the one that asked for it
+    attempts = ours(got, SCALE_UP_ATTEMPTS.name, name)[frozenset(batch)]
+    assert attempts >= 1 and ours(got, SCALE_UP_SUCCESSES.name, name)[frozenset(batch)] == attempts
+    assert ours(got, COLD_START_SECONDS.name + "_count", name)[frozenset(batch)] == attempts
+    assert ours(got, COLD_START_SECONDS.name + "_sum", name)[frozenset(batch)] == pytest.approx(30 * attempts, abs=1)

@@ -7,6 +7,7 @@ deploy. Add a history when a workflow changes (docs/production.md, "Worker versi
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -52,3 +53,20 @@ async def test_a_changed_workflow_fails_replay():
         await Replayer(workflows=[ChangedWorkflow], data_converter=data_converter(load_settings())).replay_workflow(
             load(HISTORIES[0])
         )
+
+
+def test_reactive_scaling_history_went_through_the_decide_on_ready_patch():
+    """The recorded loop took the patched branch (``workflow.patched("decide-on-ready")``), so its
+    replay above checks that branch; a run recorded without the marker would check the old one."""
+    path = next((p for p in HISTORIES if p.stem.startswith("reactive-scaling")), None)
+    assert path is not None, "record it: python -m tests.histories.record reactive-scaling"
+    patches = {
+        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
+        for e in load(path).events
+        if e.HasField("marker_recorded_event_attributes")
+    }
+    assert "decide-on-ready" in patches
+    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in load(path).events
+                 if e.HasField("activity_task_scheduled_event_attributes")]
+    assert "scale_version" in scheduled  # it scaled, then decided on the Ready replicas
+

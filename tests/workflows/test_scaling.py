@@ -1,4 +1,5 @@
-"""ReactiveScaling on Temporal's time-skipping server, with stub activities under the real names.
+"""ReactiveScaling, ScheduleFloor and PredictivePrewarm on Temporal's time-skipping server, with
+stub activities under the real names.
 
 The stubs play a deployment whose replicas follow what the loop sets and whose queue the test
 controls, so each test asserts what the loop did, not what a mock was told.
@@ -16,24 +17,14 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
-from workers import telemetry
 from workers.schedules import floor_spec
 from workflows import naming
-from workflows.scaling import activities as acts
 from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
-from workflows.scaling.floors import FloorEntry, floor_at
+from workflows.scaling import activities as acts
 from workflows.scaling.decide import ScalingPolicy, Signals
-from workflows.scaling.loop import (
-    PolicyPatch,
-    PredictivePrewarm,
-    PrewarmInput,
-    ReactiveScaling,
-    ScalingInput,
-    ScalingStatus,
-    ScheduleFloor,
-    ScheduleFloorInput,
-    SetFloor,
-)
+from workflows.scaling.floors import FloorEntry, ScheduleFloor, ScheduleFloorInput, SetFloor, floor_at
+from workflows.scaling.loop import PolicyPatch, ReactiveScaling, ScalingInput, ScalingStatus
+from workflows.scaling.prewarm import PredictivePrewarm, PrewarmInput
 
 
 class FakeDeployment:
@@ -63,7 +54,7 @@ class FakeDeployment:
         async def read_history(request: acts.ReplicaHistoryInput) -> acts.ReplicaHistory:
             return acts.ReplicaHistory(samples={"0:9": [6, 7, 8, 9], "0:10": [10, 10, 12, 11]}, weekday=0, minute_of_day=9 * 60 + 55)
 
-        return [get_scale, read_signals, scale_version, read_history, telemetry.record_scaling_decision]
+        return [get_scale, read_signals, scale_version, read_history]
 
 
 async def start_loop(env, fake: FakeDeployment, **overrides):

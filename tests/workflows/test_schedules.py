@@ -8,7 +8,6 @@ floor, and that a bad time zone is refused by name.
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from zoneinfo import ZoneInfo
@@ -23,9 +22,11 @@ from temporalio.worker import Worker
 from tests.conftest import BIN
 from tests.workflows.test_scaling import FakeDeployment
 from workers import schedules
-from workers.config import settings
+from workers.config import Settings
 from workflows import naming, search_attributes
-from workflows.scaling.loop import PredictivePrewarm, ReactiveScaling, ScalingInput, ScheduleFloor
+from workflows.scaling.floors import ScheduleFloor
+from workflows.scaling.loop import ReactiveScaling, ScalingInput
+from workflows.scaling.prewarm import PredictivePrewarm
 
 TZ = "Asia/Tokyo"
 
@@ -38,18 +39,16 @@ async def dev_env():
         search_attributes=list(search_attributes.ALL),
         ui=False,
     )
-    old = os.environ.get("TEMPORAL_ADDRESS")
-    os.environ["TEMPORAL_ADDRESS"] = env.client.service_client.config.target_host
-    settings.cache_clear()
     try:
         yield env
     finally:
-        if old is None:
-            os.environ.pop("TEMPORAL_ADDRESS", None)
-        else:
-            os.environ["TEMPORAL_ADDRESS"] = old
-        settings.cache_clear()
         await env.shutdown()
+
+
+@pytest.fixture
+def cli_settings(dev_env) -> Settings:
+    """What `tideplane` reads from the environment, pointed at the dev server."""
+    return Settings(temporal_address=dev_env.client.service_client.config.target_host)
 
 
 def profile(deployment: str, floors: list[dict], time_zone: str = TZ, prewarm: dict | None = None) -> dict:
@@ -142,10 +141,10 @@ async def test_schedule_action_sets_the_loop_floor(dev_env, tmp_path):
         await loop.terminate()
 
 
-def test_cli_list_and_invalid_time_zone(dev_env, tmp_path, capsys):
+def test_cli_list_and_invalid_time_zone(cli_settings, tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(profile("llm-serving/chat", FLOORS, time_zone="Mars/Olympus_Mons")))
-    assert schedules.main(["schedules", "apply", str(bad)]) == 2
+    assert schedules.main(["schedules", "apply", str(bad)], cli_settings) == 2
     assert "unknown time zone 'Mars/Olympus_Mons'" in capsys.readouterr().err
     with pytest.raises(schedules.ScheduleFileError, match=r"schedules.0.floors.0.at: .*expected HH:MM, got '25:00'"):
         bad.write_text(yaml.safe_dump(profile("llm-serving/chat", [{"at": "25:00", "replicas": 1}])))
@@ -153,10 +152,10 @@ def test_cli_list_and_invalid_time_zone(dev_env, tmp_path, capsys):
 
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(profile("llm-serving/cli", [{"at": "07:30", "replicas": 2}])))
-    assert schedules.main(["schedules", "apply", str(good)]) == 0
+    assert schedules.main(["schedules", "apply", str(good)], cli_settings) == 0
     assert "floor/llm-serving/cli/0730" in capsys.readouterr().out
     for _ in range(50):
-        assert schedules.main(["schedules", "list"]) == 0
+        assert schedules.main(["schedules", "list"], cli_settings) == 0
         out = capsys.readouterr().out
         if "floor/llm-serving/cli/0730" in out:
             break

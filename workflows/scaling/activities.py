@@ -1,20 +1,28 @@
 """The contract between the scaling workflows and the activities that act for them.
 
-Names and pydantic inputs/outputs live here, with no I/O imports, so workflows reference them
-deterministically and activities/scaling.py implements exactly this (tests register stubs
-under the same names).
+Pydantic inputs/outputs and one contract class per group of activities (``ScalingActivities``
+for the loop and pre-warm, ``NodePoolActivities`` for the node layer), with no I/O imports, so
+workflows call them by method reference (``workflow.execute_activity_method``) and
+activities/scaling.py and activities/cloud.py implement exactly this. Scaling itself reuses the
+rollout's ``RolloutActivities.scale_version`` (the Deployment's scale subresource). The activity
+names are an API: recorded histories refer to them.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
+from temporalio import activity
 
+from workflows.scaling.decide import Signals
 from workflows.scaling.placement import Node
 
+# Activity names (stable API: histories refer to them).
 READ_SCALING_SIGNALS = "read_scaling_signals"  # Prometheus
 GET_SCALE = "get_scale"  # Kubernetes: replicas, ready, pending pods
-# Scaling itself reuses the rollout's scale_version (the Deployment's scale subresource).
 READ_REPLICA_HISTORY = "read_replica_history"  # Prometheus range query for pre-warm
+OBSERVE_NODE_POOL = "observe_node_pool"  # Kubernetes nodes and pods, the pool's Auto Scaling group
+SET_POOL_CAPACITY = "set_pool_capacity"
+REMOVE_POOL_NODE = "remove_pool_node"
 
 _SELECTOR = 'namespace="${namespace}",deployment="${deployment}"'
 
@@ -86,11 +94,26 @@ class ReplicaHistory(BaseModel):
     minute_of_day: int = Field(ge=0, lt=1440)
 
 
-# ---------------------------------------------------------------- node layer (activities/cloud.py)
-OBSERVE_NODE_POOL = "observe_node_pool"
-SET_POOL_CAPACITY = "set_pool_capacity"
-REMOVE_POOL_NODE = "remove_pool_node"
+class ScalingActivities:
+    """What ReactiveScaling and PredictivePrewarm ask of Prometheus and Kubernetes (activities/scaling.py)."""
 
+    @activity.defn(name=READ_SCALING_SIGNALS)
+    def read_scaling_signals(self, req: ReadSignalsInput) -> Signals:
+        """The loop's signals from Prometheus; an unreachable Prometheus reads as ``Signals(error=...)``."""
+        raise NotImplementedError
+
+    @activity.defn(name=GET_SCALE)
+    def get_scale(self, req: ScaleTarget) -> ScaleStatus:
+        """The scaled version's replicas: spec, Ready, Pending, Unschedulable, declared class."""
+        raise NotImplementedError
+
+    @activity.defn(name=READ_REPLICA_HISTORY)
+    def read_replica_history(self, req: ReplicaHistoryInput) -> ReplicaHistory:
+        """Hourly peaks of past weeks for predictive pre-warm (a Prometheus range query)."""
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- node layer (activities/cloud.py)
 
 class PoolRef(BaseModel):
     pool: str = Field(description="node pool = Auto Scaling group name = karpenter.sh/nodepool label")
@@ -133,3 +156,19 @@ class RemoveNodeInput(BaseModel):
 class RemoveNodeResult(BaseModel):
     removed: bool
     reason: str
+
+
+class NodePoolActivities:
+    """What NodePoolScaling asks of Kubernetes and the pool's Auto Scaling group (activities/cloud.py)."""
+
+    @activity.defn(name=OBSERVE_NODE_POOL)
+    def observe_node_pool(self, req: PoolRef) -> PoolObservation:
+        raise NotImplementedError
+
+    @activity.defn(name=SET_POOL_CAPACITY)
+    def set_pool_capacity(self, req: SetCapacityInput) -> None:
+        raise NotImplementedError
+
+    @activity.defn(name=REMOVE_POOL_NODE)
+    def remove_pool_node(self, req: RemoveNodeInput) -> RemoveNodeResult:
+        raise NotImplementedError

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from workflows import naming
+from workflows.naming import DeploymentName
 
 
 class CpuFallback(BaseModel):
-    deployment: naming.DeploymentName = Field(description="NAMESPACE/NAME of the CPU deployment (laid out like the GPU one)")
+    deployment: DeploymentName = Field(description="NAMESPACE/NAME of the CPU deployment (laid out like the GPU one)")
     version: str = Field(description="its version: the Deployment scaled is versioned_name(name, version)")
     replicas: int = Field(1, ge=1, description="CPU replicas while the GPU replicas are unavailable")
     after_seconds: float = Field(300, ge=0, description="GPU replicas short this long before falling back")
@@ -23,7 +23,7 @@ class CpuFallback(BaseModel):
 
 
 
-class FallbackState(BaseModel):
+class CpuFallbackState(BaseModel):
     """What the rule remembers between decisions (carried across continue-as-new)."""
 
     short_since_s: float | None = Field(None, description="GPU replicas short since")
@@ -31,15 +31,15 @@ class FallbackState(BaseModel):
     active: bool = False
 
 
-class FallbackDecision(BaseModel):
+class CpuFallbackDecision(BaseModel):
     replicas: int = Field(description="CPU fallback replicas wanted now")
     reason: str
-    state: FallbackState
+    state: CpuFallbackState
 
 
 def decide_fallback(
-    now_s: float, desired: int, ready: int, unschedulable: int, fallback: CpuFallback, state: FallbackState
-) -> FallbackDecision:
+    now_s: float, desired: int, ready: int, unschedulable: int, fallback: CpuFallback, state: CpuFallbackState
+) -> CpuFallbackDecision:
     """CPU replicas for ``fallback`` given the GPU deployment's ``desired`` and ``ready`` replicas."""
     short_since, back_since, active = state.short_since_s, state.back_since_s, state.active
     gpu = f"{ready}/{desired} GPU replica(s) Ready" + (f", {unschedulable} Unschedulable" if unschedulable else "")
@@ -66,8 +66,8 @@ def decide_fallback(
                 reason = f"fallback kept at {fallback.replicas}: GPU back for {back_for:.0f}s of {fallback.stabilisation_seconds:.0f}s"
         else:
             reason = f"no fallback: {gpu}"
-    return FallbackDecision(
+    return CpuFallbackDecision(
         replicas=fallback.replicas if active else 0,
         reason=reason,
-        state=FallbackState(short_since_s=short_since, back_since_s=back_since, active=active),
+        state=CpuFallbackState(short_since_s=short_since, back_since_s=back_since, active=active),
     )

@@ -124,7 +124,7 @@ TRIGGER_CAUSES = {"queue": "queue_depth", "ttft_p99": "ttft", "kv_cache": "kv_ca
 NOTABLE_HOLDS = frozenset({"metric_fallback", "budget", "max_replicas"})
 
 
-class Decision(BaseModel):
+class ScalingDecision(BaseModel):
     desired: int
     reason: str
     cause: str = Field(
@@ -196,7 +196,7 @@ def decide(
     state: ScalerState,
     floor: int = 0,
     ready: int | None = None,
-) -> Decision:
+) -> ScalingDecision:
     """Desired replicas for a deployment at ``now_s`` (seconds on any monotonic clock).
 
     ``current`` is the replicas asked for (the Deployment's spec), ``ready`` those serving, whose
@@ -268,7 +268,7 @@ def decide(
     last_change = state.last_change_s
     if desired != current:
         last_change, below_since = now_s, None
-    return Decision(
+    return ScalingDecision(
         desired=desired,
         reason=reason,
         cause=cause,

@@ -1,8 +1,12 @@
-"""Time-of-day floor profiles: the schedule file's model and the floor in force at a local time.
+"""Floors of a ReactiveScaling loop: time-of-day profiles and the ScheduleFloor workflow that sets them.
 
 A profile says "from 09:00 on weekdays keep at least 8 replicas"; `tideplane schedules apply`
-turns each entry into a Temporal Schedule, and `floor_at` is the same rule evaluated in pure code
-(for `schedules list`, tests and the scaling benchmark).
+turns each entry into a Temporal Schedule whose action starts ScheduleFloor, which sends the loop
+a ``set_floor`` signal. `floor_at` is the same rule evaluated in pure code (for `schedules list`,
+tests and the scaling benchmark). A loop keeps one floor per source (schedule, prewarm, manual)
+and holds the highest.
+
+API (stable): workflow type ScheduleFloor; signal ``set_floor`` of ReactiveScaling.
 """
 
 from __future__ import annotations
@@ -12,8 +16,11 @@ from datetime import datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from temporalio import workflow
 
-from workflows.naming import DeploymentName
+from workflows.naming import DeploymentName, scaling_workflow_id
+
+SET_FLOOR_SIGNAL = "set_floor"  # ReactiveScaling's signal; ScheduleFloor and PredictivePrewarm send it
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")  # index = datetime.weekday()
 DAY_ALIASES = {"weekdays": WEEKDAYS[:5], "weekends": WEEKDAYS[5:], "daily": WEEKDAYS}
@@ -137,3 +144,38 @@ def floor_at(floors: list[FloorEntry], when: datetime, time_zone: str) -> FloorE
             if best is None or back < best[0]:
                 best = (back, entry)
     return best[1] if best else None
+
+
+class SetFloor(BaseModel):
+    """The ``set_floor`` signal: the floor ``source`` claims, until ``ttl_seconds`` pass (None: until replaced)."""
+
+    replicas: int = Field(ge=0)
+    source: str = Field("manual", min_length=1, description="schedule | prewarm | manual: one floor per source")
+    ttl_seconds: float | None = Field(None, gt=0, description="the floor lapses after this long")
+
+
+class FloorClaim(BaseModel):
+    """A floor as the loop holds it (carried across continue-as-new)."""
+
+    replicas: int = Field(ge=0)
+    expires_at: datetime | None = None
+
+
+class ScheduleFloorInput(BaseModel):
+    """What a Temporal Schedule's action passes: the floor a profile sets at its time."""
+
+    deployment: DeploymentName
+    replicas: int = Field(ge=0)
+    source: str = "schedule"
+    ttl_seconds: float | None = Field(None, gt=0)
+
+
+@workflow.defn(name="ScheduleFloor")
+class ScheduleFloor:
+    """Sets the floor of a deployment's loop (started by `tideplane schedules apply` schedules)."""
+
+    @workflow.run
+    async def run(self, input: ScheduleFloorInput) -> str:
+        loop = workflow.get_external_workflow_handle(scaling_workflow_id(input.deployment))
+        await loop.signal(SET_FLOOR_SIGNAL, SetFloor(replicas=input.replicas, source=input.source, ttl_seconds=input.ttl_seconds))
+        return f"floor of {input.deployment} from {input.source}: {input.replicas}"

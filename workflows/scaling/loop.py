@@ -1,50 +1,53 @@
-"""ReactiveScaling: one durable loop per deployment, plus the workflows schedules start to steer it.
+"""ReactiveScaling: one durable loop per deployment.
 
 Every interval the loop reads the deployment's scale and its signals, asks the pure
 ``decide`` for the desired replicas and scales through the Deployment's scale subresource.
-Floors come from Temporal Schedules (ScheduleFloor) and predictive pre-warm (PredictivePrewarm)
-as ``set_floor`` signals keyed by source, so a schedule raises or lowers the floor and never
-fights the loop. The loop continues-as-new every ``iterations_per_run`` decisions (or when
-Temporal suggests it), carrying its state, so its history stays bounded however long it runs.
+Floors come from Temporal Schedules (ScheduleFloor, workflows/scaling/floors.py) and predictive
+pre-warm (PredictivePrewarm, workflows/scaling/prewarm.py) as ``set_floor`` signals keyed by
+source, so a schedule raises or lowers the floor and never fights the loop. The loop
+continues-as-new every ``iterations_per_run`` decisions (or when Temporal suggests it), carrying
+its state, so its history stays bounded however long it runs.
 
 The policy's priority class says which capacity the replicas run on (realtime: on-demand, floor
 kept; batch: spot, may scale to zero). Replicas left Unschedulable are reported here and served
 by the NodePoolScaling loop of the matching pool, which reads the same pods. A batch policy may
 declare a CPU fallback that the loop scales up while GPU replicas stay unavailable past a
-deadline (workflows.scaling.cpu_fallback). Decisions that change something, or hold for a reason worth
-alerting on, are counted in the control-plane metrics through ``record_scaling_decision``.
+deadline (workflows.scaling.cpu_fallback).
 
-API (stable): workflow types ReactiveScaling, ScheduleFloor, PredictivePrewarm; ID
-``scaling/<namespace>/<name>``; signals ``pause``, ``resume``, ``set_floor``; update
-``update_policy``; query ``status``.
+Metrics go through the workflow metric meter (workflows/telemetry.py): decisions that change
+something, or hold for a reason worth alerting on; replicas desired and Ready; and each scale-up,
+from the decision to all its replicas Ready (its cold start, seen at the loop's interval) or
+given up (the loop scaled down first).
+
+API (stable): workflow type ReactiveScaling; ID ``scaling/<namespace>/<name>``; signals
+``pause``, ``resume``, ``set_floor``; update ``update_policy``; query ``status``.
 """
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workers.telemetry import RECORD_SCALING_DECISION, ScalingDecisionEvent
-    from workflows import naming, search_attributes
-    from workflows.scaling import activities as acts
-    from workflows.scaling.cpu_fallback import FallbackState, decide_fallback
+    # full dotted names: `from workflows import naming` would give the sandbox its own copy of naming
+    import workflows.naming as naming
+    import workflows.search_attributes as search_attributes
+    import workflows.telemetry as telemetry
+    from workflows.naming import DeploymentRef
+    from workflows.rollout.activities import RolloutActivities, ScaleVersionInput
+    import workflows.scaling.activities as acts
+    from workflows.scaling.activities import ScalingActivities
+    from workflows.scaling.cpu_fallback import CpuFallbackState, decide_fallback
+    from workflows.scaling.decide import NOTABLE_HOLDS, ScalerState, ScalingDecision, ScalingPolicy, Signals, Trigger, decide
+    from workflows.scaling.floors import SET_FLOOR_SIGNAL, FloorClaim, SetFloor
     from workflows.scaling.placement import CAPACITY_FOR_CLASS
-    from workflows.scaling.prewarm import prewarm_floor
-    from workflows.rollout.activities import SCALE_VERSION, DeploymentRef, ScaleVersionInput
-    from workflows.scaling.decide import NOTABLE_HOLDS, Decision, ScalerState, ScalingPolicy, Signals, Trigger, decide
+    from workflows.steps import cause, wait_until
 
 DECISIONS_KEPT = 20
-
-
-class FloorClaim(BaseModel):
-    replicas: int = Field(ge=0)
-    expires_at: datetime | None = None
 
 
 class DecisionRecord(BaseModel):
@@ -63,6 +66,14 @@ class DecisionRecord(BaseModel):
     fallback_reason: str | None = None
 
 
+class PendingScaleUp(BaseModel):
+    """A scale-up whose replicas are not all Ready yet: its cold start runs from ``decided_at``."""
+
+    decided_at: datetime
+    target: int = Field(ge=1, description="replicas that must be Ready")
+    pool: str = Field(description="the priority class the replicas run in")
+
+
 class ScalingCarry(BaseModel):
     """What a run hands to the next one at continue-as-new."""
 
@@ -72,8 +83,9 @@ class ScalingCarry(BaseModel):
     pause_reason: str = ""
     decisions: list[DecisionRecord] = Field(default_factory=list)
     runs: int = Field(0, description="runs before this one")
-    fallback: FallbackState = Field(default_factory=FallbackState)
+    fallback: CpuFallbackState = Field(default_factory=CpuFallbackState)
     fallback_applied: int | None = Field(None, description="CPU fallback replicas last set (None: not yet)")
+    scale_up: PendingScaleUp | None = Field(None, description="the scale-up whose replicas are not all Ready yet")
 
 
 class ScalingInput(BaseModel):
@@ -94,12 +106,6 @@ class ScalingInput(BaseModel):
         if unknown:
             raise ValueError(f"unknown signal queries {sorted(unknown)}; known: {sorted(acts.DEFAULT_SIGNAL_QUERIES)}")
         return value
-
-
-class SetFloor(BaseModel):
-    replicas: int = Field(ge=0)
-    source: str = Field("manual", min_length=1, description="schedule | prewarm | manual: one floor per source")
-    ttl_seconds: float | None = Field(None, gt=0, description="the floor lapses after this long")
 
 
 class OperatorNote(BaseModel):
@@ -147,6 +153,7 @@ class ReactiveScaling:
         self._runs = carry.runs
         self._fallback = carry.fallback
         self._fallback_applied = carry.fallback_applied
+        self._scale_up = carry.scale_up
         self._iteration = 0
         self._wake = False
 
@@ -165,49 +172,42 @@ class ReactiveScaling:
             await self._decide_once(namespace, name)
             self._iteration += 1
             self._wake = False
-            try:
-                await workflow.wait_condition(
-                    lambda: self._wake, timeout=timedelta(seconds=input.interval_seconds), timeout_summary="next decision"
-                )
-            except asyncio.TimeoutError:
-                pass
+            await wait_until(lambda: self._wake, timedelta(seconds=input.interval_seconds), "next decision")
 
     async def _decide_once(self, namespace: str, name: str) -> None:
         now = workflow.now()
         try:
-            scale = await workflow.execute_activity(
-                acts.GET_SCALE,
+            scale = await workflow.execute_activity_method(
+                ScalingActivities.get_scale,
                 acts.ScaleTarget(namespace=namespace, deployment=name, version=self._input.version),
-                result_type=acts.ScaleStatus,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=_SHORT,
                 summary="read replicas",
             )
         except ActivityError as err:
-            self._details(f"cannot read the deployment's scale: {_cause(err)}")
+            self._details(f"cannot read the deployment's scale: {cause(err)}")
             return
         try:
-            signals = await workflow.execute_activity(
-                acts.READ_SCALING_SIGNALS,
+            signals = await workflow.execute_activity_method(
+                ScalingActivities.read_scaling_signals,
                 acts.ReadSignalsInput(
                     namespace=namespace,
                     deployment=name,
                     queries={**acts.DEFAULT_SIGNAL_QUERIES, **self._input.queries},
                     window=self._input.window,
                 ),
-                result_type=Signals,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=_SHORT,
                 summary="read signals",
             )
         except ActivityError as err:
-            signals = Signals(error=_cause(err))
+            signals = Signals(error=cause(err))
         floor = self._floor(now)
         if workflow.patched("decide-on-ready"):
             ready, policy = scale.ready_replicas, self._policy
         else:  # a run that decided before this change replays the decisions it recorded: spec-only, -1 per step
             ready, policy = None, self._policy.model_copy(update={"scale_down_step_percent": 0})
-        decision: Decision = decide(now.timestamp(), scale.replicas, signals, policy, self._state, floor, ready=ready)
+        decision: ScalingDecision = decide(now.timestamp(), scale.replicas, signals, policy, self._state, floor, ready=ready)
         self._state = decision.state
         record = DecisionRecord(
             at=now,
@@ -227,8 +227,8 @@ class ReactiveScaling:
             )
         if decision.desired != scale.replicas:
             try:
-                await workflow.execute_activity(
-                    SCALE_VERSION,
+                await workflow.execute_activity_method(
+                    RolloutActivities.scale_version,
                     ScaleVersionInput(
                         deployment=DeploymentRef(namespace=namespace, name=name), version=scale.version, replicas=decision.desired
                     ),
@@ -238,12 +238,13 @@ class ReactiveScaling:
                 )
                 record.applied = True
             except ActivityError as err:
-                record.reason += f"; scaling failed: {_cause(err)}"
+                record.reason += f"; scaling failed: {cause(err)}"
         if self._policy.cpu_fallback is not None:
             await self._cpu_fallback(now, decision.desired, scale, record)
         self._decisions = [*self._decisions, record][-DECISIONS_KEPT:]
         self._details()
-        await self._record_metric(namespace, name, scale.replicas, decision)
+        self._record_metrics(namespace, name, scale, decision, record.applied, now)
+        await self._record_decision(namespace, name, scale.replicas, decision)
 
     async def _cpu_fallback(self, now: datetime, desired: int, scale: acts.ScaleStatus, record: DecisionRecord) -> None:
         """Batch only: scale the declared CPU deployment up while GPU replicas stay unavailable."""
@@ -257,8 +258,8 @@ class ReactiveScaling:
             return
         namespace, name = naming.split_deployment(fallback.deployment)
         try:
-            await workflow.execute_activity(
-                SCALE_VERSION,
+            await workflow.execute_activity_method(
+                RolloutActivities.scale_version,
                 ScaleVersionInput(
                     deployment=DeploymentRef(namespace=namespace, name=name),
                     version=fallback.version,
@@ -270,17 +271,45 @@ class ReactiveScaling:
             )
             self._fallback_applied = verdict.replicas
         except ActivityError as err:
-            record.fallback_reason += f"; scaling the fallback failed: {_cause(err)}"
+            record.fallback_reason += f"; scaling the fallback failed: {cause(err)}"
 
-    async def _record_metric(self, namespace: str, name: str, current: int, decision: Decision) -> None:
+    def _record_metrics(
+        self, namespace: str, name: str, scale: acts.ScaleStatus, decision: ScalingDecision, applied: bool, now: datetime
+    ) -> None:
+        """Replicas desired/Ready, and the scale-up in flight: finished when its replicas are all
+        Ready (cold start from its decision), given up when the loop scaled down first."""
+        meter = workflow.metric_meter()
+        pool = scale.priority_class or self._policy.priority_class
+        capacity = CAPACITY_FOR_CLASS.get(pool, "unknown")
+        telemetry.replicas(meter, namespace, name, pool, capacity, decision.desired, scale.ready_replicas)
+        pending = self._scale_up
+        if pending is not None:
+            if scale.ready_replicas >= pending.target:
+                seconds = (now - pending.decided_at).total_seconds()
+                telemetry.scale_up_finished(meter, namespace, name, pending.pool, ready=True, seconds=seconds)
+                self._scale_up = pending = None
+            elif applied and decision.desired < scale.replicas:
+                telemetry.scale_up_finished(meter, namespace, name, pending.pool, ready=False, seconds=0)
+                self._scale_up = pending = None
+        if applied and decision.desired > scale.replicas:
+            if pending is None:
+                telemetry.scale_up_started(meter, namespace, name, pool)
+                self._scale_up = PendingScaleUp(decided_at=now, target=decision.desired, pool=pool)
+            else:  # more replicas asked before the first ones were Ready: the same scale-up, grown
+                self._scale_up = pending.model_copy(update={"target": decision.desired})
+
+    async def _record_decision(self, namespace: str, name: str, current: int, decision: ScalingDecision) -> None:
         """Count the decision in the control-plane metrics (best effort: metrics never block scaling)."""
         direction = "up" if decision.desired > current else "down" if decision.desired < current else "hold"
         if direction == "hold" and decision.cause not in NOTABLE_HOLDS:
             return
-        try:
+        if workflow.patched(telemetry.METER_PATCH):
+            telemetry.scaling_decision(workflow.metric_meter(), namespace, name, direction, decision.cause)
+            return
+        try:  # a run that recorded through an activity before replays the activity it scheduled
             await workflow.execute_activity(
-                RECORD_SCALING_DECISION,
-                ScalingDecisionEvent(namespace=namespace, deployment=name, direction=direction, reason=decision.cause),
+                telemetry.LEGACY_SCALING_DECISION,
+                {"namespace": namespace, "deployment": name, "direction": direction, "reason": decision.cause},
                 start_to_close_timeout=timedelta(seconds=10),
                 retry_policy=RetryPolicy(maximum_attempts=2),
                 summary=f"metric: {direction} ({decision.cause})",
@@ -302,6 +331,7 @@ class ReactiveScaling:
             runs=self._runs + 1,
             fallback=self._fallback,
             fallback_applied=self._fallback_applied,
+            scale_up=self._scale_up,
         )
 
     def _details(self, note: str = "") -> None:
@@ -342,7 +372,7 @@ class ReactiveScaling:
         self._paused, self._pause_reason = False, ""
         self._wake = True
 
-    @workflow.signal(name="set_floor")
+    @workflow.signal(name=SET_FLOOR_SIGNAL)
     def set_floor(self, request: SetFloor) -> None:
         expires = workflow.now() + timedelta(seconds=request.ttl_seconds) if request.ttl_seconds else None
         self._floors[request.source] = FloorClaim(replicas=request.replicas, expires_at=expires)
@@ -375,68 +405,3 @@ class ReactiveScaling:
             iteration=self._iteration,
         )
 
-
-def _cause(err: ActivityError) -> str:
-    cause = err.cause
-    return str(cause.message if isinstance(cause, ApplicationError) else cause or err)
-
-
-class ScheduleFloorInput(BaseModel):
-    """What a Temporal Schedule's action passes: the floor a profile sets at its time."""
-
-    deployment: naming.DeploymentName
-    replicas: int = Field(ge=0)
-    source: str = "schedule"
-    ttl_seconds: float | None = Field(None, gt=0)
-
-
-
-@workflow.defn(name="ScheduleFloor")
-class ScheduleFloor:
-    """Sets the floor of a deployment's loop (started by `tideplane schedules apply` schedules)."""
-
-    @workflow.run
-    async def run(self, input: ScheduleFloorInput) -> str:
-        loop = workflow.get_external_workflow_handle(naming.scaling_workflow_id(input.deployment))
-        await loop.signal("set_floor", SetFloor(replicas=input.replicas, source=input.source, ttl_seconds=input.ttl_seconds))
-        return f"floor of {input.deployment} from {input.source}: {input.replicas}"
-
-
-class PrewarmInput(BaseModel):
-    deployment: naming.DeploymentName
-    time_zone: str = "UTC"
-    weeks: int = Field(4, ge=1, le=12)
-    startup_seconds: float = Field(600, ge=0, description="node boot + image pull + weight load + warm-up")
-    quantile: float = Field(0.75, ge=0, le=1)
-    ttl_seconds: float = Field(3600, gt=0, description="how long the predicted floor holds if not renewed")
-    query: str = Field(acts.DEFAULT_DEMAND_HISTORY_QUERY, description="hourly peaks of the replicas the load needed")
-
-
-
-@workflow.defn(name="PredictivePrewarm")
-class PredictivePrewarm:
-    """Raises the loop's floor ahead of the usual peak of this weekday and hour."""
-
-    @workflow.run
-    async def run(self, input: PrewarmInput) -> str:
-        namespace, name = naming.split_deployment(input.deployment)
-        history = await workflow.execute_activity(
-            acts.READ_REPLICA_HISTORY,
-            acts.ReplicaHistoryInput(
-                namespace=namespace,
-                deployment=name,
-                time_zone=input.time_zone,
-                weeks=input.weeks,
-                at=workflow.now().timestamp(),
-                query=input.query,
-            ),
-            result_type=acts.ReplicaHistory,
-            start_to_close_timeout=timedelta(seconds=60),
-            retry_policy=_SHORT,
-            summary=f"replica history, {input.weeks} weeks",
-        )
-        plan = prewarm_floor(history.samples, history.weekday, history.minute_of_day, input.startup_seconds, input.quantile)
-        loop = workflow.get_external_workflow_handle(naming.scaling_workflow_id(input.deployment))
-        await loop.signal("set_floor", SetFloor(replicas=plan.floor, source="prewarm", ttl_seconds=input.ttl_seconds))
-        workflow.set_current_details(plan.reason)
-        return plan.reason

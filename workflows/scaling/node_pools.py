@@ -29,12 +29,10 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.scaling import activities as acts
+    import workflows.scaling.activities as acts
+    from workflows.scaling.activities import NodePoolActivities
     from workflows.scaling.placement import CLASS_FOR_CAPACITY, ModelNeed, PoolDecision, PoolSizing, plan_pending, size_pool
-
-
-def node_pool_workflow_id(pool: str) -> str:
-    return f"nodepool/{pool}"
+    from workflows.steps import cause
 
 
 class PoolRecord(BaseModel):
@@ -95,12 +93,12 @@ class NodePoolScaling:
     async def _once(self, input: NodePoolInput) -> None:
         now = workflow.now().timestamp()
         try:
-            seen = await workflow.execute_activity(
-                acts.OBSERVE_NODE_POOL, input.pool, result_type=acts.PoolObservation,
+            seen = await workflow.execute_activity_method(
+                NodePoolActivities.observe_node_pool, input.pool,
                 start_to_close_timeout=timedelta(seconds=30), retry_policy=_SHORT, summary="observe pool",
             )
         except ActivityError as err:
-            workflow.set_current_details(f"⚠ cannot observe pool {self._pool}: {err.cause or err}")
+            workflow.set_current_details(f"⚠ cannot observe pool {self._pool}: {cause(err)}")
             return
         if seen.pending_gpus == 0:
             self._pending_since = None
@@ -125,15 +123,15 @@ class NodePoolScaling:
         desired = min(decision.desired_nodes, seen.max_size)
         reason = decision.reason
         if decision.drain:
-            removed = await workflow.execute_activity(
-                acts.REMOVE_POOL_NODE, acts.RemoveNodeInput(pool=self._pool, node=decision.drain),
-                result_type=acts.RemoveNodeResult, start_to_close_timeout=timedelta(seconds=60), retry_policy=_SHORT,
+            removed = await workflow.execute_activity_method(
+                NodePoolActivities.remove_pool_node, acts.RemoveNodeInput(pool=self._pool, node=decision.drain),
+                start_to_close_timeout=timedelta(seconds=60), retry_policy=_SHORT,
                 summary=f"drain {decision.drain}",
             )
             reason += f"; {removed.reason}"
         elif desired != seen.desired_capacity:
-            await workflow.execute_activity(
-                acts.SET_POOL_CAPACITY, acts.SetCapacityInput(pool=self._pool, desired=desired),
+            await workflow.execute_activity_method(
+                NodePoolActivities.set_pool_capacity, acts.SetCapacityInput(pool=self._pool, desired=desired),
                 start_to_close_timeout=timedelta(seconds=30), retry_policy=_SHORT,
                 summary=f"{self._pool} {seen.desired_capacity} -> {desired} nodes",
             )

@@ -6,14 +6,30 @@ where the expected peak of a slot is a quantile of that slot's peaks over past w
 The history is demand in replicas (what the load needed: served work over one replica's
 capacity), never the replicas the fleet had: those include the floors pre-warm itself raised,
 which would carry one week's floor into the next for ever.
-Pure: the history arrives keyed by local ``"<weekday>:<hour>"`` (Monday = 0).
+``prewarm_floor`` is pure (the history arrives keyed by local ``"<weekday>:<hour>"``, Monday = 0)
+and reused by the scaling benchmark; the PredictivePrewarm workflow, which a Temporal Schedule
+starts every few minutes, reads the history and sets the result as the loop's ``prewarm`` floor.
+
+API (stable): workflow type PredictivePrewarm.
 """
 
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 
 from pydantic import BaseModel, Field
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    import workflows.naming as naming
+    from workflows.scaling.activities import (
+        DEFAULT_DEMAND_HISTORY_QUERY,
+        ReplicaHistoryInput,
+        ScalingActivities,
+    )
+    from workflows.scaling.floors import SET_FLOOR_SIGNAL, SetFloor
 
 
 def slot_key(weekday: int, hour: int) -> str:
@@ -60,3 +76,41 @@ def prewarm_floor(
         else "no history for the coming slots: floor 0"
     )
     return Prewarm(floor=floor, slots=slots, reason=reason)
+
+
+class PrewarmInput(BaseModel):
+    deployment: naming.DeploymentName
+    time_zone: str = "UTC"
+    weeks: int = Field(4, ge=1, le=12)
+    startup_seconds: float = Field(600, ge=0, description="node boot + image pull + weight load + warm-up")
+    quantile: float = Field(0.75, ge=0, le=1)
+    ttl_seconds: float = Field(3600, gt=0, description="how long the predicted floor holds if not renewed")
+    query: str = Field(DEFAULT_DEMAND_HISTORY_QUERY, description="hourly peaks of the replicas the load needed")
+
+
+@workflow.defn(name="PredictivePrewarm")
+class PredictivePrewarm:
+    """Raises the loop's floor ahead of the usual peak of this weekday and hour."""
+
+    @workflow.run
+    async def run(self, input: PrewarmInput) -> str:
+        namespace, name = naming.split_deployment(input.deployment)
+        history = await workflow.execute_activity_method(
+            ScalingActivities.read_replica_history,
+            ReplicaHistoryInput(
+                namespace=namespace,
+                deployment=name,
+                time_zone=input.time_zone,
+                weeks=input.weeks,
+                at=workflow.now().timestamp(),
+                query=input.query,
+            ),
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1)),
+            summary=f"replica history, {input.weeks} weeks",
+        )
+        plan = prewarm_floor(history.samples, history.weekday, history.minute_of_day, input.startup_seconds, input.quantile)
+        loop = workflow.get_external_workflow_handle(naming.scaling_workflow_id(input.deployment))
+        await loop.signal(SET_FLOOR_SIGNAL, SetFloor(replicas=plan.floor, source="prewarm", ttl_seconds=input.ttl_seconds))
+        workflow.set_current_details(plan.reason)
+        return plan.reason
