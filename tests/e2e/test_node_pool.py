@@ -1,7 +1,7 @@
 """End to end against the sandbox: pending GPU pods grow the node pool (an ASG in moto), idle nodes go.
 
-The NodePoolScaling loop runs its real activities: Kubernetes API emulator for nodes and pods,
-moto's Auto Scaling for the group; the sandbox's cloud turns new instances into nodes after a
+The NodePoolScaling loop runs its production activities, built here with clients pointed at the
+sandbox: Kubernetes API emulator for nodes and pods, moto's Auto Scaling for the group; the sandbox's cloud turns new instances into nodes after a
 boot delay and deletes the nodes of terminated instances.
 """
 
@@ -15,19 +15,27 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from activities import cloud
-from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, NODE_CAPACITY_TYPE, NODE_POOL
-from workflows.scaling.node_pools import NodePoolInput, NodePoolScaling, NodePoolStatus, node_pool_workflow_id
-from workflows.scaling.placement import PoolSizing
-from workflows.scaling.activities import PoolRef
+from tests.e2e.test_scaling_layers import node_pool_activities
 from tests.sandbox_fixtures import wait_for
+from workflows.naming import (
+    GPU_RESOURCE,
+    LABEL_APP,
+    LABEL_MODEL,
+    LABEL_VERSION,
+    NODE_CAPACITY_TYPE,
+    NODE_POOL,
+    node_pool_workflow_id,
+)
+from workflows.scaling.activities import PoolRef
+from workflows.scaling.node_pools import NodePoolInput, NodePoolScaling, NodePoolStatus
+from workflows.scaling.placement import PoolSizing
 
 NAMESPACE = "e2e-nodepool"
 POOL = "gpu-spot"
 
 
-async def test_pending_pods_grow_the_pool_and_idle_nodes_are_removed(sandbox_env):
-    api = config.new_client_from_config(config_file=str(sandbox_env.kubeconfig))
+async def test_pending_pods_grow_the_pool_and_idle_nodes_are_removed(sandbox):
+    api = config.new_client_from_config(config_file=str(sandbox.kubeconfig))
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
 
     def pool_nodes() -> list[str]:
@@ -47,10 +55,12 @@ async def test_pending_pods_grow_the_pool_and_idle_nodes_are_removed(sandbox_env
             }},
         },
     })
-    temporal = await Client.connect(sandbox_env.env["TEMPORAL_ADDRESS"], data_converter=pydantic_data_converter)
+    temporal = await Client.connect(sandbox.env["TEMPORAL_ADDRESS"], data_converter=pydantic_data_converter)
     queue = f"nodepool-e2e-{uuid.uuid4().hex[:6]}"
     sizing = PoolSizing(min_nodes=start_nodes, max_nodes=start_nodes + 3, warm_standby=0, gpus_per_node=4, pending_grace_seconds=1)
-    worker = Worker(temporal, task_queue=queue, workflows=[NodePoolScaling], activities=cloud.ACTIVITIES, activity_executor=ThreadPoolExecutor(4))
+    pools = node_pool_activities(sandbox)
+    activities = [pools.observe_node_pool, pools.set_pool_capacity, pools.remove_pool_node]
+    worker = Worker(temporal, task_queue=queue, workflows=[NodePoolScaling], activities=activities, activity_executor=ThreadPoolExecutor(4))
     async with worker:
         handle = await temporal.start_workflow(
             NodePoolScaling.run,

@@ -1,8 +1,9 @@
 """End to end against the sandbox: the ReactiveScaling loop with its real activities.
 
-Prometheus scrapes the fleet simulator, the activities read it and the Kubernetes API emulator
-over HTTP, and the loop scales the Deployment through its scale subresource. Demand steps up
-5x, then falls; the worker is stopped and replaced mid-loop.
+Prometheus scrapes the fleet simulator, the activities (the production classes, built here with
+clients pointed at the sandbox) read it and the Kubernetes API emulator over HTTP, and the loop
+scales the Deployment through its scale subresource. Demand steps up 5x, then falls; the worker
+is stopped and replaced mid-loop.
 """
 
 from __future__ import annotations
@@ -13,21 +14,26 @@ import re
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 from kubernetes import client, config
 from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from activities import kube, scaling
-from workers import telemetry
+from activities.clients.kube import KubeClient
+from activities.clients.prometheus import PrometheusClient
+from activities.clients.s3 import S3Client
+from activities.clients.vllm import VllmClient
+from activities.rollout import RolloutActivities, ServingPods
+from activities.scaling import ScalingActivities
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
+from infra.sandbox.launcher import AWS_ENV
 from infra.sandbox.ports import free_port
-from workers.config import settings
 from workflows import naming
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 from workflows.scaling.decide import ScalingPolicy
@@ -86,21 +92,43 @@ async def wait_for(predicate, timeout: float, what: str):
         await asyncio.sleep(0.3)
 
 
-def worker(temporal: Client, queue: str) -> Worker:
+MODEL_CACHE = Path("/var/cache/tideplane/models")
+
+
+def scaling_activities(sandbox) -> ScalingActivities:
+    """The loop's production activities over the sandbox's cluster and Prometheus."""
+    return ScalingActivities(KubeClient.connect(sandbox.kubeconfig), PrometheusClient(sandbox.urls["prometheus"]))
+
+
+def rollout_activities(sandbox) -> RolloutActivities:
+    """The rollout's activities (scale_version, ensure_version) over the sandbox, as the worker builds them."""
+    return RolloutActivities(
+        KubeClient.connect(sandbox.kubeconfig),
+        S3Client(sandbox.urls["moto"], AWS_ENV["AWS_DEFAULT_REGION"]),
+        PrometheusClient(sandbox.urls["prometheus"]),
+        VllmClient(),
+        ServingPods(model_cache_dir=MODEL_CACHE),
+        gateway="inference-gateway",
+        service_url_template="http://{service}.{namespace}.svc.cluster.local:8000",
+    )
+
+
+def worker(temporal: Client, queue: str, sandbox) -> Worker:
+    scaling = scaling_activities(sandbox)
     return Worker(
         temporal,
         task_queue=queue,
         workflows=[ReactiveScaling],
-        activities=[scaling.read_scaling_signals, scaling.get_scale, kube.scale_version, telemetry.record_scaling_decision],
+        activities=[scaling.read_scaling_signals, scaling.get_scale, rollout_activities(sandbox).scale_version],
         activity_executor=ThreadPoolExecutor(4),
     )
 
 
-async def test_loop_scales_up_in_one_decision_and_down_after_window_and_cooldown(sandbox_env):
-    api = config.new_client_from_config(config_file=str(sandbox_env.kubeconfig))
+async def test_loop_scales_up_in_one_decision_and_down_after_window_and_cooldown(sandbox):
+    api = config.new_client_from_config(config_file=str(sandbox.kubeconfig))
     deploy(api, replicas=1)
     set_demand(api, 3)
-    temporal = await Client.connect(sandbox_env.env["TEMPORAL_ADDRESS"], data_converter=pydantic_data_converter)
+    temporal = await Client.connect(sandbox.env["TEMPORAL_ADDRESS"], data_converter=pydantic_data_converter)
     queue = f"scaling-e2e-{uuid.uuid4().hex[:6]}"
     deployment = f"{NAMESPACE}/chat"
     inp = ScalingInput(deployment=deployment, policy=POLICY, interval_seconds=1, window="5s")
@@ -108,7 +136,7 @@ async def test_loop_scales_up_in_one_decision_and_down_after_window_and_cooldown
     async def status() -> ScalingStatus:
         return await handle.query(ReactiveScaling.status)
 
-    async with worker(temporal, queue):
+    async with worker(temporal, queue, sandbox):
         handle = await temporal.start_workflow(
             ReactiveScaling.run, inp, id=naming.scaling_workflow_id(deployment), task_queue=queue
         )
@@ -129,7 +157,7 @@ async def test_loop_scales_up_in_one_decision_and_down_after_window_and_cooldown
     await asyncio.sleep(2)
     set_demand(api, 2)
     dropped = time.time()
-    async with worker(temporal, queue):
+    async with worker(temporal, queue, sandbox):
         downs = await wait_for(
             lambda: _all(status, lambda d: d.desired < d.current and d.at.timestamp() > dropped, at_least=2), 60, "two steps down"
         )
@@ -145,7 +173,7 @@ async def test_loop_scales_up_in_one_decision_and_down_after_window_and_cooldown
     # the pre-warm history: hourly peaks of serving replicas, keyed by local weekday and hour
     history = await asyncio.to_thread(
         ActivityEnvironment().run,
-        scaling.read_replica_history,
+        scaling_activities(sandbox).read_replica_history,
         ReplicaHistoryInput(
             namespace=NAMESPACE,
             deployment="chat",
@@ -159,22 +187,22 @@ async def test_loop_scales_up_in_one_decision_and_down_after_window_and_cooldown
     assert all(re.fullmatch(r"[0-6]:([0-9]|1[0-9]|2[0-3])", key) for key in history.samples)
 
 
-async def test_loop_converges_while_the_api_server_fails_a_fifth_of_requests(sandbox_env):
+async def test_loop_converges_while_the_api_server_fails_a_fifth_of_requests(sandbox):
     """Issue 9's fault injection for loops: 500s, 409s on writes and 1 s delays on 20 % of API
     calls; the loop still reaches the size the queue asks for, never overshoots max_replicas and
     keeps running, with every activity inside its bounded retry policy."""
     namespace = "e2e-scaling-faults"
-    api = config.new_client_from_config(config_file=str(sandbox_env.kubeconfig))
+    api = config.new_client_from_config(config_file=str(sandbox.kubeconfig))
     deploy(api, replicas=1, namespace=namespace)
     set_demand(api, 15, namespace)
-    temporal = await Client.connect(sandbox_env.env["TEMPORAL_ADDRESS"], data_converter=pydantic_data_converter)
+    temporal = await Client.connect(sandbox.env["TEMPORAL_ADDRESS"], data_converter=pydantic_data_converter)
     queue = f"scaling-faults-{uuid.uuid4().hex[:6]}"
     deployment = f"{namespace}/chat"
     spec = lambda: client.AppsV1Api(api).read_namespaced_deployment_scale("chat-v1-0-0", namespace).spec.replicas  # noqa: E731
-    async with httpx.AsyncClient(base_url=sandbox_env.urls["kubeapi"], timeout=10) as http:
+    async with httpx.AsyncClient(base_url=sandbox.urls["kubeapi"], timeout=10) as http:
         (await http.put("/sandbox/faults", json={"rate": 0.2, "kinds": ["500", "409", "delay"], "delay_seconds": 1})).raise_for_status()
         try:
-            async with worker(temporal, queue):
+            async with worker(temporal, queue, sandbox):
                 handle = await temporal.start_workflow(
                     ReactiveScaling.run,
                     ScalingInput(deployment=deployment, policy=POLICY, interval_seconds=1, window="5s"),
@@ -203,13 +231,9 @@ async def test_loop_converges_while_the_api_server_fails_a_fifth_of_requests(san
     assert max(attempts) <= 3  # the loop's retry policy bounds every activity
 
 
-def test_unreachable_prometheus_reads_as_blind_not_as_a_failure(monkeypatch):
-    monkeypatch.setenv("TIDEPLANE_PROMETHEUS_URL", f"http://127.0.0.1:{free_port()}")
-    settings.cache_clear()
-    try:
-        signals = ActivityEnvironment().run(scaling.read_scaling_signals, ReadSignalsInput(namespace="n", deployment="d"))
-    finally:
-        settings.cache_clear()
+def test_unreachable_prometheus_reads_as_blind_not_as_a_failure():
+    scaling = ScalingActivities(KubeClient(client.ApiClient()), PrometheusClient(f"http://127.0.0.1:{free_port()}"))
+    signals = ActivityEnvironment().run(scaling.read_scaling_signals, ReadSignalsInput(namespace="n", deployment="d"))
     assert signals.blind and "unreachable" in signals.error
     with pytest.raises(ApplicationError) as err:
         ActivityEnvironment().run(

@@ -19,26 +19,48 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
-from activities import cloud, kube, scaling
+from activities.clients.aws import AwsClient
+from activities.clients.kube import KubeClient
+from activities.cloud import NodePoolActivities
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, NodePool
+from infra.sandbox.launcher import AWS_ENV
 from infra.sandbox.nodes import Instance, node_manifest
-from workers import telemetry
-from workers.config import settings
-from workflows import naming
-from workflows.scaling.cpu_fallback import CpuFallback
-from workflows.naming import LABEL_APP, NODE_CAPACITY_TYPE, NODE_POOL
-from workflows.scaling.node_pools import NodePoolInput, NodePoolScaling, NodePoolStatus, node_pool_workflow_id
-from workflows.scaling.placement import PoolSizing
-from workflows.rollout.activities import DeploymentRef, EnsureVersionInput
-from workflows.scaling.decide import ScalingPolicy
-from workflows.scaling.activities import PoolRef
-from workflows.scaling.loop import ReactiveScaling, ScalingInput, ScalingStatus
+from infra.sandbox.ports import free_port
+from tests.e2e.test_scaling import MODEL_CACHE, rollout_activities, scaling_activities
 from tests.sandbox_fixtures import wait_for
+from tests.workflows.test_telemetry import ours, samples
+from workers.telemetry import metrics_runtime
+from workflows import naming
+from workflows.naming import LABEL_APP, NODE_CAPACITY_TYPE, NODE_POOL, DeploymentRef, node_pool_workflow_id
+from workflows.rollout.activities import EnsureVersionInput
+from workflows.scaling.activities import PoolRef
+from workflows.scaling.cpu_fallback import CpuFallback
+from workflows.scaling.decide import ScalingPolicy
+from workflows.scaling.loop import ReactiveScaling, ScalingInput, ScalingStatus
+from workflows.scaling.node_pools import NodePoolInput, NodePoolScaling, NodePoolStatus
+from workflows.scaling.placement import PoolSizing
+from workflows.telemetry import (
+    COLD_START_SECONDS,
+    REPLICAS_DESIRED,
+    REPLICAS_READY,
+    SCALE_UP_ATTEMPTS,
+    SCALE_UP_SUCCESSES,
+    SCALING_DECISIONS,
+)
 
 SPOT_POOL = "gpu-spot"
 
 
-def ensure(namespace: str, name: str, priority_class: str, replicas: int, gpus: int, model: str = "llama-3-8b") -> None:
+def node_pool_activities(sandbox) -> NodePoolActivities:
+    """The node layer's production activities over the sandbox's cluster and Auto Scaling groups (moto)."""
+    aws = AwsClient(
+        AWS_ENV["AWS_DEFAULT_REGION"], sandbox.urls["moto"],
+        access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"], secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"],
+    )
+    return NodePoolActivities(KubeClient.connect(sandbox.kubeconfig), aws)
+
+
+def ensure(sandbox, namespace: str, name: str, priority_class: str, replicas: int, gpus: int, model: str = "llama-3-8b") -> None:
     req = EnsureVersionInput(
         deployment=DeploymentRef(namespace=namespace, name=name),
         model=model,
@@ -46,10 +68,10 @@ def ensure(namespace: str, name: str, priority_class: str, replicas: int, gpus: 
         image="vllm/vllm-openai:v0.8.5",
         gpus_per_replica=gpus,
         replicas=replicas,
-        weights_path=f"{settings().model_cache_dir}/{model}/1.0.0",
+        weights_path=f"{MODEL_CACHE}/{model}/1.0.0",
         priority_class=priority_class,
     )
-    ActivityEnvironment().run(kube.ensure_version, req)
+    ActivityEnvironment().run(rollout_activities(sandbox).ensure_version, req)
 
 
 def pods(core: client.CoreV1Api, namespace: str, name: str) -> list[client.V1Pod]:
@@ -73,16 +95,16 @@ def register_node(core: client.CoreV1Api, name: str, capacity_type: str) -> None
     core.create_node(body)
 
 
-async def test_batch_pods_land_on_spot_and_realtime_pods_on_on_demand(sandbox_env):
-    api = config.new_client_from_config(config_file=str(sandbox_env.kubeconfig))
+async def test_batch_pods_land_on_spot_and_realtime_pods_on_on_demand(sandbox):
+    api = config.new_client_from_config(config_file=str(sandbox.kubeconfig))
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     namespace = "e2e-priority"
     extra = {"e2e-priority-spot": "spot", "e2e-priority-od": "on-demand"}
     for name, capacity_type in extra.items():
         register_node(core, name, capacity_type)
     core.create_namespace({"metadata": {"name": namespace}})
-    ensure(namespace, "nightly", "batch", replicas=2, gpus=1)
-    ensure(namespace, "chat", "realtime", replicas=2, gpus=1)
+    ensure(sandbox, namespace, "nightly", "batch", replicas=2, gpus=1)
+    ensure(sandbox, namespace, "chat", "realtime", replicas=2, gpus=1)
 
     def placed() -> dict[str, list[str]] | None:
         out = {name: [p.spec.node_name for p in pods(core, namespace, name)] for name in ("nightly", "chat")}
@@ -98,8 +120,8 @@ async def test_batch_pods_land_on_spot_and_realtime_pods_on_on_demand(sandbox_en
         core.delete_node(name)
 
 
-async def test_loop_scale_up_grows_the_spot_pool_and_the_cpu_fallback_covers_the_gap(sandbox_env):
-    api = config.new_client_from_config(config_file=str(sandbox_env.kubeconfig))
+async def test_loop_scale_up_grows_the_spot_pool_and_the_cpu_fallback_covers_the_gap(sandbox):
+    api = config.new_client_from_config(config_file=str(sandbox.kubeconfig))
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     namespace = "e2e-layers"
 
@@ -112,8 +134,8 @@ async def test_loop_scale_up_grows_the_spot_pool_and_the_cpu_fallback_covers_the
     # Whatever earlier tests left on the spot nodes, three whole-node replicas need new spot nodes.
     start = len(spot_nodes())
     core.create_namespace({"metadata": {"name": namespace}})
-    ensure(namespace, "digest", "batch", replicas=1, gpus=4, model="llama-3-70b")
-    ensure(namespace, "digest-cpu", "realtime", replicas=0, gpus=0, model="llama-3-70b-cpu")
+    ensure(sandbox, namespace, "digest", "batch", replicas=1, gpus=4, model="llama-3-70b")
+    ensure(sandbox, namespace, "digest-cpu", "realtime", replicas=0, gpus=0, model="llama-3-70b-cpu")
     gpu_dep, cpu_dep = naming.versioned_name("digest", "1.0.0"), naming.versioned_name("digest-cpu", "1.0.0")
     want = 3
 
@@ -124,13 +146,21 @@ async def test_loop_scale_up_grows_the_spot_pool_and_the_cpu_fallback_covers_the
         cpu_fallback=CpuFallback(deployment=f"{namespace}/digest-cpu", version="1.0.0", replicas=2, after_seconds=1, stabilisation_seconds=2),
     )
     sizing = PoolSizing(min_nodes=start, max_nodes=start + want, warm_standby=0, gpus_per_node=4, pending_grace_seconds=1)
-    temporal = await Client.connect(sandbox_env.env["TEMPORAL_ADDRESS"], data_converter=pydantic_data_converter)
+    metrics_port = free_port()  # the worker's metrics, as Prometheus would scrape them
+    temporal = await Client.connect(
+        sandbox.env["TEMPORAL_ADDRESS"], data_converter=pydantic_data_converter,
+        runtime=metrics_runtime(metrics_port, host="127.0.0.1"),
+    )
     queue = f"layers-e2e-{uuid.uuid4().hex[:6]}"
+    scaling, pools = scaling_activities(sandbox), node_pool_activities(sandbox)
     worker = Worker(
         temporal,
         task_queue=queue,
         workflows=[ReactiveScaling, NodePoolScaling],
-        activities=[scaling.read_scaling_signals, scaling.get_scale, kube.scale_version, telemetry.record_scaling_decision, *cloud.ACTIVITIES],
+        activities=[
+            scaling.read_scaling_signals, scaling.get_scale, rollout_activities(sandbox).scale_version,
+            pools.observe_node_pool, pools.set_pool_capacity, pools.remove_pool_node,
+        ],
         activity_executor=ThreadPoolExecutor(6),
     )
     cpu_replicas_seen: set[int] = set()
@@ -155,8 +185,8 @@ async def test_loop_scale_up_grows_the_spot_pool_and_the_cpu_fallback_covers_the
         await wait_for(gpu_ready_and_fallback_gone, 50, "GPU replicas Ready on new spot nodes and the CPU fallback back at 0")
 
         status: ScalingStatus = await loop.query(ReactiveScaling.status)
-        up = next(d for d in status.decisions if d.desired > d.current)
-        assert up.applied and up.desired == want and "queue" in up.reason  # in one decision
+        up_decision = next(d for d in status.decisions if d.desired > d.current)
+        assert up_decision.applied and up_decision.desired == want and "queue" in up_decision.reason  # in one decision
         assert any(d.unschedulable > 0 for d in status.decisions)  # the loop saw its replicas wait for capacity
         assert any(d.fallback_replicas == 2 and "Unschedulable" in d.fallback_reason for d in status.decisions)
         pool_status: NodePoolStatus = await pool.query(NodePoolScaling.status)
@@ -166,10 +196,20 @@ async def test_loop_scale_up_grows_the_spot_pool_and_the_cpu_fallback_covers_the
         assert 1 <= grown <= want and max(r.desired for r in pool_status.records) == start + grown  # never over-asked
         assert {capacity_of(core, p.spec.node_name) for p in pods(core, namespace, "digest")} == {"spot"}
 
-        dep_labels = (namespace, "digest")
-        assert telemetry.SCALING_DECISIONS.labels(*dep_labels, "up", "queue_depth")._value.get() >= 1
-        assert telemetry.REPLICAS_DESIRED.labels(*dep_labels, "batch", "spot")._value.get() == want
-        assert telemetry.REPLICAS_READY.labels(*dep_labels, "batch", "spot")._value.get() == want
+        # the loop's metrics, read from the worker's endpoint after the real scale-up
+        got = samples(metrics_port)
+        dep = {("kube_namespace", namespace), ("deployment", "digest")}
+        up = frozenset(dep | {("direction", "up"), ("reason", "queue_depth")})
+        assert ours(got, SCALING_DECISIONS.name, "digest")[up] >= 1
+        on_spot = frozenset(dep | {("pool", "batch"), ("capacity_type", "spot")})
+        assert ours(got, REPLICAS_DESIRED.name, "digest")[on_spot] == want
+        assert ours(got, REPLICAS_READY.name, "digest")[on_spot] == want
+        batch = frozenset(dep | {("pool", "batch")})
+        assert ours(got, SCALE_UP_ATTEMPTS.name, "digest")[batch] == ours(got, SCALE_UP_SUCCESSES.name, "digest")[batch] == 1
+        # the cold start: decision -> all replicas Ready on new spot nodes (node boot, image, weights)
+        assert ours(got, COLD_START_SECONDS.name + "_count", "digest")[batch] == 1
+        cold_start = ours(got, COLD_START_SECONDS.name + "_sum", "digest")[batch]
+        assert 0 < cold_start <= (status.decisions[-1].at - up_decision.at).total_seconds() + 1
 
         # leave the cluster as found: the loop goes, and the pool drains its idle nodes back to its minimum
         await loop.terminate()
