@@ -202,7 +202,7 @@ class SpotActivities(contract.SpotActivities):
         return None if obj is None else self._kube.api.sanitize_for_serialization(obj)
 
     def _write_fallback(
-        self, key: DeploymentRef, update_claims: Callable[[dict[str, int]], dict[str, int]], capacity_type: str
+        self, key: naming.DeploymentRef, update_claims: Callable[[dict[str, int]], dict[str, int]], capacity_type: str
     ) -> FallbackClaims:
         """Read-modify-write the fallback's claims with optimistic concurrency (resourceVersion)."""
         apps = self._kube.apps
