@@ -72,10 +72,24 @@ def _boto3_download(s3, files: list[WeightFile], dest: Path) -> float:
     return time.perf_counter() - started
 
 
-def _stage(files: list[WeightFile], version: str, stop_at: int | None = None):
-    """Run stage_weights once; ``stop_at`` bytes: end the attempt there (returns None)."""
-    from activities import storage
+def _stager(endpoint: str, cache: Path):
+    """The rollout activities with S3 at ``endpoint`` and the model cache at ``cache`` (the other clients unused)."""
+    from kubernetes import client
 
+    from activities.clients.kube import KubeClient
+    from activities.clients.prometheus import PrometheusClient
+    from activities.clients.s3 import S3Client
+    from activities.clients.vllm import VllmClient
+    from activities.rollout import RolloutActivities, ServingPods
+
+    return RolloutActivities(
+        KubeClient(client.ApiClient()), S3Client(endpoint, "us-east-1"), PrometheusClient("http://127.0.0.1:9"),
+        VllmClient(), ServingPods(model_cache_dir=cache), "inference-gateway", "http://{service}.{namespace}:8000",
+    )
+
+
+def _stage(stager, files: list[WeightFile], version: str, stop_at: int | None = None):
+    """Run stage_weights once; ``stop_at`` bytes: end the attempt there (returns None)."""
     env = ActivityEnvironment()
 
     def beat(details) -> None:
@@ -85,15 +99,13 @@ def _stage(files: list[WeightFile], version: str, stop_at: int | None = None):
     env.on_heartbeat = lambda *d: beat(d[0])
     started = time.perf_counter()
     try:
-        result = env.run(storage.stage_weights, StageWeightsInput(model="bench", version=version, files=files))
+        result = env.run(stager.stage_weights, StageWeightsInput(model="bench", version=version, files=files))
     except Interrupted:
         return None, time.perf_counter() - started
     return result, time.perf_counter() - started
 
 
 def run(out_dir: Path | None, size_bytes: int = 2 * 2**30, files: int = 4, repeats: int = 2, workdir: Path | None = None) -> list[dict]:
-    from workers.config import settings
-
     work = Path(tempfile.mkdtemp(prefix="tideplane-staging-", dir=workdir))
     port = free_port()
     moto = subprocess.Popen(
@@ -106,26 +118,25 @@ def run(out_dir: Path | None, size_bytes: int = 2 * 2**30, files: int = 4, repea
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "TIDEPLANE_MODEL_CACHE_DIR": str(work / "cache"),
     }
     saved = {k: os.environ.get(k) for k in env_keys}
     os.environ.update(env_keys)
-    settings.cache_clear()
     try:
         wait_for_port(port)
         s3 = boto3.client("s3", endpoint_url=env_keys["AWS_ENDPOINT_URL"], region_name="us-east-1")
         weights = _upload(s3, files, size_bytes)
+        stager = _stager(env_keys["AWS_ENDPOINT_URL"], work / "cache")
         plain, staged = [], []
         for i in range(repeats):
             plain.append(_boto3_download(s3, weights, work / "plain"))
             shutil.rmtree(work / "plain")
-            result, seconds = _stage(weights, f"run{i}")
+            result, seconds = _stage(stager, weights, f"run{i}")
             if result is None or result.size_bytes != size_bytes or result.resumed_bytes:
                 raise RuntimeError(f"staging run {i} did not stage the whole set from scratch: {result}")
             staged.append(seconds)
             shutil.rmtree(work / "cache")
-        _, first = _stage(weights, "resume", stop_at=size_bytes // 2)
-        resumed, second = _stage(weights, "resume")
+        _, first = _stage(stager, weights, "resume", stop_at=size_bytes // 2)
+        resumed, second = _stage(stager, weights, "resume")
         if resumed is None or resumed.size_bytes != size_bytes:
             raise RuntimeError(f"the retry after the interruption did not finish: {resumed}")
         shutil.rmtree(work / "cache")
@@ -138,7 +149,6 @@ def run(out_dir: Path | None, size_bytes: int = 2 * 2**30, files: int = 4, repea
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        settings.cache_clear()
 
     mib = size_bytes / 2**20
     table = [

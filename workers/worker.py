@@ -12,22 +12,41 @@ import logging
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from typing import Callable
 
 from pydantic import ValidationError
 from temporalio.worker import Worker
 
-from activities import cloud, cost, gpu, kube, metrics, registry, scaling, serving, storage
+from activities.clients.aws import AwsClient
+from activities.clients.kube import KubeClient
+from activities.clients.prometheus import PrometheusClient
+from activities.clients.s3 import S3Client
+from activities.clients.vllm import VllmClient
+from activities.cloud import NodePoolActivities
+from activities.cost import CostActivities
+from activities.registry import RegistryActivities
+from activities.rollout import RolloutActivities, ServingPods
+from activities.scaling import ScalingActivities
+from activities.spot import SpotActivities, SpotWorkflowStarts
 from workers import telemetry
 from workers.client import connect
-from workers.config import settings
+from workers.config import Settings, settings
 from workflows.spot.reclaim import SpotReclaim
 from workflows.spot.return_to_spot import ReturnToSpot
 from workflows.spot.watcher import SpotInterruptionWatcher
+from workflows.cost.activities import CostActivities as CostContract
 from workflows.cost.report import CostReport
 from workflows.scaling.node_pools import NodePoolScaling
+from workflows.registry.activities import RegistryActivities as RegistryContract
 from workflows.registry.retention import RegistryRetention
+from workflows.rollout.activities import RolloutActivities as RolloutContract
 from workflows.rollout.workflow import ModelRollout
-from workflows.scaling.loop import PredictivePrewarm, ReactiveScaling, ScheduleFloor
+from workflows.scaling.activities import NodePoolActivities as NodePoolContract
+from workflows.scaling.activities import ScalingActivities as ScalingContract
+from workflows.scaling.floors import ScheduleFloor
+from workflows.scaling.loop import ReactiveScaling
+from workflows.scaling.prewarm import PredictivePrewarm
+from workflows.spot import activities as spot_contract
 
 log = logging.getLogger("tideplane.worker")
 
@@ -44,17 +63,37 @@ WORKFLOWS: list[type] = [
     ReturnToSpot,
 ]
 ACTIVITIES: list = [
-    *storage.ACTIVITIES,
-    *kube.ACTIVITIES,
-    *serving.ACTIVITIES,
-    *metrics.ACTIVITIES,
-    *registry.ACTIVITIES,
-    *scaling.ACTIVITIES,
-    *cloud.ACTIVITIES,
-    *gpu.ACTIVITIES,
     *telemetry.ACTIVITIES,
-    cost.collect_cost_inputs,
 ]
+
+
+def activity_methods(instance: object, contract: type) -> list[Callable]:
+    """The instance's implementations (bound methods) of every activity its contract class declares."""
+    return [getattr(instance, name) for name, member in vars(contract).items() if callable(member) and not name.startswith("_")]
+
+
+def build_activities(config: Settings) -> list[Callable]:
+    """Every activity this worker runs: the clients built once from ``config`` and passed into
+    the activity classes, whose bound methods are registered (plus the module-level ones)."""
+    kube = KubeClient.connect(config.kubeconfig, config.kube_in_cluster)
+    s3 = S3Client(config.aws_endpoint_url, config.aws_region)
+    prometheus = PrometheusClient(config.prometheus_url)
+    pods = ServingPods(config.model_cache_dir, config.model_cache_pvc, config.otlp_traces_endpoint, config.trace_sample_ratio)
+    rollout = RolloutActivities(kube, s3, prometheus, VllmClient(), pods, config.gateway, config.service_url_template)
+    registry = RegistryActivities(s3, kube, config.weights_bucket)
+    cost = CostActivities(prometheus)
+    aws = AwsClient(config.aws_region, config.aws_endpoint_url)
+    return [
+        *activity_methods(rollout, RolloutContract),
+        *activity_methods(registry, RegistryContract),
+        *activity_methods(cost, CostContract),
+        *activity_methods(ScalingActivities(kube, prometheus), ScalingContract),
+        *activity_methods(NodePoolActivities(kube, aws), NodePoolContract),
+        *activity_methods(SpotActivities(kube, aws, config.spot_queue_url), spot_contract.SpotActivities),
+        *activity_methods(SpotWorkflowStarts(), spot_contract.SpotWorkflowStarts),
+        *ACTIVITIES,
+    ]
+
 
 MAX_CONCURRENT_ACTIVITIES = 32
 SHUTDOWN_GRACE = timedelta(seconds=30)  # running activities get this long to finish on SIGTERM
@@ -74,7 +113,7 @@ async def run_worker(stop: asyncio.Event | None = None) -> None:
             client,
             task_queue=config.task_queue,
             workflows=WORKFLOWS,
-            activities=ACTIVITIES,
+            activities=build_activities(config),
             activity_executor=executor,
             max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
             graceful_shutdown_timeout=SHUTDOWN_GRACE,

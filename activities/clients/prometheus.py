@@ -2,8 +2,8 @@
 
 A PromQL error is bad input (non-retryable ApplicationError); anything else that keeps an answer
 from coming (unreachable, 5xx) is retryable and typed ``MetricsUnavailable`` so a workflow can
-spend its metric error budget instead of deciding blind. Every such error is counted through
-``count_error(reason)`` (the worker wires it to ``tideplane_metric_query_errors_total``).
+spend its metric error budget instead of deciding blind. Every such error is counted in
+``tideplane_metric_query_errors_total`` (the activity's metric meter).
 Query templates are ``string.Template`` so a user with another gateway edits a query, not code.
 """
 
@@ -21,8 +21,11 @@ from typing import Any, Callable
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from temporalio import activity
+from temporalio.common import MetricMeter
 from temporalio.exceptions import ApplicationError
 from urllib3.util.retry import Retry
+
+from workflows import telemetry
 
 HTTP_TIMEOUT = (3.0, 10.0)  # (connect, read) seconds
 QUERY_TIMEOUT = "8s"  # Prometheus' own evaluation limit, under the HTTP timeout
@@ -71,31 +74,30 @@ def scalar(name: str, result: list) -> float | None:
 class PrometheusClient:
     """The worker's Prometheus; one requests session, no retries of its own (Temporal retries)."""
 
-    def __init__(self, url: str, count_error: Callable[[str], object] = lambda reason: None) -> None:
+    def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
-        self.count_error = count_error
         self.connect = PrometheusConnect(url=self.url, retry=Retry(total=0, raise_on_status=False), timeout=HTTP_TIMEOUT)
 
     def _call(self, name: str, promql: str, run: Callable[[], Any]) -> Any:
         try:
             return run()
         except requests.RequestException as exc:
-            self.count_error("unreachable")
+            _count_error("unreachable")
             raise ApplicationError(f"Prometheus at {self.url} unreachable: {exc!r}", type="MetricsUnavailable") from None
         except PrometheusApiClientException as exc:
             status, body = _error_response(exc)
             if status == 400 and body.get("errorType") == "bad_data":
-                self.count_error("bad_query")
+                _count_error("bad_query")
                 raise ApplicationError(
                     f"query {name!r}: Prometheus rejected {promql!r}: {body.get('error')}", non_retryable=True
                 ) from None
-            self.count_error(f"http_{status}")
+            _count_error(f"http_{status}")
             raise ApplicationError(
                 f"query {name!r}: Prometheus answered HTTP {status}: {body.get('error') or str(exc)[:200]}",
                 type="MetricsUnavailable",
             ) from None
         except ValueError as exc:  # a 200 whose body is not Prometheus JSON
-            self.count_error("bad_response")
+            _count_error("bad_response")
             raise ApplicationError(f"query {name!r}: Prometheus answered no JSON: {exc}", type="MetricsUnavailable") from None
 
     def instant(self, name: str, promql: str, at: float | None = None) -> list:
@@ -126,3 +128,8 @@ def _error_response(exc: PrometheusApiClientException) -> tuple[int, dict]:
     except (ValueError, SyntaxError):
         body = {}
     return int(match.group(1)), body if isinstance(body, dict) else {}
+
+
+def _count_error(reason: str) -> None:
+    meter = activity.metric_meter() if activity.in_activity() else MetricMeter.noop
+    telemetry.metric_query_error(meter, "prometheus", reason)

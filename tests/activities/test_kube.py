@@ -1,7 +1,8 @@
-"""Kubernetes activities (and warm_up) against the sandbox's API emulator and fleet simulator.
+"""The rollout's Kubernetes activities (and warm_up) against the sandbox's API emulator and fleet simulator.
 
-Both run as their own processes on free ports; the activities reach them through a kubeconfig
-and settings().service_url_template exactly as a worker would reach a real cluster.
+Both run as their own processes on free ports; RolloutActivities reaches them through a
+KubeClient built from a kubeconfig and a service URL template, exactly as a worker would reach a
+real cluster.
 """
 
 from __future__ import annotations
@@ -11,22 +12,22 @@ import dataclasses
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from kubernetes import client
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import ActivityEnvironment
 
-from activities import kube, serving
+from activities.rollout import ROUTE_API, RolloutActivities
 from infra.sandbox.config import NodePool
 from infra.sandbox.kubeclient import api_client as sandbox_client
 from infra.sandbox.kubeclient import kubeconfig_yaml
 from infra.sandbox.nodes import Instance, node_manifest
 from infra.sandbox.ports import free_port, wait_for_port
-from workers.config import settings
 from workflows import naming
+from workflows.naming import DeploymentRef
 from workflows.rollout.activities import (
-    DeploymentRef,
     EnsureVersionInput,
     RouteWeightsInput,
     ScaleVersionInput,
@@ -72,15 +73,15 @@ def cluster(tmp_path_factory):
             proc.wait(10)
 
 
-@pytest.fixture
-def kube_env(cluster, monkeypatch):
-    monkeypatch.setenv("TIDEPLANE_KUBECONFIG", cluster["kubeconfig"])
-    monkeypatch.setenv("TIDEPLANE_MODEL_CACHE_DIR", CACHE)
-    monkeypatch.setenv("TIDEPLANE_SERVICE_URL_TEMPLATE", cluster["fleet"] + "/proxy/{namespace}/{service}")
-    monkeypatch.setenv("TIDEPLANE_GATEWAY", "gateways/inference-gateway")
-    settings.cache_clear()
-    yield cluster
-    settings.cache_clear()
+@pytest.fixture(scope="module")
+def rollout(cluster, make_rollout) -> RolloutActivities:
+    """The rollout activities pointed at this cluster and its fleet simulator's Services."""
+    return make_rollout(
+        kubeconfig=cluster["kubeconfig"],
+        model_cache_dir=Path(CACHE),
+        gateway="gateways/inference-gateway",
+        service_url_template=cluster["fleet"] + "/proxy/{namespace}/{service}",
+    )
 
 
 def _ref(name: str) -> DeploymentRef:
@@ -107,69 +108,69 @@ def _run(fn, arg, heartbeats: list | None = None, env: ActivityEnvironment | Non
     return env.run(fn, arg)
 
 
-def _route(name: str) -> dict:
-    return client.CustomObjectsApi(kube.api_client()).get_namespaced_custom_object(*kube.ROUTE_API, NS, "httproutes", name)
+def _route(rollout: RolloutActivities, name: str) -> dict:
+    return rollout.kube.custom.get_namespaced_custom_object(*ROUTE_API, NS, "httproutes", name)
 
 
-def _backends(name: str) -> dict[str, int]:
-    return {b["name"]: b["weight"] for b in _route(name)["spec"]["rules"][0]["backendRefs"]}
+def _backends(rollout: RolloutActivities, name: str) -> dict[str, int]:
+    return {b["name"]: b["weight"] for b in _route(rollout, name)["spec"]["rules"][0]["backendRefs"]}
 
 
-def test_first_deploy_then_canary_and_promote(kube_env):
+def test_first_deploy_then_canary_and_promote(rollout):
     ref = _ref("chat")
-    state = _run(kube.describe_deployment, ref)
+    state = _run(rollout.describe_deployment, ref)
     assert not state.route_exists and state.versions == [] and state.stable is None
 
     # Start the stable version; applying it twice changes nothing and duplicates nothing.
     stable = _version("chat", "1.2.0", replicas=2, env={"VLLM_LOGGING_LEVEL": "INFO"})
-    _run(kube.ensure_version, stable)
-    apps, core = client.AppsV1Api(kube.api_client()), client.CoreV1Api(kube.api_client())
+    _run(rollout.ensure_version, stable)
+    apps, core = rollout.kube.apps, rollout.kube.core
     generation = apps.read_namespaced_deployment("chat-v1-2-0", NS).metadata.generation
-    _run(kube.ensure_version, stable)
+    _run(rollout.ensure_version, stable)
     assert apps.read_namespaced_deployment("chat-v1-2-0", NS).metadata.generation == generation
     selector = f"{naming.LABEL_APP}=chat"
     assert [d.metadata.name for d in apps.list_namespaced_deployment(NS, label_selector=selector).items] == ["chat-v1-2-0"]
     assert [s.metadata.name for s in core.list_namespaced_service(NS, label_selector=selector).items] == ["chat-v1-2-0"]
 
     beats: list = []
-    ready = _run(kube.wait_ready, WaitReadyInput(deployment=ref, version="1.2.0", replicas=2, poll_seconds=0.2), beats)
+    ready = _run(rollout.wait_ready, WaitReadyInput(deployment=ref, version="1.2.0", replicas=2, poll_seconds=0.2), beats)
     assert ready.ready_replicas == 2 and 0 < ready.seconds < 15
     assert beats and beats[0]["desired"] == 2 and beats[0]["ready"] < 2
 
-    _run(kube.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.2.0": 100}))
-    route = _route("chat")
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.2.0": 100}))
+    route = _route(rollout, "chat")
     assert route["spec"]["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway", "namespace": "gateways"}]
     assert route["metadata"]["labels"][naming.LABEL_APP] == "chat"
-    assert _backends("chat") == {"chat-v1-2-0": 100}
+    assert _backends(rollout, "chat") == {"chat-v1-2-0": 100}
 
     # The canary joins at weight 0, then takes 5 %.
-    _run(kube.ensure_version, _version("chat", "1.3.0", replicas=1))
-    _run(kube.wait_ready, WaitReadyInput(deployment=ref, version="1.3.0", replicas=1, poll_seconds=0.2))
-    _run(kube.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.2.0": 100, "1.3.0": 0}))
-    assert _backends("chat") == {"chat-v1-2-0": 100, "chat-v1-3-0": 0}
-    rv = _route("chat")["metadata"]["resourceVersion"]
-    _run(kube.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.2.0": 100, "1.3.0": 0}))
-    assert _route("chat")["metadata"]["resourceVersion"] == rv  # idempotent: no write at all
+    _run(rollout.ensure_version, _version("chat", "1.3.0", replicas=1))
+    _run(rollout.wait_ready, WaitReadyInput(deployment=ref, version="1.3.0", replicas=1, poll_seconds=0.2))
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.2.0": 100, "1.3.0": 0}))
+    assert _backends(rollout, "chat") == {"chat-v1-2-0": 100, "chat-v1-3-0": 0}
+    rv = _route(rollout, "chat")["metadata"]["resourceVersion"]
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.2.0": 100, "1.3.0": 0}))
+    assert _route(rollout, "chat")["metadata"]["resourceVersion"] == rv  # idempotent: no write at all
 
-    _run(kube.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.2.0": 95, "1.3.0": 5}))
-    state = _run(kube.describe_deployment, ref)
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.2.0": 95, "1.3.0": 5}))
+    state = _run(rollout.describe_deployment, ref)
     assert state.route_exists and state.stable.version == "1.2.0"
     by_version = {v.version: v for v in state.versions}
     assert by_version["1.2.0"].replicas == 2 and by_version["1.2.0"].ready_replicas == 2
     assert by_version["1.3.0"].route_weight == 5 and by_version["1.3.0"].model == "llama-3-8b"
 
     # Promote: traffic first, then the old version scales down through the scale subresource.
-    _run(kube.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.2.0": 0, "1.3.0": 100}))
-    _run(kube.scale_version, ScaleVersionInput(deployment=ref, version="1.2.0", replicas=0))
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.2.0": 0, "1.3.0": 100}))
+    _run(rollout.scale_version, ScaleVersionInput(deployment=ref, version="1.2.0", replicas=0))
     assert apps.read_namespaced_deployment_scale("chat-v1-2-0", NS).spec.replicas == 0
-    state = _run(kube.describe_deployment, ref)
+    state = _run(rollout.describe_deployment, ref)
     assert state.stable.version == "1.3.0"
     assert {v.version: (v.replicas, v.route_weight) for v in state.versions} == {"1.2.0": (0, 0), "1.3.0": (1, 100)}
 
 
-def test_deployment_serves_the_staged_weights_read_only_on_gpus(kube_env):
-    _run(kube.ensure_version, _version("embed", "2.0.0", gpus=2, args=["--max-model-len", "8192"], env={"OTEL_SERVICE_NAME": "custom"}))
-    dep = client.AppsV1Api(kube.api_client()).read_namespaced_deployment("embed-v2-0-0", NS)
+def test_deployment_serves_the_staged_weights_read_only_on_gpus(rollout):
+    _run(rollout.ensure_version, _version("embed", "2.0.0", gpus=2, args=["--max-model-len", "8192"], env={"OTEL_SERVICE_NAME": "custom"}))
+    dep = rollout.kube.apps.read_namespaced_deployment("embed-v2-0-0", NS)
     pod = dep.spec.template
     assert pod.metadata.labels == {
         naming.LABEL_APP: "embed",
@@ -188,69 +189,69 @@ def test_deployment_serves_the_staged_weights_read_only_on_gpus(kube_env):
     assert volume.name == mount.name and volume.host_path.path == CACHE
     env = {e.name: e.value for e in container.env}
     assert env["OTEL_SERVICE_NAME"] == "custom" and "service.version=2.0.0" in env["OTEL_RESOURCE_ATTRIBUTES"]
-    service = client.CoreV1Api(kube.api_client()).read_namespaced_service("embed-v2-0-0", NS)
+    service = rollout.kube.core.read_namespaced_service("embed-v2-0-0", NS)
     assert service.spec.selector == {naming.LABEL_APP: "embed", naming.LABEL_VERSION: "2.0.0"}
 
 
-def test_route_keeps_its_matches_and_rejects_bad_weights(kube_env):
+def test_route_keeps_its_matches_and_rejects_bad_weights(rollout):
     ref = _ref("rag")
-    _run(kube.ensure_version, _version("rag", "1.0.0", gpus=0))
-    routes = client.CustomObjectsApi(kube.api_client())
+    _run(rollout.ensure_version, _version("rag", "1.0.0", gpus=0))
+    routes = rollout.kube.custom
     rule = {"matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}], "backendRefs": [{"name": "old", "port": 8000, "weight": 100}]}
-    routes.create_namespaced_custom_object(*kube.ROUTE_API, NS, "httproutes", {
+    routes.create_namespaced_custom_object(*ROUTE_API, NS, "httproutes", {
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
         "metadata": {"name": "rag"}, "spec": {"parentRefs": [{"name": "edge"}], "rules": [rule]},
     })
-    _run(kube.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 100}))
-    route = _route("rag")
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 100}))
+    route = _route(rollout, "rag")
     assert route["spec"]["rules"][0]["matches"] == rule["matches"] and route["spec"]["parentRefs"] == [{"name": "edge"}]
-    assert _backends("rag") == {"rag-v1-0-0": 100}
+    assert _backends(rollout, "rag") == {"rag-v1-0-0": 100}
 
     for weights in ({"1.0.0": 60}, {"1.0.0": 120, "0.9.0": -20}, {}):
         with pytest.raises(ApplicationError) as err:
-            _run(kube.set_route_weights, RouteWeightsInput(deployment=ref, weights=weights))
+            _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights=weights))
         assert err.value.non_retryable and "sum to 100" in str(err.value)
     with pytest.raises(ApplicationError) as err:
-        _run(kube.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 50, "4.0.0": 50}))
+        _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 50, "4.0.0": 50}))
     assert err.value.non_retryable and "rag-v4-0-0" in str(err.value)
-    assert _backends("rag") == {"rag-v1-0-0": 100}
+    assert _backends(rollout, "rag") == {"rag-v1-0-0": 100}
 
 
-def test_unknown_namespace_and_missing_version_are_non_retryable(kube_env):
+def test_unknown_namespace_and_missing_version_are_non_retryable(rollout):
     ghost = DeploymentRef(namespace="no-such-ns", name="chat")
     calls = [
-        (kube.describe_deployment, ghost),
-        (kube.ensure_version, _version("chat", "1.0.0").model_copy(update={"deployment": ghost})),
-        (kube.scale_version, ScaleVersionInput(deployment=ghost, version="1.0.0", replicas=1)),
-        (kube.wait_ready, WaitReadyInput(deployment=ghost, version="1.0.0", replicas=1)),
-        (kube.set_route_weights, RouteWeightsInput(deployment=ghost, weights={"1.0.0": 100})),
+        (rollout.describe_deployment, ghost),
+        (rollout.ensure_version, _version("chat", "1.0.0").model_copy(update={"deployment": ghost})),
+        (rollout.scale_version, ScaleVersionInput(deployment=ghost, version="1.0.0", replicas=1)),
+        (rollout.wait_ready, WaitReadyInput(deployment=ghost, version="1.0.0", replicas=1)),
+        (rollout.set_route_weights, RouteWeightsInput(deployment=ghost, weights={"1.0.0": 100})),
     ]
     for fn, arg in calls:
         with pytest.raises(ApplicationError) as err:
             _run(fn, arg)
         assert err.value.non_retryable and "no-such-ns" in str(err.value), fn.__name__
     for fn, arg in [
-        (kube.scale_version, ScaleVersionInput(deployment=_ref("chat"), version="9.9.9", replicas=1)),
-        (kube.wait_ready, WaitReadyInput(deployment=_ref("chat"), version="9.9.9", replicas=1)),
+        (rollout.scale_version, ScaleVersionInput(deployment=_ref("chat"), version="9.9.9", replicas=1)),
+        (rollout.wait_ready, WaitReadyInput(deployment=_ref("chat"), version="9.9.9", replicas=1)),
     ]:
         with pytest.raises(ApplicationError) as err:
             _run(fn, arg)
         assert err.value.non_retryable and "chat-v9-9-9" in str(err.value)
     with pytest.raises(ApplicationError) as err:
-        _run(kube.ensure_version, _version("chat", "1.0.0").model_copy(update={"weights_path": "/tmp/weights"}))
+        _run(rollout.ensure_version, _version("chat", "1.0.0").model_copy(update={"weights_path": "/tmp/weights"}))
     assert err.value.non_retryable and "/tmp/weights" in str(err.value)
 
 
-def test_wait_ready_reports_unschedulable_pods_and_is_cancellable(kube_env):
+def test_wait_ready_reports_unschedulable_pods_and_is_cancellable(rollout):
     ref = _ref("huge")
-    _run(kube.ensure_version, _version("huge", "1.0.0", replicas=1, gpus=8))  # the only node has 4
+    _run(rollout.ensure_version, _version("huge", "1.0.0", replicas=1, gpus=8))  # the only node has 4
     env = ActivityEnvironment()
     beats: list = []
     env.on_heartbeat = lambda *d: beats.append(d[0])
     # A retried attempt keeps the first attempt's start (from its heartbeat) for the cold-start time.
     env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[{"started_at": time.time() - 100}])
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        fut = pool.submit(env.run, kube.wait_ready, WaitReadyInput(deployment=ref, version="1.0.0", replicas=1, poll_seconds=0.1))
+        fut = pool.submit(env.run, rollout.wait_ready, WaitReadyInput(deployment=ref, version="1.0.0", replicas=1, poll_seconds=0.1))
         deadline = time.monotonic() + 15
         while not any("Unschedulable" in w for b in beats for w in b["waiting"]):
             assert time.monotonic() < deadline, beats[-1:]
@@ -262,15 +263,15 @@ def test_wait_ready_reports_unschedulable_pods_and_is_cancellable(kube_env):
     assert any("nvidia.com/gpu" in w for w in beats[-1]["waiting"])
 
 
-def test_warm_up_benchmarks_the_new_version_through_its_service(kube_env):
+def test_warm_up_benchmarks_the_new_version_through_its_service(rollout):
     ref = _ref("bench")
-    _run(kube.ensure_version, _version("bench", "1.0.0", replicas=1))
-    _run(kube.wait_ready, WaitReadyInput(deployment=ref, version="1.0.0", replicas=1, poll_seconds=0.2))
+    _run(rollout.ensure_version, _version("bench", "1.0.0", replicas=1))
+    _run(rollout.wait_ready, WaitReadyInput(deployment=ref, version="1.0.0", replicas=1, poll_seconds=0.2))
     beats: list = []
     deadline = time.monotonic() + 10
     while True:  # the fleet simulator notices the Ready pod on its next tick
         try:
-            result = _run(serving.warm_up, WarmUpInput(deployment=ref, version="1.0.0", requests=8, max_tokens=16, model="llama-3-8b"), beats)
+            result = _run(rollout.warm_up, WarmUpInput(deployment=ref, version="1.0.0", requests=8, max_tokens=16, model="llama-3-8b"), beats)
             break
         except ApplicationError:
             assert time.monotonic() < deadline
@@ -280,5 +281,5 @@ def test_warm_up_benchmarks_the_new_version_through_its_service(kube_env):
     assert beats[-1]["done"] == 8
 
     with pytest.raises(ApplicationError) as err:  # no Ready pod behind that Service: every request fails
-        _run(serving.warm_up, WarmUpInput(deployment=ref, version="7.0.0", requests=2))
+        _run(rollout.warm_up, WarmUpInput(deployment=ref, version="7.0.0", requests=2))
     assert not err.value.non_retryable and "bench-v7-0-0" in str(err.value)

@@ -18,10 +18,8 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import metrics
 from infra.prometheus import running_prometheus, serve_registry
 from infra.sandbox.ports import free_port
-from workers.config import settings
 from workflows.rollout.activities import GateQueriesInput
 
 RPS = 10.0
@@ -83,61 +81,53 @@ def prometheus(tmp_path_factory):
         yield url
 
 
-@pytest.fixture
-def prom_env(prometheus, monkeypatch):
-    monkeypatch.setenv("TIDEPLANE_PROMETHEUS_URL", prometheus)
-    settings.cache_clear()
-    yield prometheus
-    settings.cache_clear()
+@pytest.fixture(scope="module")
+def rollout(prometheus, make_rollout):
+    return make_rollout(prometheus_url=prometheus)
 
 
 def _vars(**extra: str) -> dict[str, str]:
     return {"namespace": "llm-serving", "deployment": "chat", "version": "2.0.0", "stable_version": "1.0.0", "window": "10s", **extra}
 
 
-def _run(queries: dict[str, str], variables: dict[str, str]):
-    return ActivityEnvironment().run(metrics.query_gates, GateQueriesInput(queries=queries, variables=variables))
+def _run(rollout, queries: dict[str, str], variables: dict[str, str]):
+    return ActivityEnvironment().run(rollout.query_gates, GateQueriesInput(queries=queries, variables=variables))
 
 
-def test_gate_queries_return_the_measured_numbers(prom_env):
-    values = _run(GATES, _vars()).values
+def test_gate_queries_return_the_measured_numbers(rollout):
+    values = _run(rollout, GATES, _vars()).values
     assert values["error_rate"] == pytest.approx(0.1, rel=1e-9)
     assert values["p99"] == pytest.approx(0.25 + 0.25 * 0.99, rel=1e-9)
     assert values["stable_p99"] == pytest.approx(0.1 * 0.99, rel=1e-9)
     assert 0 < values["requests"] < RPS * 10 * 1.5  # at most ~RPS × window (less while the window fills)
 
 
-def test_no_data_is_none_and_inf_stays_a_failing_number(prom_env):
-    values = _run(GATES, _vars(version="9.9.9")).values
+def test_no_data_is_none_and_inf_stays_a_failing_number(rollout):
+    values = _run(rollout, GATES, _vars(version="9.9.9")).values
     assert values["error_rate"] is None and values["p99"] is None and values["requests"] is None
     # Beyond the last finite bucket Prometheus answers that bucket's bound; a ratio over zero is +Inf.
-    slow = _run({"p99": GATES["p99"], "ratio": "vector(1) / vector(0)", "neg": "-1 / 0"}, _vars(version="3.0.0")).values
+    slow = _run(rollout, {"p99": GATES["p99"], "ratio": "vector(1) / vector(0)", "neg": "-1 / 0"}, _vars(version="3.0.0")).values
     assert slow == {"p99": BUCKETS[-1], "ratio": sys.float_info.max, "neg": -sys.float_info.max}
 
 
-def test_missing_template_variable_is_non_retryable_and_named(prom_env):
+def test_missing_template_variable_is_non_retryable_and_named(rollout):
     variables = _vars()
     del variables["stable_version"]
     with pytest.raises(ApplicationError) as err:
-        _run(GATES, variables)
+        _run(rollout, GATES, variables)
     assert err.value.non_retryable and "stable_version" in str(err.value) and "stable_p99" in str(err.value)
 
 
-def test_bad_promql_and_range_result_are_non_retryable(prom_env):
+def test_bad_promql_and_range_result_are_non_retryable(rollout):
     with pytest.raises(ApplicationError) as err:
-        _run({"broken": "sum(rate(http_requests_total[${window}])"}, _vars())
+        _run(rollout, {"broken": "sum(rate(http_requests_total[${window}])"}, _vars())
     assert err.value.non_retryable and "broken" in str(err.value)
     with pytest.raises(ApplicationError) as err:
-        _run({"matrix": "http_requests_total[${window}]"}, _vars())
+        _run(rollout, {"matrix": "http_requests_total[${window}]"}, _vars())
     assert err.value.non_retryable and "matrix" in str(err.value)
 
 
-def test_unreachable_prometheus_is_retryable(monkeypatch):
-    monkeypatch.setenv("TIDEPLANE_PROMETHEUS_URL", f"http://127.0.0.1:{free_port()}")
-    settings.cache_clear()
-    try:
-        with pytest.raises(ApplicationError) as err:
-            _run(GATES, _vars())
-    finally:
-        settings.cache_clear()
+def test_unreachable_prometheus_is_retryable(make_rollout):
+    with pytest.raises(ApplicationError) as err:
+        _run(make_rollout(prometheus_url=f"http://127.0.0.1:{free_port()}"), GATES, _vars())
     assert not err.value.non_retryable and err.value.type == "MetricsUnavailable"

@@ -1,5 +1,7 @@
 """stage_weights against a real S3 endpoint (moto server over HTTP), run in ActivityEnvironment.
 
+RolloutActivities has its S3Client pointed at moto and its model cache in a temporary directory.
+
 Interruptions are real failures of the HTTP exchange: a botocore ``before-send`` hook on the
 activity's own client records every ranged GET and cuts the connection for chosen ranges, the
 way a network drop or a killed worker would end an attempt halfway.
@@ -17,11 +19,12 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import storage
-from workers.config import settings
+from activities import rollout as rollout_activities
+from activities.clients.s3 import CHUNK_BYTES
+from activities.rollout import RolloutActivities
 from workflows.rollout.activities import StageWeightsInput, WeightFile
 
-CHUNK = storage.CHUNK_BYTES
+CHUNK = CHUNK_BYTES
 SIZE = 2 * CHUNK + 4 * 1024 * 1024 + 123  # three chunks, the last one short
 
 
@@ -48,20 +51,20 @@ class GetObjectLog:
 
 
 @pytest.fixture
-def cache(moto_url, tmp_path, monkeypatch):
-    monkeypatch.setenv("TIDEPLANE_MODEL_CACHE_DIR", str(tmp_path / "models"))
-    settings.cache_clear()
-    yield tmp_path / "models"
-    settings.cache_clear()
+def cache(tmp_path):
+    return tmp_path / "models"
 
 
 @pytest.fixture
-def gets(cache):
+def rollout(moto_url, cache, make_rollout) -> RolloutActivities:
+    return make_rollout(s3_endpoint=moto_url, model_cache_dir=cache)
+
+
+@pytest.fixture
+def gets(rollout):
     log = GetObjectLog()
-    events = storage.s3_client().meta.events
-    events.register("before-send.s3.GetObject", log)
-    yield log
-    events.unregister("before-send.s3.GetObject", log)
+    rollout.s3.boto.meta.events.register("before-send.s3.GetObject", log)
+    return log
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +89,10 @@ def _env(heartbeats: list) -> ActivityEnvironment:
     return env
 
 
-def test_stage_verifies_and_is_idempotent(weights, cache, gets):
+def test_stage_verifies_and_is_idempotent(weights, cache, gets, rollout):
     bucket, key, data, digest = weights
     beats: list = []
-    result = _env(beats).run(storage.stage_weights, _input(f"s3://{bucket}/{key}", digest))
+    result = _env(beats).run(rollout.stage_weights, _input(f"s3://{bucket}/{key}", digest))
 
     staged = cache / "llama" / "1.3.0" / "model.safetensors"
     assert result.path == str(staged.parent)
@@ -101,18 +104,18 @@ def test_stage_verifies_and_is_idempotent(weights, cache, gets):
     assert done == sorted(done) and done[-1] == SIZE and len(done) >= 3
 
     gets.ranges.clear()
-    again = _env([]).run(storage.stage_weights, _input(f"s3://{bucket}/{key}", digest))
+    again = _env([]).run(rollout.stage_weights, _input(f"s3://{bucket}/{key}", digest))
     assert gets.ranges == [] and again.resumed_bytes == SIZE and again.path == result.path
 
 
-def test_interrupted_download_resumes_without_refetching_verified_bytes(weights, cache, gets):
+def test_interrupted_download_resumes_without_refetching_verified_bytes(weights, cache, gets, rollout):
     bucket, key, data, digest = weights
     req = _input(f"s3://{bucket}/{key}", digest, version="resume")
     beats: list = []
     env = _env(beats)
     gets.cut_from = 2 * CHUNK
     with pytest.raises(NetworkCut):
-        env.run(storage.stage_weights, req)
+        env.run(rollout.stage_weights, req)
     assert gets.bytes == 2 * CHUNK
     partial = cache / "llama" / "resume" / "model.safetensors.partial"
     assert partial.stat().st_size == 2 * CHUNK
@@ -122,7 +125,7 @@ def test_interrupted_download_resumes_without_refetching_verified_bytes(weights,
     gets.ranges.clear()
     gets.cut_from = None
     env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[beats[-1]])
-    result = env.run(storage.stage_weights, req)
+    result = env.run(rollout.stage_weights, req)
     assert result.resumed_bytes == 2 * CHUNK
     assert gets.ranges == [(2 * CHUNK, SIZE - 1)]
     assert gets.bytes == SIZE - 2 * CHUNK
@@ -130,13 +133,13 @@ def test_interrupted_download_resumes_without_refetching_verified_bytes(weights,
     assert not partial.exists()
 
 
-def test_corrupted_local_chunk_is_fetched_again(weights, cache, gets):
+def test_corrupted_local_chunk_is_fetched_again(weights, cache, gets, rollout):
     """A chunk whose bytes on disk no longer match its recorded digest is not trusted."""
     bucket, key, data, digest = weights
     req = _input(f"s3://{bucket}/{key}", digest, version="torn")
     gets.cut_from = 2 * CHUNK
     with pytest.raises(NetworkCut):
-        _env([]).run(storage.stage_weights, req)
+        _env([]).run(rollout.stage_weights, req)
     partial = cache / "llama" / "torn" / "model.safetensors.partial"
     with partial.open("r+b") as f:
         f.seek(CHUNK + 10)
@@ -144,66 +147,66 @@ def test_corrupted_local_chunk_is_fetched_again(weights, cache, gets):
 
     gets.ranges.clear()
     gets.cut_from = None
-    result = _env([]).run(storage.stage_weights, req)
+    result = _env([]).run(rollout.stage_weights, req)
     assert result.resumed_bytes == CHUNK
     assert gets.ranges[0][0] == CHUNK and gets.bytes == SIZE - CHUNK
     assert (cache / "llama" / "torn" / "model.safetensors").read_bytes() == data
 
 
-def test_object_replaced_between_attempts_restarts_from_zero(moto_url, cache, gets):
+def test_object_replaced_between_attempts_restarts_from_zero(moto_url, cache, gets, rollout):
     s3 = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
     s3.create_bucket(Bucket="replaced")
     first = os.urandom(2 * CHUNK + 1)
     s3.put_object(Bucket="replaced", Key="w.bin", Body=first)
     gets.cut_from = CHUNK
     with pytest.raises(NetworkCut):
-        _env([]).run(storage.stage_weights, _input("s3://replaced/w.bin", hashlib.sha256(first).hexdigest()))
+        _env([]).run(rollout.stage_weights, _input("s3://replaced/w.bin", hashlib.sha256(first).hexdigest()))
 
     second = os.urandom(2 * CHUNK + 1)
     s3.put_object(Bucket="replaced", Key="w.bin", Body=second)
     gets.ranges.clear()
     gets.cut_from = None
-    result = _env([]).run(storage.stage_weights, _input("s3://replaced/w.bin", hashlib.sha256(second).hexdigest()))
+    result = _env([]).run(rollout.stage_weights, _input("s3://replaced/w.bin", hashlib.sha256(second).hexdigest()))
     assert result.resumed_bytes == 0 and gets.bytes == len(second)
     assert (cache / "llama" / "1.3.0" / "w.bin").read_bytes() == second
 
 
-def test_checksum_mismatch_is_non_retryable_and_deletes_the_file(weights, cache, gets):
+def test_checksum_mismatch_is_non_retryable_and_deletes_the_file(weights, cache, gets, rollout):
     bucket, key, data, digest = weights
     wrong = "0" * 64
     with pytest.raises(ApplicationError) as err:
-        _env([]).run(storage.stage_weights, _input(f"s3://{bucket}/{key}", wrong, version="bad"))
+        _env([]).run(rollout.stage_weights, _input(f"s3://{bucket}/{key}", wrong, version="bad"))
     assert err.value.non_retryable and err.value.type == "ChecksumMismatch"
     assert wrong in str(err.value) and digest in str(err.value)
     assert list((cache / "llama" / "bad").iterdir()) == []
 
 
-def test_missing_key_and_bucket_are_non_retryable_and_named(weights, cache, gets):
+def test_missing_key_and_bucket_are_non_retryable_and_named(weights, cache, gets, rollout):
     bucket, _, _, digest = weights
     with pytest.raises(ApplicationError) as err:
-        _env([]).run(storage.stage_weights, _input(f"s3://{bucket}/llama/9.9.9/missing.safetensors", digest))
+        _env([]).run(rollout.stage_weights, _input(f"s3://{bucket}/llama/9.9.9/missing.safetensors", digest))
     assert err.value.non_retryable and f"s3://{bucket}/llama/9.9.9/missing.safetensors" in str(err.value)
 
     with pytest.raises(ApplicationError) as err:
-        _env([]).run(storage.stage_weights, _input("s3://no-such-bucket/w.bin", digest))
+        _env([]).run(rollout.stage_weights, _input("s3://no-such-bucket/w.bin", digest))
     assert err.value.non_retryable and "no-such-bucket" in str(err.value)
     assert gets.ranges == []
 
 
-def test_a_second_concurrent_attempt_waits_for_the_first(weights, cache, gets):
+def test_a_second_concurrent_attempt_waits_for_the_first(weights, cache, gets, rollout):
     """An attempt Temporal timed out may still be writing: a retry must not write beside it."""
     bucket, key, _, digest = weights
     directory = cache / "llama" / "locked"
     directory.mkdir(parents=True)
-    with storage._staging_lock(directory):
+    with rollout_activities._staging_lock(directory):
         with pytest.raises(ApplicationError) as err:
-            _env([]).run(storage.stage_weights, _input(f"s3://{bucket}/{key}", digest, version="locked"))
+            _env([]).run(rollout.stage_weights, _input(f"s3://{bucket}/{key}", digest, version="locked"))
     assert not err.value.non_retryable and "another attempt" in str(err.value)
     assert gets.ranges == []
-    assert _env([]).run(storage.stage_weights, _input(f"s3://{bucket}/{key}", digest, version="locked")).size_bytes == SIZE
+    assert _env([]).run(rollout.stage_weights, _input(f"s3://{bucket}/{key}", digest, version="locked")).size_bytes == SIZE
 
 
-def test_bad_uri_is_non_retryable(cache):
+def test_bad_uri_is_non_retryable(cache, rollout):
     with pytest.raises(ApplicationError) as err:
-        _env([]).run(storage.stage_weights, _input("https://example.com/w.bin", "0" * 64))
+        _env([]).run(rollout.stage_weights, _input("https://example.com/w.bin", "0" * 64))
     assert err.value.non_retryable and "https://example.com/w.bin" in str(err.value)

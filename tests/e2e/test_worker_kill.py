@@ -39,7 +39,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
 from activities.spot import FALLBACK_FOR, fallback_name
-from activities.storage import CHUNK_BYTES
+from activities.clients.s3 import CHUNK_BYTES
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.kubeclient import api_client

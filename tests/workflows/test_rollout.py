@@ -30,32 +30,31 @@ from workers.telemetry import RECORD_GATE_VERDICT, RECORD_ROLLOUT, GateVerdictEv
 from workflows.rollout import gates as canary
 from workflows import search_attributes as sa
 from workflows.rollout.workflow import ModelRollout, start_rollout
+from workflows.naming import DeploymentRef
+from workflows.registry.activities import (
+    RecordRegistryBenchmarkInput,
+    RegistryStatusResult,
+    RegistryWeights,
+    RegistryWeightsInput,
+    SetRegistryStatusInput,
+)
 from workflows.rollout.activities import (
     DESCRIBE_DEPLOYMENT,
     ENSURE_VERSION,
     QUERY_GATES,
-    RECORD_REGISTRY_BENCHMARK,
-    RESOLVE_REGISTRY_WEIGHTS,
     SCALE_VERSION,
-    SET_REGISTRY_STATUS,
     SET_ROUTE_WEIGHTS,
     STAGE_WEIGHTS,
     WAIT_READY,
     WARM_UP,
     Benchmark,
-    DeploymentRef,
     DeploymentState,
     EnsureVersionInput,
     GateQueriesInput,
     GateQueriesResult,
     ReadyResult,
-    RecordRegistryBenchmarkInput,
-    RegistryStatusResult,
-    RegistryWeights,
-    RegistryWeightsInput,
     RouteWeightsInput,
     ScaleVersionInput,
-    SetRegistryStatusInput,
     StagedWeights,
     StageWeightsInput,
     VersionInfo,
@@ -74,6 +73,10 @@ from workflows.rollout.types import (
     Stage,
 )
 
+# The registry's activity names (RegistryActivities in workflows/registry/activities.py)
+RESOLVE_REGISTRY_WEIGHTS, SET_REGISTRY_STATUS, RECORD_REGISTRY_BENCHMARK = (
+    "resolve_registry_weights", "set_registry_status", "record_registry_benchmark",
+)
 STABLE, NEW = "1.2.0", "1.3.0"
 SHA = "ab" * 32
 CLUSTER_CHANGES = (ENSURE_VERSION, SCALE_VERSION, SET_ROUTE_WEIGHTS)

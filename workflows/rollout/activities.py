@@ -8,14 +8,12 @@ Every activity is idempotent: calling it twice with the same input leaves the sa
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
 from temporalio import activity
 
 from workflows.naming import DeploymentRef
-from workflows.registry import schema as registry_types
 
 # Activity names (stable API: histories refer to them).
 STAGE_WEIGHTS = "stage_weights"
@@ -26,9 +24,6 @@ WAIT_READY = "wait_ready"
 SET_ROUTE_WEIGHTS = "set_route_weights"
 WARM_UP = "warm_up"
 QUERY_GATES = "query_gates"
-RESOLVE_REGISTRY_WEIGHTS = "resolve_registry_weights"  # activities/registry.py (model registry issue)
-SET_REGISTRY_STATUS = "set_registry_status"  # activities/registry.py
-RECORD_REGISTRY_BENCHMARK = "record_registry_benchmark"  # activities/registry.py
 
 
 class WeightFile(BaseModel):
@@ -137,40 +132,6 @@ class GateQueriesInput(BaseModel):
 
 class GateQueriesResult(BaseModel):
     values: dict[str, float | None] = Field(description="gate name -> scalar result (None: no data)")
-
-
-class RegistryWeightsInput(BaseModel):
-    """Used when a rollout names only model and version: the registry says where the weights are."""
-
-    model: str
-    version: str
-
-
-class RegistryWeights(BaseModel):
-    files: list[WeightFile] = Field(min_length=1)
-
-
-class SetRegistryStatusInput(BaseModel):
-    """Move a version's registry status (testing -> canary -> stable; rollback -> testing or
-    deprecated). Idempotent: the same status twice records one history entry."""
-
-    model: str
-    version: str
-    status: registry_types.Status = Field(description='e.g. {"state": "canary", "percent": 5, "since": "..."}')
-    reason: str = ""
-    at: datetime | None = Field(None, description="workflow.now(), so a retry records the same time")
-    demote_previous: bool = Field(True, description="a new stable deprecates the model's other stable versions")
-
-
-class RegistryStatusResult(BaseModel):
-    status: registry_types.Status
-    demoted: list[str] = Field(default_factory=list, description="versions moved stable -> deprecated")
-
-
-class RecordRegistryBenchmarkInput(BaseModel):
-    model: str
-    version: str
-    benchmark: registry_types.BenchmarkResult
 
 
 class RolloutActivities:

@@ -21,7 +21,7 @@ import asyncio
 from collections.abc import Coroutine
 from contextlib import suppress
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Callable
 
 from temporalio import workflow
 from temporalio.client import Client, WorkflowHandle
@@ -33,7 +33,6 @@ from temporalio.common import (
     WorkflowIDReusePolicy,
 )
 from temporalio.exceptions import ActivityError, ApplicationError
-from temporalio.exceptions import TimeoutError as ActivityTimeout
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -44,34 +43,21 @@ with workflow.unsafe.imports_passed_through():
     # Full dotted names: inside the sandbox ``from workflows import x`` would re-import x (the
     # sandboxed ``workflows`` package lacks it), giving pydantic classes that differ from the real ones.
     from workflows.rollout.gates import Decision, StepAnalysis, Verdict, canary_replicas, evaluate, required_passes
-    from workflows.naming import TASK_QUEUE, rollout_workflow_id
+    from workflows.naming import TASK_QUEUE, DeploymentRef, rollout_workflow_id
     from workflows.registry.schema import BenchmarkResult, Canary, Deprecated, Stable, Testing
+    from workflows.registry.activities import (
+        RecordRegistryBenchmarkInput,
+        RegistryActivities,
+        RegistryWeightsInput,
+        SetRegistryStatusInput,
+    )
     from workflows.rollout.activities import (
-        DESCRIBE_DEPLOYMENT,
-        ENSURE_VERSION,
-        QUERY_GATES,
-        RECORD_REGISTRY_BENCHMARK,
-        RESOLVE_REGISTRY_WEIGHTS,
-        SCALE_VERSION,
-        SET_REGISTRY_STATUS,
-        SET_ROUTE_WEIGHTS,
-        STAGE_WEIGHTS,
-        WAIT_READY,
-        WARM_UP,
         Benchmark,
-        DeploymentRef,
-        DeploymentState,
         EnsureVersionInput,
         GateQueriesInput,
-        GateQueriesResult,
-        ReadyResult,
-        RecordRegistryBenchmarkInput,
-        RegistryStatusResult,
-        RegistryWeights,
-        RegistryWeightsInput,
+        RolloutActivities,
         RouteWeightsInput,
         ScaleVersionInput,
-        SetRegistryStatusInput,
         StagedWeights,
         StageWeightsInput,
         VersionInfo,
@@ -93,6 +79,7 @@ with workflow.unsafe.imports_passed_through():
         VerdictRecord,
     )
     from workflows.search_attributes import CANARY_PERCENT, DEPLOYMENT, MODEL, STAGE, VERSION
+    from workflows.steps import cause, wait_until
 
 WORKFLOW_TYPE = "ModelRollout"
 VERDICT_HISTORY = 50  # kept in memory for the status query, not in history
@@ -144,15 +131,6 @@ async def _stop(task: asyncio.Future) -> None:
         await task
 
 
-def _cause(err: BaseException) -> str:
-    """The innermost useful message of an activity failure (e.g. the checksum mismatch text)."""
-    while isinstance(err, ActivityError) and err.cause is not None:
-        err = err.cause
-    if isinstance(err, ActivityTimeout):
-        return f"timed out ({err.type.name if err.type else 'timeout'})"
-    return str(err) or type(err).__name__
-
-
 @workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=[ValidationError])
 class ModelRollout:
     """One rollout of one version to one logical deployment. ValidationError fails the run (a bad
@@ -161,8 +139,7 @@ class ModelRollout:
     @workflow.init
     def __init__(self, input: RolloutInput) -> None:
         self._in = input
-        namespace, name = input.namespace_name
-        self._ref = DeploymentRef(namespace=namespace, name=name)
+        self._ref = DeploymentRef.from_name(input.deployment)
         self._stage = Stage.RESOLVING if input.weights_uri is None else Stage.STAGING
         self._stage_since = workflow.now()
         self._weight = 0
@@ -223,11 +200,11 @@ class ModelRollout:
         except ActivityError as err:
             if not self._cluster_changed:
                 raise ApplicationError(
-                    f"{err.activity_type} failed before any cluster change: {_cause(err)}",
+                    f"{err.activity_type} failed before any cluster change: {cause(err)}",
                     type="RolloutFailed",
                     non_retryable=True,
                 ) from err
-            back = self._roll_back(Outcome.ROLLED_BACK, f"{err.activity_type} failed: {_cause(err)}")
+            back = self._roll_back(Outcome.ROLLED_BACK, f"{err.activity_type} failed: {cause(err)}")
         except asyncio.CancelledError:
             if self._stage not in (Stage.PROMOTED, Stage.ROLLED_BACK):
                 await _shielded(self._roll_back(Outcome.ABORTED, "workflow cancelled"))
@@ -297,9 +274,8 @@ class ModelRollout:
         files = await self._weight_files()
         self._set_stage(Stage.STAGING)
         self._staged = await self._act(
-            STAGE_WEIGHTS,
+            RolloutActivities.stage_weights,
             StageWeightsInput(model=inp.model, version=inp.version, files=files),
-            StagedWeights,
             summary=f"stage {len(files)} weight file(s) of {inp.model} {inp.version} from S3, verifying SHA-256",
             schedule_to_close=inp.deadlines.stage_weights_seconds,
             heartbeat=60,
@@ -308,7 +284,7 @@ class ModelRollout:
 
         self._set_stage(Stage.STARTING)
         state = await self._act(
-            DESCRIBE_DEPLOYMENT, self._ref, DeploymentState, summary=f"describe {inp.deployment}", read_only=True
+            RolloutActivities.describe_deployment, self._ref, summary=f"describe {inp.deployment}", read_only=True
         )
         self._stable = state.stable
         if self._stable is not None and self._stable.version == inp.version:
@@ -323,7 +299,7 @@ class ModelRollout:
         await self._checkpoint()
         self._cluster_changed = True
         await self._act(
-            ENSURE_VERSION,
+            RolloutActivities.ensure_version,
             EnsureVersionInput(
                 deployment=self._ref,
                 model=inp.model,
@@ -337,7 +313,6 @@ class ModelRollout:
                 env=inp.env,
                 priority_class=inp.priority_class,
             ),
-            None,
             summary=f"start {inp.version} beside {self._stable.version if self._stable else 'nothing'}: {first} replica(s)",
             interruptible=False,
         )
@@ -349,7 +324,7 @@ class ModelRollout:
         await self._warm_up(first)
         if self._registry and self._benchmark is not None:
             await self._registry_write(
-                RECORD_REGISTRY_BENCHMARK,
+                RegistryActivities.record_registry_benchmark,
                 RecordRegistryBenchmarkInput(
                     model=inp.model,
                     version=inp.version,
@@ -390,9 +365,8 @@ class ModelRollout:
         if inp.weights_uri is not None and inp.sha256 is not None:
             return [WeightFile(uri=inp.weights_uri, sha256=inp.sha256)]
         resolved = await self._act(
-            RESOLVE_REGISTRY_WEIGHTS,
+            RegistryActivities.resolve_registry_weights,
             RegistryWeightsInput(model=inp.model, version=inp.version),
-            RegistryWeights,
             summary=f"look up {inp.model} {inp.version} in the model registry",
             # NotFoundError: no worker implements the registry lookup; say so instead of retrying
             retry=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["NotFoundError", "ValidationError"]),
@@ -406,16 +380,15 @@ class ModelRollout:
         deadline = workflow.now() + timedelta(seconds=inp.warm_up.deadline_seconds)
         try:
             ready = await self._act(
-                WAIT_READY,
+                RolloutActivities.wait_ready,
                 WaitReadyInput(deployment=self._ref, version=inp.version, replicas=replicas),
-                ReadyResult,
                 summary=f"wait for {replicas} replica(s) of {inp.version} to be Ready (cold start)",
                 schedule_to_close=(deadline - workflow.now()).total_seconds(),
                 heartbeat=30,
             )
             self._cold_start = ready.seconds
             self._benchmark = await self._act(
-                WARM_UP,
+                RolloutActivities.warm_up,
                 WarmUpInput(
                     deployment=self._ref,
                     version=inp.version,
@@ -424,14 +397,13 @@ class ModelRollout:
                     max_tokens=inp.warm_up.max_tokens,
                     prompt=inp.warm_up.prompt,
                 ),
-                Benchmark,
                 summary=f"warm up {inp.version} with {inp.warm_up.requests} requests and benchmark it",
                 schedule_to_close=max(1.0, (deadline - workflow.now()).total_seconds()),
                 heartbeat=30,
             )
         except ActivityError as err:
             raise _RollBack(
-                f"warm-up did not finish within {inp.warm_up.deadline_seconds:.0f}s: {_cause(err)}"
+                f"warm-up did not finish within {inp.warm_up.deadline_seconds:.0f}s: {cause(err)}"
             ) from err
         if self._benchmark.errors >= self._benchmark.requests:
             raise _RollBack(f"warm-up: all {self._benchmark.requests} requests to {inp.version} failed")
@@ -446,15 +418,14 @@ class ModelRollout:
             await self._scale(inp.version, replicas, f"scale {inp.version} to {replicas} replica(s) for {weight} %")
             try:
                 await self._act(
-                    WAIT_READY,
+                    RolloutActivities.wait_ready,
                     WaitReadyInput(deployment=self._ref, version=inp.version, replicas=replicas),
-                    ReadyResult,
                     summary=f"wait for {replicas} replica(s) of {inp.version} to be Ready",
                     schedule_to_close=inp.deadlines.step_ready_seconds,
                     heartbeat=30,
                 )
             except ActivityError as err:
-                raise _RollBack(f"canary not Ready for {weight} %: {_cause(err)}") from err
+                raise _RollBack(f"canary not Ready for {weight} %: {cause(err)}") from err
         await self._route({stable.version: 100 - weight, inp.version: weight}, f"route {weight} % to {inp.version}")
         self._canary_since = self._canary_since or workflow.now()
         await self._registry_status(Canary(percent=weight, since=self._canary_since), f"canary at {weight} %")
@@ -466,12 +437,11 @@ class ModelRollout:
         started = workflow.now()
         need = required_passes(window_seconds, inp.gate_interval_seconds)
         while True:
-            with suppress(asyncio.TimeoutError):
-                await workflow.wait_condition(
-                    lambda: self._paused or self._promote is not None or self._abort_reason is not None,
-                    timeout=inp.gate_interval_seconds,
-                    timeout_summary=f"next gate check at {weight} %",
-                )
+            await wait_until(
+                lambda: self._paused or self._promote is not None or self._abort_reason is not None,
+                timedelta(seconds=inp.gate_interval_seconds),
+                f"next gate check at {weight} %",
+            )
             await self._checkpoint()
             if self._promote is not None:
                 if not self._promote.full:
@@ -515,9 +485,8 @@ class ModelRollout:
         }
         try:
             result = await self._act(
-                QUERY_GATES,
+                RolloutActivities.query_gates,
                 GateQueriesInput(queries=inp.queries.by_gate(), variables=variables),
-                GateQueriesResult,
                 summary=f"gate queries at {weight} %",
                 start_to_close=30,
                 retry=_GATES,
@@ -525,7 +494,7 @@ class ModelRollout:
             )
             evaluation = evaluate(result.values, inp.gates)
         except ActivityError as err:
-            evaluation = evaluate(None, inp.gates, error=f"gate queries failed: {_cause(err)}")
+            evaluation = evaluate(None, inp.gates, error=f"gate queries failed: {cause(err)}")
         record = VerdictRecord(at=workflow.now(), weight=weight, evaluation=evaluation)
         self._verdicts = [*self._verdicts[-(VERDICT_HISTORY - 1) :], record]
         return record
@@ -542,15 +511,14 @@ class ModelRollout:
             )
             try:
                 await self._act(
-                    WAIT_READY,
+                    RolloutActivities.wait_ready,
                     WaitReadyInput(deployment=self._ref, version=inp.version, replicas=self._target_replicas),
-                    ReadyResult,
                     summary=f"wait for {self._target_replicas} replica(s) of {inp.version} to be Ready",
                     schedule_to_close=inp.deadlines.step_ready_seconds,
                     heartbeat=30,
                 )
             except ActivityError as err:
-                raise _RollBack(f"new version not Ready at full size: {_cause(err)}") from err
+                raise _RollBack(f"new version not Ready at full size: {cause(err)}") from err
         await self._checkpoint()
         await self._route({stable.version: 0, inp.version: 100}, f"promote: route 100 % to {inp.version}")
         self._set_stage(Stage.PROMOTED)
@@ -615,12 +583,11 @@ class ModelRollout:
                 raise _RollBack(f"paused longer than {limit:.0f}s ({self._pause_reason}); rolling back")
             # Wake hourly to show how long the pause lasts: a handful of events per hour, bounded.
             wait = PAUSE_TICK if limit is None else min(PAUSE_TICK, limit - paused_for)
-            with suppress(asyncio.TimeoutError):
-                await workflow.wait_condition(
-                    lambda: not self._paused or self._abort_reason is not None or self._promote is not None,
-                    timeout=wait,
-                    timeout_summary="still paused",
-                )
+            await wait_until(
+                lambda: not self._paused or self._abort_reason is not None or self._promote is not None,
+                timedelta(seconds=wait),
+                "still paused",
+            )
             self._show(f"paused for {(workflow.now() - since).total_seconds() / 3600:.1f} h")
         if self._abort_reason is not None:
             raise _Abort(self._abort_reason)
@@ -632,9 +599,8 @@ class ModelRollout:
 
     async def _act(
         self,
-        name: str,
+        method: Callable,
         arg: Any,
-        result_type: type | None,
         *,
         summary: str,
         start_to_close: float | None = None,
@@ -652,10 +618,9 @@ class ModelRollout:
         it first, so no forward change can land after the route went back to stable.
         """
         task = asyncio.ensure_future(
-            workflow.execute_activity(
-                name,
+            workflow.execute_activity_method(
+                method,
                 arg,
-                result_type=result_type,
                 start_to_close_timeout=timedelta(
                     seconds=start_to_close or schedule_to_close or _KUBE_CALL.total_seconds()
                 ),
@@ -674,7 +639,7 @@ class ModelRollout:
             self._in_flight = task
             return await asyncio.shield(task)
         try:
-            await workflow.wait_condition(lambda: task.done() or self._abort_reason is not None)
+            await wait_until(lambda: task.done() or self._abort_reason is not None)
         except asyncio.CancelledError:
             await _stop(task)
             raise
@@ -685,9 +650,8 @@ class ModelRollout:
 
     async def _route(self, weights: dict[str, int], summary: str, retry: RetryPolicy = _FORWARD) -> None:
         await self._act(
-            SET_ROUTE_WEIGHTS,
+            RolloutActivities.set_route_weights,
             RouteWeightsInput(deployment=self._ref, weights=weights, port=self._in.port),
-            None,
             summary=summary,
             retry=retry,
             interruptible=False,
@@ -699,9 +663,8 @@ class ModelRollout:
 
     async def _scale(self, version: str, replicas: int, summary: str, retry: RetryPolicy = _FORWARD) -> None:
         await self._act(
-            SCALE_VERSION,
+            RolloutActivities.scale_version,
             ScaleVersionInput(deployment=self._ref, version=version, replicas=replicas),
-            None,
             summary=summary,
             retry=retry,
             interruptible=False,
@@ -712,20 +675,19 @@ class ModelRollout:
     async def _registry_status(self, status: Testing | Canary | Stable | Deprecated, reason: str) -> None:
         if self._registry:
             await self._registry_write(
-                SET_REGISTRY_STATUS,
+                RegistryActivities.set_registry_status,
                 SetRegistryStatusInput(
                     model=self._in.model, version=self._in.version, status=status, reason=reason, at=workflow.now()
                 ),
                 f"registry: {self._in.model} {self._in.version} -> {status.state}",
-                RegistryStatusResult,
             )
 
-    async def _registry_write(self, name: str, arg: Any, summary: str, result_type: type | None = None) -> None:
+    async def _registry_write(self, method: Callable, arg: Any, summary: str) -> None:
         """Registry bookkeeping must not decide a rollout: a failure is logged, the rollout goes on."""
         try:
-            await self._act(name, arg, result_type, summary=summary, interruptible=False)
+            await self._act(method, arg, summary=summary, interruptible=False)
         except ActivityError as err:
-            workflow.logger.warning("%s failed: %s", name, _cause(err))
+            workflow.logger.warning("%s failed: %s", method.__name__, cause(err))
 
     def _record(self, name: str, event: RolloutEvent | GateVerdictEvent) -> None:
         """Fire-and-forget a control-plane metric (drained before the workflow returns)."""
