@@ -10,6 +10,11 @@ differ). The stubs return fixed answers chosen to walk the workflow through its 
 branches. The file format is the one ``temporal workflow show --workflow-id X -o json`` writes,
 so histories exported from a dev server go in the same folder. A history only replays in
 tests/workflows/test_replay.py once its workflow is registered in ``workers.worker.WORKFLOWS``.
+
+``reactive-scaling-before-decide-on-ready.json`` is the ``reactive-scaling`` scenario (same stubs
+and input) run on the code before that patch, ``git archive d467039^`` unpacked first on the path
+with its old module names (workflows.scaling_workflow, workers.telemetry's record activity): it
+holds the branches running loops started on, which today's code must still replay.
 """
 
 from __future__ import annotations
@@ -82,11 +87,12 @@ def _return_to_spot_stubs(_: Client) -> list:
 
 
 def _reactive_scaling_stubs(_: Client) -> list:
-    """A deployment at 2 replicas whose queue jumps: the loop scales 2 -> 8 (max_replicas) in one
-    decision, then decides on the 3 of 8 replicas Ready (the ``decide-on-ready`` path: it wants 9,
-    capped at 8) until the run continues as new."""
+    """A deployment at 2 replicas whose queue jumps: the loop scales 2 -> 8 in one decision, then,
+    with 3 of the 8 Ready and a queue of 60, holds because the 5 starting replicas cover the want
+    (the ``decide-on-ready`` branch; before it, the loop sized from the 8 asked for and scaled on
+    to 11: tests/histories/reactive-scaling-before-decide-on-ready.json)."""
     fleet = {"replicas": 2, "ready": 2}
-    queues = iter([0, 120, 120, 120])
+    queues = iter([0, 120, 60, 60])
 
     @activity.defn(name=scaling.GET_SCALE)
     async def get_scale(req: scaling.ScaleTarget) -> scaling.ScaleStatus:
@@ -97,7 +103,7 @@ def _reactive_scaling_stubs(_: Client) -> list:
 
     @activity.defn(name=scaling.READ_SCALING_SIGNALS)
     async def read_signals(req: scaling.ReadSignalsInput) -> Signals:
-        return Signals(queue_waiting=next(queues, 120), running=4, kv_cache_usage=0.5, ttft_p99_seconds=0.4, gpu_util_percent=70)
+        return Signals(queue_waiting=next(queues, 60), running=4, kv_cache_usage=0.5, ttft_p99_seconds=0.4, gpu_util_percent=70)
 
     @activity.defn(name=SCALE_VERSION)
     async def scale_version(req: ScaleVersionInput) -> None:
@@ -140,7 +146,7 @@ SCENARIOS = {
         workflow=ReactiveScaling,
         input=ScalingInput(
             deployment="llm-serving/chat",
-            policy=ScalingPolicy(min_replicas=1, max_replicas=8),
+            policy=ScalingPolicy(min_replicas=1, max_replicas=20),
             interval_seconds=30,
             iterations_per_run=4,
         ),

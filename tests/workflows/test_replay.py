@@ -55,18 +55,31 @@ async def test_a_changed_workflow_fails_replay():
         )
 
 
-def test_reactive_scaling_history_went_through_the_decide_on_ready_patch():
-    """The recorded loop took the patched branch (``workflow.patched("decide-on-ready")``), so its
-    replay above checks that branch; a run recorded without the marker would check the old one."""
-    path = next((p for p in HISTORIES if p.stem.startswith("reactive-scaling")), None)
-    assert path is not None, "record it: python -m tests.histories.record reactive-scaling"
+def _patches_and_activities(stem: str) -> tuple[set[str], list[str]]:
+    path = next((p for p in HISTORIES if p.stem == stem), None)
+    assert path is not None, f"tests/histories/{stem}.json is missing"
+    events = load(path).events
     patches = {
         json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
-        for e in load(path).events
+        for e in events
         if e.HasField("marker_recorded_event_attributes")
     }
-    assert "decide-on-ready" in patches
-    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in load(path).events
-                 if e.HasField("activity_task_scheduled_event_attributes")]
-    assert "scale_version" in scheduled  # it scaled, then decided on the Ready replicas
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    return patches, scheduled
 
+
+def test_reactive_scaling_histories_cover_both_sides_of_its_patches():
+    """The two ReactiveScaling histories replayed above take both branches of ``decide-on-ready``
+    and ``metrics-via-meter``: one recorded on today's code (python -m tests.histories.record
+    reactive-scaling), one recorded on the code before decide-on-ready (commit d467039^, same
+    stubs and input), whose decisions ignored Ready replicas and were counted by an activity."""
+    patches, scheduled = _patches_and_activities("reactive-scaling")
+    assert {"decide-on-ready", "metrics-via-meter"} <= patches
+    assert "scale_version" in scheduled and "record_scaling_decision" not in scheduled
+    old_patches, old_scheduled = _patches_and_activities("reactive-scaling-before-decide-on-ready")
+    assert not old_patches
+    assert "scale_version" in old_scheduled and "record_scaling_decision" in old_scheduled
