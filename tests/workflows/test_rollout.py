@@ -1,6 +1,7 @@
 """ModelRollout on Temporal's time-skipping server, with its activities stubbed under the real names.
 
-The stubs keep a tiny model of the cluster (route weights, replicas per version) and record every
+Metrics the workflow records on its metric meter are read back from a MetricBuffer on the test
+server's runtime. The stubs keep a tiny model of the cluster (route weights, replicas per version) and record every
 call in order, so tests assert what the workflow did to the cluster and in which order; gate values
 are scripted per canary weight. Operators' signals and updates are sent from inside the stubs at a
 precise point of the run (time is virtual, so polling from outside could not hit a given stage).
@@ -24,9 +25,11 @@ from temporalio.client import (
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
+from temporalio.runtime import BufferedMetricUpdate, MetricBuffer, Runtime, TelemetryConfig
 from temporalio.worker import Replayer, Worker
 
-from workers.telemetry import RECORD_GATE_VERDICT, RECORD_ROLLOUT, GateVerdictEvent, RolloutEvent
+from tests.conftest import time_skipping
+from workflows import telemetry
 from workflows.rollout import gates as canary
 from workflows import search_attributes as sa
 from workflows.rollout.workflow import ModelRollout, start_rollout
@@ -77,6 +80,8 @@ from workflows.rollout.types import (
 RESOLVE_REGISTRY_WEIGHTS, SET_REGISTRY_STATUS, RECORD_REGISTRY_BENCHMARK = (
     "resolve_registry_weights", "set_registry_status", "record_registry_benchmark",
 )
+METRICS = MetricBuffer(100_000)  # what the workflows of this module record on their metric meter
+_SEEN: list[BufferedMetricUpdate] = []
 STABLE, NEW = "1.2.0", "1.3.0"
 SHA = "ab" * 32
 CLUSTER_CHANGES = (ENSURE_VERSION, SCALE_VERSION, SET_ROUTE_WEIGHTS)
@@ -121,6 +126,7 @@ class Fleet:
     ) -> None:
         self.client = client
         self.workflow_id = ""
+        self.deployment = ""  # the logical name, as the metrics label it
         self.route: dict[str, int] = {stable: 100} if stable else {}
         self.replicas: dict[str, int] = {stable: stable_replicas} if stable else {}
         self.gates = gates
@@ -163,8 +169,6 @@ class Fleet:
         return [
             self.set_registry_status,
             self.record_registry_benchmark,
-            self.record_rollout,
-            self.record_gate_verdict,
             self.resolve_registry_weights,
             self.stage_weights,
             self.describe_deployment,
@@ -186,16 +190,24 @@ class Fleet:
     async def record_registry_benchmark(self, input: RecordRegistryBenchmarkInput) -> None:
         self.events.append((RECORD_REGISTRY_BENCHMARK, input))
 
-    @activity.defn(name=RECORD_ROLLOUT)
-    async def record_rollout(self, input: RolloutEvent) -> None:
-        self.events.append((RECORD_ROLLOUT, input))
-
-    @activity.defn(name=RECORD_GATE_VERDICT)
-    async def record_gate_verdict(self, input: GateVerdictEvent) -> None:
-        self.events.append((RECORD_GATE_VERDICT, input))
-
     def recorded(self, name: str) -> list[Any]:
         return [arg for n, arg in self.events if n == name]
+
+    def metric(self, metric: telemetry.Metric) -> list[tuple[dict[str, str], float]]:
+        """(labels, value) of every recording of ``metric`` for this fleet's deployment, in order."""
+        _SEEN.extend(METRICS.retrieve_updates())
+        return [
+            (dict(u.attributes), u.value)
+            for u in _SEEN
+            if u.metric.name == metric.name and u.attributes.get("deployment") == self.deployment
+        ]
+
+    def outcomes(self) -> list[tuple[str, str]]:
+        """(outcome, stage) of every rollout this fleet saw end."""
+        return [(labels["outcome"], labels["stage"]) for labels, _ in self.metric(telemetry.ROLLOUTS)]
+
+    def verdicts(self) -> list[dict[str, str]]:
+        return [labels for labels, _ in self.metric(telemetry.GATE_VERDICTS)]
 
     @activity.defn(name=RESOLVE_REGISTRY_WEIGHTS)
     async def resolve_registry_weights(self, input: RegistryWeightsInput) -> RegistryWeights:
@@ -267,9 +279,16 @@ class Fleet:
         return GateQueriesResult(values=values)
 
 
+@pytest.fixture(scope="module")
+async def metered_env():
+    """The time-skipping server, its runtime's metrics going to METRICS."""
+    async with time_skipping(Runtime(telemetry=TelemetryConfig(metrics=METRICS))) as env:
+        yield env
+
+
 @pytest.fixture
-async def client(time_skipping_env) -> Client:
-    return time_skipping_env.client
+async def client(metered_env) -> Client:
+    return metered_env.client
 
 
 def rollout_input(**overrides: Any) -> RolloutInput:
@@ -302,6 +321,7 @@ async def run_rollout(fleet: Fleet, inp: RolloutInput, until: Callable[[Workflow
     async with worker(fleet, queue):
         handle = await start_rollout(fleet.client, inp, task_queue=queue)
         fleet.workflow_id = handle.id
+        fleet.deployment = inp.deployment.split("/")[1]
         try:
             if until is not None:
                 result = asyncio.ensure_future(handle.result())  # lets virtual time run meanwhile
@@ -378,9 +398,9 @@ async def test_happy_path_default_ladder_promotes(client):
     assert gate_input.variables["stable_version"] == STABLE and gate_input.variables["window"] == "60s"
     assert set(gate_input.queries) == set(canary.GATE_NAMES)
     # control-plane metrics; no registry writes for weights given by URI
-    assert [(e.event, e.stage) for e in fleet.recorded(RECORD_ROLLOUT)] == [("promoted", "promoted")]
-    assert {e.verdict for e in fleet.recorded(RECORD_GATE_VERDICT)} == {"pass"}
-    assert len(fleet.recorded(RECORD_GATE_VERDICT)) == 70
+    assert fleet.outcomes() == [("promoted", "promoted")]
+    assert {v["verdict"] for v in fleet.verdicts()} == {"pass"}
+    assert len(fleet.verdicts()) == 70
     assert not fleet.recorded(SET_REGISTRY_STATUS)
     # and the code replays its own history (no non-determinism)
     replayer = Replayer(workflows=[ModelRollout], data_converter=pydantic_data_converter)
@@ -420,10 +440,10 @@ async def test_registry_marks_a_failed_canary_deprecated_and_an_aborted_one_test
     bad = Fleet(client, gates=lambda w, n: {**GOOD, canary.ERROR_RATE: 0.3} if w == 5 else GOOD)
     await run_rollout(bad, rollout_input(weights_uri=None, sha256=None))
     assert [s.status.state for s in bad.recorded(SET_REGISTRY_STATUS)] == ["canary", "canary", "deprecated"]
-    [event] = bad.recorded(RECORD_ROLLOUT)
-    assert event.event == "rolled_back" and event.stage == "canary-5" and event.rollback_seconds is not None
-    fail = [e for e in bad.recorded(RECORD_GATE_VERDICT) if e.verdict == "fail"]
-    assert [e.failing_gate for e in fail] == [canary.ERROR_RATE]
+    assert bad.outcomes() == [("rolled_back", "canary-5")]
+    assert len(bad.metric(telemetry.ROLLBACK_SECONDS)) == 1  # the rollback's duration was measured
+    fail = [v for v in bad.verdicts() if v["verdict"] == "fail"]
+    assert [v["gate"] for v in fail] == [canary.ERROR_RATE]
 
     aborted = Fleet(client, hook=_abort_when(QUERY_GATES, 1))
     await run_rollout(aborted, rollout_input(weights_uri=None, sha256=None))
@@ -516,11 +536,9 @@ async def test_pause_resume(client):
     result = await run_rollout(fleet, rollout_input(), until=operator)
     assert result.outcome is Outcome.PROMOTED
     assert fleet.gate_queries == {1: 3, 5: 3, 50: 3}
-    assert [(e.event, e.stage) for e in fleet.recorded(RECORD_ROLLOUT)] == [
-        ("paused", "canary-1"),
-        ("resumed", "canary-1"),
-        ("promoted", "promoted"),
-    ]
+    # paused, resumed, then cleared as the rollout ended promoted
+    assert [value for _, value in fleet.metric(telemetry.ROLLOUT_PAUSED)] == [1, 0, 0]
+    assert fleet.outcomes() == [("promoted", "promoted")]
 
 
 async def test_pause_longer_than_its_deadline_rolls_back(client):

@@ -38,8 +38,6 @@ from temporalio.workflow import ActivityCancellationType
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workers.telemetry import RECORD_GATE_VERDICT, RECORD_ROLLOUT, GateVerdictEvent, RolloutEvent
-
     # Full dotted names: inside the sandbox ``from workflows import x`` would re-import x (the
     # sandboxed ``workflows`` package lacks it), giving pydantic classes that differ from the real ones.
     from workflows.rollout.gates import Decision, StepAnalysis, Verdict, canary_replicas, evaluate, required_passes
@@ -80,6 +78,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.search_attributes import CANARY_PERCENT, DEPLOYMENT, MODEL, STAGE, VERSION
     from workflows.steps import cause, wait_until
+    from workflows.telemetry import (
+        LEGACY_GATE_VERDICT,
+        LEGACY_ROLLOUT,
+        METER_PATCH,
+        gate_verdict,
+        rollout_finished,
+        rollout_paused,
+    )
 
 WORKFLOW_TYPE = "ModelRollout"
 VERDICT_HISTORY = 50  # kept in memory for the status query, not in history
@@ -93,8 +99,8 @@ _BACK = RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_
 # A gate measurement is retried briefly; after that it counts as a metric error, not a verdict.
 _GATES = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=5), maximum_attempts=3)
 _KUBE_CALL = timedelta(seconds=60)
-# Control-plane metrics (workers/telemetry.py activities) are best effort: a missing or failing
-# recorder never holds up a rollout.
+# Runs started before metrics moved onto the workflow metric meter replay the record_* activities
+# they scheduled; those were best effort: a missing or failing recorder never held up a rollout.
 _BEST_EFFORT = RetryPolicy(maximum_attempts=3, non_retryable_error_types=["NotFoundError", "ValidationError"])
 
 
@@ -178,15 +184,7 @@ class ModelRollout:
         )
         self._show()
         result = await self._run()
-        self._record(
-            RECORD_ROLLOUT,
-            RolloutEvent(
-                **self._ns_name(),
-                event=result.outcome.value,
-                stage=self._ended_in or self._stage.value,
-                rollback_seconds=result.route_reverted_seconds,
-            ),
-        )
+        self._record_rollout(result.outcome.value, self._ended_in or self._stage.value, result.route_reverted_seconds)
         await asyncio.gather(*self._telemetry, return_exceptions=True)
         return result
 
@@ -450,15 +448,7 @@ class ModelRollout:
             record = await self._measure(weight)
             decision = self._analysis.record(record.evaluation, inp.analysis)
             if record.evaluation.verdict is not Verdict.ERROR:  # errors are counted by the query activity
-                self._record(
-                    RECORD_GATE_VERDICT,
-                    GateVerdictEvent(
-                        **self._ns_name(),
-                        version=inp.version,
-                        verdict=record.evaluation.verdict.value,
-                        failing_gate=record.evaluation.deciding_gate,
-                    ),
-                )
+                self._record_verdict(record.evaluation.verdict.value, record.evaluation.deciding_gate)
             if decision is Decision.ROLLBACK:
                 raise _RollBack(f"gate failed at {weight} %: {record.evaluation.describe()}", record)
             if decision is not Decision.CONTINUE:
@@ -572,9 +562,7 @@ class ModelRollout:
             return
         before = self._stage
         self._set_stage(Stage.PAUSED)
-        self._record(
-            RECORD_ROLLOUT, RolloutEvent(**self._ns_name(), event="paused", stage=self._stage_label(self._weight))
-        )
+        self._record_rollout("paused", self._stage_label(self._weight))
         since = workflow.now()
         limit = self._in.deadlines.pause_seconds
         while self._paused and self._abort_reason is None and self._promote is None:
@@ -592,9 +580,7 @@ class ModelRollout:
         if self._abort_reason is not None:
             raise _Abort(self._abort_reason)
         self._paused = False
-        self._record(
-            RECORD_ROLLOUT, RolloutEvent(**self._ns_name(), event="resumed", stage=self._stage_label(self._weight))
-        )
+        self._record_rollout("resumed", self._stage_label(self._weight))
         self._set_stage(before)
 
     async def _act(
@@ -689,21 +675,44 @@ class ModelRollout:
         except ActivityError as err:
             workflow.logger.warning("%s failed: %s", method.__name__, cause(err))
 
-    def _record(self, name: str, event: RolloutEvent | GateVerdictEvent) -> None:
-        """Fire-and-forget a control-plane metric (drained before the workflow returns)."""
-        what = event.event if isinstance(event, RolloutEvent) else f"gate {event.verdict}"
+    def _record_rollout(self, event: str, stage: str, rollback_seconds: float | None = None) -> None:
+        """A rollout paused, resumed or ended (``event`` is then its outcome), on the workflow meter."""
+        ref = self._ref
+        if workflow.patched(METER_PATCH):
+            if event in ("paused", "resumed"):
+                rollout_paused(workflow.metric_meter(), ref.namespace, ref.name, event == "paused")
+            else:
+                rollout_finished(workflow.metric_meter(), ref.namespace, ref.name, event, stage, rollback_seconds)
+            return
+        self._legacy_record(
+            LEGACY_ROLLOUT,
+            {"namespace": ref.namespace, "deployment": ref.name, "event": event, "stage": stage, "rollback_seconds": rollback_seconds},
+            event,
+        )
+
+    def _record_verdict(self, verdict: str, failing_gate: str) -> None:
+        """One observation window's gate verdict on the new version, on the workflow meter."""
+        ref, version = self._ref, self._in.version
+        if workflow.patched(METER_PATCH):
+            gate_verdict(workflow.metric_meter(), ref.namespace, ref.name, version, verdict, failing_gate)
+            return
+        self._legacy_record(
+            LEGACY_GATE_VERDICT,
+            {"namespace": ref.namespace, "deployment": ref.name, "version": version, "verdict": verdict, "failing_gate": failing_gate},
+            f"gate {verdict}",
+        )
+
+    def _legacy_record(self, activity_name: str, event: dict, what: str) -> None:
+        """A run recorded before the meter replays the metrics activity it scheduled (drained at the end)."""
         self._telemetry.append(
             workflow.start_activity(
-                name,
+                activity_name,
                 event,
                 start_to_close_timeout=timedelta(seconds=10),
                 retry_policy=_BEST_EFFORT,
                 summary=f"metrics: {what}",
             )
         )
-
-    def _ns_name(self) -> dict[str, str]:
-        return {"namespace": self._ref.namespace, "deployment": self._ref.name}
 
     def _stage_label(self, weight: int) -> str:
         """Stage as the metrics name it: ``canary-5`` inside the ladder, else the stage."""
