@@ -1,8 +1,9 @@
 """CPU fallback for the batch class: the pure rule, then the loop on Temporal's time-skipping server.
 
 The stubs play a batch GPU deployment whose Ready replicas the test controls (spot capacity gone,
-then back) and a CPU deployment whose replicas follow what the loop sets. The loop's decisions
-metric is read from the worker's Prometheus endpoint (the workflow metric meter).
+then back) and a CPU deployment whose replicas follow what the loop sets. The loop's metrics
+(decisions, replicas, scale-ups and their cold starts, recorded on the workflow metric meter) are
+read from the worker's Prometheus endpoint.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
 from workflows.scaling import activities as acts
 from workflows.scaling.cpu_fallback import CpuFallback, CpuFallbackState, decide_fallback
 from workflows.scaling.decide import ScalingPolicy, Signals
-from workflows.scaling.loop import ReactiveScaling, ScalingInput, ScalingStatus
+from workflows.scaling.loop import PolicyPatch, ReactiveScaling, ScalingInput, ScalingStatus
 from workflows.telemetry import (
     COLD_START_SECONDS,
     REPLICAS_DESIRED,
@@ -73,6 +74,7 @@ class BatchFleet:
 
     def __init__(self) -> None:
         self.replicas, self.ready = 4, 4
+        self.signals = Signals(queue_waiting=0, gpu_util_percent=80)  # at target: the GPU loop holds
         self.cpu_calls: list[int] = []
 
     def activities(self):
@@ -85,7 +87,7 @@ class BatchFleet:
 
         @activity.defn(name=acts.READ_SCALING_SIGNALS)
         async def read_signals(request: acts.ReadSignalsInput) -> Signals:
-            return Signals(queue_waiting=0, gpu_util_percent=80)  # at target: the GPU loop holds
+            return self.signals
 
         @activity.defn(name=SCALE_VERSION)
         async def scale_version(request: ScaleVersionInput) -> None:
@@ -162,17 +164,14 @@ async def test_loop_records_its_decisions_replicas_and_cold_starts_in_the_metric
     deployment = f"batch-jobs/s{uuid.uuid4().hex[:8]}"
     queue = f"q-{uuid.uuid4()}"
     policy = ScalingPolicy(priority_class="batch", min_replicas=0, max_replicas=8)
+    fleet.signals = Signals(queue_waiting=100, gpu_util_percent=90)
     activities = fleet.activities()
-
-    @activity.defn(name=acts.READ_SCALING_SIGNALS)
-    async def busy(request: acts.ReadSignalsInput) -> Signals:
-        return Signals(queue_waiting=100, gpu_util_percent=90)
 
     @activity.defn(name=SCALE_VERSION)
     async def scale_ready(request: ScaleVersionInput) -> None:
         fleet.replicas = fleet.ready = request.replicas  # Ready at once: the queue keeps asking for more
 
-    activities[1], activities[2] = busy, scale_ready
+    activities[2] = scale_ready
     async with Worker(client, task_queue=queue, workflows=[ReactiveScaling], activities=activities,
                       activity_executor=ThreadPoolExecutor(4)):
         handle = await env.client.start_workflow(
@@ -196,3 +195,32 @@ async def test_loop_records_its_decisions_replicas_and_cold_starts_in_the_metric
     assert attempts >= 1 and ours(got, SCALE_UP_SUCCESSES.name, name)[frozenset(batch)] == attempts
     assert ours(got, COLD_START_SECONDS.name + "_count", name)[frozenset(batch)] == attempts
     assert ours(got, COLD_START_SECONDS.name + "_sum", name)[frozenset(batch)] == pytest.approx(30 * attempts, abs=1)
+
+
+async def test_a_scale_up_taken_back_before_its_replicas_were_ready_counts_as_given_up(time_skipping_env):
+    env = time_skipping_env
+    client, port = await metered_client(env)
+    fleet = BatchFleet()
+    fleet.replicas = fleet.ready = 1  # new replicas never become Ready: no spot capacity
+    fleet.signals = Signals(queue_waiting=100, gpu_util_percent=90)
+    deployment = f"batch-jobs/s{uuid.uuid4().hex[:8]}"
+    queue = f"q-{uuid.uuid4()}"
+    policy = ScalingPolicy(priority_class="batch", min_replicas=0, max_replicas=8)
+    async with Worker(client, task_queue=queue, workflows=[ReactiveScaling], activities=fleet.activities(),
+                      activity_executor=ThreadPoolExecutor(4)):
+        handle = await env.client.start_workflow(
+            ReactiveScaling.run, ScalingInput(deployment=deployment, policy=policy, interval_seconds=30),
+            id=naming.scaling_workflow_id(deployment), task_queue=queue,
+        )
+        await env.sleep(45)
+        assert fleet.replicas == 6  # 1 + ceil(100 / 20), none of the 5 new ones Ready
+        await handle.execute_update(ReactiveScaling.update_policy, PolicyPatch(max_replicas=3))  # the operator caps it
+        await env.sleep(5)
+        await handle.terminate()
+    assert fleet.replicas == 3
+    _, name = naming.split_deployment(deployment)
+    got = samples(port)
+    batch = frozenset({("kube_namespace", "batch-jobs"), ("deployment", name), ("pool", "batch")})
+    assert ours(got, SCALE_UP_ATTEMPTS.name, name)[batch] == 1
+    assert ours(got, SCALE_UP_SUCCESSES.name, name)[batch] == 0
+    assert batch not in ours(got, COLD_START_SECONDS.name + "_count", name)  # no cold start to measure
