@@ -41,6 +41,8 @@ class CostReportResult(BaseModel):
 
 @workflow.defn(name="CostReport")
 class CostReport:
+    """Reads the window's inputs from Prometheus once, then prices them with pure code (replayed, not re-queried)."""
+
     @workflow.run
     async def run(self, input: CostReportInput) -> CostReportResult:
         end = input.end or workflow.now()
