@@ -22,11 +22,10 @@ from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
 from activities.clients.vllm import VllmClient
-from activities.cloud import NodePoolActivities
 from activities.cost import CostActivities
 from activities.registry import RegistryActivities
 from activities.rollout import RolloutActivities, ServingPods
-from activities.scaling import ScalingActivities
+from activities.scaling import NodePoolActivities, ScalingActivities
 from activities.spot import SpotActivities, SpotWorkflowStarts
 from workers import telemetry
 from workers.client import connect

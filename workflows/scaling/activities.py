@@ -3,9 +3,9 @@
 Pydantic inputs/outputs and one contract class per group of activities (``ScalingActivities``
 for the loop and pre-warm, ``NodePoolActivities`` for the node layer), with no I/O imports, so
 workflows call them by method reference (``workflow.execute_activity_method``) and
-activities/scaling.py and activities/cloud.py implement exactly this. Scaling itself reuses the
-rollout's ``RolloutActivities.scale_version`` (the Deployment's scale subresource). The activity
-names are an API: recorded histories refer to them.
+activities/scaling.py implements exactly this. Scaling itself reuses the rollout's
+``RolloutActivities.scale_version`` (the Deployment's scale subresource). The activity names are
+an API: recorded histories refer to them.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class ScalingActivities:
         raise NotImplementedError
 
 
-# ---------------------------------------------------------------- node layer (activities/cloud.py)
+# ---------------------------------------------------------------- node layer (activities/scaling.py)
 
 class PoolRef(BaseModel):
     pool: str = Field(description="node pool = Auto Scaling group name = karpenter.sh/nodepool label")
@@ -159,7 +159,7 @@ class RemoveNodeResult(BaseModel):
 
 
 class NodePoolActivities:
-    """What NodePoolScaling asks of Kubernetes and the pool's Auto Scaling group (activities/cloud.py)."""
+    """What NodePoolScaling asks of Kubernetes and the pool's Auto Scaling group (activities/scaling.py)."""
 
     @activity.defn(name=OBSERVE_NODE_POOL)
     def observe_node_pool(self, req: PoolRef) -> PoolObservation:
