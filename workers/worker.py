@@ -61,9 +61,7 @@ WORKFLOWS: list[type] = [
     SpotReclaim,
     ReturnToSpot,
 ]
-ACTIVITIES: list = [
-    *telemetry.ACTIVITIES,
-]
+ACTIVITIES: list = []
 
 
 def activity_methods(instance: object, contract: type) -> list[Callable]:
@@ -105,8 +103,8 @@ async def run_worker(stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    endpoint = telemetry.start_metrics_server(config.metrics_port) if config.metrics_port else None
-    client = await connect(config, endpoint.runtime if endpoint else None)
+    runtime = telemetry.metrics_runtime(config.metrics_port) if config.metrics_port else None
+    client = await connect(config, runtime)
     with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_ACTIVITIES) as executor:
         worker = Worker(
             client,
@@ -125,5 +123,3 @@ async def run_worker(stop: asyncio.Event | None = None) -> None:
             log.info("stopping: finishing running activities")
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(sig)
-    if endpoint:
-        endpoint.close()
