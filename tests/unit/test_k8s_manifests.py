@@ -236,4 +236,4 @@ def test_containerfile_builds_a_non_root_worker():
         for path in source.split():
             assert (ROOT / path).exists(), f"Containerfile copies missing {path}"
     copied = {p.rstrip("/") for line in re.findall(r"^COPY (.+) \S+$", text, re.M) for p in line.split()}
-    assert {"workflows", "activities", "workers", "infra", "pyproject.toml"} <= copied
+    assert {"workflows", "activities", "workers", "pyproject.toml"} <= copied
