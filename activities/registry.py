@@ -8,13 +8,16 @@ Layout in the weights bucket (``TIDEPLANE_WEIGHTS_BUCKET``)::
     registry/models.json                      the model names (ModelsIndex)
     registry/<model>/index.json               every version's summary (ModelIndex)
     registry/<model>/<version>/manifest.json  the source of truth (Manifest)
-    weights/<model>/<version>/<path>          weights uploaded by ``register`` from local files
+    weights/<model>/<version>/<digest>/<path> weights uploaded by ``register`` from local files,
+                                              under their whole-set digest (content-addressed)
 
 Listing reads models.json and one index per model: O(models) GETs, never a bucket scan.
 
 Every write is a compare-and-swap with S3 conditional writes: ``If-None-Match: *`` to create,
 ``If-Match: <ETag>`` to replace; on 412/409 the writer re-reads, re-applies its change and
-retries, so two concurrent writers never lose an update. The manifest is written first; the
+retries, so two concurrent writers never lose an update. Registering publishes by the manifest's
+create alone: uploads go to the digest's own keys first, so a losing register of other weights
+never overwrites the winner's bytes (and removes its own). The manifest is written first; the
 index is then brought up to date from it (an entry is only replaced by a higher manifest
 revision), so a crash in between leaves a stale index entry that the next write or retry repairs.
 moto 5.2.5 honours both headers on put_object (tests/activities/test_registry.py checks it), but its
@@ -261,19 +264,24 @@ class Registry:
         """
         at = at or _now()
         key = self.manifest_key(model, version)
+        upload: list[tuple[Path, str]] = []
         if source.startswith("s3://"):
             location, files = self._checksum_s3(source, progress)
-            upload: list[tuple[Path, str]] = []
         else:
-            location, files, upload = self._checksum_local(Path(source), model, version, progress)
+            paths, files = self._checksum_local(Path(source), progress)
+            # Content-addressed: other weights for the same version never land on these keys.
+            prefix = f"weights/{model}/{version}/{set_digest(files)}/"
+            location = f"s3://{self.bucket}/{prefix}"
+            upload = [(p, prefix + f.path) for p, f in zip(paths, files)]
         weights = Weights(
             location=location, files=files, digest=set_digest(files), size_bytes=sum(f.size_bytes for f in files)
         )
         existing, _ = self._read(key, Manifest)
+        uploaded: list[str] = []
         if existing is None and upload:
             etags = self._upload(upload, progress)
-            prefix = _split(location, prefix=True)[1]
-            weights.files = [f.model_copy(update={"etag": etags[prefix + f.path]}) for f in files]
+            uploaded = list(etags)
+            weights.files = [f.model_copy(update={"etag": etags[k]}) for f, (_, k) in zip(files, upload)]
         manifest = Manifest(
             model=model,
             version=version,
@@ -289,6 +297,7 @@ class Registry:
             existing, _ = self._read(key, Manifest)
         if existing is not None:
             if existing.weights.digest != weights.digest:
+                self._delete_keys(self.bucket, uploaded)  # this attempt's own, unpublished bytes
                 raise RegistryError(
                     f"{model}@{version} is already registered with other weights "
                     f"(digest {existing.weights.digest}, these are {weights.digest}): register a new version"
@@ -298,7 +307,8 @@ class Registry:
         self._add_model(model)
         return manifest
 
-    def _checksum_local(self, root: Path, model: str, version: str, progress):
+    def _checksum_local(self, root: Path, progress) -> tuple[list[Path], list[ManifestFile]]:
+        """The files under ``root`` (or the one file) and their manifest entries."""
         if not root.exists():
             raise RegistryError(f"no such file or directory: {root}")
         paths = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
@@ -307,12 +317,21 @@ class Registry:
         base = root if root.is_dir() else root.parent
         with ThreadPoolExecutor(max_workers=4) as pool:
             digests = list(pool.map(lambda p: _sha256_file(p, progress), paths))
-        prefix = f"weights/{model}/{version}/"
         files = [
             ManifestFile(path=p.relative_to(base).as_posix(), sha256=d, size_bytes=p.stat().st_size)
             for p, d in zip(paths, digests)
         ]
-        return f"s3://{self.bucket}/{prefix}", files, [(p, prefix + f.path) for p, f in zip(paths, files)]
+        return paths, files
+
+    def _delete_keys(self, bucket: str, keys: list[str], batch_done: Callable[[str], None] = lambda key: None) -> None:
+        """Delete objects in batches of 1000 (S3's limit), in order; ``batch_done`` gets the last
+        key of each deleted batch (a caller resumes after it)."""
+        for i in range(0, len(keys), 1000):
+            batch = keys[i : i + 1000]
+            resp = self.s3.boto.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})
+            if resp.get("Errors"):
+                raise RuntimeError(f"delete failed for {resp['Errors'][:3]}")
+            batch_done(batch[-1])
 
     def _upload(self, items: list[tuple[Path, str]], progress) -> dict[str, str]:
         """Upload files (multipart, parts in parallel, several files at once); key -> ETag."""
@@ -477,11 +496,7 @@ class Registry:
             bucket, key = _split(manifest.weights.uri(f.path))
             keys.setdefault(bucket, []).append(key)
         for bucket, names in keys.items():
-            for i in range(0, len(names), 1000):
-                batch = [{"Key": k} for k in names[i : i + 1000]]
-                resp = self.s3.boto.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
-                if resp.get("Errors"):
-                    raise RuntimeError(f"delete failed for {resp['Errors'][:3]}")
+            self._delete_keys(bucket, names)
         return DeleteWeightsResult(
             deleted=True, reason=reason, files=len(manifest.weights.files), bytes=manifest.weights.size_bytes
         )

@@ -85,7 +85,7 @@ def test_register_list_show_deprecate(registry, tmp_path):
     shown = registry.show("llama-3-8b", "1.2.0")
     assert shown == manifest
     assert shown.status == StatusTesting() and [h.reason for h in shown.history] == ["registered"]
-    assert shown.weights.location == f"s3://{registry.bucket}/weights/llama-3-8b/1.2.0/"
+    assert shown.weights.location == f"s3://{registry.bucket}/weights/llama-3-8b/1.2.0/{shown.weights.digest}/"
     files = {f.path: f for f in shown.weights.files}
     assert set(files) == {"config.json", "model.safetensors", "tokenizer/tokenizer.json"}
     for path, f in files.items():
@@ -94,7 +94,7 @@ def test_register_list_show_deprecate(registry, tmp_path):
     lines = "".join(f"{p} {files[p].sha256}\n" for p in sorted(files))
     assert shown.weights.digest == hashlib.sha256(lines.encode()).hexdigest() == set_digest(shown.weights.files)
     assert shown.weights.size_bytes == sum(f.size_bytes for f in files.values())
-    body = registry.s3.boto.get_object(Bucket=registry.bucket, Key="weights/llama-3-8b/1.2.0/model.safetensors")["Body"]
+    body = registry.s3.boto.get_object(Bucket=registry.bucket, Key=f"weights/llama-3-8b/1.2.0/{shown.weights.digest}/model.safetensors")["Body"]
     assert hashlib.sha256(body.read()).hexdigest() == files["model.safetensors"].sha256
     assert registry.resolve("llama-3-8b", "1.2.0", verify=True) == manifest, "ranged, parallel re-hash agrees"
 
@@ -163,6 +163,46 @@ def test_status_moves_and_benchmarks(registry, tmp_path):
     assert old.status.state == "deprecated" and old.history[-1].reason == "superseded by llama@1.1.0"
     summaries = {v.version: v for v in registry.list_versions(["llama"])}
     assert summaries["1.0.0"].stable_until == t3 and summaries["1.1.0"].status.state == "stable"
+
+
+def test_concurrent_registers_of_one_version_keep_the_winners_bytes(registry, tmp_path):
+    """Two registers of llama@1.0.0 with different weights: both upload before either publishes;
+    one manifest wins, the other is refused, and the winner's files still verify."""
+    a_dir, b_dir = weights_dir(tmp_path, seed=b"a"), weights_dir(tmp_path, seed=b"b")
+    b_uploaded, a_published = threading.Event(), threading.Event()
+
+    def writer(before, after=lambda: None) -> Registry:
+        """A registry whose manifest PutObject calls ``before`` first and ``after`` once it returned."""
+        w = Registry(s3_client(), registry.bucket)
+
+        def before_call(params, context, **_):
+            if params["url_path"].endswith("/manifest.json"):
+                context["tp_manifest"] = True
+                before()
+
+        w.s3.boto.meta.events.register("before-call.s3.PutObject", before_call)
+        w.s3.boto.meta.events.register("after-call.s3.PutObject", lambda context, **_: context.get("tp_manifest") and after())
+        return w
+
+    # A publishes only once B has uploaded everything; B publishes only after A did (and loses).
+    a = writer(lambda: b_uploaded.wait(30), after=a_published.set)
+    b = writer(lambda: (b_uploaded.set(), a_published.wait(30)))
+    with ThreadPoolExecutor(2) as pool:
+        won = pool.submit(a.register, "llama", "1.0.0", str(a_dir), at=T0)
+        lost = pool.submit(b.register, "llama", "1.0.0", str(b_dir), at=T0)
+        manifest = won.result()
+        with pytest.raises(RegistryError, match="already registered with other weights"):
+            lost.result()
+    assert registry.resolve("llama", "1.0.0", verify=True) == manifest, "show --verify passes after the race"
+    assert {f.path: f.sha256 for f in manifest.weights.files}["model.safetensors"] == sha(a_dir / "model.safetensors")
+    listed = registry.s3.boto.list_objects_v2(Bucket=registry.bucket, Prefix="weights/")["Contents"]
+    assert {o["Key"] for o in listed} == {_split_key(manifest.weights.uri(f.path)) for f in manifest.weights.files}, (
+        "the loser's uploads are removed, the winner's are untouched"
+    )
+
+
+def _split_key(uri: str) -> str:
+    return uri.split("/", 3)[3]
 
 
 def test_conditional_write_refuses_a_stale_etag(registry, tmp_path):
@@ -263,7 +303,7 @@ def test_tampered_weights_are_caught(registry, tmp_path, activities):
     root = weights_dir(tmp_path)
     registry.register("llama", "1.0.0", str(root), at=T0)
     assert registry.resolve("llama", "1.0.0", verify=True).version == "1.0.0"
-    key = "weights/llama/1.0.0/model.safetensors"
+    key = _split_key(registry.show("llama", "1.0.0").weights.uri("model.safetensors"))
     original = (root / "model.safetensors").read_bytes()
     registry.s3.boto.put_object(Bucket=registry.bucket, Key=key, Body=bytes(reversed(original)))  # same size
 
@@ -287,8 +327,9 @@ def test_activities_for_rollout_and_retention(registry, tmp_path, activities):
     registry.register("llama", "1.0.0", str(weights_dir(tmp_path)), at=T0)
     env = ActivityEnvironment()
     resolved = env.run(activities.resolve_registry_weights, ra.RegistryWeightsInput(model="llama", version="1.0.0"))
+    location = registry.show("llama", "1.0.0").weights.location
     assert {f.uri for f in resolved.files} == {
-        f"s3://{registry.bucket}/weights/llama/1.0.0/{p}" for p in ("config.json", "model.safetensors", "tokenizer/tokenizer.json")
+        f"{location}{p}" for p in ("config.json", "model.safetensors", "tokenizer/tokenizer.json")
     }
     t1 = T0 + timedelta(hours=1)
     status = ra.SetRegistryStatusInput(model="llama", version="1.0.0", status=Canary(percent=1, since=t1), at=t1)

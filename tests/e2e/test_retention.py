@@ -166,7 +166,7 @@ async def test_retention_workflow_dry_run_then_delete(time_skipping_env, activit
 
             real = await run(RetentionInput())
             assert [f"{d.model}@{d.version}" for d in real.deleted] == ["llama@1.0.0"] and not real.dry_run
-            assert weight_keys(registry) == before - {"weights/llama/1.0.0/llama-1.0.0.safetensors"}
+            assert weight_keys(registry) == before - {registry.show("llama", "1.0.0").weights.uri("llama-1.0.0.safetensors").split("/", 3)[3]}
             gone = registry.show("llama", "1.0.0")
             assert gone.weights.deleted_at == real.at and gone.status.state == "deprecated"
             assert retention_actions(buffer) == {("llama", "deleted"): 1, ("llama", "kept"): 5, ("qwen", "kept"): 1}
