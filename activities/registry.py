@@ -61,6 +61,7 @@ from workflows.registry.activities import (
     VersionList,
 )
 from workflows.registry.schema import (
+    ANY_DEPLOYMENT,
     BenchmarkResult,
     Canary,
     Deprecated,
@@ -76,8 +77,8 @@ from workflows.registry.schema import (
     Weights,
     semver_key,
     set_digest,
+    place,
     summarize,
-    transition,
 )
 from workflows.rollout.activities import WeightFile
 
@@ -392,30 +393,42 @@ class Registry:
         reason: str = "",
         at: datetime | None = None,
         demote_previous: bool = True,
+        deployment: str | None = None,
     ) -> tuple[Manifest, list[str]]:
-        """Move a version to ``status``; a new stable demotes the model's other stable versions
-        to deprecated (unless ``demote_previous`` is False). Returns the manifest and the
-        versions it demoted."""
+        """Record ``status`` of a version on ``deployment`` (None: on no recorded deployment, as
+        by hand); see ``schema.place``. A new stable takes the model's other versions off that
+        deployment (unless ``demote_previous`` is False): each becomes deprecated once it serves
+        nowhere. Returns the manifest and the versions it took off the deployment."""
         at = at or _now()
+        where = deployment or ANY_DEPLOYMENT
 
         def move(manifest: Manifest) -> bool:
             if status.state in ("canary", "stable") and manifest.weights.deleted_at is not None:
                 raise RegistryError(f"{manifest.ref} cannot become {status.state}: its weights were deleted by retention")
-            return transition(manifest, status, at, reason)
+            named = sorted(d for d in manifest.deployments if d != ANY_DEPLOYMENT)
+            if deployment is None and status.state == "deprecated" and named:
+                raise RegistryError(
+                    f"{manifest.ref} still serves on {', '.join(named)}: it becomes deprecated when no deployment serves it"
+                )
+            return place(manifest, where, status, at, reason)
 
         manifest = self._update_manifest(model, version, move)
-        demoted: list[str] = []
+        replaced: list[str] = []
         if status.state == "stable" and demote_previous:
             for other in self.list_versions([model]):
-                if other.version != version and other.status.state == "stable":
-                    why = f"superseded by {model}@{version}"
-                    self._update_manifest(
-                        model,
-                        other.version,
-                        lambda m: m.status.state == "stable" and transition(m, Deprecated(since=at), at, why),
-                    )
-                    demoted.append(other.version)
-        return manifest, demoted
+                legacy = not other.deployments and other.status.state in ("canary", "stable")  # index entry from before
+                if other.version == version or not (where in other.deployments or (legacy and where == ANY_DEPLOYMENT)):
+                    continue
+                newer = semver_key(version) > semver_key(other.version)
+                on = "" if where == ANY_DEPLOYMENT else f" on {where}"
+                why = f"superseded{on} by {model}@{version}" if newer else f"replaced{on} by the older {model}@{version}"
+                self._update_manifest(
+                    model,
+                    other.version,
+                    lambda m, why=why: where in m.deployments and place(m, where, Deprecated(since=at), at, why),
+                )
+                replaced.append(other.version)
+        return manifest, replaced
 
     def deprecate(self, model: str, version: str, reason: str = "", at: datetime | None = None) -> Manifest:
         at = at or _now()
@@ -541,7 +554,7 @@ class RegistryActivities(contract.RegistryActivities):
     def set_registry_status(self, req: SetRegistryStatusInput) -> RegistryStatusResult:
         try:
             manifest, demoted = self.registry.set_status(
-                req.model, req.version, req.status, req.reason, req.at, req.demote_previous
+                req.model, req.version, req.status, req.reason, req.at, req.demote_previous, req.deployment
             )
         except RegistryError as exc:
             raise _non_retryable(exc) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 import time
@@ -26,6 +27,7 @@ from workflows.registry.activities import DeleteWeightsInput, ListVersionsInput
 from workflows.registry.schema import (
     BenchmarkResult,
     Canary,
+    Deprecated,
     Gguf,
     Manifest,
     Stable,
@@ -203,6 +205,64 @@ def test_concurrent_registers_of_one_version_keep_the_winners_bytes(registry, tm
 
 def _split_key(uri: str) -> str:
     return uri.split("/", 3)[3]
+
+
+def test_status_is_per_deployment(registry, tmp_path):
+    """Issue 16: a first deploy of an older version elsewhere must not deprecate the stable one."""
+    for version, seed in (("1.0.0", b"a"), ("1.3.0", b"b"), ("1.4.0", b"c")):
+        registry.register("m", version, str(weights_dir(tmp_path, seed=seed)), at=T0)
+    t = [T0 + timedelta(hours=h) for h in range(8)]
+    registry.set_status("m", "1.3.0", Stable(since=t[1]), "first deploy", t[1], deployment="prod/chat")
+    _, replaced = registry.set_status("m", "1.0.0", Stable(since=t[2]), "first deploy", t[2], deployment="prod/batch")
+    assert replaced == [], "nothing else served on prod/batch"
+    assert registry.show("m", "1.3.0").status == Stable(since=t[1]), "still serving 100 % of prod/chat"
+
+    # Canary on one deployment while stable on another: stable overall, canary recorded where it is.
+    registry.set_status("m", "1.3.0", Canary(percent=5, since=t[3]), "canary at 5 %", t[3], deployment="prod/batch")
+    both = registry.show("m", "1.3.0")
+    assert both.status == Stable(since=t[1])
+    assert both.deployments == {"prod/chat": Stable(since=t[1]), "prod/batch": Canary(percent=5, since=t[3])}
+
+    # 1.3.0 promoted on prod/batch: 1.0.0 serves nowhere now and is deprecated (superseded by a newer one).
+    _, replaced = registry.set_status("m", "1.3.0", Stable(since=t[4]), "promoted", t[4], deployment="prod/batch")
+    old = registry.show("m", "1.0.0")
+    assert replaced == ["1.0.0"] and old.status.state == "deprecated" and old.deployments == {}
+    assert old.history[-1].reason == "superseded on prod/batch by m@1.3.0" and old.retired == {"prod/batch": t[4]}
+
+    # A rollback of 1.4.0's canary on prod/chat deprecates it; an older version going stable on a
+    # deployment never reads as "superseded".
+    registry.set_status("m", "1.4.0", Canary(percent=1, since=t[5]), "canary", t[5], deployment="prod/chat")
+    rolled, _ = registry.set_status("m", "1.4.0", Deprecated(since=t[6]), "rolled back", t[6], deployment="prod/chat")
+    assert rolled.status == Deprecated(since=t[6]) and rolled.deployments == {}
+    registry.set_status("m", "1.0.0", Stable(since=t[7]), "downgrade", t[7], deployment="prod/chat")
+    newer = registry.show("m", "1.3.0")
+    assert newer.status == Stable(since=t[1]) and set(newer.deployments) == {"prod/batch"}
+    assert newer.history[-1].reason == "replaced on prod/chat by the older m@1.0.0"
+    summary = {v.version: v for v in registry.list_versions(["m"])}["1.3.0"]
+    assert summary.retired == {"prod/chat": t[7]} and set(summary.deployments) == {"prod/batch"}
+
+    # Deprecating by hand a version that still serves is refused, naming where.
+    with pytest.raises(RegistryError, match="m@1.3.0 still serves on prod/batch"):
+        registry.deprecate("m", "1.3.0")
+
+
+def test_manifests_written_before_per_deployment_status_still_load(registry, tmp_path):
+    """A stored manifest without ``deployments``/``retired`` reads as serving on an unrecorded deployment."""
+    registry.register("m", "1.0.0", str(weights_dir(tmp_path)), at=T0)
+    registry.set_status("m", "1.0.0", Stable(since=T0), "first deploy", T0)
+    key = registry.manifest_key("m", "1.0.0")
+    stored = json.loads(registry.s3.boto.get_object(Bucket=registry.bucket, Key=key)["Body"].read())
+    for field in ("deployments", "retired"):
+        stored.pop(field)
+    for entry in stored["history"]:
+        entry.pop("deployment")
+    registry.s3.boto.put_object(Bucket=registry.bucket, Key=key, Body=json.dumps(stored).encode())
+    old = registry.show("m", "1.0.0")
+    assert old.status == Stable(since=T0) and old.deployments == {"*": Stable(since=T0)}
+    # A rollout elsewhere leaves it stable; a stable set without a deployment replaces it as before.
+    registry.register("m", "1.1.0", str(weights_dir(tmp_path, seed=b"n")), at=T0)
+    registry.set_status("m", "1.1.0", Stable(since=T0), "first deploy", T0, deployment="prod/chat")
+    assert registry.show("m", "1.0.0").status.state == "stable"
 
 
 def test_conditional_write_refuses_a_stale_etag(registry, tmp_path):

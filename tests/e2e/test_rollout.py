@@ -468,23 +468,23 @@ def test_worker_metrics_after_rollouts(good_and_bad, sandbox):
     assert resp.status_code == 200
     samples = _samples(resp.text)
     chat = {"deployment": NAME}
-    assert _value(samples, "tideplane_rollouts_total", namespace=NS_GOOD, outcome="promoted", stage="promoted", **chat) == 1
-    assert _value(samples, "tideplane_rollouts_total", namespace=NS_BAD, outcome="rolled_back", stage="canary-5", **chat) == 1
+    assert _value(samples, "tideplane_rollouts_total", kube_namespace=NS_GOOD, outcome="promoted", stage="promoted", **chat) == 1
+    assert _value(samples, "tideplane_rollouts_total", kube_namespace=NS_BAD, outcome="rolled_back", stage="canary-5", **chat) == 1
     # Gate verdicts, one per observation, with the failing gate named.
     for seen, ns, version in ((good, NS_GOOD, GOOD), (bad, NS_BAD, BAD)):
         for verdict in (Verdict.PASS, Verdict.INCONCLUSIVE, Verdict.FAIL):
             expected = sum(1 for v in seen.status.verdicts if v.evaluation.verdict is verdict)
-            got = sum(v for n, l, v in samples if n == "tideplane_gate_verdicts_total" and l.get("namespace") == ns and l.get("version") == version and l["verdict"] == verdict.value)
+            got = sum(v for n, l, v in samples if n == "tideplane_gate_verdicts_total" and l.get("kube_namespace") == ns and l.get("version") == version and l["verdict"] == verdict.value)
             assert got == expected, (ns, verdict, got, expected)
-    assert _value(samples, "tideplane_gate_verdicts_total", namespace=NS_GOOD, version=GOOD, verdict="pass", gate="none") >= 4
-    assert _value(samples, "tideplane_gate_verdicts_total", namespace=NS_BAD, version=BAD, verdict="fail", gate=ERROR_RATE) == 1
+    assert _value(samples, "tideplane_gate_verdicts_total", kube_namespace=NS_GOOD, version=GOOD, verdict="pass", gate="none") >= 4
+    assert _value(samples, "tideplane_gate_verdicts_total", kube_namespace=NS_BAD, version=BAD, verdict="fail", gate=ERROR_RATE) == 1
     # Time to rollback: one observation, the workflow's own number.
-    assert _value(samples, "tideplane_rollback_seconds_count", namespace=NS_BAD, **chat) == 1
-    assert _value(samples, "tideplane_rollback_seconds_sum", namespace=NS_BAD, **chat) == pytest.approx(bad.result.route_reverted_seconds)
+    assert _value(samples, "tideplane_rollback_seconds_count", kube_namespace=NS_BAD, **chat) == 1
+    assert _value(samples, "tideplane_rollback_seconds_sum", kube_namespace=NS_BAD, **chat) == pytest.approx(bad.result.route_reverted_seconds)
     # Route weights as last set by the activity.
-    assert _value(samples, "tideplane_rollout_weight", namespace=NS_GOOD, version=GOOD, **chat) == 100
-    assert _value(samples, "tideplane_rollout_weight", namespace=NS_BAD, version=STABLE, **chat) == 100
-    assert _value(samples, "tideplane_rollout_weight", namespace=NS_BAD, version=BAD, **chat) == 0
+    assert _value(samples, "tideplane_rollout_weight", kube_namespace=NS_GOOD, version=GOOD, **chat) == 100
+    assert _value(samples, "tideplane_rollout_weight", kube_namespace=NS_BAD, version=STABLE, **chat) == 100
+    assert _value(samples, "tideplane_rollout_weight", kube_namespace=NS_BAD, version=BAD, **chat) == 0
     # Temporal SDK metrics from the same endpoint.
     sdk = {"task_queue": TASK_QUEUE, "namespace": "default"}
     assert _value(samples, "temporal_workflow_completed_total", workflow_type="ModelRollout", **sdk) >= 2

@@ -31,20 +31,24 @@ class RegistryWeights(BaseModel):
 
 
 class SetRegistryStatusInput(BaseModel):
-    """Move a version's registry status (testing -> canary -> stable; rollback -> testing or
-    deprecated). Idempotent: the same status twice records one history entry."""
+    """Record a version's status on one deployment (canary -> stable; rollback -> testing or
+    deprecated), from which its overall status follows (workflows.registry.schema.place).
+    Idempotent: the same status twice records one history entry."""
 
     model: str
     version: str
     status: Status = Field(description='e.g. {"state": "canary", "percent": 5, "since": "..."}')
     reason: str = ""
     at: datetime | None = Field(None, description="workflow.now(), so a retry records the same time")
-    demote_previous: bool = Field(True, description="a new stable deprecates the model's other stable versions")
+    demote_previous: bool = Field(True, description="a new stable takes the model's other versions off the deployment")
+    deployment: str | None = Field(
+        None, description="NAMESPACE/NAME it is about; None (histories recorded before): an unrecorded deployment"
+    )
 
 
 class RegistryStatusResult(BaseModel):
     status: Status
-    demoted: list[str] = Field(default_factory=list, description="versions moved stable -> deprecated")
+    demoted: list[str] = Field(default_factory=list, description="versions this stable took off the deployment")
 
 
 class RecordRegistryBenchmarkInput(BaseModel):

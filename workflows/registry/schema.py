@@ -143,12 +143,18 @@ class Deprecated(BaseModel):
 
 
 Status = Annotated[Union[Testing, Canary, Stable, Deprecated], Field(discriminator="state")]
+# Where a version serves on one deployment: a canary or the stable version.
+Serving = Annotated[Union[Canary, Stable], Field(discriminator="state")]
+# The deployment key of a status set without naming a deployment (by hand, or in a manifest
+# written before status was per deployment): it stands for "some deployment, not recorded".
+ANY_DEPLOYMENT = "*"
 
 
 class StatusChange(BaseModel):
-    status: Status
+    status: Status = Field(description="the version's overall status after the change")
     at: datetime
     reason: str = ""
+    deployment: str | None = Field(None, description="NAMESPACE/NAME the change was about, if one")
 
 
 # --- benchmark, files, manifest ----------------------------------------------------------------
@@ -219,10 +225,23 @@ class Manifest(BaseModel):
     quantization: Quantization = Field(default_factory=NoQuantization)
     image: str | None = Field(None, description="serving image the version was validated with")
     benchmarks: list[BenchmarkResult] = Field(default_factory=list)
-    status: Status = Field(default_factory=Testing)
+    status: Status = Field(default_factory=Testing, description="overall: derived from deployments while it serves")
+    deployments: dict[str, Serving] = Field(
+        default_factory=dict, description="NAMESPACE/NAME -> canary or stable there (see ``place``)"
+    )
+    retired: dict[str, datetime] = Field(
+        default_factory=dict, description="NAMESPACE/NAME -> when it last stopped being stable there"
+    )
     history: list[StatusChange] = Field(default_factory=list)
     created_at: datetime
     updated_at: datetime
+
+    @model_validator(mode="after")
+    def _unrecorded_deployment(self) -> Manifest:
+        """A manifest from before per-deployment status serves where it said, on an unrecorded deployment."""
+        if not self.deployments and isinstance(self.status, (Canary, Stable)):
+            self.deployments = {ANY_DEPLOYMENT: self.status}
+        return self
 
     @property
     def ref(self) -> str:
@@ -246,6 +265,51 @@ def transition(manifest: Manifest, status: Testing | Canary | Stable | Deprecate
     return True
 
 
+def serving_status(deployments: dict[str, Canary | Stable]) -> Canary | Stable | None:
+    """The overall status of a version serving on ``deployments``: stable if stable anywhere,
+    else a canary at its largest share; None where it serves nowhere."""
+    stable = [s for s in deployments.values() if isinstance(s, Stable)]
+    if stable:
+        return Stable(since=min(s.since for s in stable))
+    canaries = [s for s in deployments.values() if isinstance(s, Canary)]
+    if canaries:
+        return Canary(percent=max(c.percent for c in canaries), since=min(c.since for c in canaries))
+    return None
+
+
+def place(manifest: Manifest, deployment: str, status: Testing | Canary | Stable | Deprecated, at: datetime, reason: str) -> bool:
+    """Record ``status`` of the version on one deployment, in place; False if nothing changed.
+
+    Canary or stable puts it on the deployment; testing or deprecated takes it off. The overall
+    status follows where it serves: stable if stable on any deployment, else canary; only a version
+    that serves nowhere takes the testing or deprecated asked for. A deployment it stops being
+    stable on is remembered in ``retired`` (the rollback window starts then).
+    """
+    current = manifest.deployments.get(deployment)
+    if isinstance(status, (Canary, Stable)):
+        if current is not None and current.state == status.state:
+            if isinstance(status, Stable) or status.percent == current.percent:
+                return False
+            status = status.model_copy(update={"since": current.since})
+        manifest.deployments[deployment] = status
+    elif current is not None:
+        del manifest.deployments[deployment]
+    else:  # not on this deployment: the status applies only to a version that serves nowhere
+        return not manifest.deployments and transition(manifest, status, at, reason)
+    if isinstance(current, Stable) and not isinstance(status, Stable):
+        manifest.retired[deployment] = at
+    overall = serving_status(manifest.deployments) or status
+    before = manifest.status
+    if isinstance(overall, (Canary, Stable)) and before.state == overall.state:
+        overall = overall.model_copy(update={"since": before.since})  # stable/canary since it first was, anywhere
+    manifest.status = overall
+    manifest.history.append(
+        StatusChange(status=overall, at=at, reason=reason, deployment=None if deployment == ANY_DEPLOYMENT else deployment)
+    )
+    manifest.updated_at = at
+    return True
+
+
 # --- the indexes that make listing O(models) -----------------------------------------------------
 
 
@@ -258,6 +322,8 @@ class VersionSummary(BaseModel):
     status: Status
     weights_location: str
     stable_until: datetime | None = Field(None, description="when it last stopped being stable")
+    deployments: dict[str, Serving] = Field(default_factory=dict, description="where it serves (Manifest.deployments)")
+    retired: dict[str, datetime] = Field(default_factory=dict, description="Manifest.retired")
     size_bytes: int
     quantization: str
     image: str | None = None
@@ -277,6 +343,8 @@ def summarize(manifest: Manifest) -> VersionSummary:
         status=manifest.status,
         weights_location=manifest.weights.location,
         stable_until=stable_until,
+        deployments=manifest.deployments,
+        retired=manifest.retired,
         size_bytes=manifest.weights.size_bytes,
         quantization=manifest.quantization.label(),
         image=manifest.image,

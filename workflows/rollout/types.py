@@ -29,7 +29,7 @@ from workflows.rollout.gates import (
     StepAnalysis,
     required_passes,
 )
-from workflows.naming import DeploymentName, split_deployment
+from workflows.naming import DeploymentName, DeploymentRef
 from workflows.rollout.activities import Benchmark, StagedWeights
 
 MAX_OBSERVATIONS = 3000  # ~11 history events each: well under Temporal's 51,200-event limit
@@ -203,8 +203,9 @@ class RolloutInput(_Strict):
         return self
 
     @property
-    def namespace_name(self) -> tuple[str, str]:
-        return split_deployment(self.deployment)
+    def ref(self) -> DeploymentRef:
+        """``deployment`` as the activities take it."""
+        return DeploymentRef.from_name(self.deployment)
 
     @property
     def query_window(self) -> str:

@@ -41,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
     # Full dotted names: inside the sandbox ``from workflows import x`` would re-import x (the
     # sandboxed ``workflows`` package lacks it), giving pydantic classes that differ from the real ones.
     from workflows.rollout.gates import Decision, StepAnalysis, Verdict, canary_replicas, evaluate, required_passes
-    from workflows.naming import TASK_QUEUE, DeploymentRef, rollout_workflow_id
+    from workflows.naming import TASK_QUEUE, rollout_workflow_id
     from workflows.registry.schema import BenchmarkResult, Canary, Deprecated, Stable, Testing
     from workflows.registry.activities import (
         RecordRegistryBenchmarkInput,
@@ -145,7 +145,7 @@ class ModelRollout:
     @workflow.init
     def __init__(self, input: RolloutInput) -> None:
         self._in = input
-        self._ref = DeploymentRef.from_name(input.deployment)
+        self._ref = input.ref
         self._stage = Stage.RESOLVING if input.weights_uri is None else Stage.STAGING
         self._stage_since = workflow.now()
         self._weight = 0
@@ -663,7 +663,12 @@ class ModelRollout:
             await self._registry_write(
                 RegistryActivities.set_registry_status,
                 SetRegistryStatusInput(
-                    model=self._in.model, version=self._in.version, status=status, reason=reason, at=workflow.now()
+                    model=self._in.model,
+                    version=self._in.version,
+                    status=status,
+                    reason=reason,
+                    at=workflow.now(),
+                    deployment=self._in.deployment,
                 ),
                 f"registry: {self._in.model} {self._in.version} -> {status.state}",
             )
