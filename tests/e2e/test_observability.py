@@ -16,22 +16,49 @@ answer ``bad_data``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
 import time
+import uuid
 
 import httpx
 import pytest
 import yaml
+from kubernetes import client
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
 from infra.grafana import DASHBOARDS
 from infra.prometheus import RULE_FILES, running_prometheus, serve_registry
+from infra.sandbox.config import Demand
+from infra.sandbox.knobs import set_demand
 from infra.sandbox.ports import free_port
+from infra.sandbox.spot import spot_interrupt_running
+from tests.e2e.test_rollout import (  # the rollout scenario and its fixtures, reused as they are
+    BAD,
+    BAD_PROFILE,
+    GOOD,
+    GOOD_PROFILE,
+    NAME,
+    STABLE,
+    WorkerProcess,
+    clean_up,
+    kube,  # noqa: F401 (fixture)
+    prepare,
+    registry,  # noqa: F401 (fixture)
+    report,
+    rollout_input,
+    stable_ready,
+)
+from tests.sandbox_fixtures import create_logical_deployment, wait_until
 from workers.telemetry import metrics_runtime
 from workflows import telemetry
+from workflows.naming import NODE_CAPACITY_TYPE, rollout_workflow_id, scaling_workflow_id
 
 NS, DEP = "alerts-test", "chat"  # a namespace no other test records in the shared registry
 
@@ -290,3 +317,150 @@ def test_dashboard_loads_and_every_query_parses_and_returns_data(prometheus, nam
 
 def query(url: str, promql: str) -> dict:
     return httpx.get(f"{url}/api/v1/query", params={"query": promql}, timeout=10).json()
+
+
+# --- the product: every declared metric moves after real runs -------------------------------------
+# One ``tideplane worker`` process, on the sandbox's worker metrics port that the sandbox's
+# Prometheus scrapes every second, runs short versions of the e2e scenarios (tests/e2e/test_rollout,
+# test_scaling, test_spot, test_retention): a rollout promoted (paused and resumed on the way) and
+# one rolled back by its error gate, a scale-up under queueing load, a loop whose signal query
+# Prometheus rejects, a registry retention run, then a spot node reclaimed.
+OBS_GOOD, OBS_BAD, OBS_SCALING, OBS_BLIND = "obs-rollout-good", "obs-rollout-bad", "obs-scaling", "obs-blind"
+OBS_MODEL = "obs-llm"
+SCALING_POLICY = {
+    "min_replicas": 1, "max_replicas": 3, "queue_per_replica": 2, "queue_capacity_per_replica": 4,
+    "ttft_p99_slo_seconds": 30, "gpu_util_sustain_seconds": 0, "stabilisation_seconds": 3, "cooldown_seconds": 5,
+}
+SPOT_POLICY = {
+    "on_demand_pool_asg": "gpu-on-demand", "poll_seconds": 0.5, "drain_margin_seconds": 2,
+    "restore_timeout_seconds": 60, "stabilisation_seconds": 3, "max_stabilisation_seconds": 12,
+}
+
+
+class SandboxPrometheus:
+    """Instant queries to the sandbox's Prometheus, restricted to one worker's task queue."""
+
+    def __init__(self, url: str, task_queue: str) -> None:
+        self.url, self.task_queue = url, task_queue
+
+    def value(self, promql: str) -> float | None:
+        """The single value of ``promql`` (``$q`` stands for this worker's task-queue matcher)."""
+        result = query(self.url, promql.replace("$q", f'task_queue="{self.task_queue}"'))["data"]["result"]
+        return sum(float(r["value"][1]) for r in result) if result else None
+
+    async def until(self, promql: str, holds, what: str, timeout: float = 90) -> float:
+        deadline = time.monotonic() + timeout
+        while True:
+            got = await asyncio.to_thread(self.value, promql)
+            if got is not None and holds(got):
+                return got
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {promql} = {got}"
+            await asyncio.sleep(1)
+
+
+def namespaces(kube) -> set[str]:
+    return {ns.metadata.name for ns in client.CoreV1Api(kube).list_namespace().items}
+
+
+def spot_node(kube) -> str | None:
+    nodes = client.CoreV1Api(kube).list_node(label_selector=f"{NODE_CAPACITY_TYPE}=spot").items
+    return next((n.metadata.name for n in nodes if not n.spec.unschedulable), None)
+
+
+async def test_every_declared_metric_moves_after_real_runs(sandbox, kube, registry, tmp_path, request):
+    queue = f"observability-{uuid.uuid4().hex[:8]}"
+    worker = WorkerProcess({**sandbox.env, "TIDEPLANE_TASK_QUEUE": queue}, tmp_path / "worker.log")
+    prom = SandboxPrometheus(sandbox.urls["prometheus"], queue)
+    temporal = await Client.connect(sandbox.urls["temporal"], data_converter=pydantic_data_converter)
+    checked: dict[str, float] = {}
+
+    async def check(metric: telemetry.Metric, promql: str, holds, what: str) -> None:
+        checked[metric.name] = await prom.until(promql, holds, what)
+
+    prepare(kube, registry, tmp_path, OBS_GOOD, OBS_MODEL, {GOOD: GOOD_PROFILE})
+    prepare(kube, registry, tmp_path, OBS_BAD, OBS_MODEL, {BAD: BAD_PROFILE})
+    create_logical_deployment(kube, OBS_SCALING, NAME, STABLE, "llama-3-8b", replicas=1)
+    create_logical_deployment(kube, OBS_BLIND, NAME, STABLE, "llama-3-8b", replicas=1, gpus=0)
+    worker.start()
+    try:
+        wait_until(lambda: stable_ready(kube, OBS_GOOD) and stable_ready(kube, OBS_BAD), 30, "the stable versions")
+        handles = {}
+        for ns, version in ((OBS_GOOD, GOOD), (OBS_BAD, BAD)):
+            inp = rollout_input(f"{ns}/{NAME}", OBS_MODEL, version)
+            inp["steps"] = inp["steps"][:1]  # 5 % then promote: one gate window is enough here
+            handles[ns] = await temporal.start_workflow(
+                "ModelRollout", inp, id=rollout_workflow_id(inp["deployment"]), task_queue=queue
+            )
+        set_demand(kube, f"{OBS_SCALING}/{NAME}", Demand(rps=12))  # one replica serves 4 rps: the rest queues
+        loops = [
+            await temporal.start_workflow(
+                "ReactiveScaling",
+                {"deployment": f"{ns}/{NAME}", "policy": SCALING_POLICY, "interval_seconds": 1, "window": "5s", "queries": queries},
+                id=scaling_workflow_id(f"{ns}/{NAME}"), task_queue=queue,
+            )
+            for ns, queries in ((OBS_SCALING, {}), (OBS_BLIND, {"queue_waiting": "sum(vllm:num_requests_waiting"}))
+        ]
+
+        # Paused by an operator at 5 %, then resumed.
+        good = f'kube_namespace="{OBS_GOOD}",deployment="{NAME}",$q'
+        await prom.until(f"tideplane_rollout_weight{{{good},version=\"{GOOD}\"}}", lambda v: v == 5, "the good canary at 5 %")
+        await handles[OBS_GOOD].signal("pause", {"reason": "observability test"})
+        await check(telemetry.ROLLOUT_PAUSED, f"tideplane_rollout_paused{{{good}}}", lambda v: v == 1, "paused")
+        await handles[OBS_GOOD].signal("resume", {})
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles.values())), 120)
+        assert [r["outcome"] for r in results] == ["promoted", "rolled_back"], results
+
+        bad = f'kube_namespace="{OBS_BAD}",deployment="{NAME}",$q'
+        await check(telemetry.ROLLOUTS, f'tideplane_rollouts_total{{{good},outcome="promoted",stage="promoted"}}', lambda v: v == 1, "promoted")
+        assert prom.value(f'tideplane_rollouts_total{{{bad},outcome="rolled_back",stage="canary-5"}}') == 1
+        assert prom.value(f"tideplane_rollout_paused{{{good}}}") == 0
+        await check(telemetry.GATE_VERDICTS, f'tideplane_gate_verdicts_total{{{bad},version="{BAD}",verdict="fail",gate="error_rate"}}', lambda v: v == 1, "the failing verdict")
+        assert prom.value(f'tideplane_gate_verdicts_total{{{good},version="{GOOD}",verdict="pass",gate="none"}}') >= 1
+        await check(telemetry.ROLLBACK_SECONDS, f"tideplane_rollback_seconds_sum{{{bad}}}", lambda v: v == pytest.approx(results[1]["route_reverted_seconds"]), "the rollback time")
+        assert prom.value(f"tideplane_rollback_seconds_count{{{bad}}}") == 1
+        await check(telemetry.ROLLOUT_WEIGHT, f'tideplane_rollout_weight{{{good},version="{GOOD}"}}', lambda v: v == 100, "the good version at 100 %")
+        assert prom.value(f'tideplane_rollout_weight{{{bad},version="{BAD}"}}') == 0
+
+        # The scale-up: decided on queueing, replicas wanted then Ready, its cold start observed.
+        scaling = f'kube_namespace="{OBS_SCALING}",deployment="{NAME}",$q'
+        await check(telemetry.SCALING_DECISIONS, f'tideplane_scaling_decisions_total{{{scaling},direction="up"}}', lambda v: v >= 1, "a scale-up decision")
+        await check(telemetry.REPLICAS_DESIRED, f"max_over_time(tideplane_replicas_desired{{{scaling}}}[10m])", lambda v: v == 3, "3 replicas desired")
+        await check(telemetry.REPLICAS_READY, f"tideplane_replicas_ready{{{scaling}}}", lambda v: v == 3, "3 replicas Ready")
+        await check(telemetry.SCALE_UP_ATTEMPTS, f"tideplane_scale_up_attempts_total{{{scaling}}}", lambda v: v >= 1, "a finished scale-up")
+        await check(telemetry.SCALE_UP_SUCCESSES, f"tideplane_scale_up_successes_total{{{scaling}}}", lambda v: v >= 1, "a successful scale-up")
+        await check(telemetry.COLD_START_SECONDS, f"tideplane_cold_start_seconds_count{{{scaling}}}", lambda v: v >= 1, "a cold start")
+        assert prom.value(f"tideplane_cold_start_seconds_sum{{{scaling}}}") > 0
+        await check(telemetry.METRIC_QUERY_ERRORS, 'tideplane_metric_query_errors_total{source="prometheus",reason="bad_query",$q}', lambda v: v >= 1, "the rejected query")
+        for loop in loops:
+            await loop.terminate()
+        for ns in (OBS_GOOD, OBS_BAD, OBS_SCALING, OBS_BLIND):
+            clean_up(kube, ns)
+        wait_until(lambda: not namespaces(kube) & {OBS_GOOD, OBS_BAD, OBS_SCALING, OBS_BLIND}, 30, "the namespaces gone")
+
+        # Retention: the rolled-back version was deprecated by its rollout and no Deployment uses
+        # it any more: its weights go now.
+        await temporal.execute_workflow(
+            "RegistryRetention", {"models": [OBS_MODEL], "deprecated_days": 0}, id=f"retention-{queue}", task_queue=queue
+        )
+        retention = f'model="{OBS_MODEL}",$q'
+        await check(telemetry.RETENTION_ACTIONS, f'tideplane_registry_retention_actions_total{{{retention},action="deleted"}}', lambda v: v == 1, "the deleted weights")
+        assert prom.value(f'tideplane_registry_retention_actions_total{{{retention},action="kept"}}') >= 1
+
+        # A spot node reclaimed (nothing of this test left on it: the namespaces are gone).
+        node = wait_until(lambda: spot_node(kube), 60, "a schedulable spot node")
+        watcher = await temporal.start_workflow(
+            "SpotInterruptionWatcher", {"policy": SPOT_POLICY, "wait_seconds": 1, "idle_seconds": 0},
+            id=f"spot-watcher-{queue}", task_queue=queue,
+        )
+        interruption = await asyncio.to_thread(spot_interrupt_running, sandbox.state_dir, node)
+        assert interruption.terminated
+        spot = 'pool="gpu-spot",$q'
+        await check(telemetry.SPOT_FAILOVERS, f"tideplane_spot_failovers_total{{{spot}}}", lambda v: v == 1, "the reclaim")
+        await check(telemetry.CAPACITY_GAP_SECONDS, f"tideplane_capacity_gap_seconds_count{{{spot}}}", lambda v: v == 1, "its capacity gap")
+        await watcher.signal("stop")
+    finally:
+        worker.stop()
+        for ns in (OBS_GOOD, OBS_BAD, OBS_SCALING, OBS_BLIND):
+            clean_up(kube, ns)
+    report(request, "metrics read from the sandbox's Prometheus after real runs: " + ", ".join(f"{k}={v:g}" for k, v in sorted(checked.items())))
+    assert set(checked) == {m.name for m in telemetry.METRICS}, "a declared metric no real run was checked for"
