@@ -290,7 +290,7 @@ class RolloutActivities(contract.RolloutActivities):
         custom = self.kube.custom
         what = f"HTTPRoute {ref}"
         for _ in range(_CONFLICT_RETRIES):
-            route = _get_route(self.kube, ref)
+            route = read_route(self.kube, ref)
             try:
                 if route is None:
                     body = {
@@ -323,9 +323,6 @@ class RolloutActivities(contract.RolloutActivities):
         else:
             raise ApplicationError(f"{what} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
         telemetry.route_weights(activity.metric_meter(), ref.namespace, ref.name, req.weights)
-
-    def _get_route(self, ref: DeploymentRef) -> dict | None:
-        return read_route(self.kube, ref)
 
     def _parent_ref(self, namespace: str) -> dict:
         gateway_ns, _, gateway = self.gateway.rpartition("/")
@@ -406,37 +403,6 @@ class RolloutActivities(contract.RolloutActivities):
         """Render every template first (fail fast on bad input), then run each as an instant query."""
         rendered = {name: render(name, template, req.variables) for name, template in req.queries.items()}
         return GateQueriesResult(values={name: self.prometheus.value(name, promql) for name, promql in rendered.items()})
-
-
-def deployment_state(kube: KubeClient, ref: DeploymentRef) -> DeploymentState:
-    """The versions of a logical deployment in the cluster, their replicas and route weights
-    (describe_deployment; the scaling activities read it too)."""
-    kube.require_namespace(ref.namespace)
-    deployments = kube.apps.list_namespaced_deployment(
-        ref.namespace, label_selector=label_selector(selector(ref.name)), _request_timeout=API_TIMEOUT
-    ).items
-    route = _get_route(kube, ref)
-    weights = _route_weights(route)
-    versions = []
-    for dep in sorted(deployments, key=lambda d: d.metadata.name):
-        labels = dep.metadata.labels or {}
-        version = labels.get(naming.LABEL_VERSION)
-        if version is None:
-            continue
-        versions.append(
-            VersionInfo(
-                version=version,
-                model=labels.get(naming.LABEL_MODEL, ""),
-                replicas=dep.spec.replicas or 0,
-                ready_replicas=(dep.status.ready_replicas if dep.status else None) or 0,
-                route_weight=weights.get(ref.versioned(version), 0),
-            )
-        )
-    return DeploymentState(route_exists=route is not None, versions=versions)
-
-
-def _get_route(kube: KubeClient, ref: DeploymentRef) -> dict | None:
-    return read_or_none(kube.custom.get_namespaced_custom_object, *ROUTE_API, ref.namespace, "httproutes", ref.name)
 
 
 # ---- manifests (pure) ------------------------------------------------------------------------------
