@@ -14,6 +14,9 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
+
+import temporalio.runtime
 
 from workers.config import SettingsError
 from workers.registry_cli import add_registry_commands
@@ -105,13 +108,45 @@ def _sandbox(args: argparse.Namespace) -> int:
     return 0 if all(entry["up"] for entry in status.values()) else 1
 
 
+def _temporal_runtime_started() -> bool:
+    """True once this process connected a Temporal client on the SDK's default runtime."""
+    ref = getattr(temporalio.runtime, "_runtime_ref", None)
+    return getattr(ref, "_default_runtime", None) is not None
+
+
+def _leave(code: int) -> NoReturn:
+    """End a one-shot command that used Temporal without interpreter teardown.
+
+    The Temporal client's Rust (tokio) threads outlive the event loop; when CPython finalizes
+    while one of them calls back into Python, it aborts with rc 134 "Fatal Python error:
+    PyGILState_Release" after the output was printed (temporalio/sdk-python#300). The command's
+    work is done and its output flushed here, so nothing is lost by skipping the teardown.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`): nothing left to write to
+            pass
+    logging.shutdown()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``tideplane`` entry point. A one-shot command that opened a Temporal client exits
+    through ``_leave``; the worker returns normally after its graceful shutdown."""
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and args.command != "bench":
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("botocore").setLevel(logging.WARNING)  # "Found credentials" on every client
+    code = _dispatch(args, unknown)
+    if args.command != "worker" and _temporal_runtime_started():
+        _leave(code)
+    return code
+
+
+def _dispatch(args: argparse.Namespace, unknown: list[str]) -> int:
     try:
         if args.command in ("sandbox", "demo"):
             return _with_sandbox(args)

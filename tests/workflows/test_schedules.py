@@ -8,6 +8,8 @@ floor, and that a bad time zone is refused by name.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from zoneinfo import ZoneInfo
@@ -160,3 +162,13 @@ def test_cli_list_and_invalid_time_zone(cli_settings, tmp_path, capsys):
         if "floor/llm-serving/cli/0730" in out:
             break
     assert "floor/llm-serving/cli/0730" in out and TZ in out and "floor 2 at 07:30" in out
+
+
+def test_cli_exits_cleanly_after_using_temporal(cli_settings):
+    """`tideplane schedules list` run as a process, repeatedly: it used to abort at exit now and
+    then (rc 134, "Fatal Python error: PyGILState_Release", temporalio/sdk-python#300)."""
+    env = {**os.environ, "TIDEPLANE_TEMPORAL_ADDRESS": cli_settings.temporal_address}
+    for run in range(8):
+        cli = subprocess.run([str(BIN / "tideplane"), "schedules", "list"], env=env, capture_output=True, text=True, timeout=60)
+        assert (cli.returncode, cli.stderr) == (0, ""), f"run {run}: rc {cli.returncode}\n{cli.stderr[-2000:]}"
+        assert cli.stdout.startswith("SCHEDULE")
