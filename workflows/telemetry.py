@@ -226,7 +226,7 @@ def spot_failover(meter: MetricMeter, pool: str, outcome: str, gap_seconds: floa
 
 
 def retention_action(meter: MetricMeter, model: str, action: str, count: int = 1) -> None:
-    """Registry retention did ``action`` (e.g. deprecated, deleted, kept) to ``count`` versions of ``model``."""
+    """Registry retention deleted or kept (``action``: deleted, kept) the weights of ``count`` versions of ``model``."""
     _add(meter, RETENTION_ACTIONS, model, action, value=count)
 
 

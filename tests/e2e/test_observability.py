@@ -199,7 +199,7 @@ def record_before_first_scrape(meter) -> None:
     telemetry.route_weights(meter, NS, DEP, {"1.0.0": 95, "2.0.0": 5})
     telemetry.scale_up_started(meter, NS, DEP, "gpu-spot")
     telemetry.rollout_paused(meter, NS, "embed", True)
-    telemetry.spot_failover(meter, "gpu-spot", "replaced", 42)
+    telemetry.spot_failover(meter, "gpu-spot", "drained", 42)
     telemetry.retention_action(meter, "llama", "deleted")
     telemetry.gate_verdict(meter, NS, DEP, "2.0.0", "pass")
 
