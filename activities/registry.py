@@ -27,6 +27,7 @@ writes racing within microseconds could in principle both pass; S3 itself is ato
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import random
 import time
@@ -44,7 +45,10 @@ from temporalio.exceptions import ApplicationError
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail
 from activities.clients.s3 import CHUNK_BYTES, NOT_FOUND, ObjectChanged, S3Client, error_code, parse_s3_uri
+from activities.rollout import ROUTE_API
+from workflows import search_attributes as sa
 from workflows.naming import LABEL_MODEL, LABEL_VERSION
+from workflows.rollout.workflow import WORKFLOW_TYPE as ROLLOUT_WORKFLOW
 from workflows.registry import activities as contract
 from workflows.registry.activities import (
     DeleteWeightsInput,
@@ -83,6 +87,7 @@ from workflows.registry.schema import (
 from workflows.rollout.activities import WeightFile
 
 PREFIX = "registry"
+RUNNING_ROLLOUTS = f'WorkflowType = "{ROLLOUT_WORKFLOW}" AND ExecutionStatus = "Running"'
 MODELS_KEY = f"{PREFIX}/models.json"
 T = TypeVar("T", bound=BaseModel)
 AnyStatus = Testing | Canary | Stable | Deprecated
@@ -579,29 +584,69 @@ class RegistryActivities(contract.RegistryActivities):
             raise _non_retryable(exc) from None
 
     @activity.defn(name="list_referenced_versions")
-    def list_referenced_versions(self, req: ListReferencesInput) -> ReferencedVersions:
-        """(model, version) of every Deployment labelled with a model, in any namespace: the
-        weights retention must never delete, whatever their registry status."""
-        items = []
-        for namespace in req.namespaces or [None]:
+    async def list_referenced_versions(self, req: ListReferencesInput) -> ReferencedVersions:
+        """What can still serve or is about to: a Deployment with replicas, a backend the route
+        sends traffic to, a running ModelRollout (it may be staging the weights). A 0-replica
+        Deployment outside the route is none of these (the previous stable's rollback window is
+        the registry's ``retired``, see plan_retention). Async: the rollouts come from the
+        activity's Temporal client; the cluster is read on a thread."""
+        where: dict[str, list[str]] = {}
+        for ref, user in [*await asyncio.to_thread(self._serving, req.namespaces), *await _running_rollouts()]:
+            where.setdefault(ref, []).append(user)
+        refs = [ModelVersionRef(model=k.split("@", 1)[0], version=k.split("@", 1)[1]) for k in sorted(where)]
+        return ReferencedVersions(refs=refs, where=where)
+
+    def _serving(self, namespaces: list[str] | None) -> list[tuple[str, str]]:
+        """(model@version, what serves it) for Deployments with replicas and route backends with weight."""
+        deployments, routes = [], []
+        for namespace in namespaces or [None]:
+            where = namespace or "all namespaces"
             try:
                 if namespace is None:
-                    listed = self.kube.apps.list_deployment_for_all_namespaces(
+                    deployments += self.kube.apps.list_deployment_for_all_namespaces(
                         label_selector=LABEL_MODEL, _request_timeout=API_TIMEOUT
-                    )
+                    ).items
+                    routes += self.kube.custom.list_cluster_custom_object(
+                        *ROUTE_API, "httproutes", _request_timeout=API_TIMEOUT
+                    )["items"]
                 else:
-                    listed = self.kube.apps.list_namespaced_deployment(
+                    deployments += self.kube.apps.list_namespaced_deployment(
                         namespace, label_selector=LABEL_MODEL, _request_timeout=API_TIMEOUT
-                    )
+                    ).items
+                    routes += self.kube.custom.list_namespaced_custom_object(
+                        *ROUTE_API, namespace, "httproutes", _request_timeout=API_TIMEOUT
+                    )["items"]
             except ApiException as exc:
-                fail(exc, f"list Deployments labelled {LABEL_MODEL} in {namespace or 'all namespaces'}")
-            items += listed.items
-        where: dict[str, list[str]] = {}
-        for dep in items:
+                fail(exc, f"list Deployments labelled {LABEL_MODEL} and HTTPRoutes in {where}")
+        versions: dict[tuple[str, str], str] = {}  # (namespace, Deployment = Service name) -> model@version
+        found: list[tuple[str, str]] = []
+        for dep in deployments:
             template = (dep.spec.template.metadata.labels or {}) if dep.spec.template.metadata else {}
             labels = {**template, **(dep.metadata.labels or {})}
             model, version = labels.get(LABEL_MODEL), labels.get(LABEL_VERSION)
-            if model and version:
-                where.setdefault(f"{model}@{version}", []).append(f"{dep.metadata.namespace}/{dep.metadata.name}")
-        refs = [ModelVersionRef(model=k.split("@", 1)[0], version=k.split("@", 1)[1]) for k in sorted(where)]
-        return ReferencedVersions(refs=refs, where=where)
+            if not (model and version):
+                continue
+            ns, name = dep.metadata.namespace, dep.metadata.name
+            versions[(ns, name)] = f"{model}@{version}"
+            replicas = max(dep.spec.replicas or 0, (dep.status.replicas if dep.status else None) or 0)
+            if replicas > 0:
+                found.append((versions[(ns, name)], f"Deployment {ns}/{name} ({replicas} replicas)"))
+        for route in routes:
+            meta = route["metadata"]
+            for rule in route.get("spec", {}).get("rules") or []:
+                for backend in rule.get("backendRefs") or []:
+                    ref = versions.get((backend.get("namespace", meta["namespace"]), backend["name"]))
+                    if ref and int(backend.get("weight", 1)) > 0:
+                        found.append((ref, f"HTTPRoute {meta['namespace']}/{meta['name']} ({backend.get('weight', 1)} %)"))
+        return found
+
+
+async def _running_rollouts() -> list[tuple[str, str]]:
+    """(model@version, "rollout <workflow id>") of every running ModelRollout, by its search attributes."""
+    found = []
+    async for execution in activity.client().list_workflows(RUNNING_ROLLOUTS):
+        attrs = execution.typed_search_attributes
+        model, version = attrs.get(sa.MODEL), attrs.get(sa.VERSION)
+        if model and version:
+            found.append((f"{model}@{version}", f"running rollout {execution.id}"))
+    return found

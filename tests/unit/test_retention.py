@@ -12,8 +12,9 @@ NOW = datetime(2026, 11, 29, 3, 0, tzinfo=timezone.utc)
 DAY = timedelta(days=1)
 
 
-def summary(version: str, status, model: str = "llama", stable_until=None, deleted=None, location=None) -> VersionSummary:
+def summary(version: str, status, model: str = "llama", stable_until=None, deleted=None, location=None, **serving) -> VersionSummary:
     return VersionSummary(
+        **serving,
         model=model,
         version=version,
         revision=1,
@@ -75,9 +76,11 @@ def test_previous_stable_is_kept_at_least_rollback_days():
 def test_referenced_by_a_deployment_is_kept_whatever_its_status():
     plan = decisions(
         [summary("1.0.0", Deprecated(since=NOW - 365 * DAY)), summary("1.0.0", Deprecated(since=NOW - 365 * DAY), model="qwen")],
-        referenced={"llama@1.0.0": ["llm-serving/chat-v1-0-0", "batch/summarise-v1-0-0"]},
+        referenced={"llama@1.0.0": ["Deployment llm-serving/chat-v1-0-0 (2 replicas)", "running rollout rollout/batch/summarise"]},
     )
-    assert plan["llama@1.0.0"] == ("keep", "referenced by Deployment llm-serving/chat-v1-0-0, batch/summarise-v1-0-0")
+    assert plan["llama@1.0.0"] == (
+        "keep", "referenced by Deployment llm-serving/chat-v1-0-0 (2 replicas), running rollout rollout/batch/summarise"
+    )
     assert plan["qwen@1.0.0"][0] == "delete", "references are per model, not per version string"
 
 
@@ -89,3 +92,16 @@ def test_deleted_weights_are_left_out_and_shared_weights_are_kept():
     ])
     assert "llama@0.9.0" not in plan
     assert plan["llama@1.0.0"] == ("keep", "shares weights at s3://b/hub/llama/ with llama@1.0.1")
+
+
+def test_the_previous_stable_of_each_deployment_is_its_rollback_target():
+    """Two deployments of one model: each keeps the version it last retired, not only the latest."""
+    plan = decisions([
+        summary("1.0.0", Deprecated(since=NOW - 5 * DAY), retired={"prod/chat": NOW - 5 * DAY}),
+        summary("1.1.0", Deprecated(since=NOW - 2 * DAY), retired={"prod/batch": NOW - 2 * DAY}),
+        summary("1.2.0", Stable(since=NOW - 2 * DAY), deployments={"prod/chat": Stable(since=NOW - 5 * DAY), "prod/batch": Stable(since=NOW - 2 * DAY)}),
+        summary("0.9.0", Deprecated(since=NOW - 9 * DAY), retired={"prod/chat": NOW - 9 * DAY}),
+    ], deprecated_days=0)
+    assert plan["llama@1.0.0"] == ("keep", "previous stable on prod/chat (rollback target): stable until 5.0 days ago, kept at least 7 days")
+    assert plan["llama@1.1.0"][1].startswith("previous stable on prod/batch (rollback target)")
+    assert plan["llama@0.9.0"][0] == "delete", "an older retiree of prod/chat is no rollback target"

@@ -79,7 +79,9 @@ class ModelVersionRef(BaseModel):
 
 class ReferencedVersions(BaseModel):
     refs: list[ModelVersionRef] = Field(default_factory=list)
-    where: dict[str, list[str]] = Field(default_factory=dict, description="model@version -> ['ns/deployment', ...]")
+    where: dict[str, list[str]] = Field(
+        default_factory=dict, description="model@version -> what uses it, e.g. ['Deployment ns/chat-v1-3-0 (2 replicas)']"
+    )
 
 
 class DeleteWeightsInput(BaseModel):
@@ -117,8 +119,9 @@ class RegistryActivities:
         raise NotImplementedError
 
     @activity.defn(name="list_referenced_versions")
-    def list_referenced_versions(self, req: ListReferencesInput) -> ReferencedVersions:
-        """Versions that Deployments in the cluster run: retention never deletes them."""
+    async def list_referenced_versions(self, req: ListReferencesInput) -> ReferencedVersions:
+        """Versions that can still serve (Deployments with replicas, route backends with weight) or
+        that a running rollout may be staging: retention never deletes them."""
         raise NotImplementedError
 
     @activity.defn(name="delete_registry_weights")

@@ -5,10 +5,12 @@ workflow only adds I/O around it. ``RegistryRetention`` runs it daily from a Tem
 (see workers/registry_cli.py) and with ``dry_run`` reports the plan without deleting anything.
 
 Rules, first match wins, for every version whose weights still exist:
-1. referenced by a Deployment in the cluster -> keep (whatever the registry says);
+1. referenced: a Deployment with replicas, a route backend with weight, or a running rollout
+   (it may be staging them) -> keep (whatever the registry says); a 0-replica Deployment outside
+   the route is not a reference (it cannot serve);
 2. stable or canary -> keep;
-3. the model's previous stable version, stable until less than ``rollback_days`` ago -> keep
-   (the rollback target);
+3. the previous stable on a deployment (the latest version to stop being stable there),
+   stable there until less than ``rollback_days`` ago -> keep (the rollback target);
 4. deprecated more than ``deprecated_days`` ago -> delete;
 5. anything else (testing, recently deprecated) -> keep.
 A version planned for deletion whose weights location overlaps a kept version's is kept.
@@ -30,7 +32,7 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from workflows import telemetry
     from workflows.registry.activities import DeleteWeightsInput, ListReferencesInput, ListVersionsInput, RegistryActivities
-    from workflows.registry.schema import VersionSummary
+    from workflows.registry.schema import ANY_DEPLOYMENT, VersionSummary
 
 RETENTION_WORKFLOW = "RegistryRetention"
 
@@ -74,15 +76,19 @@ def plan_retention(
     deprecated_days: float = 30,
     rollback_days: float = 7,
 ) -> list[RetentionDecision]:
-    """Decide per version (see the module docstring). ``referenced``: "model@version" ->
-    Deployments ("ns/name") that use it. Versions whose weights are already deleted are left out."""
+    """Decide per version (see the module docstring). ``referenced``: "model@version" -> what
+    uses it ("Deployment ns/name (2 replicas)", ...). Versions whose weights are already deleted
+    are left out."""
     live = [v for v in versions if v.weights_deleted_at is None]
-    previous_stable: dict[str, VersionSummary] = {}
+    # (model, deployment) -> (when it stopped being stable there, the version): the rollback target.
+    previous_stable: dict[tuple[str, str], tuple[datetime, VersionSummary]] = {}
     for v in live:
-        if v.status.state != "stable" and v.stable_until is not None:
-            best = previous_stable.get(v.model)
-            if best is None or v.stable_until > best.stable_until:
-                previous_stable[v.model] = v
+        # A version retired before per-deployment status has only its model-wide stable_until.
+        retired = v.retired or ({ANY_DEPLOYMENT: v.stable_until} if v.stable_until else {})
+        for deployment, until in retired.items():
+            best = previous_stable.get((v.model, deployment))
+            if deployment not in v.deployments and (best is None or until > best[0]):
+                previous_stable[(v.model, deployment)] = (until, v)
 
     decisions: list[RetentionDecision] = []
     for v in live:
@@ -92,15 +98,22 @@ def plan_retention(
         def keep(reason: str) -> RetentionDecision:
             return RetentionDecision(model=v.model, version=v.version, action="keep", reason=reason, size_bytes=v.size_bytes)
 
+        rollback = sorted(
+            (until, deployment)
+            for (model, deployment), (until, target) in previous_stable.items()
+            if target is v and now - until < timedelta(days=rollback_days)
+        )
         if ref in referenced:
-            decision = keep(f"referenced by Deployment {', '.join(referenced[ref])}")
+            decision = keep(f"referenced by {', '.join(referenced[ref])}")
         elif status.state == "stable":
             decision = keep("stable")
         elif status.state == "canary":
             decision = keep(f"canary at {status.percent} %")
-        elif previous_stable.get(v.model) is v and now - v.stable_until < timedelta(days=rollback_days):
+        elif rollback:
+            until, deployment = rollback[-1]
+            on = "" if deployment == ANY_DEPLOYMENT else f" on {deployment}"
             decision = keep(
-                f"previous stable (rollback target): stable until {_days(now - v.stable_until)} ago, "
+                f"previous stable{on} (rollback target): stable until {_days(now - until)} ago, "
                 f"kept at least {rollback_days:g} days"
             )
         elif status.state == "deprecated" and now - status.since > timedelta(days=deprecated_days):
