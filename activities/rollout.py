@@ -132,7 +132,12 @@ class RolloutActivities(contract.RolloutActivities):
             activity.logger.info("retrying staging; last attempt reported %s", previous[0])
 
         staged = {name: _already_staged(directory / name, wf) for name, wf in targets.items()}
-        heads = {name: self._head(*parse_s3_uri(wf.uri)) for name, wf in targets.items() if staged[name] is None}
+        try:
+            heads = {name: self._head(*parse_s3_uri(wf.uri)) for name, wf in targets.items() if staged[name] is None}
+        except ApplicationError:
+            for name in targets:  # the weights are gone: what an earlier attempt left cannot be resumed
+                _discard_partial(directory / name)
+            raise
         total = sum(size for size in staged.values() if size is not None) + sum(h["ContentLength"] for h in heads.values())
         progress = _Progress(total)
         directory.mkdir(parents=True, exist_ok=True)
@@ -187,11 +192,15 @@ class RolloutActivities(contract.RolloutActivities):
                     progress.advance(wf.uri, offset, len(data))
         except ObjectChanged as exc:
             raise ApplicationError(f"{exc}; restarting") from None
+        except ClientError as exc:
+            if error_code(exc) not in NOT_FOUND:
+                raise
+            _discard_partial(dest)  # deleted while being read (e.g. by retention): nothing to resume
+            raise ApplicationError(f"weights object not found: {wf.uri} (deleted while staging)", non_retryable=True) from None
 
         actual = hasher.hexdigest()
         if actual != wf.sha256:
-            partial.unlink(missing_ok=True)
-            sidecar.unlink(missing_ok=True)
+            _discard_partial(dest)
             raise ApplicationError(
                 f"checksum mismatch for {wf.uri}: expected sha256 {wf.sha256}, actual {actual}",
                 {"uri": wf.uri, "expected": wf.sha256, "actual": actual},
@@ -607,6 +616,12 @@ def _write_sidecar(sidecar: Path, etag: str, chunks: list[str]) -> None:
     tmp = sidecar.with_suffix(".tmp")
     tmp.write_text(json.dumps({"etag": etag, "chunk_bytes": CHUNK_BYTES, "chunks": chunks}))
     os.replace(tmp, sidecar)
+
+
+def _discard_partial(dest: Path) -> None:
+    """Remove a download of ``dest`` that will never complete, and its resume record."""
+    dest.with_name(dest.name + ".partial").unlink(missing_ok=True)
+    dest.with_name(dest.name + ".partial.json").unlink(missing_ok=True)
 
 
 def _verified_marker(dest: Path) -> Path:
