@@ -1,8 +1,10 @@
 """`tideplane schedules apply/list` against a real Temporal dev server.
 
-Checks that applying is idempotent and declarative, that the server fires each floor at the
-profile's local time (its next action times), that a schedule's action really sets the loop's
-floor, and that a bad time zone is refused by name.
+Checks that applying is idempotent and reconciles (unchanged, updated keeping a pause, deleted
+when the file no longer declares it, `schedules: []` and `schedules delete`), that the server
+fires each floor at the profile's local time (its next action times), that a schedule's action
+really sets the loop's floor, that a bad time zone is refused by name, and that the CLI exits
+cleanly after using Temporal.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ async def test_apply_is_idempotent_and_fires_at_local_times(dev_env, tmp_path):
     assert sorted(o for _, o in first) == ["created"] * 5
     ids = await ids_for(client, deployment, 5)
     second = await schedules.apply(client, file, "tq")
-    assert sorted(o for _, o in second) == ["updated"] * 5
+    assert sorted(o for _, o in second) == ["unchanged"] * 5
     assert await ids_for(client, deployment, 5) == ids
 
     rows = {r["id"]: r for r in await schedules.describe_all(client) if r["id"] in ids}
@@ -111,6 +113,51 @@ async def test_apply_is_idempotent_and_fires_at_local_times(dev_env, tmp_path):
     assert outcomes[f"floor/llm-serving/{name}/0850-mon-tue-wed-thu-fri"] == "deleted"
     assert outcomes[f"prewarm/llm-serving/{name}"] == "deleted"
     assert len(await ids_for(client, deployment, 3)) == 3
+
+
+async def test_apply_reconciles_and_delete_removes(dev_env, tmp_path, cli_settings, capsys):
+    """Removing through tideplane: a changed floor is updated (a pause kept), an entry without
+    floors removes its deployment's, `schedules: []` removes all, and `schedules delete` one
+    deployment's."""
+    client = dev_env.client
+    kept, dropped = (f"llm-serving/r{uuid.uuid4().hex[:6]}" for _ in range(2))
+    path = tmp_path / "floors.yaml"
+    both = {"time_zone": TZ, "schedules": [{"deployment": d, "floors": FLOORS[2:]} for d in (kept, dropped)]}
+    path.write_text(yaml.safe_dump(both))
+    await schedules.apply(client, schedules.load_schedule_file(path), "tq")
+    _, name = naming.split_deployment(kept)
+    paused = client.get_schedule_handle(f"floor/llm-serving/{name}/2100")
+    await paused.pause(note="maintenance")
+
+    changed = [{"at": "21:00", "replicas": 4}, FLOORS[3]]
+    path.write_text(yaml.safe_dump({"time_zone": TZ, "schedules": [{"deployment": kept, "floors": changed}, {"deployment": dropped}]}))
+    outcomes = dict(await schedules.apply(client, schedules.load_schedule_file(path), "tq"))
+    assert outcomes[f"floor/llm-serving/{name}/2100"] == "updated"
+    assert outcomes[f"floor/llm-serving/{name}/0200"] == "unchanged"
+    assert sorted(sid for sid, o in outcomes.items() if o == "deleted" and dropped.split("/")[1] in sid) == [
+        f"floor/{dropped}/0200", f"floor/{dropped}/2100"
+    ]
+    state = (await paused.describe()).schedule.state
+    assert state.paused and state.note == "maintenance"
+    assert len(await ids_for(client, dropped, 0)) == 0
+
+    path.write_text(yaml.safe_dump({"time_zone": TZ, "schedules": [{"deployment": kept, "floors": changed}]}))
+    assert await asyncio.to_thread(schedules.main, ["schedules", "delete", kept], cli_settings) == 0
+    assert sorted(capsys.readouterr().out.split()) == sorted(["deleted", f"floor/{kept}/0200", "deleted", f"floor/{kept}/2100"])
+    assert await asyncio.to_thread(schedules.main, ["schedules", "delete", kept], cli_settings) == 0  # nothing left: says so
+    assert capsys.readouterr().out == f"no floor or pre-warm schedules for {kept}\n"
+    assert len(await ids_for(client, kept, 0)) == 0
+    assert await asyncio.to_thread(schedules.main, ["schedules", "delete", "chat"], cli_settings) == 2
+    assert "deployment must be NAMESPACE/NAME" in capsys.readouterr().err
+
+    path.write_text(yaml.safe_dump(both))
+    await schedules.apply(client, schedules.load_schedule_file(path), "tq")
+    await ids_for(client, kept, 2)
+    path.write_text("schedules: []\n")
+    assert await asyncio.to_thread(schedules.main, ["schedules", "apply", str(path)], cli_settings) == 0
+    assert capsys.readouterr().out.count("deleted") >= 4
+    for deployment in (kept, dropped):
+        assert len(await ids_for(client, deployment, 0)) == 0
 
 
 async def test_schedule_action_sets_the_loop_floor(dev_env, tmp_path):

@@ -111,8 +111,6 @@ class DeploymentFloors(_Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> DeploymentFloors:
-        if not self.floors and self.prewarm is None:
-            raise ValueError(f"{self.deployment}: declare floors, prewarm or both")
         keys = [f.key for f in self.floors]
         dup = {k for k in keys if keys.count(k) > 1}
         if dup:
@@ -122,7 +120,9 @@ class DeploymentFloors(_Strict):
 
 class ScheduleFile(_Strict):
     time_zone: str = "UTC"
-    schedules: list[DeploymentFloors] = Field(min_length=1)
+    # Every floor and pre-warm schedule tideplane keeps: `tideplane schedules apply` removes the ones
+    # not declared, so an entry without floors or prewarm, or `schedules: []`, removes schedules.
+    schedules: list[DeploymentFloors]
 
     @field_validator("time_zone")
     @classmethod
