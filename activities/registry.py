@@ -129,8 +129,16 @@ def _missing(exc: ClientError) -> bool:
 class Registry:
     """The registry in one bucket. Thread-safe (boto3 clients are); one per process is enough."""
 
-    def __init__(self, s3: S3Client, bucket: str, transfer: TransferConfig | None = None, cas_attempts: int = 100):
+    def __init__(
+        self,
+        s3: S3Client,
+        bucket: str,
+        transfer: TransferConfig | None = None,
+        cas_attempts: int = 100,
+        delete_batch: int = 1000,
+    ):
         self.s3 = s3
+        self.delete_batch = delete_batch
         self.bucket = bucket
         self.transfer = transfer or TransferConfig(
             multipart_threshold=CHUNK_BYTES, multipart_chunksize=CHUNK_BYTES, max_concurrency=8, use_threads=True
@@ -330,10 +338,10 @@ class Registry:
         return paths, files
 
     def _delete_keys(self, bucket: str, keys: list[str], batch_done: Callable[[str], None] = lambda key: None) -> None:
-        """Delete objects in batches of 1000 (S3's limit), in order; ``batch_done`` gets the last
-        key of each deleted batch (a caller resumes after it)."""
-        for i in range(0, len(keys), 1000):
-            batch = keys[i : i + 1000]
+        """Delete objects in batches of ``delete_batch`` (S3 takes 1000 at most), in order;
+        ``batch_done`` gets the last key of each deleted batch (a caller resumes after it)."""
+        for i in range(0, len(keys), self.delete_batch):
+            batch = keys[i : i + self.delete_batch]
             resp = self.s3.boto.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})
             if resp.get("Errors"):
                 raise RuntimeError(f"delete failed for {resp['Errors'][:3]}")
@@ -485,12 +493,21 @@ class Registry:
 
     # --- retention -------------------------------------------------------------------------------
 
-    def delete_weights(self, model: str, version: str, reason: str, at: datetime | None = None) -> DeleteWeightsResult:
+    def delete_weights(
+        self,
+        model: str,
+        version: str,
+        reason: str,
+        at: datetime | None = None,
+        resume_after: str | None = None,
+        deleted_up_to: Callable[[str], None] = lambda key: None,
+    ) -> DeleteWeightsResult:
         """Delete a deprecated version's weight files and mark the manifest (kept, as history).
 
         The manifest is marked first, conditionally on the version still being deprecated, so
         no rollout can resolve weights that are about to go; a retry after a crash finds the
-        mark and finishes deleting.
+        mark and finishes deleting. Keys go in sorted order, ``deleted_up_to`` gets the last key
+        of every deleted batch, and a retry passes it back as ``resume_after`` to skip what went.
         """
         at = at or _now()
         refused: list[str] = []
@@ -509,12 +526,9 @@ class Registry:
         manifest = self._update_manifest(model, version, mark)
         if refused:
             return DeleteWeightsResult(deleted=False, reason=refused[0])
-        keys: dict[str, list[str]] = {}
-        for f in manifest.weights.files:
-            bucket, key = _split(manifest.weights.uri(f.path))
-            keys.setdefault(bucket, []).append(key)
-        for bucket, names in keys.items():
-            self._delete_keys(bucket, names)
+        bucket, _ = _split(manifest.weights.location, prefix=True)
+        keys = sorted(_split(manifest.weights.uri(f.path))[1] for f in manifest.weights.files)
+        self._delete_keys(bucket, [k for k in keys if resume_after is None or k > resume_after], deleted_up_to)
         return DeleteWeightsResult(
             deleted=True, reason=reason, files=len(manifest.weights.files), bytes=manifest.weights.size_bytes
         )
@@ -579,7 +593,13 @@ class RegistryActivities(contract.RegistryActivities):
     @activity.defn(name="delete_registry_weights")
     def delete_registry_weights(self, req: DeleteWeightsInput) -> DeleteWeightsResult:
         try:
-            return self.registry.delete_weights(req.model, req.version, req.reason, req.at)
+            details = activity.info().heartbeat_details
+            activity.heartbeat(*details)  # alive before the manifest's compare-and-swap, keeping the resume key
+            return self.registry.delete_weights(
+                req.model, req.version, req.reason, req.at,
+                resume_after=details[0] if details else None,
+                deleted_up_to=activity.heartbeat,
+            )
         except RegistryError as exc:
             raise _non_retryable(exc) from None
 

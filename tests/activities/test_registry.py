@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -416,6 +417,45 @@ def test_activities_for_rollout_and_retention(registry, tmp_path, activities):
         env.run(activities.resolve_registry_weights, ra.RegistryWeightsInput(model="llama", version="1.0.0"))
     with pytest.raises(ApplicationError, match="cannot become canary: its weights were deleted"):
         env.run(activities.set_registry_status, status)
+
+
+def test_deleting_weights_heartbeats_and_resumes_after_the_last_deleted_key(bucket, tmp_path, kube_api):
+    """Issue 20: a worker lost mid-delete is noticed by the heartbeat timeout, and the retry
+    starts after the last batch the first attempt reported."""
+    root = tmp_path / "shards"
+    root.mkdir()
+    for i in range(5):
+        (root / f"shard-{i}.safetensors").write_bytes(b"w%d" % i)
+    activities = RegistryActivities(s3_client(), KubeClient(kube_api), bucket)
+    registry = activities.registry
+    registry.delete_batch = 2
+    registry.register("llama", "1.0.0", str(root), at=T0)
+    registry.deprecate("llama", "1.0.0", at=T0)
+    prefix = registry.show("llama", "1.0.0").weights.location.split("/", 3)[3]
+    asked: list[list[str]] = []
+
+    def crash_after_the_first_batch(params, **_):
+        asked.append(sorted(o["Key"] for o in params["Delete"]["Objects"]))
+        if len(asked) == 2 and crash:
+            raise ConnectionError("worker lost")
+
+    registry.s3.boto.meta.events.register("provide-client-params.s3.DeleteObjects", crash_after_the_first_batch)
+    delete = DeleteWeightsInput(model="llama", version="1.0.0", reason="old", at=T0)
+    beats: list = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *details: beats.append(details)
+    crash = True
+    with pytest.raises(ConnectionError):
+        env.run(activities.delete_registry_weights, delete)
+    assert beats[-1] == (f"{prefix}shard-1.safetensors",), "the last deleted key, as heartbeat details"
+
+    crash, asked[:] = False, []
+    env.info = dataclasses.replace(env.info, heartbeat_details=list(beats[-1]), attempt=2)
+    done = env.run(activities.delete_registry_weights, delete)
+    assert done.deleted and asked == [
+        [f"{prefix}shard-2.safetensors", f"{prefix}shard-3.safetensors"], [f"{prefix}shard-4.safetensors"],
+    ], "the retry skips the batch that went"
+    assert registry.s3.boto.list_objects_v2(Bucket=bucket, Prefix="weights/").get("KeyCount") == 0
 
 
 def test_cli(tmp_path, bucket, capsys):

@@ -34,7 +34,7 @@ from workers.registry_cli import ensure_retention_schedule
 from workflows import search_attributes
 from workflows.naming import LABEL_APP, LABEL_MODEL, LABEL_VERSION, RETENTION_SCHEDULE_ID
 from workflows.registry.activities import ListReferencesInput
-from workflows.registry.retention import RETENTION_WORKFLOW, RegistryRetention, RetentionInput, RetentionResult
+from workflows.registry.retention import DELETE_HEARTBEAT, RETENTION_WORKFLOW, RegistryRetention, RetentionInput, RetentionResult
 from workflows.registry.schema import Canary, Stable
 from workflows.rollout.workflow import WORKFLOW_TYPE
 from workflows.telemetry import RETENTION_ACTIONS
@@ -179,10 +179,13 @@ async def test_retention_workflow_dry_run_then_delete(dev_env, activities, tmp_p
     queue = f"retention-{uuid.uuid4().hex[:8]}"
     retention_actions(env.metrics)  # drop what earlier tests recorded
 
+    last_id = ""
+
     async def run(req: RetentionInput) -> RetentionResult:
+        nonlocal last_id
+        last_id = f"registry-retention-{uuid.uuid4().hex[:8]}"
         return await env.client.execute_workflow(
-            RETENTION_WORKFLOW, req, id=f"registry-retention-{uuid.uuid4().hex[:8]}", task_queue=queue,
-            result_type=RetentionResult,
+            RETENTION_WORKFLOW, req, id=last_id, task_queue=queue, result_type=RetentionResult,
         )
 
     def key(version: str) -> str:
@@ -217,6 +220,12 @@ async def test_retention_workflow_dry_run_then_delete(dev_env, activities, tmp_p
             gone = registry.show("llama", "1.1.0")
             assert gone.weights.deleted_at == real.at and gone.status.state == "deprecated"
             assert retention_actions(env.metrics) == {("llama", "deleted"): 1, ("llama", "kept"): 5, ("qwen", "kept"): 1}
+            history = await env.client.get_workflow_handle(last_id).fetch_history()
+            [scheduled] = [
+                e.activity_task_scheduled_event_attributes for e in history.events
+                if e.activity_task_scheduled_event_attributes.activity_type.name == "delete_registry_weights"
+            ]
+            assert scheduled.heartbeat_timeout.ToTimedelta() == DELETE_HEARTBEAT, "a lost worker's delete is retried within a minute"
 
             again = await run(RetentionInput())
             assert again.deleted == [] and len(again.kept) == 6, "deleted weights drop out of the plan"

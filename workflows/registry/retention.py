@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.registry.schema import ANY_DEPLOYMENT, VersionSummary
 
 RETENTION_WORKFLOW = "RegistryRetention"
+DELETE_HEARTBEAT = timedelta(minutes=1)  # delete_registry_weights heartbeats per batch of keys
 
 
 class RetentionInput(BaseModel):
@@ -197,6 +198,7 @@ class RegistryRetention:
                     RegistryActivities.delete_registry_weights,
                     DeleteWeightsInput(model=d.model, version=d.version, reason=d.reason, at=now),
                     start_to_close_timeout=timedelta(minutes=10),
+                    heartbeat_timeout=DELETE_HEARTBEAT,  # a crashed worker's delete is retried within a minute
                     retry_policy=retry,
                     summary=f"delete weights of {d.model}@{d.version}",
                 )
