@@ -33,10 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tideplane", description="Control plane for LLM inference fleets on Kubernetes GPU clusters.")
     commands = parser.add_subparsers(dest="command", required=True)
     sandbox = commands.add_parser("sandbox", help="the local GPU-cluster sandbox")
-    sandbox.add_argument("action", choices=("up", "down", "status", "spot-interrupt"))
-    sandbox.add_argument("node", nargs="?", help="spot-interrupt: the node whose instance EC2 reclaims")
-    sandbox.add_argument("--rebalance", action="store_true", help="spot-interrupt: send a rebalance recommendation only (no termination)")
-    _sandbox_options(sandbox)
+    actions = sandbox.add_subparsers(dest="action", required=True)
+    for action, what in (("up", "start it in the background"), ("down", "stop what `up` started, and the worker"), ("status", "each component, up or down")):
+        _sandbox_options(actions.add_parser(action, help=what))
+    spot = actions.add_parser("spot-interrupt", help="EC2 reclaiming a spot node's instance: the notice, then the termination")
+    spot.add_argument("node", help="the spot node whose instance EC2 reclaims")
+    spot.add_argument("--rebalance", action="store_true", help="send a rebalance recommendation only (no termination)")
+    _sandbox_options(spot)
     commands.add_parser("worker", help="run the Temporal worker (settings from TIDEPLANE_* / the sandbox env file)")
     demo = commands.add_parser("demo", help="start the sandbox and the worker, then run the demo story")
     _sandbox_options(demo)
@@ -82,8 +85,6 @@ def _sandbox(args: argparse.Namespace) -> int:
     if args.action == "spot-interrupt":
         from infra.sandbox.spot import spot_interrupt_running
 
-        if not args.node:
-            raise SystemExit("usage: tideplane sandbox spot-interrupt NODE [--rebalance]")
         done = spot_interrupt_running(args.state_dir, args.node, rebalance=args.rebalance)
         print(f"{done.kind} sent for {done.instance_id} (node {done.node})" + ("; instance terminated" if done.terminated else ""))
         return 0

@@ -155,6 +155,29 @@ def test_worker_polls_the_sandbox_is_scraped_and_stops_on_sigterm(sandbox):
     assert "stopping" in output
 
 
+@pytest.mark.parametrize("kind", [[], ["--rebalance"]], ids=["interruption", "rebalance"])
+def test_spot_interrupt_refuses_on_demand_and_unknown_nodes(sandbox, kind):
+    """Only spot instances get interruption notices; an on-demand node or a typo is refused in
+    one line (no traceback), and its instance keeps running."""
+    core = client.CoreV1Api(_kube(sandbox))
+    (node, *_) = core.list_node(label_selector=f"{NODE_CAPACITY_TYPE}=on-demand,{NODE_POOL}=gpu-on-demand").items
+    cli = [str(BIN / "tideplane"), "sandbox", "spot-interrupt", "--state-dir", str(sandbox.state_dir), *kind]
+    refused = subprocess.run([*cli, node.metadata.name], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert refused.stderr == (
+        f"tideplane: node '{node.metadata.name}' is on-demand capacity ({NODE_CAPACITY_TYPE}=on-demand): "
+        "EC2 sends interruption notices and rebalance recommendations to spot instances only\n"
+    )
+    instance = node.spec.provider_id.rsplit("/", 1)[1]
+    aws = {"endpoint_url": sandbox.env["AWS_ENDPOINT_URL"], "region_name": "us-east-1", "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+    (found,) = boto3.client("autoscaling", **aws).describe_auto_scaling_instances(InstanceIds=[instance])["AutoScalingInstances"]
+    assert found["LifecycleState"] == "InService"
+
+    unknown = subprocess.run([*cli, "ip-10-9-9-9.ec2.internal"], capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
+    assert unknown.stderr.startswith("tideplane: no node 'ip-10-9-9-9.ec2.internal' in the sandbox")
+
+
 def test_prometheus_loads_the_repository_rule_files(sandbox):
     groups = httpx.get(sandbox.urls["prometheus"] + "/api/v1/rules", timeout=10).json()["data"]["groups"]
     assert {Path(g["file"]).name for g in groups} == {f.name for f in RULES_DIR.glob("*.yml")}
