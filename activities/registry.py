@@ -34,7 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Collection, TypeVar
 
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
@@ -44,7 +44,16 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail
-from activities.clients.s3 import CHUNK_BYTES, NOT_FOUND, ObjectChanged, S3Client, error_code, parse_s3_uri
+from activities.clients.s3 import (
+    CHUNK_BYTES,
+    NOT_FOUND,
+    BucketNotAllowed,
+    ObjectChanged,
+    S3Client,
+    error_code,
+    parse_s3_uri,
+    require_allowed_bucket,
+)
 from activities.rollout import ROUTE_API
 from workflows import search_attributes as sa
 from workflows.naming import LABEL_MODEL, LABEL_VERSION
@@ -116,6 +125,10 @@ def _split(uri: str, prefix: bool = False) -> tuple[str, str]:
         raise RegistryError(str(exc)) from None
 
 
+class BucketRefused(RegistryError):
+    pass
+
+
 def _conflict(exc: ClientError) -> bool:
     """A lost compare-and-swap race (412), a concurrent conditional write (409), or the object
     vanished under an If-Match."""
@@ -136,14 +149,26 @@ class Registry:
         transfer: TransferConfig | None = None,
         cas_attempts: int = 100,
         delete_batch: int = 1000,
+        allowed_buckets: Collection[str] | None = None,
     ):
+        """``allowed_buckets``: where registered weights may live (default: ``bucket`` only)."""
         self.s3 = s3
+        self.allowed_buckets = frozenset(allowed_buckets or ()) | {bucket}
         self.delete_batch = delete_batch
         self.bucket = bucket
         self.transfer = transfer or TransferConfig(
             multipart_threshold=CHUNK_BYTES, multipart_chunksize=CHUNK_BYTES, max_concurrency=8, use_threads=True
         )
         self.cas_attempts = cas_attempts
+
+    def _allowed(self, uri: str, what: str) -> tuple[str, str]:
+        """(bucket, key prefix) of a weights location in an allowed bucket; BucketRefused otherwise."""
+        bucket, key = _split(uri, prefix=True)
+        try:
+            require_allowed_bucket(bucket, self.allowed_buckets, what)
+        except BucketNotAllowed as exc:
+            raise BucketRefused(str(exc)) from None
+        return bucket, key
 
     # --- keys ----------------------------------------------------------------------------------
 
@@ -360,7 +385,7 @@ class Registry:
 
     def _checksum_s3(self, uri: str, progress) -> tuple[str, list[ManifestFile]]:
         """Files under an s3:// prefix (or one object), each hashed by streaming it."""
-        bucket, key = _split(uri, prefix=True)
+        bucket, key = self._allowed(uri, "register source")
         objects: list[tuple[str, int]] = []
         if key and not key.endswith("/"):
             try:
@@ -470,6 +495,7 @@ class Registry:
         manifest = self.show(model, version)
         if manifest.weights.deleted_at is not None:
             raise NotFound(f"{manifest.ref}: weights were deleted by retention at {manifest.weights.deleted_at}")
+        self._allowed(manifest.weights.location, f"{manifest.ref} weights.location")
         for f in manifest.weights.files:
             bucket, key = _split(manifest.weights.uri(f.path))
             try:
@@ -513,6 +539,11 @@ class Registry:
         refused: list[str] = []
 
         def mark(manifest: Manifest) -> bool:
+            try:
+                self._allowed(manifest.weights.location, f"{manifest.ref} weights.location")  # never delete elsewhere
+            except BucketRefused as exc:
+                refused.append(str(exc))
+                return False
             if manifest.weights.deleted_at is not None:
                 return False
             if manifest.status.state != "deprecated":
@@ -553,8 +584,11 @@ def _non_retryable(exc: RegistryError) -> ApplicationError:
 class RegistryActivities(contract.RegistryActivities):
     """The registry's activities: the store in ``weights_bucket`` and the cluster's Deployments."""
 
-    def __init__(self, s3: S3Client, kube: KubeClient, weights_bucket: str) -> None:
-        self.registry = Registry(s3, weights_bucket)
+    def __init__(
+        self, s3: S3Client, kube: KubeClient, weights_bucket: str, weights_buckets: Collection[str] | None = None
+    ) -> None:
+        """``weights_buckets``: where registered weights may live, besides ``weights_bucket``."""
+        self.registry = Registry(s3, weights_bucket, allowed_buckets=weights_buckets)
         self.kube = kube
 
     @activity.defn(name="resolve_registry_weights")

@@ -30,7 +30,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Collection
 
 from botocore.exceptions import ClientError
 from kubernetes.client.exceptions import ApiException
@@ -39,7 +39,16 @@ from temporalio.exceptions import ApplicationError, CancelledError
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
 from activities.clients.prometheus import PrometheusClient, render
-from activities.clients.s3 import CHUNK_BYTES, NOT_FOUND, ObjectChanged, S3Client, error_code, parse_s3_uri
+from activities.clients.s3 import (
+    CHUNK_BYTES,
+    NOT_FOUND,
+    BucketNotAllowed,
+    ObjectChanged,
+    S3Client,
+    error_code,
+    parse_s3_uri,
+    require_allowed_bucket,
+)
 from activities.clients.vllm import VllmClient
 from workflows import naming, telemetry
 from workflows.naming import DeploymentRef
@@ -98,7 +107,10 @@ class RolloutActivities(contract.RolloutActivities):
         pods: ServingPods,
         gateway: str,
         service_url_template: str,
+        weights_buckets: Collection[str] | None = None,
     ) -> None:
+        """``weights_buckets``: the buckets weights may be staged from (None: any)."""
+        self.weights_buckets = weights_buckets
         self.kube = kube
         self.s3 = s3
         self.prometheus = prometheus
@@ -117,7 +129,10 @@ class RolloutActivities(contract.RolloutActivities):
         targets: dict[str, WeightFile] = {}
         for wf in req.files:
             try:
-                _, key = parse_s3_uri(wf.uri)
+                bucket, key = parse_s3_uri(wf.uri)
+                require_allowed_bucket(bucket, self.weights_buckets, f"weights {wf.uri}")
+            except BucketNotAllowed as exc:
+                raise ApplicationError(str(exc), type="BucketNotAllowed", non_retryable=True) from None
             except ValueError as exc:
                 raise ApplicationError(str(exc), non_retryable=True) from None
             name = PurePosixPath(key).name

@@ -35,7 +35,11 @@ from workflows.registry.schema import parse_quantization, parse_ref
 
 def open_registry(settings: Settings) -> Registry:
     """The registry in the configured weights bucket."""
-    return Registry(S3Client(settings.aws_endpoint_url, settings.aws_region), settings.weights_bucket)
+    return Registry(
+        S3Client(settings.aws_endpoint_url, settings.aws_region),
+        settings.weights_bucket,
+        allowed_buckets=settings.weights_buckets,
+    )
 
 
 def _size(n: int) -> str:

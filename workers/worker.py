@@ -76,8 +76,10 @@ def build_activities(config: Settings) -> list[Callable]:
     s3 = S3Client(config.aws_endpoint_url, config.aws_region)
     prometheus = PrometheusClient(config.prometheus_url)
     pods = ServingPods(config.model_cache_dir, config.model_cache_pvc, config.otlp_traces_endpoint, config.trace_sample_ratio)
-    rollout = RolloutActivities(kube, s3, prometheus, VllmClient(), pods, config.gateway, config.service_url_template)
-    registry = RegistryActivities(s3, kube, config.weights_bucket)
+    rollout = RolloutActivities(
+        kube, s3, prometheus, VllmClient(), pods, config.gateway, config.service_url_template, config.weights_buckets
+    )
+    registry = RegistryActivities(s3, kube, config.weights_bucket, config.weights_buckets)
     cost = CostActivities(prometheus)
     aws = AwsClient(config.aws_region, config.aws_endpoint_url)
     return [

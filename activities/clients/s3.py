@@ -7,7 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 from collections import deque
-from typing import Callable, Iterator
+from typing import Callable, Collection, Iterator
 from urllib.parse import urlparse
 
 import boto3
@@ -33,6 +33,19 @@ def parse_s3_uri(uri: str, prefix: bool = False) -> tuple[str, str]:
     if parsed.scheme != "s3" or not parsed.netloc or (not prefix and (not key or key.endswith("/"))):
         raise ValueError(f"expected s3://bucket/{'prefix' if prefix else 'key'}, got {uri!r}")
     return parsed.netloc, key
+
+
+class BucketNotAllowed(ValueError):
+    """An s3:// location outside the buckets weights may come from (TIDEPLANE_WEIGHTS_BUCKETS)."""
+
+
+def require_allowed_bucket(bucket: str, allowed: Collection[str] | None, what: str) -> None:
+    """Refuse ``bucket`` unless it is in ``allowed`` (None: no restriction), naming it and ``what`` used it."""
+    if allowed is not None and bucket not in allowed:
+        raise BucketNotAllowed(
+            f"{what}: bucket {bucket!r} is not an allowed weights bucket "
+            f"(TIDEPLANE_WEIGHTS_BUCKETS: {', '.join(sorted(allowed))})"
+        )
 
 
 def error_code(exc: ClientError) -> str:

@@ -25,6 +25,7 @@ def build_rollout(
     model_cache_dir: Path = Path("/var/cache/tideplane/models"),
     gateway: str = "inference-gateway",
     service_url_template: str = "http://{service}.{namespace}:8000",
+    weights_buckets: list[str] | None = None,
 ) -> RolloutActivities:
     return RolloutActivities(
         KubeClient.connect(kubeconfig) if kubeconfig else KubeClient(client.ApiClient()),
@@ -34,6 +35,7 @@ def build_rollout(
         ServingPods(model_cache_dir=model_cache_dir),
         gateway=gateway,
         service_url_template=service_url_template,
+        weights_buckets=weights_buckets,
     )
 
 

@@ -458,6 +458,28 @@ def test_deleting_weights_heartbeats_and_resumes_after_the_last_deleted_key(buck
     assert registry.s3.boto.list_objects_v2(Bucket=bucket, Prefix="weights/").get("KeyCount") == 0
 
 
+def test_weights_outside_the_allowed_buckets_are_refused(bucket, tmp_path, kube_api):
+    """TIDEPLANE_WEIGHTS_BUCKETS: registering, resolving and retention's deletes stay inside it."""
+    s3 = s3_client()
+    hub = f"hub-{uuid.uuid4().hex[:8]}"
+    s3.boto.create_bucket(Bucket=hub)
+    s3.boto.put_object(Bucket=hub, Key="mistral/model.safetensors", Body=b"weights")
+    with pytest.raises(RegistryError, match=f"register source: bucket '{hub}' is not an allowed weights bucket"):
+        Registry(s3, bucket).register("mistral", "1.0.0", f"s3://{hub}/mistral/", at=T0)
+
+    Registry(s3, bucket, allowed_buckets=[hub]).register("mistral", "1.0.0", f"s3://{hub}/mistral/", at=T0)
+    Registry(s3, bucket).deprecate("mistral", "1.0.0", at=T0)
+    # The bucket is no longer allowed: a rollout cannot resolve it and retention leaves it alone.
+    activities = RegistryActivities(s3, KubeClient(kube_api), bucket, weights_buckets=[])
+    env = ActivityEnvironment()
+    with pytest.raises(ApplicationError, match=f"mistral@1.0.0 weights.location: bucket '{hub}' is not an allowed") as err:
+        env.run(activities.resolve_registry_weights, ra.RegistryWeightsInput(model="mistral", version="1.0.0"))
+    assert err.value.non_retryable
+    refused = env.run(activities.delete_registry_weights, DeleteWeightsInput(model="mistral", version="1.0.0", reason="old", at=T0))
+    assert not refused.deleted and f"bucket '{hub}' is not an allowed weights bucket" in refused.reason
+    assert s3.boto.list_objects_v2(Bucket=hub)["KeyCount"] == 1, "nothing deleted outside the allowed buckets"
+
+
 def test_cli(tmp_path, bucket, capsys):
     settings = Settings(weights_bucket=bucket)  # what the CLI reads from TIDEPLANE_WEIGHTS_BUCKET
     root = weights_dir(tmp_path)

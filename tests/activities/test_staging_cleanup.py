@@ -1,6 +1,7 @@
-"""A staging that cannot finish because its weights went away (e.g. deleted by retention) leaves
-no partial file in the model cache, whether they vanish mid-download or between attempts
-(issue 20 defect 4). stage_weights against moto over HTTP, run in ActivityEnvironment."""
+"""Where stage_weights may read weights and what it leaves when they go away (issue 20): only from
+the allowed buckets, and a staging that cannot finish because its weights were deleted (e.g. by
+retention) leaves no partial file in the model cache, whether they vanish mid-download or between
+attempts. stage_weights against moto over HTTP, run in ActivityEnvironment."""
 
 from __future__ import annotations
 
@@ -83,3 +84,17 @@ def test_weights_gone_before_a_retry_leave_no_partial_file(rollout, weights):
     with pytest.raises(ApplicationError, match=f"weights object not found: {uri}") as err:
         stage(rollout, uri, digest)
     assert err.value.non_retryable and cache_files(rollout) == []
+
+
+def test_weights_outside_the_allowed_buckets_are_refused_naming_the_bucket(moto_url, tmp_path, make_rollout, weights):
+    uri, digest, bucket, _ = weights
+    rollout = make_rollout(s3_endpoint=moto_url, model_cache_dir=tmp_path / "models", weights_buckets=["tideplane-models"])
+    sent = []
+    rollout.s3.boto.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.url))
+    with pytest.raises(ApplicationError) as err:
+        stage(rollout, uri, digest)
+    assert err.value.non_retryable and err.value.type == "BucketNotAllowed"
+    assert err.value.message == (
+        f"weights {uri}: bucket {bucket!r} is not an allowed weights bucket (TIDEPLANE_WEIGHTS_BUCKETS: tideplane-models)"
+    )
+    assert sent == [], "nothing is read from a bucket that is not allowed (no checksum of it can leak)"

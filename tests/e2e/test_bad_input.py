@@ -178,6 +178,9 @@ REFUSED_AT_RUN = [
     ("S3 object missing", lambda ctx: {"weights_uri": f"s3://{WEIGHTS_BUCKET}/bad-input/missing.safetensors"},
      lambda ctx: ["stage_weights failed before any cluster change",
                   f"weights object not found: s3://{WEIGHTS_BUCKET}/bad-input/missing.safetensors"]),
+    ("weights bucket not allowed", lambda ctx: {"weights_uri": "s3://other-bucket/w.safetensors"},
+     lambda ctx: ["stage_weights failed before any cluster change", "BucketNotAllowed",
+                  "bucket 'other-bucket' is not an allowed weights bucket (TIDEPLANE_WEIGHTS_BUCKETS: "]),
     ("unknown namespace", lambda ctx: {"deployment": f"{MISSING_NAMESPACE}/chat"},
      lambda ctx: ["describe_deployment failed before any cluster change", f"namespace '{MISSING_NAMESPACE}' not found"]),
 ]

@@ -27,3 +27,10 @@ def test_bad_setting_is_named(monkeypatch, var, value):
     monkeypatch.setenv(var, value)
     with pytest.raises(SettingsError, match=var):
         load_settings()
+
+
+def test_weights_buckets_default_to_the_weights_bucket_and_always_include_it(monkeypatch):
+    monkeypatch.setenv("TIDEPLANE_WEIGHTS_BUCKET", "models")
+    assert load_settings().weights_buckets == ["models"]
+    monkeypatch.setenv("TIDEPLANE_WEIGHTS_BUCKETS", "hub-mirror, team-weights")
+    assert load_settings().weights_buckets == ["models", "hub-mirror", "team-weights"]
