@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 
 from temporalio.client import (
     Client,
@@ -28,6 +29,7 @@ from activities.clients.s3 import S3Client
 from activities.registry import Registry, RegistryError
 from workers.client import connect
 from workers.config import Settings, load_settings
+from workers.progress import ProgressLine, size
 from workflows.naming import RETENTION_SCHEDULE_ID, RETENTION_WORKFLOW_ID
 from workflows.registry.retention import RegistryRetention, RetentionInput, RetentionResult, render_plan
 from workflows.registry.schema import parse_quantization, parse_ref
@@ -40,14 +42,6 @@ def open_registry(settings: Settings) -> Registry:
         settings.weights_bucket,
         allowed_buckets=settings.weights_buckets,
     )
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
 
 
 def _status(status) -> str:
@@ -74,10 +68,23 @@ def cmd_register(args, settings: Settings) -> int:
         quant = parse_quantization(args.quantization)
     except ValueError as exc:
         raise SystemExit(f"error: --quantization: {exc}") from None
-    manifest = open_registry(settings).register(model, version, args.source, quant, args.image)
-    print(f"registered {manifest.ref}: {len(manifest.weights.files)} files, {_size(manifest.weights.size_bytes)}")
+    progress = ProgressLine(f"register {args.ref}", _register_bytes(args.source))
+    try:
+        manifest = open_registry(settings).register(model, version, args.source, quant, args.image, progress=progress)
+    finally:
+        progress.close()
+    print(f"registered {manifest.ref}: {len(manifest.weights.files)} files, {size(manifest.weights.size_bytes)}")
     print(f"  location {manifest.weights.location}\n  digest   {manifest.weights.digest}")
     return 0
+
+
+def _register_bytes(source: str) -> int | None:
+    """What a register reads: local files twice (checksum, then upload); s3:// sizes are unknown upfront."""
+    root = Path(source)
+    if source.startswith("s3://") or not root.exists():
+        return None
+    files = [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else [root]
+    return 2 * sum(p.stat().st_size for p in files)
 
 
 def cmd_list(args, settings: Settings) -> int:
@@ -85,7 +92,7 @@ def cmd_list(args, settings: Settings) -> int:
     print(f"{'MODEL':24} {'VERSION':16} {'SIZE':>10} {'QUANT':12} STATUS")
     for v in versions:
         gone = " (weights deleted)" if v.weights_deleted_at else ""
-        print(f"{v.model:24} {v.version:16} {_size(v.size_bytes):>10} {v.quantization:12} {_status(v.status)}{gone}")
+        print(f"{v.model:24} {v.version:16} {size(v.size_bytes):>10} {v.quantization:12} {_status(v.status)}{gone}")
     return 0
 
 
@@ -151,7 +158,7 @@ def cmd_retention(args, settings: Settings) -> int:
     result = asyncio.run(run())
     print(render_plan(sorted([*result.deleted, *result.kept], key=lambda d: (d.model, d.version)), result.dry_run))
     verb = "would free" if result.dry_run else "freed"
-    print(f"\n{len(result.deleted)} deleted, {len(result.kept)} kept, {verb} {_size(result.freed_bytes)}")
+    print(f"\n{len(result.deleted)} deleted, {len(result.kept)} kept, {verb} {size(result.freed_bytes)}")
     return 0
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
+import sys
 import threading
 import time
 import uuid
@@ -484,7 +486,8 @@ def test_cli(tmp_path, bucket, capsys):
     settings = Settings(weights_bucket=bucket)  # what the CLI reads from TIDEPLANE_WEIGHTS_BUCKET
     root = weights_dir(tmp_path)
     assert registry_cli.main(["registry", "register", "phi-3@1.0.0", str(root), "--quantization", "awq:4", "--image", "vllm:0.6"], settings) == 0
-    assert "registered phi-3@1.0.0: 3 files" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "registered phi-3@1.0.0: 3 files" in captured.out and captured.err == "", "no progress line in CI logs"
     assert registry_cli.main(["registry", "list"], settings) == 0
     assert "phi-3" in (out := capsys.readouterr().out) and "awq:4" in out and "testing" in out
     assert registry_cli.main(["registry", "show", "phi-3@1.0.0", "--verify"], settings) == 0
@@ -496,6 +499,24 @@ def test_cli(tmp_path, bucket, capsys):
     assert "phi-3@2.0.0 is not in the registry" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="semantic version"):
         registry_cli.main(["registry", "deprecate", "phi-3@2"], settings)
+
+
+def test_register_on_a_terminal_shows_progress(tmp_path, bucket, monkeypatch):
+    """Issue 16: `registry register` of large weights reports bytes, rate and ETA as it goes."""
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    root = weights_dir(tmp_path, big=True)
+    assert registry_cli.main(["registry", "register", "big@1.0.0", str(root)], Settings(weights_bucket=bucket)) == 0
+    lines = terminal.getvalue()
+    assert lines.startswith("\rregister big@1.0.0: ") and lines.endswith("\n")
+    final = lines.rstrip("\n").rsplit("\r", 1)[-1]
+    # 11 MiB of weights, read twice (checksummed, then uploaded)
+    assert final.startswith("register big@1.0.0: 22.0 MiB of 22.0 MiB (100 %)") and "MiB/s" in final, final
 
 
 def test_listing_many_models_reads_only_the_indexes(registry, tmp_path):
