@@ -32,7 +32,7 @@ from workers.config import Settings, load_settings
 from workers.progress import ProgressLine, size
 from workflows.naming import RETENTION_SCHEDULE_ID, RETENTION_WORKFLOW_ID
 from workflows.registry.retention import RegistryRetention, RetentionInput, RetentionResult, render_plan
-from workflows.registry.schema import parse_quantization, parse_ref
+from workflows.registry.schema import ANY_DEPLOYMENT, parse_quantization, parse_ref
 
 
 def open_registry(settings: Settings) -> Registry:
@@ -92,7 +92,12 @@ def cmd_list(args, settings: Settings) -> int:
     print(f"{'MODEL':24} {'VERSION':16} {'SIZE':>10} {'QUANT':12} STATUS")
     for v in versions:
         gone = " (weights deleted)" if v.weights_deleted_at else ""
-        print(f"{v.model:24} {v.version:16} {size(v.size_bytes):>10} {v.quantization:12} {_status(v.status)}{gone}")
+        where = "; ".join(
+            f"{s.state}{f' {s.percent}%' if s.state == 'canary' else ''} on {d}"
+            for d, s in sorted(v.deployments.items()) if d != ANY_DEPLOYMENT
+        )
+        where = f" ({where})" if where else ""
+        print(f"{v.model:24} {v.version:16} {size(v.size_bytes):>10} {v.quantization:12} {_status(v.status)}{where}{gone}")
     return 0
 
 

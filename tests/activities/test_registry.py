@@ -210,7 +210,7 @@ def _split_key(uri: str) -> str:
     return uri.split("/", 3)[3]
 
 
-def test_status_is_per_deployment(registry, tmp_path):
+def test_status_is_per_deployment(registry, tmp_path, capsys):
     """Issue 16: a first deploy of an older version elsewhere must not deprecate the stable one."""
     for version, seed in (("1.0.0", b"a"), ("1.3.0", b"b"), ("1.4.0", b"c")):
         registry.register("m", version, str(weights_dir(tmp_path, seed=seed)), at=T0)
@@ -247,6 +247,10 @@ def test_status_is_per_deployment(registry, tmp_path):
     # Deprecating by hand a version that still serves is refused, naming where.
     with pytest.raises(RegistryError, match="m@1.3.0 still serves on prod/batch"):
         registry.deprecate("m", "1.3.0")
+    assert registry_cli.main(["registry", "list", "m"], Settings(weights_bucket=registry.bucket)) == 0
+    listed = capsys.readouterr().out
+    assert "stable since 2026-11-01 13:00 (stable on prod/batch)" in listed
+    assert "stable since 2026-11-01 19:00 (stable on prod/chat)" in listed, "1.0.0, on prod/chat since the downgrade"
 
 
 def test_manifests_written_before_per_deployment_status_still_load(registry, tmp_path):

@@ -15,6 +15,14 @@ Rules, first match wins, for every version whose weights still exist:
 5. anything else (testing, recently deprecated) -> keep.
 A version planned for deletion whose weights location overlaps a kept version's is kept.
 
+Running rollouts are listed through Temporal visibility (search attributes TideplaneModel and
+TideplaneVersion) rather than read from a registry status marker: visibility sees every rollout of
+the version, from its start and whether or not it resolved its weights through the registry,
+while a status written by the rollout would exist only after that write (the default status,
+testing, marks nothing). A rollout started after the listing cannot stage deleted weights either:
+the delete marks the manifest first (compare-and-swap) and resolve_registry_weights refuses a
+marked version; one that resolved in the seconds between the listing and the mark is the window left.
+
 A real run (not a dry run) counts the versions whose weights it deleted and kept, per model, in
 ``tideplane_registry_retention_actions_total`` (action ``deleted`` | ``kept``).
 """
