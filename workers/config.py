@@ -82,8 +82,13 @@ class Settings(BaseSettings):
         validation_alias=_env("SERVICE_URL_TEMPLATE"),
     )
 
-    # The worker's own /metrics port (0 disables it).
+    # The worker's own /metrics port (0 disables it) and the address it binds: every interface by
+    # default, so Prometheus reaches the pod; the sandbox binds 127.0.0.1.
     metrics_port: int = Field(9464, ge=0, le=65535, validation_alias=_env("METRICS_PORT"))
+    metrics_host: str = Field("0.0.0.0", min_length=1, validation_alias=_env("METRICS_HOST"))
+    # Where the worker writes its pid while it runs (the sandbox's env file sets it, so
+    # `tideplane sandbox status` and `down` find a worker however it was started); unset: none.
+    pid_file: Path | None = Field(None, validation_alias=_env("PID_FILE"))
 
     # Per-request tracing in the serving pods (vLLM's OpenTelemetry export); no endpoint: off.
     otlp_traces_endpoint: str | None = Field(

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from datetime import timedelta
+from pathlib import Path
 from typing import Callable
 
 from pydantic import ValidationError
+from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
 from activities.clients.aws import AwsClient
@@ -94,6 +99,40 @@ def build_activities(config: Settings) -> list[Callable]:
     ]
 
 
+class MetricsPortUnavailable(RuntimeError):
+    """The metrics endpoint cannot bind: usually another worker holds the port."""
+
+
+def _metrics_runtime(config: Settings) -> Runtime | None:
+    """The runtime serving /metrics on the configured address, None when the port is 0."""
+    if not config.metrics_port:
+        return None
+    try:
+        return telemetry.metrics_runtime(config.metrics_port, config.metrics_host)
+    except ValueError as exc:
+        raise MetricsPortUnavailable(
+            f"cannot serve the worker's metrics on {config.metrics_host}:{config.metrics_port} ({exc}): "
+            "is another worker running? Stop it, or set TIDEPLANE_METRICS_PORT to a free port (0 turns the endpoint off)"
+        ) from None
+
+
+@contextmanager
+def _pid_file(path: Path | None) -> Iterator[None]:
+    """Record this worker's pid in ``path`` while it polls (written once the metrics port is held,
+    so a second worker that fails to start leaves the first one's record alone)."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{os.getpid()}\n")
+    try:
+        yield
+    finally:
+        with suppress(OSError):
+            if path.read_text().strip() == str(os.getpid()):
+                path.unlink()
+
+
 MAX_CONCURRENT_ACTIVITIES = 32
 SHUTDOWN_GRACE = timedelta(seconds=30)  # running activities get this long to finish on SIGTERM
 
@@ -105,7 +144,7 @@ async def run_worker(stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runtime = telemetry.metrics_runtime(config.metrics_port) if config.metrics_port else None
+    runtime = _metrics_runtime(config)
     client = await connect(config, runtime)
     with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_ACTIVITIES) as executor:
         worker = Worker(
@@ -120,8 +159,9 @@ async def run_worker(stop: asyncio.Event | None = None) -> None:
             workflow_failure_exception_types=[ValidationError],
         )
         async with worker:
-            log.info("worker polling task queue %r on %s (namespace %s)", config.task_queue, config.temporal_address, config.temporal_namespace)
-            await stop.wait()
-            log.info("stopping: finishing running activities")
+            with _pid_file(config.pid_file):
+                log.info("worker polling task queue %r on %s (namespace %s)", config.task_queue, config.temporal_address, config.temporal_namespace)
+                await stop.wait()
+                log.info("stopping: finishing running activities")
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(sig)

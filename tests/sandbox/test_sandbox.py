@@ -212,12 +212,53 @@ def test_impossible_node_fails_naming_the_field(tmp_path, change, field):
     assert not (tmp_path / "state").exists()
 
 
+def _listen_addresses(port: int) -> set[str]:
+    """The IPv4 addresses something listens on at ``port`` (/proc/net/tcp, state 0A = LISTEN)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
+
+
+def start_foreground_worker(sandbox) -> subprocess.Popen:
+    """`tideplane worker` as the README restarts it: in the caller's process group, env file sourced."""
+    worker = subprocess.Popen([str(BIN / "tideplane"), "worker"], env={**os.environ, **sandbox.env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pid_file = Path(sandbox.env["TIDEPLANE_PID_FILE"])
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() == str(worker.pid), 60, "the worker to record its pid")
+    return worker
+
+
+def test_a_second_worker_is_refused_and_status_sees_a_restarted_worker(sandbox):
+    worker = start_foreground_worker(sandbox)
+    try:
+        port = sandbox.sandbox.ports.worker_metrics_port
+        assert _listen_addresses(port) == {"127.0.0.1"}  # loopback only in the sandbox
+        second = subprocess.run([str(BIN / "tideplane"), "worker"], env={**os.environ, **sandbox.env}, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1 and "Traceback" not in second.stderr
+        (line,) = [line for line in second.stderr.splitlines() if line.startswith("tideplane:")]
+        assert f"127.0.0.1:{port}" in line and "TIDEPLANE_METRICS_PORT" in line and "another worker" in line
+        assert Path(sandbox.env["TIDEPLANE_PID_FILE"]).read_text().strip() == str(worker.pid)
+
+        status = subprocess.run([str(BIN / "tideplane"), "sandbox", "status", "--state-dir", str(sandbox.state_dir)], capture_output=True, text=True, timeout=60)
+        (row,) = [r for r in status.stdout.splitlines() if r.startswith("worker ")]
+        assert row.split()[1] == "up", status.stdout
+    finally:
+        worker.terminate()
+        worker.wait(60)
+    assert not Path(sandbox.env["TIDEPLANE_PID_FILE"]).exists()  # removed on a graceful stop
+
+
 def test_down_leaves_nothing_listening_then_up_again(sandbox):
     """Runs last in this module: stops the session sandbox, checks, and brings it back."""
     box = sandbox.sandbox
     pids = [p["pid"] for p in json.loads((sandbox.state_dir / "pids.json").read_text())["processes"].values()]
     ports = list(box.ports.model_dump().values())
-    box.down()
+    worker = start_foreground_worker(sandbox)  # not started by `up`: down stops it (only it, not our process group)
+    assert "worker" in box.down()
+    assert worker.wait(5) is not None
     for port in ports:
         with socket.socket() as sock:
             assert sock.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still listening"
