@@ -245,9 +245,12 @@ def test_status_is_per_deployment(registry, tmp_path, capsys):
     assert summary.retired == {"prod/chat": t[7]} and set(summary.deployments) == {"prod/batch"}
 
     # Deprecating by hand a version that still serves is refused, naming where.
-    with pytest.raises(RegistryError, match="m@1.3.0 still serves on prod/batch"):
-        registry.deprecate("m", "1.3.0")
-    assert registry_cli.main(["registry", "list", "m"], Settings(weights_bucket=registry.bucket)) == 0
+    settings = Settings(weights_bucket=registry.bucket)
+    assert registry_cli.main(["registry", "deprecate", "m@1.3.0"], settings) == 1
+    assert capsys.readouterr().err == (
+        "error: m@1.3.0 still serves on prod/batch: it becomes deprecated when no deployment serves it\n"
+    )
+    assert registry_cli.main(["registry", "list", "m"], settings) == 0
     listed = capsys.readouterr().out
     assert "stable since 2026-11-01 13:00 (stable on prod/batch)" in listed
     assert "stable since 2026-11-01 19:00 (stable on prod/chat)" in listed, "1.0.0, on prod/chat since the downgrade"
@@ -464,14 +467,16 @@ def test_deleting_weights_heartbeats_and_resumes_after_the_last_deleted_key(buck
     assert registry.s3.boto.list_objects_v2(Bucket=bucket, Prefix="weights/").get("KeyCount") == 0
 
 
-def test_weights_outside_the_allowed_buckets_are_refused(bucket, tmp_path, kube_api):
+def test_weights_outside_the_allowed_buckets_are_refused(bucket, tmp_path, kube_api, capsys):
     """TIDEPLANE_WEIGHTS_BUCKETS: registering, resolving and retention's deletes stay inside it."""
     s3 = s3_client()
     hub = f"hub-{uuid.uuid4().hex[:8]}"
     s3.boto.create_bucket(Bucket=hub)
     s3.boto.put_object(Bucket=hub, Key="mistral/model.safetensors", Body=b"weights")
-    with pytest.raises(RegistryError, match=f"register source: bucket '{hub}' is not an allowed weights bucket"):
-        Registry(s3, bucket).register("mistral", "1.0.0", f"s3://{hub}/mistral/", at=T0)
+    assert registry_cli.main(["registry", "register", "mistral@1.0.0", f"s3://{hub}/mistral/"], Settings(weights_bucket=bucket)) == 1
+    assert capsys.readouterr().err == (
+        f"error: register source: bucket '{hub}' is not an allowed weights bucket (TIDEPLANE_WEIGHTS_BUCKETS: {bucket})\n"
+    )
 
     Registry(s3, bucket, allowed_buckets=[hub]).register("mistral", "1.0.0", f"s3://{hub}/mistral/", at=T0)
     Registry(s3, bucket).deprecate("mistral", "1.0.0", at=T0)
