@@ -29,6 +29,8 @@ from infra.sandbox.ports import free_port, wait_for_port
 from workflows.rollout.activities import StageWeightsInput, WeightFile
 
 BUCKET = "tideplane-bench"
+# The bench's own moto, given explicitly: a sourced sandbox env file (AWS_ENDPOINT_URL, AWS_*) must not redirect it.
+MOTO_CREDENTIALS = {"region_name": "us-east-1", "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 COLUMNS = ["measure", "value", "unit"]
 
 
@@ -82,8 +84,12 @@ def _stager(endpoint: str, cache: Path):
     from activities.clients.vllm import VllmClient
     from activities.rollout import RolloutActivities, ServingPods
 
+    s3 = S3Client(
+        endpoint, MOTO_CREDENTIALS["region_name"],
+        access_key_id=MOTO_CREDENTIALS["aws_access_key_id"], secret_access_key=MOTO_CREDENTIALS["aws_secret_access_key"],
+    )
     return RolloutActivities(
-        KubeClient(client.ApiClient()), S3Client(endpoint, "us-east-1"), PrometheusClient("http://127.0.0.1:9"),
+        KubeClient(client.ApiClient()), s3, PrometheusClient("http://127.0.0.1:9"),
         VllmClient(), ServingPods(model_cache_dir=cache), "inference-gateway", "http://{service}.{namespace}:8000",
     )
 
@@ -113,19 +119,12 @@ def run(out_dir: Path | None, size_bytes: int = 2 * 2**30, files: int = 4, repea
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    env_keys = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-    }
-    saved = {k: os.environ.get(k) for k in env_keys}
-    os.environ.update(env_keys)
+    endpoint = f"http://127.0.0.1:{port}"
     try:
         wait_for_port(port)
-        s3 = boto3.client("s3", endpoint_url=env_keys["AWS_ENDPOINT_URL"], region_name="us-east-1")
+        s3 = boto3.client("s3", endpoint_url=endpoint, **MOTO_CREDENTIALS)
         weights = _upload(s3, files, size_bytes)
-        stager = _stager(env_keys["AWS_ENDPOINT_URL"], work / "cache")
+        stager = _stager(endpoint, work / "cache")
         plain, staged = [], []
         for i in range(repeats):
             plain.append(_boto3_download(s3, weights, work / "plain"))
@@ -144,11 +143,6 @@ def run(out_dir: Path | None, size_bytes: int = 2 * 2**30, files: int = 4, repea
         moto.terminate()
         moto.wait(10)
         shutil.rmtree(work, ignore_errors=True)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
     mib = size_bytes / 2**20
     table = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
+import boto3
 import pytest
 
 from benchmarks import scaling, spot, staging, traces
@@ -156,6 +157,18 @@ def test_staging_bench_resumes_from_the_verified_half(tmp_path):
     assert values["bytes verified from disk, not fetched again"].startswith("24 of 48")
     assert float(values["throughput ratio stage_weights / boto3 (goal >= 0.9)"]) > 0
     assert list(tmp_path.iterdir()) == []  # the bench cleans up after itself
+
+
+def test_staging_bench_uses_its_own_s3_after_the_sandbox_env_is_sourced(tmp_path, moto_url, monkeypatch):
+    """`source .tideplane/sandbox/env` points AWS_ENDPOINT_URL and TIDEPLANE_AWS_ENDPOINT_URL at
+    the sandbox's S3 (here the session's moto): the bench still stages from its own server."""
+    for name in ("AWS_ENDPOINT_URL", "TIDEPLANE_AWS_ENDPOINT_URL"):
+        monkeypatch.setenv(name, moto_url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "sandbox")
+    table = staging.run(None, size_bytes=16 * 2**20, files=1, repeats=1, workdir=tmp_path)
+    assert {row["measure"]: row["value"] for row in table}["bytes verified from disk, not fetched again"] == "8 of 16"
+    sandbox_s3 = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
+    assert staging.BUCKET not in {b["Name"] for b in sandbox_s3.list_buckets()["Buckets"]}
 
 
 async def test_control_plane_bench_runs_real_loops_and_measures_them():
