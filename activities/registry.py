@@ -96,6 +96,7 @@ from workflows.registry.schema import (
 from workflows.rollout.activities import WeightFile
 
 PREFIX = "registry"
+HEARTBEAT_EVERY = 10.0  # seconds between delete_registry_weights heartbeats (its timeout: a minute)
 RUNNING_ROLLOUTS = f'WorkflowType = "{ROLLOUT_WORKFLOW}" AND ExecutionStatus = "Running"'
 MODELS_KEY = f"{PREFIX}/models.json"
 T = TypeVar("T", bound=BaseModel)
@@ -625,17 +626,34 @@ class RegistryActivities(contract.RegistryActivities):
         return VersionList(versions=self.registry.list_versions(req.models))
 
     @activity.defn(name="delete_registry_weights")
-    def delete_registry_weights(self, req: DeleteWeightsInput) -> DeleteWeightsResult:
-        try:
-            details = activity.info().heartbeat_details
-            activity.heartbeat(*details)  # alive before the manifest's compare-and-swap, keeping the resume key
-            return self.registry.delete_weights(
-                req.model, req.version, req.reason, req.at,
-                resume_after=details[0] if details else None,
-                deleted_up_to=activity.heartbeat,
+    async def delete_registry_weights(self, req: DeleteWeightsInput) -> DeleteWeightsResult:
+        """Refused while a ModelRollout of the version runs (one may have started since the plan);
+        otherwise the deletion runs on a thread while this heartbeats the last deleted key every
+        ``HEARTBEAT_EVERY`` seconds (and when it fails), and a retry resumes after that key."""
+        details = activity.info().heartbeat_details
+        ref = f"{req.model}@{req.version}"
+        rollouts = [who for version, who in await _running_rollouts() if version == ref]
+        if rollouts:
+            return DeleteWeightsResult(deleted=False, reason=f"referenced by {', '.join(rollouts)}")
+        last: list[str] = list(details[:1])
+
+        def deleted_up_to(key: str) -> None:
+            last[:] = [key]
+
+        work = asyncio.ensure_future(
+            asyncio.to_thread(
+                self.registry.delete_weights, req.model, req.version, req.reason, req.at,
+                resume_after=last[0] if last else None, deleted_up_to=deleted_up_to,
             )
-        except RegistryError as exc:
-            raise _non_retryable(exc) from None
+        )
+        while True:
+            done, _ = await asyncio.wait([work], timeout=HEARTBEAT_EVERY)
+            activity.heartbeat(*last)
+            if done:
+                try:
+                    return work.result()
+                except RegistryError as exc:
+                    raise _non_retryable(exc) from None
 
     @activity.defn(name="list_referenced_versions")
     async def list_referenced_versions(self, req: ListReferencesInput) -> ReferencedVersions:

@@ -13,18 +13,21 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from boto3.s3.transfer import TransferConfig
 from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.clients.kube import KubeClient
 from activities.clients.s3 import S3Client
 from activities.registry import ChecksumMismatch, NotFound, Registry, RegistryActivities, RegistryError
 from workers import registry_cli
 from workers.config import Settings
+from workflows import search_attributes
 from workflows.registry import activities as ra
 from workflows.registry.activities import DeleteWeightsInput, ListVersionsInput
 from workflows.registry.schema import (
@@ -67,6 +70,21 @@ def registry(bucket):
 def activities(bucket, kube_api):
     """The activities as the worker builds them: an S3 client, a cluster (the emulator), the bucket."""
     return RegistryActivities(s3_client(), KubeClient(kube_api), bucket)
+
+
+@pytest.fixture(scope="module")
+async def temporal():
+    """A Temporal dev server's client: delete_registry_weights asks visibility for running rollouts."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(Path(sys.executable).parent / "temporal"),
+        data_converter=pydantic_data_converter,
+        search_attributes=list(search_attributes.ALL),
+        ui=False,
+    )
+    try:
+        yield env.client
+    finally:
+        await env.shutdown()
 
 
 def weights_dir(tmp_path, big: bool = False, seed: bytes = b"w"):
@@ -393,9 +411,9 @@ def test_tampered_weights_are_caught(registry, tmp_path, activities):
         env.run(activities.resolve_registry_weights, ra.RegistryWeightsInput(model="llama", version="1.0.0"))
 
 
-def test_activities_for_rollout_and_retention(registry, tmp_path, activities):
+async def test_activities_for_rollout_and_retention(registry, tmp_path, activities, temporal):
     registry.register("llama", "1.0.0", str(weights_dir(tmp_path)), at=T0)
-    env = ActivityEnvironment()
+    env = ActivityEnvironment(client=temporal)
     resolved = env.run(activities.resolve_registry_weights, ra.RegistryWeightsInput(model="llama", version="1.0.0"))
     location = registry.show("llama", "1.0.0").weights.location
     assert {f.uri for f in resolved.files} == {
@@ -412,12 +430,12 @@ def test_activities_for_rollout_and_retention(registry, tmp_path, activities):
     assert exc.value.non_retryable
 
     delete = DeleteWeightsInput(model="llama", version="1.0.0", reason="old", at=t1)
-    refused = env.run(activities.delete_registry_weights, delete)
+    refused = await env.run(activities.delete_registry_weights, delete)
     assert not refused.deleted and "canary now, not deprecated" in refused.reason
     registry.deprecate("llama", "1.0.0", at=t1)
-    done = env.run(activities.delete_registry_weights, delete)
+    done = await env.run(activities.delete_registry_weights, delete)
     assert done.deleted and done.files == 3
-    assert env.run(activities.delete_registry_weights, delete).deleted, "idempotent"
+    assert (await env.run(activities.delete_registry_weights, delete)).deleted, "idempotent"
     left = registry.s3.boto.list_objects_v2(Bucket=registry.bucket, Prefix="weights/").get("KeyCount")
     assert left == 0
     listed = env.run(activities.list_registry_versions, ListVersionsInput())
@@ -428,7 +446,7 @@ def test_activities_for_rollout_and_retention(registry, tmp_path, activities):
         env.run(activities.set_registry_status, status)
 
 
-def test_deleting_weights_heartbeats_and_resumes_after_the_last_deleted_key(bucket, tmp_path, kube_api):
+async def test_deleting_weights_heartbeats_and_resumes_after_the_last_deleted_key(bucket, tmp_path, kube_api, temporal):
     """Issue 20: a worker lost mid-delete is noticed by the heartbeat timeout, and the retry
     starts after the last batch the first attempt reported."""
     root = tmp_path / "shards"
@@ -451,23 +469,23 @@ def test_deleting_weights_heartbeats_and_resumes_after_the_last_deleted_key(buck
     registry.s3.boto.meta.events.register("provide-client-params.s3.DeleteObjects", crash_after_the_first_batch)
     delete = DeleteWeightsInput(model="llama", version="1.0.0", reason="old", at=T0)
     beats: list = []
-    env = ActivityEnvironment()
+    env = ActivityEnvironment(client=temporal)
     env.on_heartbeat = lambda *details: beats.append(details)
     crash = True
     with pytest.raises(ConnectionError):
-        env.run(activities.delete_registry_weights, delete)
+        await env.run(activities.delete_registry_weights, delete)
     assert beats[-1] == (f"{prefix}shard-1.safetensors",), "the last deleted key, as heartbeat details"
 
     crash, asked[:] = False, []
     env.info = dataclasses.replace(env.info, heartbeat_details=list(beats[-1]), attempt=2)
-    done = env.run(activities.delete_registry_weights, delete)
+    done = await env.run(activities.delete_registry_weights, delete)
     assert done.deleted and asked == [
         [f"{prefix}shard-2.safetensors", f"{prefix}shard-3.safetensors"], [f"{prefix}shard-4.safetensors"],
     ], "the retry skips the batch that went"
     assert registry.s3.boto.list_objects_v2(Bucket=bucket, Prefix="weights/").get("KeyCount") == 0
 
 
-def test_weights_outside_the_allowed_buckets_are_refused(bucket, tmp_path, kube_api, capsys):
+async def test_weights_outside_the_allowed_buckets_are_refused(bucket, tmp_path, kube_api, capsys, temporal):
     """TIDEPLANE_WEIGHTS_BUCKETS: registering, resolving and retention's deletes stay inside it."""
     s3 = s3_client()
     hub = f"hub-{uuid.uuid4().hex[:8]}"
@@ -482,11 +500,11 @@ def test_weights_outside_the_allowed_buckets_are_refused(bucket, tmp_path, kube_
     Registry(s3, bucket).deprecate("mistral", "1.0.0", at=T0)
     # The bucket is no longer allowed: a rollout cannot resolve it and retention leaves it alone.
     activities = RegistryActivities(s3, KubeClient(kube_api), bucket, weights_buckets=[])
-    env = ActivityEnvironment()
+    env = ActivityEnvironment(client=temporal)
     with pytest.raises(ApplicationError, match=f"mistral@1.0.0 weights.location: bucket '{hub}' is not an allowed") as err:
         env.run(activities.resolve_registry_weights, ra.RegistryWeightsInput(model="mistral", version="1.0.0"))
     assert err.value.non_retryable
-    refused = env.run(activities.delete_registry_weights, DeleteWeightsInput(model="mistral", version="1.0.0", reason="old", at=T0))
+    refused = await env.run(activities.delete_registry_weights, DeleteWeightsInput(model="mistral", version="1.0.0", reason="old", at=T0))
     assert not refused.deleted and f"bucket '{hub}' is not an allowed weights bucket" in refused.reason
     assert s3.boto.list_objects_v2(Bucket=hub)["KeyCount"] == 1, "nothing deleted outside the allowed buckets"
 

@@ -33,7 +33,7 @@ from workers.config import Settings
 from workers.registry_cli import ensure_retention_schedule
 from workflows import search_attributes
 from workflows.naming import LABEL_APP, LABEL_MODEL, LABEL_VERSION, RETENTION_SCHEDULE_ID
-from workflows.registry.activities import ListReferencesInput
+from workflows.registry.activities import DeleteWeightsInput, ListReferencesInput
 from workflows.registry.retention import DELETE_HEARTBEAT, RETENTION_WORKFLOW, RegistryRetention, RetentionInput, RetentionResult
 from workflows.registry.schema import Canary, Stable
 from workflows.rollout.workflow import WORKFLOW_TYPE
@@ -142,6 +142,23 @@ async def test_references_are_what_can_serve_or_is_being_rolled_out(activities, 
     only = await env.run(activities.list_referenced_versions, ListReferencesInput(namespaces=["batch"]))
     assert set(only.where) == {"llama@1.3.0", "qwen@0.1.0"}
     await dev_env.client.get_workflow_handle(rollout).terminate("test over")
+
+
+async def test_a_delete_is_refused_while_a_rollout_of_the_version_runs(activities, dev_env, tmp_path):
+    """A rollout started after retention planned still stops the delete: the activity asks again."""
+    registry = activities.registry
+    path = tmp_path / "qwen.safetensors"
+    path.write_bytes(b"qwen@0.2.0" * 100)
+    registry.register("qwen", "0.2.0", str(path))
+    registry.deprecate("qwen", "0.2.0")
+    rollout = await start_rollout(dev_env, "qwen", "0.2.0")
+    env = ActivityEnvironment(client=dev_env.client)
+    delete = DeleteWeightsInput(model="qwen", version="0.2.0", reason="deprecated long ago")
+    refused = await env.run(activities.delete_registry_weights, delete)
+    assert not refused.deleted and refused.reason == f"referenced by running rollout {rollout}"
+    assert registry.resolve("qwen", "0.2.0", verify=True).weights.deleted_at is None, "weights intact, not marked"
+    await dev_env.client.get_workflow_handle(rollout).terminate("test over")
+    assert (await env.run(activities.delete_registry_weights, delete)).deleted
 
 
 def populate(registry: Registry, tmp_path: Path, now: datetime) -> None:

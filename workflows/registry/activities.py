@@ -125,6 +125,7 @@ class RegistryActivities:
         raise NotImplementedError
 
     @activity.defn(name="delete_registry_weights")
-    def delete_registry_weights(self, req: DeleteWeightsInput) -> DeleteWeightsResult:
-        """Delete a deprecated version's weights; refused (deleted=False) if it is no longer deprecated."""
+    async def delete_registry_weights(self, req: DeleteWeightsInput) -> DeleteWeightsResult:
+        """Delete a deprecated version's weights; refused (deleted=False) if it is no longer
+        deprecated or a rollout of it runs. Heartbeats; a retry resumes after the last deleted key."""
         raise NotImplementedError

@@ -19,9 +19,10 @@ Running rollouts are listed through Temporal visibility (search attributes Tidep
 TideplaneVersion) rather than read from a registry status marker: visibility sees every rollout of
 the version, from its start and whether or not it resolved its weights through the registry,
 while a status written by the rollout would exist only after that write (the default status,
-testing, marks nothing). A rollout started after the listing cannot stage deleted weights either:
-the delete marks the manifest first (compare-and-swap) and resolve_registry_weights refuses a
-marked version; one that resolved in the seconds between the listing and the mark is the window left.
+testing, marks nothing). delete_registry_weights asks again just before it marks the manifest
+(compare-and-swap), so a rollout started after the plan still stops the delete, and one started
+after the mark fails at resolve_registry_weights (a marked version), before staging anything; the
+window left is visibility's lag (milliseconds on SQL visibility, about a second on Elasticsearch).
 
 A real run (not a dry run) counts the versions whose weights it deleted and kept, per model, in
 ``tideplane_registry_retention_actions_total`` (action ``deleted`` | ``kept``).
