@@ -54,7 +54,7 @@ from activities.clients.s3 import (
     parse_s3_uri,
     require_allowed_bucket,
 )
-from activities.rollout import ROUTE_API
+from activities.rollout import list_routes
 from workflows import search_attributes as sa
 from workflows.naming import LABEL_MODEL, LABEL_VERSION
 from workflows.rollout.workflow import WORKFLOW_TYPE as ROLLOUT_WORKFLOW
@@ -678,16 +678,11 @@ class RegistryActivities(contract.RegistryActivities):
                     deployments += self.kube.apps.list_deployment_for_all_namespaces(
                         label_selector=LABEL_MODEL, _request_timeout=API_TIMEOUT
                     ).items
-                    routes += self.kube.custom.list_cluster_custom_object(
-                        *ROUTE_API, "httproutes", _request_timeout=API_TIMEOUT
-                    )["items"]
                 else:
                     deployments += self.kube.apps.list_namespaced_deployment(
                         namespace, label_selector=LABEL_MODEL, _request_timeout=API_TIMEOUT
                     ).items
-                    routes += self.kube.custom.list_namespaced_custom_object(
-                        *ROUTE_API, namespace, "httproutes", _request_timeout=API_TIMEOUT
-                    )["items"]
+                routes += list_routes(self.kube, namespace)
             except ApiException as exc:
                 fail(exc, f"list Deployments labelled {LABEL_MODEL} and HTTPRoutes in {where}")
         versions: dict[tuple[str, str], str] = {}  # (namespace, Deployment = Service name) -> model@version

@@ -526,6 +526,15 @@ def read_route(kube: KubeClient, ref: DeploymentRef) -> dict | None:
     return read_or_none(kube.custom.get_namespaced_custom_object, *ROUTE_API, ref.namespace, "httproutes", ref.name)
 
 
+def list_routes(kube: KubeClient, namespace: str | None = None) -> list[dict]:
+    """Every HTTPRoute in ``namespace`` (None: all namespaces); ApiException as the client raises it."""
+    if namespace is None:
+        return kube.custom.list_cluster_custom_object(*ROUTE_API, "httproutes", _request_timeout=API_TIMEOUT)["items"]
+    return kube.custom.list_namespaced_custom_object(
+        *ROUTE_API, namespace, "httproutes", _request_timeout=API_TIMEOUT
+    )["items"]
+
+
 def deployment_state(kube: KubeClient, ref: DeploymentRef) -> DeploymentState:
     """The versions of a logical deployment in the cluster, their replicas and route weights
     (``describe_deployment``; the scaling loop's ``get_scale`` reads the same)."""
