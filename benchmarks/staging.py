@@ -26,6 +26,7 @@ from temporalio.testing import ActivityEnvironment
 from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
 from infra.sandbox.ports import free_port, wait_for_port
+from workers.wording import counted
 from workflows.rollout.activities import StageWeightsInput, WeightFile
 
 BUCKET = "tideplane-bench"
@@ -146,7 +147,7 @@ def run(out_dir: Path | None, size_bytes: int = 2 * 2**30, files: int = 4, repea
 
     mib = size_bytes / 2**20
     table = [
-        {"measure": "weight set", "value": f"{mib / 1024:.2f} GiB in {files} files", "unit": ""},
+        {"measure": "weight set", "value": f"{mib / 1024:.2f} GiB in {counted(files, 'file')}", "unit": ""},
         {"measure": "plain boto3 download_file (best)", "value": f"{mib / min(plain):.0f}", "unit": "MiB/s"},
         {"measure": "stage_weights, hashing + fsync (best)", "value": f"{mib / min(staged):.0f}", "unit": "MiB/s"},
         {"measure": "throughput ratio stage_weights / boto3 (goal >= 0.9)", "value": f"{min(plain) / min(staged):.2f}", "unit": ""},

@@ -19,6 +19,7 @@ from typing import NoReturn
 import temporalio.runtime
 
 from workers.config import SettingsError
+from workers.cost_cli import add_cost_commands
 from workers.registry_cli import add_registry_commands
 from workers.schedules import add_schedules_commands
 
@@ -45,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     _sandbox_options(demo)
     add_registry_commands(commands)
     add_schedules_commands(commands)
+    add_cost_commands(commands)
     # Parsed by benchmarks.cli inside _bench: numpy, matplotlib and the simulators load only when asked for.
     bench = commands.add_parser("bench", help="benchmarks on real traces (tideplane bench --help)", add_help=False)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
@@ -109,6 +111,18 @@ def _sandbox(args: argparse.Namespace) -> int:
     return 0 if all(entry["up"] for entry in status.values()) else 1
 
 
+# HTTP and cloud client libraries log every request (httpx "HTTP Request: ...") or credential lookup
+# at INFO: in the worker's log they drowned tideplane's own lines. Their warnings still show.
+QUIET_LOGGERS = ("httpx", "httpcore", "urllib3", "kubernetes", "botocore", "boto3", "s3transfer")
+
+
+def configure_logging() -> None:
+    """INFO for tideplane (and the Temporal SDK), WARNING for the HTTP and cloud clients."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def _temporal_runtime_started() -> bool:
     """True once this process connected a Temporal client on the SDK's default runtime."""
     ref = getattr(temporalio.runtime, "_runtime_ref", None)
@@ -139,8 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown and args.command != "bench":
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("botocore").setLevel(logging.WARNING)  # "Found credentials" on every client
+    configure_logging()
     code = _dispatch(args, unknown)
     if args.command != "worker" and _temporal_runtime_started():
         _leave(code)

@@ -199,7 +199,7 @@ def run(state_dir: Path, config_path: Path, time_scale: float | None) -> int:
     urls = sandbox.urls()
     print(
         f"\nTemporal web UI:  {urls['temporal-ui']}\n"
-        f"Prometheus:       {urls['prometheus']}\n"
+        f"Prometheus:       {urls['prometheus']}   (alerts: {urls['prometheus']}/classic/alerts)\n"
         f"Explore:          source {sandbox.env_file}; temporal workflow list; kubectl get nodes\n"
         f"Stop everything:  make down   (or: .venv/bin/tideplane sandbox down)"
     )

@@ -29,6 +29,7 @@ from activities.clients.s3 import S3Client
 from activities.registry import Registry, RegistryError
 from workers.client import connect
 from workers.config import Settings, load_settings
+from workers.wording import counted
 from workers.progress import ProgressLine, size
 from workflows.naming import RETENTION_SCHEDULE_ID, RETENTION_WORKFLOW_ID
 from workflows.registry.retention import RegistryRetention, RetentionInput, RetentionResult, render_plan
@@ -73,7 +74,7 @@ def cmd_register(args, settings: Settings) -> int:
         manifest = open_registry(settings).register(model, version, args.source, quant, args.image, progress=progress)
     finally:
         progress.close()
-    print(f"registered {manifest.ref}: {len(manifest.weights.files)} files, {size(manifest.weights.size_bytes)}")
+    print(f"registered {manifest.ref}: {counted(len(manifest.weights.files), 'file')}, {size(manifest.weights.size_bytes)}")
     print(f"  location {manifest.weights.location}\n  digest   {manifest.weights.digest}")
     return 0
 

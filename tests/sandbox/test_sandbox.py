@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -181,6 +182,14 @@ def test_spot_interrupt_refuses_on_demand_and_unknown_nodes(sandbox, kind):
 def test_prometheus_loads_the_repository_rule_files(sandbox):
     groups = httpx.get(sandbox.urls["prometheus"] + "/api/v1/rules", timeout=10).json()["data"]["groups"]
     assert {Path(g["file"]).name for g in groups} == {f.name for f in RULES_DIR.glob("*.yml")}
+
+
+def test_the_readme_alerts_link_is_served_by_the_sandbox_prometheus(sandbox):
+    """Debian's Prometheus 2.42 has no React UI: /alerts is a 404, the README must link /classic/alerts."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (path,) = set(re.findall(r"http://localhost:19090(/\S*alerts)", readme))
+    page = httpx.get(sandbox.urls["prometheus"] + path, timeout=10)
+    assert page.status_code == 200 and "GPUUtilisationHigh" in page.text  # a rule of infra/prometheus/alerts.yml
 
 
 def test_status_reports_every_component_up(sandbox):

@@ -166,7 +166,9 @@ def test_staging_bench_uses_its_own_s3_after_the_sandbox_env_is_sourced(tmp_path
         monkeypatch.setenv(name, moto_url)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "sandbox")
     table = staging.run(None, size_bytes=16 * 2**20, files=1, repeats=1, workdir=tmp_path)
-    assert {row["measure"]: row["value"] for row in table}["bytes verified from disk, not fetched again"] == "8 of 16"
+    values = {row["measure"]: row["value"] for row in table}
+    assert values["bytes verified from disk, not fetched again"] == "8 of 16"
+    assert values["weight set"] == "0.02 GiB in 1 file"  # not "1 files"
     sandbox_s3 = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
     assert staging.BUCKET not in {b["Name"] for b in sandbox_s3.list_buckets()["Buckets"]}
 

@@ -27,6 +27,8 @@ from activities.clients.prometheus import PrometheusClient
 from activities.cost import CostActivities
 from infra.prometheus import running_prometheus, serve_registry
 from tests.conftest import BIN
+from workers import cost_cli
+from workers.config import Settings
 from workflows.cost.activities import CollectCostInput, CostQueries
 from workflows.cost.pricing import Prices
 from workflows.cost.report import CostReport, CostReportInput, CostReportResult, cost_report_schedule
@@ -188,3 +190,30 @@ async def test_daily_schedule_runs_the_report(cost, window_end):
     assert result.end - result.start == timedelta(hours=1)
     gpu_seconds = {r.deployment: r.gpu_hours * 3600 for r in result.table.pools if r.capacity_type == "spot"}
     assert gpu_seconds["chat"] == gpu_seconds["(unattributed)"] > WINDOW  # 1 GPU each, every second since the first scrape
+
+
+async def test_cost_report_command_prints_the_markdown(cost, window_end, capsys):
+    """`tideplane cost report` runs a report through a worker and prints its table; `--latest`
+    prints the last completed one without running anything."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(BIN / "temporal"), data_converter=pydantic_data_converter, ui=False
+    )
+    config = Settings(temporal_address=env.client.service_client.config.target_host, task_queue=f"cost-{uuid.uuid4()}")
+    try:
+        assert await asyncio.to_thread(cost_cli.main, ["cost", "report", "--latest"], config) == 1
+        assert "no completed CostReport yet" in capsys.readouterr().err
+        with ThreadPoolExecutor(4) as executor:
+            async with Worker(env.client, task_queue=config.task_queue, workflows=[CostReport], activities=[cost.collect_cost_inputs],
+                              activity_executor=executor):
+                assert await asyncio.to_thread(cost_cli.main, ["cost", "report", "--window-hours", "1"], config) == 0
+        printed = capsys.readouterr().out
+        assert printed.startswith("## Cost ") and "**Total: $" in printed and "| llm-serving/chat 1.0.0 | llama |" in printed
+        for _ in range(50):  # the list of completed runs lags a little behind
+            assert await asyncio.to_thread(cost_cli.main, ["cost", "report", "--latest"], config) in (0, 1)
+            captured = capsys.readouterr()
+            if captured.out:
+                break
+            await asyncio.sleep(0.2)
+        assert captured.out == printed
+    finally:
+        await env.shutdown()
