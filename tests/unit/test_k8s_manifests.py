@@ -96,10 +96,10 @@ def _custom_object_need(method: str, node: ast.Attribute, parent: ast.Call, cons
 
 
 def code_needs() -> dict[tuple[str, str, str], list[str]]:
-    """(apiGroup, resource, verb) -> where activities/*.py call for it."""
+    """(apiGroup, resource, verb) -> where activities/ (clients included) call for it."""
     methods = _kube_methods()
     needs: dict[tuple[str, str, str], list[str]] = {}
-    for path in sorted((ROOT / "activities").glob("*.py")):
+    for path in sorted((ROOT / "activities").rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
         consts = _constants(tree)
         parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
