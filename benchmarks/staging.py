@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TextIO
 
 import boto3
 from temporalio.testing import ActivityEnvironment
@@ -26,6 +27,7 @@ from temporalio.testing import ActivityEnvironment
 from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
 from infra.sandbox.ports import free_port, wait_for_port
+from workers.progress import ProgressLine
 from workers.wording import counted
 from workflows.rollout.activities import StageWeightsInput, WeightFile
 
@@ -54,25 +56,28 @@ class Interrupted(Exception):
     """Raised from a heartbeat to end a staging attempt halfway, like a worker crash."""
 
 
-def _upload(s3, files: int, size_bytes: int) -> list[WeightFile]:
+def _upload(s3, files: int, size_bytes: int, progress: ProgressLine) -> list[WeightFile]:
     s3.create_bucket(Bucket=BUCKET)
     out = []
     per_file = size_bytes // files
     for i in range(files):
         stream = _RandomStream(per_file + (size_bytes % files if i == files - 1 else 0))
         key = f"bench/1.0.0/model-{i:05d}-of-{files:05d}.safetensors"
-        s3.upload_fileobj(stream, BUCKET, key)
+        s3.upload_fileobj(stream, BUCKET, key, Callback=progress)
         out.append(WeightFile(uri=f"s3://{BUCKET}/{key}", sha256=stream.sha.hexdigest()))
+    progress.close()
     return out
 
 
-def _boto3_download(s3, files: list[WeightFile], dest: Path) -> float:
+def _boto3_download(s3, files: list[WeightFile], dest: Path, progress: ProgressLine) -> float:
     dest.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     for wf in files:
         key = wf.uri.split("/", 3)[3]
-        s3.download_file(BUCKET, key, str(dest / Path(key).name))
-    return time.perf_counter() - started
+        s3.download_file(BUCKET, key, str(dest / Path(key).name), Callback=progress)
+    seconds = time.perf_counter() - started
+    progress.close()
+    return seconds
 
 
 def _stager(endpoint: str, cache: Path):
@@ -95,11 +100,12 @@ def _stager(endpoint: str, cache: Path):
     )
 
 
-def _stage(stager, files: list[WeightFile], version: str, stop_at: int | None = None):
+def _stage(stager, files: list[WeightFile], version: str, progress: ProgressLine, stop_at: int | None = None):
     """Run stage_weights once; ``stop_at`` bytes: end the attempt there (returns None)."""
     env = ActivityEnvironment()
 
     def beat(details) -> None:
+        progress(details["bytes_done"] - progress.done)  # heartbeats carry the running total
         if stop_at is not None and details["bytes_done"] >= stop_at:
             raise Interrupted(f"interrupted at {details['bytes_done']} bytes")
 
@@ -109,10 +115,21 @@ def _stage(stager, files: list[WeightFile], version: str, stop_at: int | None = 
         result = env.run(stager.stage_weights, StageWeightsInput(model="bench", version=version, files=files))
     except Interrupted:
         return None, time.perf_counter() - started
+    finally:
+        progress.close()
     return result, time.perf_counter() - started
 
 
-def run(out_dir: Path | None, size_bytes: int = 2 * 2**30, files: int = 4, repeats: int = 2, workdir: Path | None = None) -> list[dict]:
+def run(
+    out_dir: Path | None, size_bytes: int = 2 * 2**30, files: int = 4, repeats: int = 2, workdir: Path | None = None,
+    progress_stream: TextIO | None = None,
+) -> list[dict]:
+    """Runs the bench; a progress line per phase (bytes, rate, ETA) on ``progress_stream``
+    (default stderr) when it is a terminal, nothing otherwise."""
+
+    def progress(what: str) -> ProgressLine:
+        return ProgressLine(what, size_bytes, stream=progress_stream)
+
     work = Path(tempfile.mkdtemp(prefix="tideplane-staging-", dir=workdir))
     port = free_port()
     moto = subprocess.Popen(
@@ -124,19 +141,19 @@ def run(out_dir: Path | None, size_bytes: int = 2 * 2**30, files: int = 4, repea
     try:
         wait_for_port(port)
         s3 = boto3.client("s3", endpoint_url=endpoint, **MOTO_CREDENTIALS)
-        weights = _upload(s3, files, size_bytes)
+        weights = _upload(s3, files, size_bytes, progress("upload to moto"))
         stager = _stager(endpoint, work / "cache")
         plain, staged = [], []
         for i in range(repeats):
-            plain.append(_boto3_download(s3, weights, work / "plain"))
+            plain.append(_boto3_download(s3, weights, work / "plain", progress(f"boto3 download_file, run {i + 1}")))
             shutil.rmtree(work / "plain")
-            result, seconds = _stage(stager, weights, f"run{i}")
+            result, seconds = _stage(stager, weights, f"run{i}", progress(f"stage_weights, run {i + 1}"))
             if result is None or result.size_bytes != size_bytes or result.resumed_bytes:
                 raise RuntimeError(f"staging run {i} did not stage the whole set from scratch: {result}")
             staged.append(seconds)
             shutil.rmtree(work / "cache")
-        _, first = _stage(stager, weights, "resume", stop_at=size_bytes // 2)
-        resumed, second = _stage(stager, weights, "resume")
+        _, first = _stage(stager, weights, "resume", progress("stage_weights, interrupted at 50 %"), stop_at=size_bytes // 2)
+        resumed, second = _stage(stager, weights, "resume", progress("stage_weights, the retry"))
         if resumed is None or resumed.size_bytes != size_bytes:
             raise RuntimeError(f"the retry after the interruption did not finish: {resumed}")
         shutil.rmtree(work / "cache")

@@ -29,8 +29,8 @@ from activities.clients.s3 import S3Client
 from activities.registry import Registry, RegistryError
 from workers.client import connect
 from workers.config import Settings, load_settings
-from workers.wording import counted
 from workers.progress import ProgressLine, size
+from workers.wording import counted
 from workflows.naming import RETENTION_SCHEDULE_ID, RETENTION_WORKFLOW_ID
 from workflows.registry.retention import RegistryRetention, RetentionInput, RetentionResult, render_plan
 from workflows.registry.schema import ANY_DEPLOYMENT, parse_quantization, parse_ref

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 from datetime import datetime
 
@@ -151,8 +152,16 @@ def test_mix_falls_back_to_on_demand_and_returns_to_spot():
     assert sum(x < 2 for x in r.ready) == 3
 
 
-def test_staging_bench_resumes_from_the_verified_half(tmp_path):
+class Terminal(io.StringIO):
+    """What the bench writes to a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_staging_bench_resumes_from_the_verified_half(tmp_path, capsys):
     table = staging.run(None, size_bytes=48 * 2**20, files=2, repeats=1, workdir=tmp_path)
+    assert capsys.readouterr().err == ""  # no progress lines in a CI log
     values = {row["measure"]: row["value"] for row in table}
     assert values["bytes verified from disk, not fetched again"].startswith("24 of 48")
     assert float(values["throughput ratio stage_weights / boto3 (goal >= 0.9)"]) > 0
@@ -165,8 +174,12 @@ def test_staging_bench_uses_its_own_s3_after_the_sandbox_env_is_sourced(tmp_path
     for name in ("AWS_ENDPOINT_URL", "TIDEPLANE_AWS_ENDPOINT_URL"):
         monkeypatch.setenv(name, moto_url)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "sandbox")
-    table = staging.run(None, size_bytes=16 * 2**20, files=1, repeats=1, workdir=tmp_path)
+    terminal = Terminal()
+    table = staging.run(None, size_bytes=16 * 2**20, files=1, repeats=1, workdir=tmp_path, progress_stream=terminal)
     values = {row["measure"]: row["value"] for row in table}
+    shown = [line.rsplit("\r", 1)[-1] for line in terminal.getvalue().split("\n")]  # each phase's last redraw
+    for phase in ("upload to moto", "boto3 download_file, run 1", "stage_weights, run 1", "stage_weights, the retry"):
+        assert any(line.startswith(f"{phase}: 16.0 MiB of 16.0 MiB (100 %)  ") and "/s" in line for line in shown), (phase, shown)
     assert values["bytes verified from disk, not fetched again"] == "8 of 16"
     assert values["weight set"] == "0.02 GiB in 1 file"  # not "1 files"
     sandbox_s3 = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
