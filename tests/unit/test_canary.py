@@ -24,7 +24,9 @@ GOOD = {
 def test_healthy_canary_passes_with_every_gate_checked():
     result = evaluate(GOOD, Gates())
     assert result.verdict is Verdict.PASS
-    assert {c.gate for c in result.checks} == {canary.ERROR_RATE, canary.P99_LATENCY, canary.TTFT_P99, canary.TPOT_P99}
+    assert {c.gate for c in result.checks} == {
+        canary.ERROR_RATE, canary.P99_LATENCY, canary.P99_LATENCY_SLO, canary.TTFT_P99, canary.TPOT_P99
+    }
     latency = next(c for c in result.checks if c.gate == canary.P99_LATENCY)
     assert latency.threshold == pytest.approx(1.2)
 
@@ -49,6 +51,30 @@ def test_each_gate_fails_alone_and_names_its_numbers(gate, value):
 def test_thresholds_are_configurable():
     assert evaluate({**GOOD, canary.ERROR_RATE: 0.05}, Gates(max_error_rate=0.1)).verdict is Verdict.PASS
     assert evaluate({**GOOD, canary.P99_LATENCY: 1.1}, Gates(max_latency_degradation=0.05)).verdict is Verdict.FAIL
+
+
+def test_saturated_stable_makes_the_latency_comparison_inconclusive_not_a_pass():
+    """Issue 16: stable at 9,106 s p99 made any canary "no worse than stable"."""
+    saturated = {**GOOD, canary.STABLE_P99_LATENCY: 7588.0, canary.P99_LATENCY: 9000.0}
+    result = evaluate(saturated, Gates())
+    assert result.verdict is Verdict.FAIL  # the canary itself is far out of the absolute SLO
+    assert [c.gate for c in result.failed] == [canary.P99_LATENCY_SLO]
+    assert result.failed[0].threshold == 60.0
+
+    within_slo = evaluate({**saturated, canary.P99_LATENCY: 2.0}, Gates())
+    assert within_slo.verdict is Verdict.INCONCLUSIVE
+    assert "baseline out of its SLO" in within_slo.reason and "7588" in within_slo.reason
+    assert within_slo.deciding_gate == canary.STABLE_P99_LATENCY
+    assert canary.P99_LATENCY not in {c.gate for c in within_slo.checks}  # no 9,000 s threshold shown
+
+
+def test_latency_slo_is_absolute_and_configurable():
+    slow = {**GOOD, canary.STABLE_P99_LATENCY: 5.0, canary.P99_LATENCY: 5.5}
+    assert evaluate(slow, Gates()).verdict is Verdict.PASS
+    result = evaluate(slow, Gates(p99_latency_slo_seconds=5.2))
+    assert result.verdict is Verdict.FAIL and [c.gate for c in result.failed] == [canary.P99_LATENCY_SLO]
+    # a stable exactly at its SLO is still a baseline
+    assert evaluate({**slow, canary.P99_LATENCY: 5.0}, Gates(p99_latency_slo_seconds=5.0)).verdict is Verdict.PASS
 
 
 def test_too_few_requests_is_inconclusive_even_with_bad_numbers():

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 REQUEST_COUNT = "request_count"
 ERROR_RATE = "error_rate"
 P99_LATENCY = "p99_latency"
+P99_LATENCY_SLO = "p99_latency_slo"  # the canary's p99 against the absolute SLO (a check, not a query)
 STABLE_P99_LATENCY = "stable_p99_latency"
 TTFT_P99 = "ttft_p99"
 TPOT_P99 = "tpot_p99"
@@ -41,6 +42,12 @@ class Gates(BaseModel):
     max_error_rate: float = Field(0.01, ge=0, le=1, description="5xx share of the canary's requests")
     max_latency_degradation: float = Field(
         0.20, ge=0, description="canary p99 may exceed stable p99 in the same window by this fraction"
+    )
+    p99_latency_slo_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="absolute end-to-end p99 SLO: the canary must meet it, and a stable p99 above it makes the"
+        " relative comparison meaningless (the verdict is then inconclusive, never a pass)",
     )
     ttft_p99_slo_seconds: float = Field(2.0, gt=0)
     tpot_p99_slo_seconds: float = Field(0.100, gt=0)
@@ -134,14 +141,27 @@ def evaluate(values: Mapping[str, float | None] | None, gates: Gates, error: str
 
     check(ERROR_RATE, values.get(ERROR_RATE), gates.max_error_rate)
     stable = values.get(STABLE_P99_LATENCY)
-    check(
-        P99_LATENCY, values.get(P99_LATENCY), None if stable is None else stable * (1 + gates.max_latency_degradation)
-    )
+    # A baseline out of its own SLO (a saturated stable) makes "no worse than stable" pass anything:
+    # at 20 req/s on 2 stable replicas the relative threshold was 9,106 s (issue 16).
+    saturated = stable is not None and stable > gates.p99_latency_slo_seconds
+    if not saturated:
+        relative = None if stable is None else stable * (1 + gates.max_latency_degradation)
+        check(P99_LATENCY, values.get(P99_LATENCY), relative)
+    check(P99_LATENCY_SLO, values.get(P99_LATENCY), gates.p99_latency_slo_seconds)
     check(TTFT_P99, values.get(TTFT_P99), gates.ttft_p99_slo_seconds)
     check(TPOT_P99, values.get(TPOT_P99), gates.tpot_p99_slo_seconds)
     if any(not c.passed for c in checks):
         failed = ", ".join(c.gate for c in checks if not c.passed)
         return Evaluation(verdict=Verdict.FAIL, checks=checks, requests=requests, reason=f"failed: {failed}")
+    if saturated:
+        return Evaluation(
+            verdict=Verdict.INCONCLUSIVE,
+            checks=checks,
+            missing=[STABLE_P99_LATENCY],
+            requests=requests,
+            reason=f"baseline out of its SLO: stable p99 {_num(stable)}s > {_num(gates.p99_latency_slo_seconds)}s,"
+            " no comparison possible",
+        )
     if missing:
         return Evaluation(
             verdict=Verdict.INCONCLUSIVE,
