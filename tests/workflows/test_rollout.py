@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from temporalio import activity
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import (
     Client,
     WorkflowFailureError,
@@ -448,6 +449,30 @@ async def test_registry_marks_a_failed_canary_deprecated_and_an_aborted_one_test
     aborted = Fleet(client, hook=_abort_when(QUERY_GATES, 1))
     await run_rollout(aborted, rollout_input(weights_uri=None, sha256=None))
     assert [s.status.state for s in aborted.recorded(SET_REGISTRY_STATUS)] == ["canary", "testing"]
+
+
+async def test_current_details_show_every_fresh_verdict_and_the_list_reads_without_opening(client):
+    """Issue 16 item 8: at 5 % the details still said "last verdict at 1 %"."""
+    seen: list[str] = []
+
+    async def read_details(fleet: Fleet, name: str, arg: Any) -> None:
+        if name == QUERY_GATES and fleet.route.get(NEW) == 5 and fleet.gate_queries[5] == 3:
+            meta = await fleet.handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+            seen.append(meta.current_details)
+
+    fleet = Fleet(client, hook=read_details)
+    result = await run_rollout(fleet, rollout_input())
+    assert result.outcome is Outcome.PROMOTED
+    [details] = seen
+    # two verdicts at 5 % were taken before the third query: the details show the second, with numbers
+    assert "verdict 5 at 5 %" in details and "pass: requests 600" in details and "error_rate 0.001" in details
+    assert "step: 2 pass, 0 fail" in details and "at 1 %" not in details
+
+    desc = await fleet.handle.describe()
+    assert await desc.static_summary() == f"Roll out llama {NEW} to llm-serving/{fleet.deployment}"
+    static = await desc.static_details()
+    assert f"deployment llm-serving/{fleet.deployment}" in static and "model llama" in static
+    assert "ladder 1 % (180s) → 5 % (180s) → 50 % (180s) → 100 %" in static
 
 
 # ---- gates ------------------------------------------------------------------------------------

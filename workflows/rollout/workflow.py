@@ -160,6 +160,7 @@ class ModelRollout:
         self._promote: PromoteInput | None = None
         self._analysis = StepAnalysis()
         self._verdicts: list[VerdictRecord] = []
+        self._verdict_count = 0  # all observations, the bounded list keeps the latest
         self._timings: dict[str, float] = {}
         self._cluster_changed = False
         self._in_flight: asyncio.Future | None = None
@@ -447,6 +448,7 @@ class ModelRollout:
                 return
             record = await self._measure(weight)
             decision = self._analysis.record(record.evaluation, inp.analysis)
+            self._show()  # every verdict, with its numbers and counts, in the UI's current details
             if record.evaluation.verdict is not Verdict.ERROR:  # errors are counted by the query activity
                 self._record_verdict(record.evaluation.verdict.value, record.evaluation.deciding_gate)
             if decision is Decision.ROLLBACK:
@@ -487,6 +489,7 @@ class ModelRollout:
             evaluation = evaluate(None, inp.gates, error=f"gate queries failed: {cause(err)}")
         record = VerdictRecord(at=workflow.now(), weight=weight, evaluation=evaluation)
         self._verdicts = [*self._verdicts[-(VERDICT_HISTORY - 1) :], record]
+        self._verdict_count += 1
         return record
 
     async def _promote_new(self) -> RolloutResult:
@@ -756,7 +759,10 @@ class ModelRollout:
             lines.append(note)
         if self._verdicts:
             last = self._verdicts[-1]
-            lines.append(f"last verdict at {last.weight} %: {last.evaluation.describe()}")
+            lines.append(
+                f"verdict {self._verdict_count} at {last.weight} % ({last.at:%Y-%m-%d %H:%M:%S} UTC):"
+                f" {last.evaluation.describe()}"
+            )
             a = self._analysis
             lines.append(
                 f"step: {a.passes} pass, {a.failures} fail, {a.inconclusives} inconclusive, {a.errors} metric errors"
@@ -794,6 +800,22 @@ async def start_rollout(client: Client, input: RolloutInput, *, task_queue: str 
                 SearchAttributePair(VERSION, input.version),
             ]
         ),
-        static_summary=f"Roll out {input.model} {input.version} to {input.deployment}",
-        static_details=f"ladder {' → '.join(str(s.weight) for s in input.steps)} %, gate every {input.gate_interval_seconds:.0f}s",
+        static_summary=static_summary(input),
+        static_details=static_details(input),
+    )
+
+
+def static_summary(input: RolloutInput) -> str:
+    """The line the web UI's workflow list shows for a rollout (``--static-summary`` of the CLI)."""
+    return f"Roll out {input.model} {input.version} to {input.deployment}"
+
+
+def static_details(input: RolloutInput) -> str:
+    """What a rollout was asked to do, shown above its current details (``--static-details``)."""
+    ladder = " → ".join(f"{s.weight} %" + (f" ({s.window_seconds:.0f}s)" if s.weight < 100 else "") for s in input.steps)
+    source = input.weights_uri or "the model registry"
+    return (
+        f"model {input.model}, version {input.version}, deployment {input.deployment}\n\n"
+        f"ladder {ladder}, gate every {input.gate_interval_seconds:.0f}s\n\n"
+        f"image {input.image}, weights from {source}"
     )
