@@ -364,6 +364,7 @@ class RolloutActivities(contract.RolloutActivities):
                 if current is None:
                     apps.create_namespaced_deployment(ns, body, _request_timeout=API_TIMEOUT)
                 else:
+                    _require_same_version(current, body)
                     body["metadata"]["resourceVersion"] = current.metadata.resource_version
                     body["metadata"]["annotations"] = current.metadata.annotations  # e.g. the revision
                     apps.replace_namespaced_deployment(name, ns, body, _request_timeout=API_TIMEOUT)
@@ -556,10 +557,23 @@ def deployment_state(kube: KubeClient, ref: DeploymentRef) -> DeploymentState:
                 model=labels.get(naming.LABEL_MODEL, ""),
                 replicas=dep.spec.replicas or 0,
                 ready_replicas=(dep.status.ready_replicas if dep.status else None) or 0,
-                route_weight=weights.get(ref.versioned(version), 0),
+                route_weight=weights.get(dep.metadata.name, 0),  # the name the cluster holds
             )
         )
     return DeploymentState(route_exists=route is not None, versions=versions)
+
+
+def _require_same_version(current, body: dict) -> None:
+    """Never rewrite another version's Deployment: the object's version label must be ours."""
+    held = (current.metadata.labels or {}).get(naming.LABEL_VERSION)
+    wanted = body["metadata"]["labels"][naming.LABEL_VERSION]
+    if held is not None and held != wanted:
+        meta = body["metadata"]
+        raise ApplicationError(
+            f"version {wanted}: Deployment {meta['namespace']}/{meta['name']} already serves version {held}",
+            type="NameCollision",
+            non_retryable=True,
+        )
 
 
 def _route_weights(route: dict | None) -> dict[str, int]:

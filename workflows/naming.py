@@ -7,6 +7,7 @@ and Prometheus queries select on can never drift apart.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Annotated
 
@@ -49,14 +50,45 @@ def _checked_deployment(ref: str) -> str:
 DeploymentName = Annotated[str, AfterValidator(_checked_deployment)]
 
 
+# A version is written into the ``app.kubernetes.io/version`` label: it must be a valid label value.
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+# Versions whose object name is the plain slug (dots become hyphens): reversible, so names stay
+# distinct, and the names of every dotted version (``1.3.0`` -> ``chat-v1-3-0``) stay what they were.
+_PLAIN_VERSION = re.compile(r"^[a-z0-9]+(\.[a-z0-9]+)*$")
+_HASH_MARK = "--"  # never in a plain name (no empty dot-separated part), so hashed names cannot collide with one
+
+
+def _checked_version(version: str) -> str:
+    if not _LABEL_VALUE.match(version):
+        raise ValueError(
+            f"version must be a Kubernetes label value (1-63 of A-Z a-z 0-9 - _ ., starting and ending"
+            f" alphanumeric), got {version!r}"
+        )
+    return version
+
+
+# The version field of a workflow input: it becomes a label value and part of object names.
+VersionLabel = Annotated[str, AfterValidator(_checked_version)]
+
+
 def version_slug(version: str) -> str:
     """A version as it may appear in a Kubernetes object name: ``1.3.0+rc1`` -> ``1-3-0-rc1``."""
     return re.sub(r"[^a-z0-9]+", "-", version.lower()).strip("-")
 
 
 def versioned_name(name: str, version: str) -> str:
-    """Name of the Deployment and Service that serve one version of a logical deployment."""
-    return f"{name}-v{version_slug(version)}"[:63].rstrip("-")
+    """Name of the Deployment and Service that serve one version of a logical deployment.
+
+    Injective over versions: a dotted lowercase version keeps its readable name (``chat-v1-3-0``);
+    any other (``1.3.0-rc.1``, ``1.3.0-rc-1``, ``1.3.0-RC1``), or one whose name would pass 63
+    characters, gets the slug cut to fit plus ``--`` and a hash of the exact version, so two
+    versions that differ only in punctuation or case never share (and overwrite) one object.
+    """
+    plain = f"{name}-v{version_slug(version)}"
+    if _PLAIN_VERSION.match(version) and len(plain) <= 63:
+        return plain
+    digest = hashlib.sha256(version.encode()).hexdigest()[:10]
+    return f"{plain[: 63 - len(_HASH_MARK) - len(digest)].rstrip('-')}{_HASH_MARK}{digest}"
 
 
 class DeploymentRef(BaseModel):

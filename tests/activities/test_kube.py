@@ -283,3 +283,35 @@ def test_warm_up_benchmarks_the_new_version_through_its_service(rollout):
     with pytest.raises(ApplicationError) as err:  # no Ready pod behind that Service: every request fails
         _run(rollout.warm_up, WarmUpInput(deployment=ref, version="7.0.0", requests=2))
     assert not err.value.non_retryable and "bench-v7-0-0" in str(err.value)
+
+
+def test_versions_differing_in_punctuation_get_their_own_objects(rollout):
+    """Issue 20 defect 1: 1.3.0-rc.1 (stable) and 1.3.0-rc-1 once shared one name, and the second
+    overwrote the stable Deployment and listed one backend twice in the route."""
+    ref = _ref("punct")
+    stable, new = "1.3.0-rc.1", "1.3.0-rc-1"
+    _run(rollout.ensure_version, _version("punct", stable, replicas=1))
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={stable: 100}))
+    _run(rollout.ensure_version, _version("punct", new, replicas=1).model_copy(update={"image": "vllm/vllm-openai:v0.9.0"}))
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={stable: 100, new: 0}))
+
+    apps = rollout.kube.apps
+    deployments = apps.list_namespaced_deployment(NS, label_selector=f"{naming.LABEL_APP}=punct").items
+    held = {d.metadata.labels[naming.LABEL_VERSION]: d for d in deployments}
+    assert sorted(held) == sorted([stable, new]) and len({d.metadata.name for d in deployments}) == 2
+    assert held[stable].spec.template.spec.containers[0].image == "vllm/vllm-openai:v0.8.5"  # untouched
+    backends = _backends(rollout, "punct")
+    assert backends == {ref.versioned(stable): 100, ref.versioned(new): 0}
+    state = _run(rollout.describe_deployment, ref)
+    assert state.stable.version == stable and state.stable.replicas == 1
+
+
+def test_ensure_version_never_rewrites_another_versions_deployment(rollout):
+    """A Deployment whose name a version maps to but that serves another version is refused, named."""
+    ref = _ref("taken")
+    _run(rollout.ensure_version, _version("taken", "2.0.0"))
+    apps = rollout.kube.apps
+    apps.patch_namespaced_deployment(ref.versioned("2.0.0"), NS, {"metadata": {"labels": {naming.LABEL_VERSION: "2-0-0"}}})
+    with pytest.raises(ApplicationError, match=r"version 2.0.0: Deployment llm-serving/taken-v2-0-0 already serves version 2-0-0") as err:
+        _run(rollout.ensure_version, _version("taken", "2.0.0"))
+    assert err.value.non_retryable
