@@ -125,6 +125,7 @@ async def test_apply_reconciles_and_delete_removes(dev_env, tmp_path, cli_settin
     both = {"time_zone": TZ, "schedules": [{"deployment": d, "floors": FLOORS[2:]} for d in (kept, dropped)]}
     path.write_text(yaml.safe_dump(both))
     await schedules.apply(client, schedules.load_schedule_file(path), "tq")
+    await ids_for(client, dropped, 2)  # listed, so the next apply can prune them
     _, name = naming.split_deployment(kept)
     paused = client.get_schedule_handle(f"floor/llm-serving/{name}/2100")
     await paused.pause(note="maintenance")
@@ -152,10 +153,11 @@ async def test_apply_reconciles_and_delete_removes(dev_env, tmp_path, cli_settin
 
     path.write_text(yaml.safe_dump(both))
     await schedules.apply(client, schedules.load_schedule_file(path), "tq")
-    await ids_for(client, kept, 2)
+    for deployment in (kept, dropped):  # listed (the list lags behind creates) before it can be pruned
+        await ids_for(client, deployment, 2)
     path.write_text("schedules: []\n")
     assert await asyncio.to_thread(schedules.main, ["schedules", "apply", str(path)], cli_settings) == 0
-    assert capsys.readouterr().out.count("deleted") >= 4
+    assert capsys.readouterr().out.count("deleted") >= 4  # these four, and any other test's left over
     for deployment in (kept, dropped):
         assert len(await ids_for(client, deployment, 0)) == 0
 
