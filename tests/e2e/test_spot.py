@@ -36,6 +36,7 @@ from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.launcher import AWS_ENV
 from infra.sandbox.spot import spot_interrupt_running
 from tests.sandbox_fixtures import create_logical_deployment, wait_for
+from workers.worker import activity_methods
 from workflows.naming import (
     LABEL_APP,
     NODE_CAPACITY_TYPE,
@@ -137,11 +138,7 @@ async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox, aw
     monitor = Monitor(core, selector, node, lambda: desired(ON_DEMAND_POOL))
     with ThreadPoolExecutor(max_workers=16) as executor:
         starts = SpotWorkflowStarts()
-        activities = [
-            spot.receive_spot_notices, spot.delete_spot_message, spot.find_spot_node, spot.set_node_unschedulable,
-            spot.serving_pods_on_node, spot.claim_spot_fallback, spot.release_spot_fallback, spot.evict_pods,
-            spot.spot_replica_counts, spot.sync_on_demand_pool, starts.start_spot_reclaim, starts.start_return_to_spot,
-        ]
+        activities = [*activity_methods(spot, SpotActivities), starts.start_spot_reclaim, starts.start_return_to_spot]
         workflows = [SpotInterruptionWatcher, SpotReclaim, ReturnToSpot]
         async with Worker(temporal, task_queue=task_queue, workflows=workflows, activities=activities, activity_executor=executor):
             watcher = await temporal.start_workflow(
