@@ -139,7 +139,8 @@ def test_worker_polls_the_sandbox_is_scraped_and_stops_on_sigterm(sandbox):
     worker = subprocess.Popen([str(BIN / "tideplane"), "worker"], env={**os.environ, **sandbox.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         prom = PrometheusConnect(url=sandbox.urls["prometheus"], disable_ssl=True)
-        wait_until(lambda: prom.custom_query('up{job="tideplane-worker"} == 1'), 30, "Prometheus to scrape the worker")
+        wait_until(lambda: worker.poll() is not None or prom.custom_query('up{job="tideplane-worker"} == 1'), 60, "Prometheus to scrape the worker")
+        assert worker.poll() is None, f"the worker exited with {worker.returncode}: {worker.stdout.read()}"
         pollers = subprocess.run(
             [str(BIN / "temporal"), "task-queue", "describe", "--task-queue", "tideplane", "--address", sandbox.env["TEMPORAL_ADDRESS"], "-o", "json"],
             capture_output=True, text=True, timeout=30,
