@@ -127,3 +127,21 @@ def test_return_to_spot_needs_the_whole_delay():
     assert not return_to_spot(None, 1000, 300)
     assert not return_to_spot(800, 1000, 300)
     assert return_to_spot(700, 1000, 300)
+
+
+def test_a_notice_lives_until_its_instance_is_gone_and_a_rebalance_for_its_hold():
+    from datetime import UTC, datetime, timedelta
+
+    from workflows.spot.events import NoticeKind, SpotNotice
+    from workflows.spot.policy import notice_expiry, notice_key, rebalance_hold
+
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    warn = SpotNotice(kind=NoticeKind.INTERRUPTION, instance_id="i-0123456789abcdef0", event_id="a", time=t, action="terminate")
+    gone = SpotNotice(kind=NoticeKind.STATE_CHANGE, instance_id="i-0123456789abcdef0", event_id="b", time=t, state="shutting-down")
+    hint = SpotNotice(kind=NoticeKind.REBALANCE, instance_id="i-0123456789abcdef0", event_id="c", time=t)
+    assert notice_expiry(warn, 300) == t + timedelta(seconds=120)
+    assert notice_expiry(gone, 300) == t + timedelta(seconds=120), "a going-away state still absorbs its repeats"
+    assert notice_expiry(hint, rebalance_hold(None, 300)) == t + timedelta(seconds=300)
+    assert len({notice_key(warn), notice_key(gone), notice_key(hint)}) == 3, "an interruption after a rebalance is news"
+    assert notice_key(warn) == notice_key(warn.model_copy(update={"event_id": "other"}))
+    assert rebalance_hold(900, 300) == 900

@@ -251,7 +251,7 @@ async def test_duplicate_notices_through_the_watcher_give_one_failover(time_skip
     assert result.outcome == "drained" and result.node == NODE
     assert fake.count("claim:2") == 1, "one failover: replacement capacity claimed once"
     assert fake.count("evict") == 1 and len(fake.evicted) == 2
-    assert status.started == 3 and status.malformed == 0
+    assert status.started == 1 and status.duplicates == 2 and status.malformed == 0
     assert result.capacity_gap_seconds == 0, "replacements were Ready before the drain"
 
 
@@ -279,15 +279,50 @@ async def test_rebalance_then_interruption_starts_warm(time_skipping_env):
     assert result.replacement_ready_seconds is not None and result.replacement_ready_seconds <= 60 + POLICY.poll_seconds
 
 
-async def test_rebalance_without_interruption_is_released(time_skipping_env):
+@pytest.mark.parametrize("hold", [None, 600])
+async def test_rebalance_without_interruption_is_released(time_skipping_env, hold):
+    """By default the pre-warm is held for the stabilisation delay (it was an hour), or as configured."""
     env = time_skipping_env
     fake = FakeFleet(replicas_on_node=1)
-    policy = POLICY.model_copy(update={"rebalance_hold_seconds": 600})
+    policy = POLICY.model_copy(update={"rebalance_hold_seconds": hold})
     async with _worker(env, fake) as worker:
-        handle = await _signal_start(env, worker, _notice(NoticeKind.REBALANCE, await env.get_current_time()), policy)
+        t0 = await env.get_current_time()
+        handle = await _signal_start(env, worker, _notice(NoticeKind.REBALANCE, t0), policy)
         result = await handle.result()
     assert result.outcome == "rebalance-released"
     assert fake.claims == {} and fake.cordoned is False and not fake.evicted
+    held = (next(t for c, t in fake.calls if c == "uncordon") - t0).total_seconds()
+    expected = hold or POLICY.stabilisation_seconds
+    assert expected <= held <= expected + 2 * POLICY.poll_seconds
+
+
+async def test_repeated_notices_for_a_node_without_pods_start_one_reclaim(time_skipping_env):
+    """Issue 20: 50 copies of a notice (over several polls) for a node with no tideplane pods: one reclaim run."""
+    env = time_skipping_env
+    fake = FakeFleet(replicas_on_node=0)
+    now = await env.get_current_time()
+    async with _worker(env, fake, real_start=True) as worker:
+        watcher = await env.client.start_workflow(
+            SpotInterruptionWatcher.run,
+            WatcherInput(policy=POLICY, idle_seconds=1),
+            id=f"spot-watcher-{uuid.uuid4()}",
+            task_queue=worker.task_queue,
+        )
+        for poll in range(5):  # the first reclaim finishes ('no-managed-pods') between the polls
+            fake.queue = {
+                f"m{poll}-{i}": json.dumps(build_event(NoticeKind.INTERRUPTION, INSTANCE, event_id=f"evt-{poll}-{i}", time=now))
+                for i in range(10)
+            }
+            for _ in range(200):
+                if not fake.queue:
+                    break
+                await asyncio.sleep(0.05)
+            assert not fake.queue
+            await env.sleep(2)
+        await watcher.signal(SpotInterruptionWatcher.stop)
+        status: WatcherStatus = await watcher.result()
+    assert fake.count("find") == 1, "one SpotReclaim run looked the node up"
+    assert status.started == 1 and status.duplicates == 49
 
 
 async def test_interruption_for_a_node_without_managed_pods(time_skipping_env):
@@ -359,8 +394,15 @@ async def test_return_to_spot_waits_longer_after_a_flap(time_skipping_env):
         fake.own_ready = 3  # ... and preempted again before the 300 s stabilisation
         await env.sleep(30)
         assert fake.count("release") == 0
+        status = await handle.query(ReturnToSpot.status)
+        assert (status.phase, status.flaps, status.stabilisation_seconds) == ("waiting for spot", 1, 600)
+        assert (status.spot_ready, status.spot_desired, status.on_demand_desired) == (3, 4, 2)
         fake.own_ready = 4
+        await env.sleep(100)
+        status = await handle.query(ReturnToSpot.status)
+        assert status.phase == "stabilising" and status.healthy_since is not None
         result = await handle.result()
+        assert (await handle.query(ReturnToSpot.status)).phase == "released"
     assert result.flaps == 1 and result.stabilisation_seconds == 600 and result.released_replicas == 2
 
 

@@ -38,7 +38,11 @@ class FailoverPolicy(BaseModel):
     capacity_type: str = Field("on-demand", description="karpenter.sh/capacity-type of replacement nodes")
     drain_margin_seconds: float = Field(30, ge=0, description="drain this long before the deadline even if replacements are not Ready")
     poll_seconds: float = Field(5, gt=0)
-    rebalance_hold_seconds: float = Field(3600, gt=0, description="keep a rebalance pre-warm this long waiting for an interruption")
+    rebalance_hold_seconds: float | None = Field(
+        None, gt=0,
+        description="keep a rebalance pre-warm this long waiting for an interruption"
+        " (None: the stabilisation delay, workflows.spot.policy.rebalance_hold)",
+    )
     restore_timeout_seconds: float = Field(1800, gt=0, description="after the drain, measure the gap at most this long")
     stabilisation_seconds: float = Field(300, ge=0, description="spot healthy this long before moving back")
     max_stabilisation_seconds: float = Field(3600, ge=0)

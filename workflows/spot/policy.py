@@ -22,6 +22,9 @@ spot returns.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from workflows.spot.events import NOTICE_SECONDS, NoticeKind, SpotNotice
 
 MIN_PREEMPTION_RATE = 0.02  # no zone is counted as more reliable than this
 
@@ -123,6 +126,33 @@ def stabilisation_delay(base_seconds: float, recent_flaps: int, max_seconds: flo
 def return_to_spot(healthy_since: float | None, now: float, delay_seconds: float) -> bool:
     """Move replicas back to spot only after spot capacity has been healthy for the whole delay."""
     return healthy_since is not None and now - healthy_since >= delay_seconds
+
+
+def rebalance_hold(hold_seconds: float | None, stabilisation_seconds: float) -> float:
+    """How long a rebalance pre-warm waits for an interruption before it is given back.
+
+    A recommendation that has not become an interruption within the stabilisation delay is
+    treated like spot that has been healthy that long (``return_to_spot``): the same rule, so
+    the default follows ``stabilisation_seconds`` (300 s; 30 s with the sandbox's time-scaled
+    policy) instead of holding on-demand replacements for an hour. ``hold_seconds`` overrides.
+    """
+    return hold_seconds if hold_seconds is not None else stabilisation_seconds
+
+
+def notice_key(notice: SpotNotice) -> str:
+    """What makes two notices the same for the watcher: the instance and the kind (and state)."""
+    return f"{notice.instance_id}/{notice.kind.value}" + (f"/{notice.state}" if notice.state else "")
+
+
+def notice_expiry(notice: SpotNotice, rebalance_hold_seconds: float) -> datetime:
+    """Until when a notice lives: repeats before then are the same notice, not a new reclaim.
+
+    An interruption or going-away state lives until the instance is gone (at least the two-minute
+    notice); a rebalance recommendation for as long as its pre-warm is held.
+    """
+    if notice.kind == NoticeKind.REBALANCE:
+        return notice.time + timedelta(seconds=rebalance_hold_seconds)
+    return max(notice.deadline(), notice.time + timedelta(seconds=NOTICE_SECONDS))
 
 
 def _cost_per_available(price: float, rate: float) -> float:

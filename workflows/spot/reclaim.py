@@ -45,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows import telemetry
     from workflows.naming import DeploymentRef
     from workflows.spot.events import NoticeKind, SpotNotice
+    from workflows.spot.policy import rebalance_hold
     from workflows.steps import wait_until
 
 
@@ -165,7 +166,7 @@ class SpotReclaim:
         await self._sync_pool(policy)
 
         # Wait for the replacements, the deadline, or (rebalance only) the end of the hold.
-        hold_until = workflow.now() + timedelta(seconds=policy.rebalance_hold_seconds)
+        hold_until = workflow.now() + timedelta(seconds=rebalance_hold(policy.rebalance_hold_seconds, policy.stabilisation_seconds))
         while True:
             counts = await self._sample(keys)
             replaced = all(c.fallback_ready >= a.replicas_on_node for c, a in zip(counts, st.affected))

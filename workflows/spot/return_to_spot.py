@@ -8,7 +8,9 @@ reclaim that claimed replacements for it; continues as new to keep its history b
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from datetime import datetime
+
+from pydantic import BaseModel, Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
@@ -24,6 +26,20 @@ with workflow.unsafe.imports_passed_through():
     from workflows.spot.policy import return_to_spot, stabilisation_delay
 
 
+class ReturnToSpotStatus(BaseModel):
+    """What ``status`` answers: where the Deployment stands and how long spot must stay healthy."""
+
+    phase: str = Field("starting", description="waiting for spot | stabilising | released | nothing to release")
+    spot_ready: int = 0
+    spot_desired: int = 0
+    on_demand_ready: int = 0
+    on_demand_desired: int = 0
+    healthy_since: datetime | None = None
+    stabilisation_seconds: float = 0.0
+    flaps: int = 0
+    released_replicas: int = 0
+
+
 class ReturnToSpotResult(BaseModel):
     released_replicas: int
     flaps: int
@@ -33,6 +49,13 @@ class ReturnToSpotResult(BaseModel):
 @workflow.defn(name="ReturnToSpot")
 class ReturnToSpot:
     """Remove a Deployment's on-demand replacements once its spot replicas are back and stable."""
+
+    def __init__(self) -> None:
+        self._status = ReturnToSpotStatus()
+
+    @workflow.query(name="status")
+    def status(self) -> ReturnToSpotStatus:
+        return self._status
 
     @workflow.run
     async def run(self, input: ReturnToSpotInput) -> ReturnToSpotResult:
@@ -46,7 +69,13 @@ class ReturnToSpot:
             c = counts.counts[0]
             now = workflow.now()
             delay = stabilisation_delay(policy.stabilisation_seconds, flaps, policy.max_stabilisation_seconds)
+            self._status = ReturnToSpotStatus(
+                phase="stabilising" if c.ready >= c.desired else "waiting for spot",
+                spot_ready=c.ready, spot_desired=c.desired, on_demand_ready=c.fallback_ready,
+                on_demand_desired=c.fallback_desired, healthy_since=healthy_since, stabilisation_seconds=delay, flaps=flaps,
+            )
             if c.fallback_desired == 0:
+                self._status.phase = "nothing to release"
                 return ReturnToSpotResult(released_replicas=0, flaps=flaps, stabilisation_seconds=delay)
             healthy = c.ready >= c.desired
             if healthy and healthy_since is None:
@@ -54,6 +83,7 @@ class ReturnToSpot:
             elif not healthy and healthy_since is not None:
                 flaps += 1
                 healthy_since = None
+            self._status.healthy_since, self._status.flaps = healthy_since, flaps
             since = healthy_since.timestamp() if healthy_since else None
             if return_to_spot(since, now.timestamp(), delay):
                 released = await workflow.execute_activity_method(
@@ -66,6 +96,7 @@ class ReturnToSpot:
                         SpotActivities.sync_on_demand_pool, PoolInput(asg=policy.on_demand_pool_asg),
                         start_to_close_timeout=CALL_TIMEOUT, retry_policy=QUICK_RETRY,
                     )
+                self._status.phase, self._status.released_replicas = "released", released.replicas
                 workflow.set_current_details(f"back on spot: released {released.replicas} on-demand replicas")
                 return ReturnToSpotResult(released_replicas=released.replicas, flaps=flaps, stabilisation_seconds=delay)
             state = f"healthy for {(now - healthy_since).total_seconds():.0f}/{delay:.0f} s" if healthy_since else "waiting for spot capacity"
