@@ -108,8 +108,11 @@ class RolloutActivities(contract.RolloutActivities):
         gateway: str,
         service_url_template: str,
         weights_buckets: Collection[str] | None = None,
+        image_prefixes: Collection[str] | None = None,
     ) -> None:
-        """``weights_buckets``: the buckets weights may be staged from (None: any)."""
+        """``weights_buckets``: the buckets weights may be staged from (None: any); ``image_prefixes``:
+        the registries/repositories serving images may come from (None: any)."""
+        self.image_prefixes = image_prefixes
         self.weights_buckets = weights_buckets
         self.kube = kube
         self.s3 = s3
@@ -240,6 +243,13 @@ class RolloutActivities(contract.RolloutActivities):
         if not Path(req.weights_path).is_relative_to(cache):
             raise ApplicationError(
                 f"weights_path {req.weights_path!r} is outside the model cache {str(cache)!r} that pods mount",
+                non_retryable=True,
+            )
+        if self.image_prefixes is not None and not image_allowed(req.image, self.image_prefixes):
+            raise ApplicationError(
+                f"image {req.image!r} is not from an allowed registry (TIDEPLANE_IMAGE_PREFIXES:"
+                f" {', '.join(self.image_prefixes) or 'none'})",
+                type="ImageNotAllowed",
                 non_retryable=True,
             )
         self.kube.require_namespace(req.deployment.namespace)
@@ -451,6 +461,49 @@ def _tracing_env(req: EnsureVersionInput, object_name: str, pods: ServingPods) -
     return env
 
 
+def image_allowed(image: str, prefixes: Collection[str]) -> bool:
+    """Whether ``image`` names a repository under one of ``prefixes``, both as the container runtime
+    resolves them (``vllm/vllm-openai:v0.6.3`` is ``docker.io/vllm/vllm-openai:v0.6.3``), a prefix
+    ending at a path, tag or digest boundary (``docker.io/vllm`` does not admit ``docker.io/vllmx``)."""
+    name = canonical_image(image)
+    for prefix in prefixes:
+        wanted = canonical_image(prefix.rstrip("/")) if prefix.rstrip("/") else ""
+        if wanted and (name == wanted or name.startswith(wanted) and name[len(wanted)] in "/:@"):
+            return True
+    return False
+
+
+def canonical_image(image: str) -> str:
+    """An image reference with its registry: Docker Hub names gain ``docker.io/`` (and ``library/``)."""
+    first, slash, rest = image.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return image
+    return f"docker.io/{image}" if slash else f"docker.io/library/{image}"
+
+
+# Serving containers run unprivileged: no root, no privilege escalation, no capabilities, the
+# runtime's default seccomp profile (the Kubernetes "restricted" Pod Security Standard).
+SERVING_USER = 1000
+CONTAINER_SECURITY = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": SERVING_USER,
+    "runAsGroup": SERVING_USER,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _env_var(name: str, value: str | contract.EnvFromSecret) -> dict:
+    if isinstance(value, str):
+        return {"name": name, "value": value}
+    return {"name": name, "valueFrom": value.valueFrom.model_dump()}
+
+
 def _cache_volume(pods: ServingPods) -> dict:
     if pods.model_cache_pvc:
         return {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": pods.model_cache_pvc, "readOnly": True}}
@@ -476,11 +529,16 @@ def deployment_manifest(req: EnsureVersionInput, pods: ServingPods) -> dict:
         "image": req.image,
         "args": args + req.args,
         "ports": [{"name": "http", "containerPort": req.port, "protocol": "TCP"}],
-        "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+        "env": [_env_var(k, v) for k, v in sorted(env.items())],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3},
         "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": str(pods.model_cache_dir), "readOnly": True}],
+        "securityContext": CONTAINER_SECURITY,
     }
-    pod_spec: dict[str, Any] = {"containers": [container], "volumes": [_cache_volume(pods)]}
+    pod_spec: dict[str, Any] = {
+        "securityContext": POD_SECURITY,
+        "containers": [container],
+        "volumes": [_cache_volume(pods)],
+    }
     if req.gpus_per_replica:
         container["resources"] = {
             "limits": {naming.GPU_RESOURCE: str(req.gpus_per_replica)},

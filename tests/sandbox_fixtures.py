@@ -16,6 +16,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from activities.clients.kube import serving_namespace
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.kubeclient import api_client
 from infra.sandbox.launcher import Ports, Sandbox, SandboxError
@@ -138,7 +139,7 @@ def create_logical_deployment(
     core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
     labels = {LABEL_APP: name, LABEL_VERSION: version, LABEL_MODEL: model}
     versioned = versioned_name(name, version)
-    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespace(serving_namespace(namespace))
     apps.create_namespaced_deployment(namespace, {
         "metadata": {"name": versioned, "labels": labels},
         "spec": {

@@ -64,6 +64,11 @@ class Settings(BaseSettings):
         default_factory=list, validate_default=True, validation_alias=_env("WEIGHTS_BUCKETS")
     )
     spot_queue_url: str | None = Field(None, validation_alias=_env("SPOT_QUEUE_URL"))
+    # Where serving images may come from (comma-separated registry or repository prefixes, Docker Hub
+    # names as docker.io/...): a rollout of another image is refused. Default: the vLLM image.
+    image_prefixes: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["docker.io/vllm/vllm-openai"], validation_alias=_env("IMAGE_PREFIXES")
+    )
 
     # Prometheus
     prometheus_url: str = Field("http://127.0.0.1:9090", validation_alias=_env("PROMETHEUS_URL", "PROMETHEUS_URL"))
@@ -136,7 +141,7 @@ class Settings(BaseSettings):
                     raise ValueError(f"an AES-256 key is 32 bytes, this one decodes to {len(key)} (value not shown)")
         return value
 
-    @field_validator("weights_buckets", mode="before")
+    @field_validator("weights_buckets", "image_prefixes", mode="before")
     @classmethod
     def _bucket_list(cls, value: str | list[str]) -> list[str]:
         return [b.strip() for b in value.split(",") if b.strip()] if isinstance(value, str) else value

@@ -20,6 +20,7 @@ from kubernetes import client
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
+from activities.clients.kube import serving_namespace
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.kubeclient import api_client, raw
@@ -150,7 +151,7 @@ def _fresh_namespace(core: client.CoreV1Api, namespace: str) -> None:
     except client.ApiException as exc:
         if exc.status != 404:
             raise
-    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespace(serving_namespace(namespace))
 
 
 def story(sandbox: Sandbox) -> None:

@@ -82,7 +82,8 @@ def build_activities(config: Settings) -> list[Callable]:
     prometheus = PrometheusClient(config.prometheus_url)
     pods = ServingPods(config.model_cache_dir, config.model_cache_pvc, config.otlp_traces_endpoint, config.trace_sample_ratio)
     rollout = RolloutActivities(
-        kube, s3, prometheus, VllmClient(), pods, config.gateway, config.service_url_template, config.weights_buckets
+        kube, s3, prometheus, VllmClient(), pods, config.gateway, config.service_url_template, config.weights_buckets,
+        image_prefixes=config.image_prefixes,
     )
     registry = RegistryActivities(s3, kube, config.weights_bucket, config.weights_buckets)
     cost = CostActivities(prometheus)

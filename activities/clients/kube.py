@@ -22,6 +22,11 @@ API_TIMEOUT = (5, 30)
 # An API server answering 429/5xx for a moment (overload, leader change) is retried here, briefly,
 # so that one blip does not spend an attempt of the activity; 409s stay with the callers (re-read).
 # Writes are safe to repeat: creates treat 409 AlreadyExists as "update", scale/patch are idempotent.
+# The label by which the operator enables a namespace for serving: the worker creates and changes
+# objects only in namespaces that carry it (and are granted by a RoleBinding, infra/k8s/serving-namespace),
+# and the worker's NetworkPolicy sends warm-up traffic only to them.
+SERVING_NAMESPACE_LABEL = "tideplane.io/serving"
+
 TRANSIENT_RETRIES = Retry(
     total=3, backoff_factor=0.2, status_forcelist=(429, 500, 502, 503, 504), allowed_methods=None, raise_on_status=False
 )
@@ -48,13 +53,26 @@ class KubeClient:
         return cls(client.ApiClient(cfg))
 
     def require_namespace(self, namespace: str) -> None:
-        """Fail non-retryably on an unknown namespace (lists in one just come back empty)."""
+        """Fail non-retryably on an unknown namespace (lists in one just come back empty) or one the
+        operator has not enabled: rollouts and scaling loops act only where the label says so."""
         try:
-            self.core.read_namespace(namespace, _request_timeout=API_TIMEOUT)
+            found = self.core.read_namespace(namespace, _request_timeout=API_TIMEOUT)
         except ApiException as exc:
             if exc.status == 404:
                 raise ApplicationError(f"namespace {namespace!r} not found", non_retryable=True) from None
             raise
+        if (found.metadata.labels or {}).get(SERVING_NAMESPACE_LABEL) != "true":
+            raise ApplicationError(
+                f"namespace {namespace!r} is not enabled for tideplane: label it {SERVING_NAMESPACE_LABEL}=true and bind"
+                " the worker's Role there (kubectl apply -k of a copy of infra/k8s/overlays/example/namespaces/llm-serving)",
+                type="NamespaceNotEnabled",
+                non_retryable=True,
+            )
+
+
+def serving_namespace(name: str) -> dict:
+    """The manifest of a namespace enabled for serving (what infra/k8s/serving-namespace applies, minus the Role)."""
+    return {"metadata": {"name": name, "labels": {SERVING_NAMESPACE_LABEL: "true"}}}
 
 
 def fail(exc: ApiException, what: str) -> NoReturn:

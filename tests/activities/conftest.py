@@ -26,6 +26,7 @@ def build_rollout(
     gateway: str = "inference-gateway",
     service_url_template: str = "http://{service}.{namespace}:8000",
     weights_buckets: list[str] | None = None,
+    image_prefixes: list[str] | None = None,
 ) -> RolloutActivities:
     return RolloutActivities(
         KubeClient.connect(kubeconfig) if kubeconfig else KubeClient(client.ApiClient()),
@@ -36,6 +37,7 @@ def build_rollout(
         gateway=gateway,
         service_url_template=service_url_template,
         weights_buckets=weights_buckets,
+        image_prefixes=image_prefixes,
     )
 
 

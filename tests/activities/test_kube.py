@@ -19,6 +19,7 @@ from kubernetes import client
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import ActivityEnvironment
 
+from activities.clients.kube import serving_namespace
 from activities.rollout import ROUTE_API, RolloutActivities
 from infra.sandbox.config import NodePool
 from infra.sandbox.kubeclient import api_client as sandbox_client
@@ -60,7 +61,7 @@ def cluster(tmp_path_factory):
     try:
         procs.append(_start(["infra.sandbox.fleet", "--kube-url", url, "--port", str(fleet_port), "--time-scale", str(TIME_SCALE), "--tick", "0.2"], fleet_port))
         core = client.CoreV1Api(sandbox_client(url))
-        core.create_namespace({"metadata": {"name": NS}})
+        core.create_namespace(serving_namespace(NS))
         pool = NodePool(name="gpu", count=1, capacity_type="on-demand", gpus=4, taints=[GPU_TAINT])
         node = Instance("i-0123456789abcdef0", "gpu", "us-east-1a", "p5.48xlarge", "ip-10-0-0-1.ec2.internal", "10.0.0.1", "running")
         core.create_node(node_manifest(node, pool))
@@ -215,6 +216,34 @@ def test_route_keeps_its_matches_and_rejects_bad_weights(rollout):
         _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 50, "4.0.0": 50}))
     assert err.value.non_retryable and "rag-v4-0-0" in str(err.value)
     assert _backends(rollout, "rag") == {"rag-v1-0-0": 100}
+
+
+def test_a_namespace_the_operator_did_not_enable_is_refused(rollout):
+    """kube-system exists but lacks the tideplane.io/serving label: nothing is read or written there."""
+    system = DeploymentRef(namespace="kube-system", name="evil")
+    calls = [
+        (rollout.describe_deployment, system),
+        (rollout.ensure_version, _version("evil", "1.0.0").model_copy(update={"deployment": system})),
+        (rollout.scale_version, ScaleVersionInput(deployment=system, version="1.0.0", replicas=1)),
+        (rollout.wait_ready, WaitReadyInput(deployment=system, version="1.0.0", replicas=1)),
+        (rollout.set_route_weights, RouteWeightsInput(deployment=system, weights={"1.0.0": 100})),
+    ]
+    for fn, arg in calls:
+        with pytest.raises(ApplicationError) as err:
+            _run(fn, arg)
+        assert err.value.non_retryable and err.value.type == "NamespaceNotEnabled", fn.__name__
+        assert "namespace 'kube-system' is not enabled" in str(err.value) and "tideplane.io/serving=true" in str(err.value)
+    assert rollout.kube.apps.list_namespaced_deployment("kube-system").items == []
+
+
+def test_an_image_from_another_registry_is_refused_before_anything_is_created(cluster, make_rollout):
+    strict = make_rollout(kubeconfig=cluster["kubeconfig"], model_cache_dir=Path(CACHE), image_prefixes=["registry.example.com/ml/"])
+    with pytest.raises(ApplicationError) as err:
+        _run(strict.ensure_version, _version("elsewhere", "1.0.0"))
+    assert err.value.non_retryable and err.value.type == "ImageNotAllowed"
+    assert "'vllm/vllm-openai:v0.8.5' is not from an allowed registry" in str(err.value)
+    assert "registry.example.com/ml/" in str(err.value)
+    assert strict.kube.apps.list_namespaced_deployment(NS, label_selector=f"{naming.LABEL_APP}=elsewhere").items == []
 
 
 def test_unknown_namespace_and_missing_version_are_non_retryable(rollout):

@@ -25,7 +25,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
-from activities.clients.kube import KubeClient
+from activities.clients.kube import KubeClient, serving_namespace
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
 from activities.clients.vllm import VllmClient
@@ -56,7 +56,7 @@ POLICY = ScalingPolicy(
 def deploy(api: client.ApiClient, replicas: int, namespace: str = NAMESPACE) -> None:
     core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
     labels = {LABEL_APP: "chat", LABEL_VERSION: "1.0.0", LABEL_MODEL: "llama-3-8b"}
-    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespace(serving_namespace(namespace))
     apps.create_namespaced_deployment(namespace, {
         "metadata": {"name": "chat-v1-0-0", "labels": labels},
         "spec": {

@@ -18,12 +18,15 @@ import kubernetes.client
 import pytest
 import yaml
 
+from activities.clients.kube import SERVING_NAMESPACE_LABEL
 from workers.config import Settings
 from workers.worker import SHUTDOWN_GRACE
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "infra" / "k8s"
 KUSTOMIZATIONS = [K8S / "base", K8S / "overlays" / "example"]
+# The namespace each worker kustomization serves in: what `kubectl apply -k` enables there.
+SERVING = {"base": K8S / "serving-namespace", "example": K8S / "overlays" / "example" / "namespaces" / "llm-serving"}
 
 # kubernetes client method -> (apiGroup, resource, verb). Custom objects are resolved separately.
 METHOD_RBAC = {
@@ -132,6 +135,13 @@ def objects(request) -> list[dict]:
     return render(request.param)
 
 
+@pytest.fixture(scope="module")
+def serving_objects(objects) -> list[dict]:
+    """The enabled serving namespace of the same kustomization (``objects``' parameter)."""
+    worker_namespace = one(objects, "ServiceAccount")["metadata"]["namespace"]
+    return render(SERVING["base" if worker_namespace == "tideplane" else "example"])
+
+
 def one(objects: list[dict], kind: str) -> dict:
     found = [o for o in objects if o["kind"] == kind]
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
@@ -180,27 +190,50 @@ def test_settings_configmap_holds_only_known_settings(objects):
     Settings(**{k: v for k, v in config.items()})  # the values validate
 
 
-def test_rbac_grants_exactly_what_the_code_calls(objects):
-    needs = code_needs()
-    assert ("apps", "deployments/scale", "patch") in needs and ("", "pods/eviction", "create") in needs  # scanner sees calls
-    account = one(objects, "ServiceAccount")
-    binding = one(objects, "ClusterRoleBinding")
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": account["metadata"]["namespace"]}
-    ]
-    assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
-    role = one(objects, "ClusterRole")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+def _grants(role: dict) -> set[tuple[str, str, str]]:
     granted = set()
     for rule in role["rules"]:
         assert set(rule) == {"apiGroups", "resources", "verbs"}, f"no resourceNames/nonResourceURLs expected: {rule}"
         for value in (*rule["apiGroups"], *rule["resources"], *rule["verbs"]):
             assert value != "*", f"wildcard in {rule}"
         granted |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    return granted
+
+
+def test_rbac_grants_exactly_what_the_code_calls(objects, serving_objects):
+    needs = code_needs()
+    assert ("apps", "deployments/scale", "patch") in needs and ("", "pods/eviction", "create") in needs  # scanner sees calls
+    account = one(objects, "ServiceAccount")
+    subject = {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": account["metadata"]["namespace"]}
+    binding = one(objects, "ClusterRoleBinding")
+    assert binding["subjects"] == [subject]
+    assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    cluster_role = one(objects, "ClusterRole")
+    assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+    assert not any(o["kind"] in ("Role", "RoleBinding") for o in objects)
+    role, role_binding = one(serving_objects, "Role"), one(serving_objects, "RoleBinding")
+    assert role_binding["subjects"] == [subject]
+    assert role_binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+    cluster_wide, namespaced = _grants(cluster_role), _grants(role)
+    granted = cluster_wide | namespaced
     missing = {need: where for need, where in needs.items() if need not in granted}
     assert not missing, f"called but not granted: {missing}"
     assert not granted - set(needs), f"granted but never called (least privilege): {sorted(granted - set(needs))}"
-    assert not any(o["kind"] in ("Role", "RoleBinding") for o in objects)
+    assert not cluster_wide & namespaced, "granted twice"
+    # Writes happen only where a namespace is enabled; cluster-wide: reads, and cordoning nodes.
+    cluster_writes = {(g, r, v) for g, r, v in cluster_wide if v not in ("get", "list") and r != "nodes"}
+    assert not cluster_writes, f"cluster-wide writes: {sorted(cluster_writes)}"
+
+
+def test_serving_namespace_is_labelled_where_its_role_is(serving_objects, objects):
+    """`kubectl apply -k` of a serving namespace labels it (the worker's check, the NetworkPolicy's
+    selector) and binds the Role in that same namespace."""
+    namespace = one(serving_objects, "Namespace")["metadata"]
+    assert namespace["labels"][SERVING_NAMESPACE_LABEL] == "true"
+    for kind in ("Role", "RoleBinding"):
+        assert one(serving_objects, kind)["metadata"]["namespace"] == namespace["name"]
+    warm_up = [r for r in one(objects, "NetworkPolicy")["spec"]["egress"] if r["ports"][0]["port"] == 8000]
+    assert warm_up[0]["to"] == [{"namespaceSelector": {"matchLabels": {SERVING_NAMESPACE_LABEL: "true"}}}]
 
 
 def test_network_policy_opens_only_metrics_and_named_egress(objects):

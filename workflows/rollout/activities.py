@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 
 from workflows.naming import DeploymentRef
@@ -65,6 +65,44 @@ class DeploymentState(BaseModel):
         return max(serving, key=lambda v: v.route_weight) if serving else None
 
 
+class SecretKeyRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, description="a Secret in the deployment's namespace")
+    key: str = Field(min_length=1)
+
+
+class EnvSource(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    secretKeyRef: SecretKeyRef  # noqa: N815 - the Kubernetes field name
+
+
+class EnvFromSecret(BaseModel):
+    """``{"valueFrom": {"secretKeyRef": {"name": ..., "key": ...}}}``: the kubelet reads the value when
+    the pod starts, so only the reference is written to the Deployment and the workflow history."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    valueFrom: EnvSource  # noqa: N815 - the Kubernetes field name
+
+
+# Parts of a variable name (split at "_" and "-") that make it a credential: its value must come
+# from a Secret. Whole parts, so TOKENIZERS_PARALLELISM or KEYWORDS stay plain.
+CREDENTIAL_WORDS = frozenset(
+    {"TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE", "KEY", "KEYS", "APIKEY",
+     "CREDENTIAL", "CREDENTIALS"}
+)
+
+
+def plain_credentials(env: dict[str, str | EnvFromSecret]) -> list[str]:
+    """Names in ``env`` that look like credentials but carry their value in clear."""
+    return sorted(
+        name for name, value in env.items()
+        if isinstance(value, str) and CREDENTIAL_WORDS & set(name.upper().replace("-", "_").split("_"))
+    )
+
+
 class EnsureVersionInput(BaseModel):
     deployment: DeploymentRef
     model: str
@@ -75,7 +113,7 @@ class EnsureVersionInput(BaseModel):
     weights_path: str
     port: int = 8000
     args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str | EnvFromSecret] = Field(default_factory=dict)
     priority_class: Literal["realtime", "batch"] = Field(
         "realtime",
         description="realtime: on-demand nodes; batch: spot nodes (labels the pods, selects their nodes)",

@@ -30,7 +30,7 @@ from workflows.rollout.gates import (
     required_passes,
 )
 from workflows.naming import DeploymentName, DeploymentRef
-from workflows.rollout.activities import Benchmark, StagedWeights
+from workflows.rollout.activities import Benchmark, EnvFromSecret, StagedWeights, plain_credentials
 
 MAX_OBSERVATIONS = 3000  # ~11 history events each: well under Temporal's 51,200-event limit
 # The input travels in the history, the status query and activity inputs (args/env): keep it far below
@@ -143,7 +143,10 @@ class RolloutInput(_Strict):
         "realtime", description="realtime: on-demand nodes; batch: spot"
     )
     args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str | EnvFromSecret] = Field(
+        default_factory=dict,
+        description='NAME: value, or NAME: {"valueFrom": {"secretKeyRef": {"name": SECRET, "key": KEY}}} (credentials must)',
+    )
     steps: list[CanaryStep] = Field(default_factory=lambda: list(DEFAULT_STEPS), min_length=1)
     gate_interval_seconds: float = Field(60, gt=0)
     query_window_seconds: float | None = Field(
@@ -161,6 +164,17 @@ class RolloutInput(_Strict):
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("env")
+    @classmethod
+    def _credentials_from_secrets(cls, env: dict[str, str | EnvFromSecret]) -> dict[str, str | EnvFromSecret]:
+        """A credential in clear would be written to the Deployment and to the workflow history."""
+        if names := plain_credentials(env):
+            raise ValueError(
+                f"{', '.join(names)} looks like a credential: pass it as"
+                ' {"valueFrom": {"secretKeyRef": {"name": SECRET, "key": KEY}}}, not as a plain value'
+            )
+        return env
 
     @field_validator("steps")
     @classmethod

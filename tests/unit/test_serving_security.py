@@ -1,0 +1,90 @@
+"""What a rollout may put in the cluster (issue 20): serving pods run unprivileged with the model
+cache read-only, credentials travel as Secret references only, and images come from allowed
+registries. Pure manifests and input validation, no cluster (tests/activities/test_kube.py
+checks the refusals through the emulator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from activities.rollout import ServingPods, deployment_manifest, image_allowed
+from workflows.naming import DeploymentRef
+from workflows.rollout.activities import EnsureVersionInput
+from workflows.rollout.types import RolloutInput
+
+CACHE = Path("/var/cache/tideplane/models")
+HF_TOKEN = {"valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+
+
+def version(**extra) -> EnsureVersionInput:
+    return EnsureVersionInput(
+        deployment=DeploymentRef(namespace="llm-serving", name="chat"),
+        model="llama-3-8b",
+        version="1.0.0",
+        image="vllm/vllm-openai:v0.8.5",
+        gpus_per_replica=1,
+        replicas=1,
+        weights_path=f"{CACHE}/llama-3-8b/1.0.0",
+        **extra,
+    )
+
+
+@pytest.mark.parametrize("pods", [ServingPods(CACHE), ServingPods(CACHE, model_cache_pvc="tideplane-model-cache")], ids=["hostPath", "pvc"])
+def test_serving_pods_are_restricted_and_mount_the_cache_read_only(pods):
+    pod = deployment_manifest(version(), pods)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False and security["runAsNonRoot"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["volumeMounts"] and all(m["readOnly"] is True for m in container["volumeMounts"])
+    assert "privileged" not in security and "hostNetwork" not in pod and "hostPID" not in pod
+
+
+def test_secret_env_is_a_reference_in_the_deployment():
+    container = deployment_manifest(version(env={"HF_TOKEN": HF_TOKEN, "VLLM_LOGGING_LEVEL": "INFO"}), ServingPods(CACHE))[
+        "spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", **HF_TOKEN}
+    assert env["VLLM_LOGGING_LEVEL"] == {"name": "VLLM_LOGGING_LEVEL", "value": "INFO"}
+
+
+def rollout(env: dict) -> RolloutInput:
+    return RolloutInput(deployment="llm-serving/chat", model="llama-3-8b", version="1.0.0", image="vllm/vllm-openai:v0.8.5", env=env)
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "GCP_CREDENTIALS", "hf-token"])
+def test_a_credential_in_clear_is_refused_naming_it(name):
+    with pytest.raises(ValidationError) as err:
+        rollout({name: "hf_abcdef", "VLLM_LOGGING_LEVEL": "INFO"})
+    assert err.value.errors()[0]["loc"] == ("env",)
+    message = err.value.errors()[0]["msg"]
+    assert f"{name} looks like a credential" in message and "secretKeyRef" in message
+
+
+def test_plain_values_and_secret_references_are_accepted():
+    accepted = rollout({"TOKENIZERS_PARALLELISM": "false", "KEYWORDS": "a", "HF_TOKEN": HF_TOKEN}).env
+    assert accepted["TOKENIZERS_PARALLELISM"] == "false" and accepted["HF_TOKEN"].valueFrom.secretKeyRef.name == "hf"
+    with pytest.raises(ValidationError):  # a reference names its Secret and key, nothing else
+        rollout({"HF_TOKEN": {"valueFrom": {"secretKeyRef": {"name": "hf"}}}})
+
+
+@pytest.mark.parametrize(
+    ("image", "allowed"),
+    [
+        ("vllm/vllm-openai:v0.6.3", True),  # the README's image: Docker Hub
+        ("docker.io/vllm/vllm-openai@sha256:" + "a" * 64, True),
+        ("registry.example.com/ml/vllm:1", True),
+        ("vllm/vllm-openai-evil:1", False),  # a prefix ends at a path, tag or digest boundary
+        ("evil.example.com/vllm/vllm-openai:v0.6.3", False),
+        ("registry.example.com/mlx/vllm:1", False),
+        ("busybox", False),
+    ],
+)
+def test_images_only_from_allowed_prefixes(image, allowed):
+    assert image_allowed(image, ["docker.io/vllm/vllm-openai", "registry.example.com/ml/"]) is allowed
