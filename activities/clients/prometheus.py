@@ -33,9 +33,15 @@ _STATUS = re.compile(r"HTTP Status Code (\d+) \((.*)\)$", re.S)
 
 
 def render(name: str, template: str, variables: dict[str, str]) -> str:
-    """Substitute ``${var}``; a missing variable or a malformed placeholder names the query."""
+    """Substitute ``${var}``; a missing variable or a malformed placeholder names the query.
+
+    Values are escaped as PromQL string contents (``\\`` and ``"``), so a value inside a label
+    matcher can never end the string and add to the query; windows, which go inside ``[...]``,
+    arrive rendered from numbers (workflows.bounds.render_window).
+    """
+    escaped = {key: str(value).replace("\\", "\\\\").replace('"', '\\"') for key, value in variables.items()}
     try:
-        return string.Template(template).substitute(variables)
+        return string.Template(template).substitute(escaped)
     except KeyError as exc:
         raise ApplicationError(
             f"gate {name!r}: template variable {exc.args[0]!r} is not set (have {sorted(variables)})", non_retryable=True

@@ -725,6 +725,17 @@ async def test_second_start_is_refused(client):
         ({"deployment": "no-namespace"}, "deployment"),
         ({"steps": [{"weight": 50, "window_seconds": 60}, {"weight": 5, "window_seconds": 60}]}, "steps"),
         ({"sha256": "not-a-digest"}, "sha256"),
+        # issue 20: a huge finite number once froze the run (OverflowError on every task, abort ignored)
+        ({"gate_interval_seconds": 1e308}, "gate_interval_seconds"),
+        ({"deadlines": {"step_ready_seconds": 1e308}}, "deadlines.step_ready_seconds"),
+        ({"deadlines": {"pause_seconds": 1e308}}, "deadlines.pause_seconds"),
+        ({"warm_up": {"deadline_seconds": 1e308}}, "warm_up.deadline_seconds"),
+        ({"scale_down_delay_seconds": 1e308}, "scale_down_delay_seconds"),
+        ({"steps": [{"weight": 5, "window_seconds": 1e308}]}, "steps.0.window_seconds"),
+        ({"replicas": 2_147_483_648}, "replicas"),
+        ({"gpus_per_replica": 1_000}, "gpus_per_replica"),
+        ({"query_window_seconds": 0.4}, "query_window_seconds"),  # rendered [0s] before
+        ({"version": "1.3.0+build.5"}, "version"),
     ],
 )
 async def test_bad_input_fails_at_once_naming_the_field(client, bad, field):

@@ -7,6 +7,7 @@ controls, so each test asserts what the loop did, not what a mock was told.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -14,7 +15,7 @@ from datetime import datetime
 import pytest
 from temporalio import activity
 from temporalio.api.sdk.v1 import WorkflowMetadata
-from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
 from workers.schedules import floor_spec
@@ -238,3 +239,56 @@ def test_bad_input_is_refused_naming_the_field():
     with pytest.raises(ValueError, match="unknown signal queries"):
         ScalingInput(deployment="a/b", queries={"queue": "x"})
     assert ScalingInput(deployment="a/b", queries={"running": "sum(x)"}).queries == {"running": "sum(x)"}
+    # windows are parsed and rendered from a number: never the user's text inside [...]
+    assert [ScalingInput(deployment="a/b", window=w).window for w in ("90", 45, "1h30m", "2m30s")] == ["90s", "45s", "5400s", "150s"]
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"interval_seconds": 1e308}, "interval_seconds"),
+        ({"policy": {"cooldown_seconds": 1e308}}, "policy.cooldown_seconds"),
+        ({"policy": {"max_replicas": 2_147_483_648}}, "policy.max_replicas"),
+        ({"window": "abc"}, "window"),
+        ({"window": "1m]) or vector(1000) #"}, "window"),
+        ({"window": "0s"}, "window"),
+    ],
+)
+async def test_bad_loop_input_fails_at_once_naming_the_field(time_skipping_env, bad, field):
+    """Issue 20: these were accepted; 1e308 froze the loop, a window was pasted into every query."""
+    env = time_skipping_env
+    fake = FakeDeployment(replicas=2)
+    worker, queue, inp = await start_loop(env, fake)
+    async with worker:
+        handle = await env.client.start_workflow(
+            "ReactiveScaling", {**inp.model_dump(mode="json"), **bad}, id=f"scaling/bad/{uuid.uuid4().hex[:8]}", task_queue=queue
+        )
+        with pytest.raises(WorkflowFailureError) as info:
+            await asyncio.wait_for(handle.result(), 10)
+    assert field.split(".")[-1] in str(info.value.cause) and fake.scale_calls == []
+
+
+async def test_huge_floor_ttl_and_policy_are_refused_and_the_loop_goes_on(time_skipping_env):
+    """A set_floor with ttl 1e308 once raised OverflowError on every workflow task: now the
+    signal is dropped (logged), an update with 1e308 is refused naming the field, and the loop
+    still decides, answers status and pauses."""
+    env = time_skipping_env
+    fake = FakeDeployment(replicas=2)
+    worker, queue, inp = await start_loop(env, fake)
+    async with worker:
+        handle = await env.client.start_workflow(
+            ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue
+        )
+        await env.sleep(5)
+        await handle.signal("set_floor", {"replicas": 6, "source": "manual", "ttl_seconds": 1e308})
+        await handle.signal("set_floor", {"replicas": 2_147_483_648, "source": "schedule"})
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update("update_policy", {"stabilisation_seconds": 1e308}, result_type=ScalingPolicy)
+        assert "stabilisation_seconds" in str(refused.value.cause)
+        await env.sleep(65)
+        s = await asyncio.wait_for(status(handle), 10)
+        assert s.floors == {} and len(s.decisions) >= 2 and fake.replicas == 2
+        await handle.signal(ReactiveScaling.pause)
+        await env.sleep(5)
+        assert (await status(handle)).paused
+        await handle.terminate()

@@ -29,7 +29,15 @@ from workflows.rollout.gates import (
     StepAnalysis,
     required_passes,
 )
-from workflows.naming import DeploymentName, DeploymentRef
+from workflows.bounds import (
+    MAX_GPUS_PER_REPLICA,
+    MAX_REPLICAS,
+    MAX_WINDOW_SECONDS,
+    MIN_WINDOW_SECONDS,
+    Seconds,
+    SecondsOrZero,
+)
+from workflows.naming import DeploymentName, DeploymentRef, VersionLabel
 from workflows.rollout.activities import Benchmark, EnvFromSecret, StagedWeights, plain_credentials
 
 MAX_OBSERVATIONS = 3000  # ~11 history events each: well under Temporal's 51,200-event limit
@@ -96,7 +104,7 @@ class GateQueries(_Strict):
 
 class CanaryStep(_Strict):
     weight: int = Field(ge=1, le=100, description="percent of traffic routed to the new version")
-    window_seconds: float = Field(gt=0, description="observation window (ignored for 100: that step promotes)")
+    window_seconds: Seconds = Field(description="observation window (ignored for 100: that step promotes)")
 
 
 DEFAULT_STEPS = [
@@ -110,17 +118,17 @@ DEFAULT_STEPS = [
 class WarmUp(_Strict):
     """Warm-up of the new version before it sees users; its deadline also covers waiting for Ready."""
 
-    requests: int = Field(20, ge=1)
-    max_tokens: int = Field(64, ge=1)
+    requests: int = Field(20, ge=1, le=10_000)
+    max_tokens: int = Field(64, ge=1, le=1_000_000)
     prompt: str = "Summarise the plot of Hamlet in one paragraph."
-    deadline_seconds: float = Field(900, gt=0, description="large models take 5-10 minutes to load")
+    deadline_seconds: Seconds = Field(900, description="large models take 5-10 minutes to load")
 
 
 class Deadlines(_Strict):
-    stage_weights_seconds: float = Field(7200, gt=0, description="download and verification of the weights")
-    step_ready_seconds: float = Field(900, gt=0, description="canary scale-up per step, and scale-up at promotion")
-    pause_seconds: float | None = Field(
-        None, gt=0, description="a pause longer than this rolls back (never promotes); None waits for a human"
+    stage_weights_seconds: Seconds = Field(7200, description="download and verification of the weights")
+    step_ready_seconds: Seconds = Field(900, description="canary scale-up per step, and scale-up at promotion")
+    pause_seconds: Seconds | None = Field(
+        None, description="a pause longer than this rolls back (never promotes); None waits for a human"
     )
 
 
@@ -132,12 +140,14 @@ class RolloutInput(_Strict):
 
     deployment: DeploymentName = Field(description="NAMESPACE/NAME of the logical deployment (one HTTPRoute)")
     model: str = Field(min_length=1)
-    version: str = Field(min_length=1)
+    version: VersionLabel
     image: str = Field(min_length=1, description="serving image, e.g. vllm/vllm-openai:v0.6.3")
     weights_uri: str | None = Field(None, pattern=r"^s3://[^/]+/.+", description="s3://bucket/key")
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
-    gpus_per_replica: int = Field(1, ge=0)
-    replicas: int | None = Field(None, ge=1, description="size of the promoted version; default: the stable's size")
+    gpus_per_replica: int = Field(1, ge=0, le=MAX_GPUS_PER_REPLICA)
+    replicas: int | None = Field(
+        None, ge=1, le=MAX_REPLICAS, description="size of the promoted version; default: the stable's size"
+    )
     port: int = Field(8000, ge=1, le=65535)
     priority_class: Literal["realtime", "batch"] = Field(
         "realtime", description="realtime: on-demand nodes; batch: spot"
@@ -148,16 +158,19 @@ class RolloutInput(_Strict):
         description='NAME: value, or NAME: {"valueFrom": {"secretKeyRef": {"name": SECRET, "key": KEY}}} (credentials must)',
     )
     steps: list[CanaryStep] = Field(default_factory=lambda: list(DEFAULT_STEPS), min_length=1)
-    gate_interval_seconds: float = Field(60, gt=0)
+    gate_interval_seconds: Seconds = 60
     query_window_seconds: float | None = Field(
-        None, gt=0, description="${window} of the queries; default: the gate interval"
+        None,
+        ge=MIN_WINDOW_SECONDS,
+        le=MAX_WINDOW_SECONDS,
+        description="${window} of the queries (at least twice the scrape interval); default: the gate interval",
     )
     gates: Gates = Field(default_factory=Gates)
     analysis: AnalysisLimits = Field(default_factory=AnalysisLimits)
     queries: GateQueries = Field(default_factory=GateQueries)
     warm_up: WarmUp = Field(default_factory=WarmUp)
     deadlines: Deadlines = Field(default_factory=Deadlines)
-    scale_down_delay_seconds: float = Field(600, ge=0, description="old (or failed) version kept warm this long")
+    scale_down_delay_seconds: SecondsOrZero = Field(600, description="old (or failed) version kept warm this long")
 
 
     @field_validator("sha256", mode="before")
@@ -223,7 +236,9 @@ class RolloutInput(_Strict):
 
     @property
     def query_window(self) -> str:
-        return f"{round(self.query_window_seconds or self.gate_interval_seconds)}s"
+        """``${window}`` rendered from a number (never user text), within the window bounds."""
+        seconds = round(self.query_window_seconds or self.gate_interval_seconds)
+        return f"{min(MAX_WINDOW_SECONDS, max(MIN_WINDOW_SECONDS, seconds))}s"
 
 
 class Stage(str, Enum):

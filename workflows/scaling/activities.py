@@ -13,6 +13,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 from temporalio import activity
 
+from workflows.bounds import PromWindow
 from workflows.scaling.decide import Signals
 from workflows.scaling.placement import Node
 
@@ -57,7 +58,7 @@ class ReadSignalsInput(BaseModel):
     namespace: str
     deployment: str = Field(description="logical deployment name, e.g. 'chat'")
     queries: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_SIGNAL_QUERIES))
-    window: str = "1m"
+    window: PromWindow = "1m"
 
 
 class ScaleTarget(BaseModel):

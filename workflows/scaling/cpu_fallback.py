@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from workflows.bounds import MAX_REPLICAS, SecondsOrZero
 from workflows.naming import DeploymentName
 
 
 class CpuFallback(BaseModel):
     deployment: DeploymentName = Field(description="NAMESPACE/NAME of the CPU deployment (laid out like the GPU one)")
     version: str = Field(description="its version: the Deployment scaled is versioned_name(name, version)")
-    replicas: int = Field(1, ge=1, description="CPU replicas while the GPU replicas are unavailable")
-    after_seconds: float = Field(300, ge=0, description="GPU replicas short this long before falling back")
-    stabilisation_seconds: float = Field(300, ge=0, description="GPU replicas back this long before the fallback goes")
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS, description="CPU replicas while the GPU replicas are unavailable")
+    after_seconds: SecondsOrZero = Field(300, description="GPU replicas short this long before falling back")
+    stabilisation_seconds: SecondsOrZero = Field(300, description="GPU replicas back this long before the fallback goes")
 
 
 

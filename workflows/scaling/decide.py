@@ -25,6 +25,7 @@ import math
 
 from pydantic import BaseModel, Field, model_validator
 
+from workflows.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS, Replicas, SecondsOrZero
 from workflows.scaling.cpu_fallback import CpuFallback
 from workflows.scaling.placement import PoolClass
 
@@ -32,8 +33,8 @@ from workflows.scaling.placement import PoolClass
 class ScalingPolicy(BaseModel):
     """Targets and pacing of one deployment's loop; changed live by the ``update_policy`` update."""
 
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(8, ge=0)
+    min_replicas: Replicas = 1
+    max_replicas: Replicas = 8
     queue_per_replica: float = Field(
         5, ge=0, description="waiting requests per replica tolerated before the queue trigger fires"
     )
@@ -42,16 +43,16 @@ class ScalingPolicy(BaseModel):
     )
     ttft_p99_slo_seconds: float = Field(2.0, gt=0)
     gpu_util_target_percent: float = Field(80, gt=0, le=100)
-    gpu_util_sustain_seconds: float = Field(120, ge=0, description="utilisation must stay above target this long")
+    gpu_util_sustain_seconds: SecondsOrZero = Field(120, description="utilisation must stay above target this long")
     kv_cache_target: float = Field(0.9, gt=0, le=1, description="KV-cache usage fraction")
-    stabilisation_seconds: float = Field(300, ge=0, description="load below target this long before a step down")
-    cooldown_seconds: float = Field(600, ge=0, description="since the last change before a step down")
-    max_step_up: int = Field(16, ge=1, description="most replicas added by one decision")
+    stabilisation_seconds: SecondsOrZero = Field(300, description="load below target this long before a step down")
+    cooldown_seconds: SecondsOrZero = Field(600, description="since the last change before a step down")
+    max_step_up: int = Field(16, ge=1, le=MAX_REPLICAS, description="most replicas added by one decision")
     scale_down_step_percent: float = Field(
         10, ge=0, le=100, description="one step down removes max(1, floor(current * this / 100)) replicas"
     )
-    max_gpus: int | None = Field(None, ge=0, description="budget guard: GPUs the deployment may hold")
-    gpus_per_replica: int = Field(1, ge=0)
+    max_gpus: int | None = Field(None, ge=0, le=MAX_REPLICAS * MAX_GPUS_PER_REPLICA, description="budget guard: GPUs the deployment may hold")
+    gpus_per_replica: int = Field(1, ge=0, le=MAX_GPUS_PER_REPLICA)
     priority_class: PoolClass = Field(
         "realtime",
         description="realtime: on-demand GPUs, floor kept (min_replicas >= 1); batch: spot, may scale to zero",

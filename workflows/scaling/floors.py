@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from temporalio import workflow
 
+from workflows.bounds import Replicas, Seconds, SecondsOrZero
 from workflows.naming import DeploymentName, scaling_workflow_id
 
 SET_FLOOR_SIGNAL = "set_floor"  # ReactiveScaling's signal; ScheduleFloor and PredictivePrewarm send it
@@ -41,7 +42,7 @@ class _Strict(BaseModel):
 
 class FloorEntry(_Strict):
     at: str = Field(description="local HH:MM")
-    replicas: int = Field(ge=0)
+    replicas: Replicas
     days: list[str] = Field(default_factory=lambda: list(WEEKDAYS), description="mon..sun, weekdays, weekends, daily")
     name: str | None = Field(None, pattern=r"^[a-z0-9][-a-z0-9]*$")
 
@@ -93,7 +94,7 @@ class PrewarmSpec(_Strict):
 
     every_minutes: int = Field(10, ge=1, le=60)
     weeks: int = Field(4, ge=1, le=12)
-    startup_seconds: float = Field(600, ge=0)
+    startup_seconds: SecondsOrZero = 600
     quantile: float = Field(0.75, ge=0, le=1)
 
 
@@ -149,9 +150,9 @@ def floor_at(floors: list[FloorEntry], when: datetime, time_zone: str) -> FloorE
 class SetFloor(BaseModel):
     """The ``set_floor`` signal: the floor ``source`` claims, until ``ttl_seconds`` pass (None: until replaced)."""
 
-    replicas: int = Field(ge=0)
-    source: str = Field("manual", min_length=1, description="schedule | prewarm | manual: one floor per source")
-    ttl_seconds: float | None = Field(None, gt=0, description="the floor lapses after this long")
+    replicas: Replicas
+    source: str = Field("manual", min_length=1, max_length=63, description="schedule | prewarm | manual: one floor per source")
+    ttl_seconds: Seconds | None = Field(None, description="the floor lapses after this long (at most 30 days)")
 
 
 class FloorClaim(BaseModel):
@@ -165,9 +166,9 @@ class ScheduleFloorInput(BaseModel):
     """What a Temporal Schedule's action passes: the floor a profile sets at its time."""
 
     deployment: DeploymentName
-    replicas: int = Field(ge=0)
+    replicas: Replicas
     source: str = "schedule"
-    ttl_seconds: float | None = Field(None, gt=0)
+    ttl_seconds: Seconds | None = None
 
 
 @workflow.defn(name="ScheduleFloor")

@@ -35,6 +35,7 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     # full dotted names: `from workflows import naming` would give the sandbox its own copy of naming
     import workflows.naming as naming
+    from workflows.bounds import DAY_SECONDS, MAX_ITERATIONS, PromWindow
     import workflows.search_attributes as search_attributes
     import workflows.telemetry as telemetry
     from workflows.naming import DeploymentRef
@@ -92,10 +93,10 @@ class ScalingInput(BaseModel):
     deployment: naming.DeploymentName = Field(description="NAMESPACE/NAME of the logical deployment")
     version: str | None = Field(None, description="version to scale; None: the one with the most traffic")
     policy: ScalingPolicy = Field(default_factory=ScalingPolicy)
-    interval_seconds: float = Field(30, ge=1)
-    iterations_per_run: int = Field(240, ge=1, description="decisions per run before continue-as-new")
+    interval_seconds: float = Field(30, ge=1, le=DAY_SECONDS)
+    iterations_per_run: int = Field(240, ge=1, le=MAX_ITERATIONS, description="decisions per run before continue-as-new")
     queries: dict[str, str] = Field(default_factory=dict, description="overrides of the default signal queries, by name")
-    window: str = Field("1m", description="rate window of the signal queries")
+    window: PromWindow = Field("1m", description="rate window of the signal queries: 30s, 5m, 1h30m or seconds (>= 1 s)")
     carry: ScalingCarry | None = None
 
 

@@ -30,6 +30,7 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     import workflows.scaling.activities as acts
+    from workflows.bounds import DAY_SECONDS, MAX_ITERATIONS
     from workflows.scaling.activities import NodePoolActivities
     from workflows.scaling.placement import CLASS_FOR_CAPACITY, ModelNeed, PoolDecision, PoolSizing, plan_pending, size_pool
     from workflows.steps import cause
@@ -54,8 +55,8 @@ class NodePoolCarry(BaseModel):
 class NodePoolInput(BaseModel):
     pool: acts.PoolRef
     sizing: PoolSizing = Field(default_factory=PoolSizing)
-    interval_seconds: float = Field(15, ge=1)
-    iterations_per_run: int = Field(240, ge=1)
+    interval_seconds: float = Field(15, ge=1, le=DAY_SECONDS)
+    iterations_per_run: int = Field(240, ge=1, le=MAX_ITERATIONS)
     carry: NodePoolCarry | None = None
 
 

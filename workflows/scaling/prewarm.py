@@ -24,6 +24,7 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     import workflows.naming as naming
+    from workflows.bounds import Seconds, SecondsOrZero
     from workflows.scaling.activities import (
         DEFAULT_DEMAND_HISTORY_QUERY,
         ReplicaHistoryInput,
@@ -82,9 +83,9 @@ class PrewarmInput(BaseModel):
     deployment: naming.DeploymentName
     time_zone: str = "UTC"
     weeks: int = Field(4, ge=1, le=12)
-    startup_seconds: float = Field(600, ge=0, description="node boot + image pull + weight load + warm-up")
+    startup_seconds: SecondsOrZero = Field(600, description="node boot + image pull + weight load + warm-up")
     quantile: float = Field(0.75, ge=0, le=1)
-    ttl_seconds: float = Field(3600, gt=0, description="how long the predicted floor holds if not renewed")
+    ttl_seconds: Seconds = Field(3600, description="how long the predicted floor holds if not renewed")
     query: str = Field(DEFAULT_DEMAND_HISTORY_QUERY, description="hourly peaks of the replicas the load needed")
 
 
