@@ -1,0 +1,128 @@
+"""``tideplane codec-server``: the payload codec over HTTP, for the temporal CLI and the web UI.
+
+With ``TIDEPLANE_PAYLOAD_ENCRYPTION_KEY`` set, the worker and the tideplane CLI encrypt every
+payload (workers/codec.py); the temporal CLI and the web UI see ciphertext. They call a codec
+server instead of holding the key: ``temporal --codec-endpoint http://127.0.0.1:8081 workflow
+show ...`` decodes, and ``workflow start --codec-endpoint ...`` encodes an input (a rollout's env
+included) before it reaches the Temporal server. The protocol is Temporal's: ``POST /encode`` and
+``POST /decode`` with a ``temporal.api.common.v1.Payloads`` message as protobuf JSON
+(``{"payloads": [{"metadata": {...}, "data": "..."}]}``), an optional path prefix (e.g.
+``/{namespace}``) ignored. Browsers get CORS headers for the allowed UI origins only.
+
+Anyone who reaches this port can decrypt: it binds loopback by default; in a cluster, put it
+behind the same authentication as the web UI (docs/production.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from temporalio.api.common.v1 import Payloads
+
+from workers.codec import AesGcmCodec, PayloadDecryptionError, codec_from_keys
+from workers.config import Settings, SettingsError, load_settings
+
+log = logging.getLogger("tideplane.codec")
+
+UI_ORIGIN = "http://localhost:8233"  # `temporal server start-dev`'s web UI
+MAX_BODY = 8 * 1024 * 1024  # a history page of payloads; Temporal's own payload limit is 2 MiB each
+
+
+class CodecServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], codec: AesGcmCodec, allowed_origins: list[str]) -> None:
+        super().__init__(address, CodecHandler)
+        self.codec = codec
+        self.allowed_origins = set(allowed_origins)
+
+
+class CodecHandler(BaseHTTPRequestHandler):
+    server: CodecServer
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def _cors(self) -> None:
+        origin = self.headers.get("Origin")
+        if origin in self.server.allowed_origins:
+            self.send_header("Access-Control-Allow-Origin", origin)
+            self.send_header("Access-Control-Allow-Credentials", "true")
+            self.send_header("Access-Control-Allow-Methods", "POST")
+            self.send_header("Access-Control-Allow-Headers", "Content-Type, X-Namespace, Authorization")
+            self.send_header("Vary", "Origin")
+
+    def _reply(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self._cors()
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_OPTIONS(self) -> None:  # noqa: N802 - stdlib naming
+        self.send_response(200)
+        self._cors()
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        action = self.path.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
+        if action not in ("encode", "decode"):
+            self._reply(404, {"message": f"no such endpoint {self.path!r}: POST .../encode or .../decode"})
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            self._reply(413, {"message": f"body of {length} bytes exceeds {MAX_BODY}"})
+            return
+        try:
+            payloads = json_format.Parse(self.rfile.read(length) or b"{}", Payloads())
+        except (json_format.ParseError, DecodeError, UnicodeDecodeError) as exc:
+            self._reply(400, {"message": f"expected Payloads as protobuf JSON: {exc}"})
+            return
+        codec = self.server.codec
+        try:
+            done = asyncio.run(codec.encode(payloads.payloads) if action == "encode" else codec.decode(payloads.payloads))
+        except PayloadDecryptionError as exc:
+            self._reply(400, {"message": str(exc)})
+            return
+        self._reply(200, json_format.MessageToDict(Payloads(payloads=done)))
+
+
+def serve(config: Settings, host: str, port: int, allowed_origins: list[str]) -> CodecServer:
+    """A codec server for ``config``'s payload keys, bound but not yet serving."""
+    key, old = config.payload_encryption_key, config.payload_decryption_keys
+    codec = codec_from_keys(key.get_secret_value() if key else None, old.get_secret_value() if old else None)
+    if codec is None:
+        raise SettingsError("TIDEPLANE_PAYLOAD_ENCRYPTION_KEY is not set: payloads are in clear, there is nothing to encode or decode")
+    return CodecServer((host, port), codec, allowed_origins)
+
+
+def cmd_codec_server(args: argparse.Namespace) -> int:
+    server = serve(load_settings(), args.host, args.port, args.allow_origin or [UI_ORIGIN])
+    print(f"codec server on http://{args.host}:{server.server_port} (temporal --codec-endpoint; web UI origins: "
+          f"{', '.join(sorted(server.allowed_origins))})", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+def add_codec_server_command(commands) -> None:
+    parser = commands.add_parser("codec-server", help="encode/decode payloads over HTTP for the temporal CLI and web UI")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: anyone who reaches it can decrypt)")
+    parser.add_argument("--port", type=int, default=8081, help="port (default 8081)")
+    parser.add_argument("--allow-origin", action="append", metavar="ORIGIN",
+                        help=f"a web UI origin allowed by CORS, repeatable (default {UI_ORIGIN})")
+    parser.set_defaults(func=cmd_codec_server)
