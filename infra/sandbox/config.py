@@ -52,6 +52,10 @@ class Profile(_Strict):
     prompt_tokens: int = Field(500, gt=0)
     capacity_rps: float = Field(4, gt=0, description="requests/s one replica serves at its SLO")
     gpu_memory_gib: float = Field(40, gt=0)
+    golden_failures: list[str] = Field(
+        default_factory=list, description="prompts (case-insensitive substrings) this version answers wrongly"
+    )
+    drift: float = Field(0, ge=0, le=1, description="share of prompts answered differently from the reference")
 
 
 class Demand(_Strict):

@@ -37,6 +37,7 @@ from infra.sandbox.config import (
     Demand,
     Profile,
 )
+from infra.sandbox.answers import MirrorLog, answer
 from infra.sandbox.kubeclient import api_client, raw
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 
@@ -443,6 +444,7 @@ class Fleet:
         self.clock = 0.0  # sandbox seconds simulated so far
         self._demand_since: dict[str, tuple[Demand, float]] = {}  # key -> (demand, clock when set)
         self._round_robin = 0
+        self.mirrors = MirrorLog()  # answers to requests mirrored by an HTTPRoute (infra/sandbox/answers.py)
 
     def update(self, cluster: Cluster, real_dt: float) -> None:
         """Take a new snapshot, then advance every Ready replica by ``real_dt * time_scale``."""
@@ -463,11 +465,24 @@ class Fleet:
                 del self.replicas[key]
             dt = real_dt * self.time_scale
             self.clock += dt
-            rates = pod_rates(self._current_demand(cluster.demand), cluster.routes, cluster.services, cluster.pods)
+            demand = self._current_demand(cluster.demand)
+            rates = pod_rates(demand, cluster.routes, cluster.services, cluster.pods)
             for key, (info, replica) in self.replicas.items():
                 replica.profile = profile_for(cluster.profiles, info.model, info.version)
                 replica.advance(rates.get(key, 0.0) if is_ready(present[key]) else 0.0, dt)
             self._assign_gpus(present)
+            self.mirrors.advance(demand, cluster.routes, self._serving_version, dt)
+
+    def _serving_version(self, namespace: str, service: str) -> tuple[str, Profile] | None:
+        """(version, profile) behind a Service with a simulated Ready replica; caller holds the lock."""
+        svc = next((s for s in self.cluster.services if s["metadata"].get("namespace") == namespace and s["metadata"]["name"] == service), None)
+        selector = ((svc or {}).get("spec") or {}).get("selector")
+        for pod in self.cluster.pods:
+            key = (pod["metadata"].get("namespace"), pod["metadata"]["name"])
+            if key[0] == namespace and key in self.replicas and _selects(selector, pod["metadata"].get("labels") or {}):
+                info, replica = self.replicas[key]
+                return info.version, replica.profile
+        return None
 
     def _current_demand(self, demand: dict[str, Demand]) -> dict[str, float]:
         """rps per logical deployment now; a changed demand restarts its curve's clock."""
@@ -604,6 +619,17 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 self._send(200, fleet.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            elif self.path.startswith("/mirror/"):
+                try:
+                    pairs = fleet.mirrors.read(self.path)
+                except ValueError as exc:
+                    pairs = None
+                    self._error(400, f"bad mirror query: {exc}")
+                    return
+                if pairs is None:
+                    self._error(404, f"no route {self.path}: use /mirror/<namespace>/<route>")
+                else:
+                    self._send(200, json.dumps(pairs).encode())
             elif self.path in ("/healthz", "/"):
                 self._send(200, b'{"status": "ok"}')
             elif match := _PROXY.match(self.path):
@@ -647,7 +673,9 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
                 self._error(500, f"simulated failure of {info.model}@{info.version} in pod {info.name}")
                 return
             prompt_tokens = max(1, len(str(prompt)) // 4)
-            self._send(200, json.dumps(completion_body(info, latency, prompt_tokens, max_tokens)).encode())
+            body = completion_body(info, latency, prompt_tokens, max_tokens)
+            body["choices"][0]["text"] = answer(str(prompt), info.version, replica.profile)  # infra/sandbox/answers.py
+            self._send(200, json.dumps(body).encode())
 
     return Handler
 
