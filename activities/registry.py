@@ -72,6 +72,8 @@ from workflows.registry.activities import (
     RegistryWeightsInput,
     SetRegistryStatusInput,
     VersionList,
+    GoldenSetFound,
+    GoldenSetInput,
 )
 from workflows.registry.schema import (
     ANY_DEPLOYMENT,
@@ -94,6 +96,7 @@ from workflows.registry.schema import (
     summarize,
 )
 from workflows.rollout.activities import WeightFile
+from workflows.rollout.quality import GoldenHistory, GoldenRevision, GoldenSet
 
 PREFIX = "registry"
 HEARTBEAT_EVERY = 10.0  # seconds between delete_registry_weights heartbeats (its timeout: a minute)
@@ -707,6 +710,13 @@ class RegistryActivities(contract.RegistryActivities):
                         found.append((ref, f"HTTPRoute {meta['namespace']}/{meta['name']} ({backend.get('weight', 1)} %)"))
         return found
 
+    # --- golden sets (issue 21; the store's functions are at the end of this module) ------------
+
+    @activity.defn(name="read_golden_set")
+    def read_golden_set(self, req: GoldenSetInput) -> GoldenSetFound:
+        history = golden_history(self.registry, req.model)
+        return GoldenSetFound(current=history.current if history else None)
+
 
 async def _running_rollouts() -> list[tuple[str, str]]:
     """(model@version, "rollout <workflow id>") of every running ModelRollout, by its search attributes."""
@@ -717,3 +727,37 @@ async def _running_rollouts() -> list[tuple[str, str]]:
         if model and version:
             found.append((f"{model}@{version}", f"running rollout {execution.id}"))
     return found
+
+
+# --- golden sets (issue 21): registry/<model>/golden.json, every revision kept ------------------
+
+
+def golden_key(model: str) -> str:
+    return f"{PREFIX}/{model}/golden.json"
+
+
+def golden_history(registry: Registry, model: str) -> GoldenHistory | None:
+    """Every revision of the model's golden set, or None when it has none."""
+    return registry._read(golden_key(model), GoldenHistory)[0]
+
+
+def set_golden_set(registry: Registry, model: str, golden: GoldenSet, at: datetime | None = None) -> tuple[GoldenRevision, bool]:
+    """Store ``golden`` as the model's next revision (compare-and-swap); the same set again is
+    unchanged (False). Refused for a model that is not in the registry."""
+    if model not in registry.list_models():
+        raise NotFound(f"model {model!r} is not in the registry (register a version first)")
+    digest = hashlib.sha256(golden.model_dump_json().encode()).hexdigest()
+    changed = [False]
+
+    def add(history: GoldenHistory | None) -> GoldenHistory | None:
+        history = history or GoldenHistory(model=model)
+        changed[0] = history.current is None or history.current.sha256 != digest
+        if not changed[0]:
+            return None
+        number = history.current.revision + 1 if history.current else 1
+        history.revisions.append(GoldenRevision(revision=number, sha256=digest, set_at=at or _now(), golden=golden))
+        return history
+
+    history = registry._update(golden_key(model), GoldenHistory, add)
+    assert history is not None and history.current is not None
+    return history.current, changed[0]

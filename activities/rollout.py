@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Collection
 
+import httpx
+import jsonschema
 from botocore.exceptions import ClientError
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
@@ -49,6 +51,7 @@ from activities.clients.s3 import (
     parse_s3_uri,
     require_allowed_bucket,
 )
+from activities.clients.shadow import ShadowPairsClient
 from activities.clients.vllm import VllmClient
 from workflows import naming, telemetry
 from workflows.naming import DeploymentRef
@@ -77,12 +80,22 @@ from workflows.rollout.activities import (
     WarmUpInput,
     WeightFile,
 )
+from workflows.rollout.activities import (
+    READ_SHADOW_PAIRS,
+    RUN_GOLDEN_SET,
+    GoldenRunInput,
+    GoldenRunResult,
+    ShadowPairsInput,
+    ShadowPairsResult,
+)
+from workflows.rollout.quality import CaseResult, ShadowPair, grade
 from workflows.scaling.placement import node_selector, tolerations
 
 ROUTE_API = ("gateway.networking.k8s.io", "v1")
 CONTAINER = "server"
 CACHE_VOLUME = "model-cache"
 _CONFLICT_RETRIES = 5
+MIRROR_FILTER = "RequestMirror"
 
 
 @dataclass(frozen=True)
@@ -108,11 +121,14 @@ class RolloutActivities(contract.RolloutActivities):
         gateway: str,
         service_url_template: str,
         weights_buckets: Collection[str] | None = None,
+        shadow: ShadowPairsClient | None = None,
         image_prefixes: Collection[str] | None = None,
     ) -> None:
-        """``weights_buckets``: the buckets weights may be staged from (None: any); ``image_prefixes``:
-        the registries/repositories serving images may come from (None: any)."""
+        """``weights_buckets``: the buckets weights may be staged from (None: any); ``shadow``: where
+        mirrored answers are recorded (None: the shadow gate cannot run); ``image_prefixes``: the
+        registries/repositories serving images may come from (None: any)."""
         self.image_prefixes = image_prefixes
+        self.shadow = shadow or ShadowPairsClient(None)
         self.weights_buckets = weights_buckets
         self.kube = kube
         self.s3 = s3
@@ -320,6 +336,7 @@ class RolloutActivities(contract.RolloutActivities):
                     non_retryable=True,
                 )
             backends.append({"group": "", "kind": "Service", "name": service, "port": req.port, "weight": weight})
+        mirror = mirror_filter(req)
 
         custom = self.kube.custom
         what = f"HTTPRoute {ref}"
@@ -335,7 +352,10 @@ class RolloutActivities(contract.RolloutActivities):
                             "namespace": ref.namespace,
                             "labels": {**selector(ref.name), naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
                         },
-                        "spec": {"parentRefs": [self._parent_ref(ref.namespace)], "rules": [{"backendRefs": backends}]},
+                        "spec": {
+                            "parentRefs": [self._parent_ref(ref.namespace)],
+                            "rules": [{"backendRefs": backends, **({"filters": [mirror]} if mirror else {})}],
+                        },
                     }
                     custom.create_namespaced_custom_object(
                         *ROUTE_API, ref.namespace, "httproutes", body, _request_timeout=API_TIMEOUT
@@ -344,9 +364,12 @@ class RolloutActivities(contract.RolloutActivities):
                 rules = route.setdefault("spec", {}).setdefault("rules", [])
                 if not rules:
                     rules.append({})
-                if rules[0].get("backendRefs") == backends:
+                filters = with_mirror(rules[0].get("filters") or [], mirror, {b["name"] for b in backends})
+                if rules[0].get("backendRefs") == backends and (rules[0].get("filters") or []) == filters:
                     break
                 rules[0]["backendRefs"] = backends
+                if filters or "filters" in rules[0]:
+                    rules[0]["filters"] = filters
                 custom.replace_namespaced_custom_object(
                     *ROUTE_API, ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
                 )
@@ -438,6 +461,53 @@ class RolloutActivities(contract.RolloutActivities):
         """Render every template first (fail fast on bad input), then run each as an instant query."""
         rendered = {name: render(name, template, req.variables) for name, template in req.queries.items()}
         return GateQueriesResult(values={name: self.prometheus.value(name, promql) for name, promql in rendered.items()})
+
+    # ---- quality gates (issue 21; pure verdicts in workflows/rollout/quality.py) --------------------
+
+    @activity.defn(name=RUN_GOLDEN_SET)
+    def run_golden_set(self, req: GoldenRunInput) -> GoldenRunResult:
+        """Every case to the new version's and stable's own Services (temperature 0, so a version
+        answers a prompt the same way each time), graded here (JSON Schema needs ``jsonschema``)."""
+        golden = req.golden
+        bodies = [
+            {"prompt": case.prompt, "max_tokens": case.max_tokens or golden.max_tokens, "temperature": 0, "model": req.model}
+            for case in golden.cases
+        ]
+        versions = [req.version] + ([req.stable_version] if req.stable_version else [])
+        graded: list[list[CaseResult]] = []
+        for version in versions:
+            url = self.service_url(req.deployment, version)
+            answers = self.vllm.answers(url, bodies, lambda done: activity.heartbeat({"version": version, "done": done}))
+            results = []
+            for case, (text, error) in zip(golden.cases, answers):
+                if text is None:
+                    results.append(CaseResult(id=case.id, passed=False, failures=[f"request failed: {error}"]))
+                else:
+                    results.append(grade(case, text, schema_problem))
+            graded.append(results)
+        return GoldenRunResult(new=graded[0], stable=graded[1] if len(graded) > 1 else None)
+
+    @activity.defn(name=READ_SHADOW_PAIRS)
+    def read_shadow_pairs(self, req: ShadowPairsInput) -> ShadowPairsResult:
+        """Pairs recorded for the route since ``after`` in which the canary is ``version`` and the
+        user's answer came from ``stable_version`` (others, e.g. of an earlier rollout, skipped)."""
+        if self.shadow.url_template is None:
+            raise ApplicationError(
+                "shadow comparison asked for, but TIDEPLANE_SHADOW_PAIRS_URL is not set (where mirrored answers are recorded)",
+                type="ShadowNotConfigured",
+                non_retryable=True,
+            )
+        ref = req.deployment
+        try:
+            doc = self.shadow.pairs(ref.namespace, ref.name, req.after)
+        except httpx.HTTPError as exc:
+            raise ApplicationError(f"reading shadow pairs of {ref}: {exc!r}") from exc
+        pairs = [
+            ShadowPair(seq=p["seq"], prompt=p["prompt"], stable_answer=p["stable_answer"], canary_answer=p["canary_answer"])
+            for p in doc.get("pairs", [])
+            if p.get("canary_version") == req.version and p.get("stable_version") == req.stable_version
+        ]
+        return ShadowPairsResult(pairs=pairs, last=int(doc.get("last", req.after)))
 
 
 # ---- manifests (pure) ------------------------------------------------------------------------------
@@ -747,3 +817,49 @@ def _staging_lock(directory: Path):
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+# ---- quality gates (issue 21) -------------------------------------------------------------------
+
+
+def schema_problem(instance: object, schema: dict) -> str | None:
+    """JSON Schema validation for quality.grade: the first error's message and path, or None."""
+    try:
+        jsonschema.validate(instance, schema)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        return f"{exc.message}" + (f" at /{where}" if where else "")
+    except jsonschema.SchemaError as exc:
+        return f"the golden set's schema is invalid: {exc.message}"
+    return None
+
+
+def mirror_filter(req: RouteWeightsInput) -> dict | None:
+    """The Gateway API RequestMirror filter for ``req.mirror`` (percent needs Gateway API >= 1.2)."""
+    if req.mirror is None:
+        return None
+    if req.mirror.version not in req.weights:
+        raise ApplicationError(
+            f"mirror.version: {req.mirror.version} is not one of the route's versions {sorted(req.weights)}",
+            non_retryable=True,
+        )
+    service = req.deployment.versioned(req.mirror.version)
+    return {
+        "type": MIRROR_FILTER,
+        "requestMirror": {
+            "backendRef": {"group": "", "kind": "Service", "name": service, "port": req.port},
+            "percent": req.mirror.percent,
+        },
+    }
+
+
+def with_mirror(filters: list[dict], mirror: dict | None, services: set[str]) -> list[dict]:
+    """The rule's filters with tideplane's mirror set (or removed): a mirror to one of ``services``
+    (the deployment's versions) is tideplane's; other filters are kept as they are."""
+
+    def ours(item: dict) -> bool:
+        target = ((item.get("requestMirror") or {}).get("backendRef") or {}).get("name")
+        return item.get("type") == MIRROR_FILTER and target in services
+
+    kept = [f for f in filters if not ours(f)]
+    return [*kept, mirror] if mirror else kept

@@ -87,6 +87,10 @@ class Settings(BaseSettings):
         validation_alias=_env("SERVICE_URL_TEMPLATE"),
     )
 
+    # Where answers to requests mirrored to a canary are recorded (the shadow gate reads them):
+    # "{namespace}" and "{name}" are the HTTPRoute's; unset, a rollout asking for shadow fails.
+    shadow_pairs_url: str | None = Field(None, validation_alias=_env("SHADOW_PAIRS_URL"))
+
     # The worker's own /metrics port (0 disables it) and the address it binds: every interface by
     # default, so Prometheus reaches the pod; the sandbox binds 127.0.0.1.
     metrics_port: int = Field(9464, ge=0, le=65535, validation_alias=_env("METRICS_PORT"))

@@ -29,6 +29,7 @@ from activities.clients.s3 import S3Client
 from activities.registry import Registry, RegistryError
 from workers.client import connect
 from workers.config import Settings, load_settings
+from workers.golden_cli import add_golden_commands
 from workers.progress import ProgressLine, size
 from workers.wording import counted
 from workflows.naming import RETENTION_SCHEDULE_ID, RETENTION_WORKFLOW_ID
@@ -218,6 +219,8 @@ def add_registry_commands(subparsers) -> None:
     p.add_argument("--hour", type=int, default=3, choices=range(24), metavar="0-23", help="UTC hour (default 3)")
     p.add_argument("--minute", type=int, default=0, choices=range(60), metavar="0-59")
     p.set_defaults(func=_guard(cmd_schedule))
+
+    add_golden_commands(sub, _guard)
 
 
 def main(argv: list[str] | None = None, settings: Settings | None = None) -> int:

@@ -26,6 +26,7 @@ from activities.clients.aws import AwsClient
 from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
+from activities.clients.shadow import ShadowPairsClient
 from activities.clients.vllm import VllmClient
 from activities.cost import CostActivities
 from activities.registry import RegistryActivities
@@ -83,7 +84,7 @@ def build_activities(config: Settings) -> list[Callable]:
     pods = ServingPods(config.model_cache_dir, config.model_cache_pvc, config.otlp_traces_endpoint, config.trace_sample_ratio)
     rollout = RolloutActivities(
         kube, s3, prometheus, VllmClient(), pods, config.gateway, config.service_url_template, config.weights_buckets,
-        image_prefixes=config.image_prefixes,
+        ShadowPairsClient(config.shadow_pairs_url), image_prefixes=config.image_prefixes,
     )
     registry = RegistryActivities(s3, kube, config.weights_bucket, config.weights_buckets)
     cost = CostActivities(prometheus)

@@ -60,3 +60,24 @@ class VllmClient:
                 progress(done, len(run.errors))
         run.seconds = time.monotonic() - started
         return run
+
+    def answers(
+        self, base_url: str, bodies: list[dict], progress: Callable[[int], object] = lambda done: None
+    ) -> list[tuple[str | None, str | None]]:
+        """One completion per body (in order), ``concurrency`` in flight: (text, None), or
+        (None, error) for a request that failed. ``progress(done)`` after each."""
+        url = base_url.rstrip("/") + "/v1/completions"
+
+        def one(http: httpx.Client, body: dict) -> tuple[str | None, str | None]:
+            try:
+                resp = http.post(url, json=body)
+                resp.raise_for_status()
+                return str(resp.json()["choices"][0]["text"]), None
+            except (httpx.HTTPError, ValueError, TypeError, KeyError, IndexError) as exc:
+                return None, repr(exc)
+
+        with httpx.Client(timeout=self.timeout) as http, concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
+            futures = [pool.submit(one, http, body) for body in bodies]
+            for done, _ in enumerate(concurrent.futures.as_completed(futures), 1):
+                progress(done)
+            return [f.result() for f in futures]

@@ -15,6 +15,7 @@ from temporalio import activity
 
 from workflows.registry.schema import BenchmarkResult, ModelName, SemVer, Status, VersionSummary
 from workflows.rollout.activities import WeightFile
+from workflows.rollout.quality import GoldenRevision
 
 # --- for the rollout ---------------------------------------------------------------------------
 
@@ -55,6 +56,17 @@ class RecordRegistryBenchmarkInput(BaseModel):
     model: str
     version: str
     benchmark: BenchmarkResult
+
+
+# --- golden sets (workflows/rollout/quality.py) --------------------------------------------------
+
+
+class GoldenSetInput(BaseModel):
+    model: str
+
+
+class GoldenSetFound(BaseModel):
+    current: GoldenRevision | None = Field(None, description="None: the model has no golden set")
 
 
 # --- for retention -----------------------------------------------------------------------------
@@ -128,4 +140,9 @@ class RegistryActivities:
     async def delete_registry_weights(self, req: DeleteWeightsInput) -> DeleteWeightsResult:
         """Delete a deprecated version's weights; refused (deleted=False) if it is no longer
         deprecated or a rollout of it runs. Heartbeats; a retry resumes after the last deleted key."""
+        raise NotImplementedError
+
+    @activity.defn(name="read_golden_set")
+    def read_golden_set(self, req: GoldenSetInput) -> GoldenSetFound:
+        """The model's current golden set (the rollout's warm-up gate runs it)."""
         raise NotImplementedError

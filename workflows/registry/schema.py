@@ -18,6 +18,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, Field, model_validator
 
+from workflows.rollout.quality import GoldenVerdict
+
 SCHEMA_VERSION = 1
 
 # semver.org's recommended regular expression (2.0.0), anchored.
@@ -173,6 +175,7 @@ class BenchmarkResult(BaseModel):
     errors: int | None = Field(None, ge=0)
     image: str | None = Field(None, description="serving image the numbers were measured with")
     deployment: str | None = Field(None, description="NAMESPACE/NAME it ran in")
+    golden: GoldenVerdict | None = Field(None, description="the golden-set gate's verdict at this warm-up")
 
 
 class ManifestFile(BaseModel):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 
 from workflows.naming import DeploymentRef
+from workflows.rollout.quality import CaseResult, GoldenSet, ShadowPair
 
 # Activity names (stable API: histories refer to them).
 STAGE_WEIGHTS = "stage_weights"
@@ -138,10 +139,19 @@ class ReadyResult(BaseModel):
     seconds: float = Field(description="from the call to all replicas Ready (cold start)")
 
 
+class RouteMirror(BaseModel):
+    """Gateway API ``RequestMirror`` on the route's first rule: copy ``percent`` % of its requests
+    to one version's Service; the gateway discards the mirrored answers."""
+
+    version: str
+    percent: int = Field(ge=1, le=100)
+
+
 class RouteWeightsInput(BaseModel):
     deployment: DeploymentRef
     weights: dict[str, int] = Field(description="version -> weight; weights sum to 100")
     port: int = Field(8000, description="the versions' Service port (EnsureVersionInput.port)")
+    mirror: RouteMirror | None = Field(None, description="shadow traffic to a version; None removes tideplane's mirror")
 
 
 class WarmUpInput(BaseModel):
@@ -170,6 +180,39 @@ class GateQueriesInput(BaseModel):
 
 class GateQueriesResult(BaseModel):
     values: dict[str, float | None] = Field(description="gate name -> scalar result (None: no data)")
+
+
+# ---- quality gates (workflows/rollout/quality.py) -------------------------------------------------
+
+RUN_GOLDEN_SET = "run_golden_set"
+READ_SHADOW_PAIRS = "read_shadow_pairs"
+
+
+class GoldenRunInput(BaseModel):
+    """Ask every case of the golden set of the new version and of stable, with temperature 0."""
+
+    deployment: DeploymentRef
+    model: str
+    version: str
+    stable_version: str | None = None
+    golden: GoldenSet
+
+
+class GoldenRunResult(BaseModel):
+    new: list[CaseResult]
+    stable: list[CaseResult] | None = None
+
+
+class ShadowPairsInput(BaseModel):
+    deployment: DeploymentRef
+    version: str = Field(description="the canary whose mirrored answers are compared")
+    stable_version: str
+    after: int = Field(0, ge=0, description="read pairs recorded after this sequence number")
+
+
+class ShadowPairsResult(BaseModel):
+    pairs: list[ShadowPair]
+    last: int = Field(description="pass as 'after' next time")
 
 
 class RolloutActivities:
@@ -214,4 +257,14 @@ class RolloutActivities:
     @activity.defn(name=QUERY_GATES)
     def query_gates(self, req: GateQueriesInput) -> GateQueriesResult:
         """Each gate's PromQL template rendered and run as an instant query."""
+        raise NotImplementedError
+
+    @activity.defn(name=RUN_GOLDEN_SET)
+    def run_golden_set(self, req: GoldenRunInput) -> GoldenRunResult:
+        """The golden set against the new version's and stable's own Services, each answer graded."""
+        raise NotImplementedError
+
+    @activity.defn(name=READ_SHADOW_PAIRS)
+    def read_shadow_pairs(self, req: ShadowPairsInput) -> ShadowPairsResult:
+        """The (stable answer, canary answer) pairs of mirrored live requests recorded since ``after``."""
         raise NotImplementedError

@@ -39,6 +39,7 @@ from workflows.bounds import (
 )
 from workflows.naming import DeploymentName, DeploymentRef, VersionLabel
 from workflows.rollout.activities import Benchmark, EnvFromSecret, StagedWeights, plain_credentials
+from workflows.rollout.quality import GoldenVerdict, ShadowSettings, ShadowVerdict
 
 MAX_OBSERVATIONS = 3000  # ~11 history events each: well under Temporal's 51,200-event limit
 # The input travels in the history, the status query and activity inputs (args/env): keep it far below
@@ -171,6 +172,9 @@ class RolloutInput(_Strict):
     warm_up: WarmUp = Field(default_factory=WarmUp)
     deadlines: Deadlines = Field(default_factory=Deadlines)
     scale_down_delay_seconds: SecondsOrZero = Field(600, description="old (or failed) version kept warm this long")
+    shadow: ShadowSettings | None = Field(
+        None, description="mirror live requests to the canary and gate on answer drift (workflows/rollout/quality.py)"
+    )
 
 
     @field_validator("sha256", mode="before")
@@ -301,6 +305,8 @@ class RolloutStatus(BaseModel):
     last_verdict: VerdictRecord | None
     verdicts: list[VerdictRecord] = Field(description="most recent observations (bounded)")
     timings: dict[str, float] = Field(description="seconds spent per stage, and cold start")
+    golden: GoldenVerdict | None = Field(None, description="the golden-set gate's verdict at warm-up")
+    shadow: ShadowVerdict | None = Field(None, description="the last shadow comparison's verdict")
 
 
 class RolloutResult(BaseModel):
@@ -319,3 +325,5 @@ class RolloutResult(BaseModel):
     benchmark: Benchmark | None = None
     staged: StagedWeights | None = None
     timings: dict[str, float] = Field(default_factory=dict)
+    golden: GoldenVerdict | None = Field(None, description="the golden-set gate's verdict (names failing cases)")
+    shadow: ShadowVerdict | None = Field(None, description="the last shadow comparison's verdict (with examples)")

@@ -44,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.naming import TASK_QUEUE, rollout_workflow_id
     from workflows.registry.schema import BenchmarkResult, Canary, Deprecated, Stable, Testing
     from workflows.registry.activities import (
+        GoldenSetInput,
         RecordRegistryBenchmarkInput,
         RegistryActivities,
         RegistryWeightsInput,
@@ -53,16 +54,20 @@ with workflow.unsafe.imports_passed_through():
         Benchmark,
         EnsureVersionInput,
         GateQueriesInput,
+        GoldenRunInput,
         RolloutActivities,
+        RouteMirror,
         RouteWeightsInput,
         ScaleVersionInput,
         StagedWeights,
         StageWeightsInput,
         VersionInfo,
         WaitReadyInput,
+        ShadowPairsInput,
         WarmUpInput,
         WeightFile,
     )
+    from workflows.rollout.quality import GoldenVerdict, ShadowPair, ShadowVerdict, golden_verdict, shadow_verdict
     from workflows.rollout.types import (
         AbortInput,
         Outcome,
@@ -88,6 +93,9 @@ with workflow.unsafe.imports_passed_through():
     )
 
 WORKFLOW_TYPE = "ModelRollout"
+# Runs from before the quality gates (issue 21) never read a golden set at warm-up.
+GOLDEN_PATCH = "golden-gate"
+SHADOW_KEEP = 2000  # mirrored pairs kept in memory for one window's comparison
 VERDICT_HISTORY = 50  # kept in memory for the status query, not in history
 PAUSE_TICK = 3600.0  # seconds between wake-ups of a paused rollout
 
@@ -171,6 +179,11 @@ class ModelRollout:
         self._canary_since: datetime | None = None
         self._telemetry: list[asyncio.Future] = []
         self._ended_in: str | None = None  # stage label where a rollback started
+        self._golden: GoldenVerdict | None = None
+        self._shadow: ShadowVerdict | None = None
+        self._mirror: RouteMirror | None = None  # set once the shadow comparison starts
+        self._shadow_after = 0  # last mirrored pair read
+        self._shadow_pairs: list[ShadowPair] = []  # the current window's pairs
 
     @workflow.run
     async def run(self, input: RolloutInput) -> RolloutResult:
@@ -264,6 +277,8 @@ class ModelRollout:
             last_verdict=self._verdicts[-1] if self._verdicts else None,
             verdicts=self._verdicts,
             timings=self._all_timings(),
+            golden=self._golden,
+            shadow=self._shadow,
         )
 
     # ---- the stages --------------------------------------------------------------------------
@@ -341,6 +356,7 @@ class ModelRollout:
                 ),
                 "record the warm-up benchmark in the registry",
             )
+        await self._quality_gates_at_warm_up()
         await self._checkpoint()
 
         if self._stable is None:
@@ -447,6 +463,7 @@ class ModelRollout:
                     self._promote = None
                 return
             record = await self._measure(weight)
+            await self._shadow_gate(weight)
             decision = self._analysis.record(record.evaluation, inp.analysis)
             self._show()  # every verdict, with its numbers and counts, in the UI's current details
             if record.evaluation.verdict is not Verdict.ERROR:  # errors are counted by the query activity
@@ -555,6 +572,102 @@ class ModelRollout:
             result.route_reverted_seconds = reverted
         return result
 
+    # ---- quality gates (issue 21; verdicts in workflows/rollout/quality.py) ------------------------
+
+    async def _quality_gates_at_warm_up(self) -> None:
+        """Before any traffic moves: the model's golden set against the new version and stable
+        (recorded in the registry with the warm-up benchmark); then, when asked, start mirroring
+        live requests to the new version for the shadow comparison."""
+        inp = self._in
+        if not workflow.patched(GOLDEN_PATCH):
+            return
+        found = await self._act(
+            RegistryActivities.read_golden_set,
+            GoldenSetInput(model=inp.model),
+            summary=f"look up the golden set of {inp.model} in the registry",
+            retry=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["NotFoundError", "ValidationError"]),
+            read_only=True,
+        )
+        if found.current is not None:
+            golden = found.current.golden
+            stable = self._stable.version if self._stable else None
+            run = await self._act(
+                RolloutActivities.run_golden_set,
+                GoldenRunInput(deployment=self._ref, model=inp.model, version=inp.version, stable_version=stable, golden=golden),
+                summary=f"golden set r{found.current.revision} ({len(golden.cases)} cases) against {inp.version}"
+                + (f" and {stable}" if stable else ""),
+                schedule_to_close=max(60.0, inp.warm_up.deadline_seconds),
+                heartbeat=60,
+            )
+            self._golden = golden_verdict(golden, run.new, run.stable, found.current.revision)
+            self._show()
+            if self._registry and self._benchmark is not None:
+                b = self._benchmark
+                await self._registry_write(
+                    RegistryActivities.record_registry_benchmark,
+                    RecordRegistryBenchmarkInput(
+                        model=inp.model,
+                        version=inp.version,
+                        benchmark=BenchmarkResult(
+                            tokens_per_second=b.tokens_per_second,
+                            p50_latency_seconds=b.p50_latency_seconds,
+                            p99_latency_seconds=b.p99_latency_seconds,
+                            dataset=f"golden set r{found.current.revision}",
+                            measured_at=workflow.now(),
+                            requests=len(golden.cases),
+                            errors=sum(1 for r in run.new if any(f.startswith("request failed") for f in r.failures)),
+                            image=inp.image,
+                            deployment=inp.deployment,
+                            golden=self._golden,
+                        ),
+                    ),
+                    "record the golden-set verdict in the registry",
+                )
+            if not self._golden.passed:
+                raise _RollBack(f"golden set failed at warm-up: {'; '.join(self._golden.reasons)}")
+        if inp.shadow is not None and self._stable is not None:
+            self._mirror = RouteMirror(version=inp.version, percent=inp.shadow.percent)
+            await self._route(
+                {self._stable.version: 100, inp.version: 0},
+                f"mirror {inp.shadow.percent} % of requests to {inp.version} (shadow comparison)",
+            )
+
+    async def _shadow_gate(self, weight: int) -> None:
+        """Compare the answers mirrored to the canary since the last verdict with stable's; a drift
+        past its threshold rolls back with examples, too few pairs keeps collecting."""
+        inp = self._in
+        if self._mirror is None or inp.shadow is None or self._stable is None:
+            return
+        try:
+            read = await self._act(
+                RolloutActivities.read_shadow_pairs,
+                ShadowPairsInput(
+                    deployment=self._ref, version=inp.version, stable_version=self._stable.version, after=self._shadow_after
+                ),
+                summary=f"shadow pairs of {inp.version} at {weight} %",
+                start_to_close=30,
+                retry=_GATES,
+                read_only=True,
+            )
+        except ActivityError as err:
+            raise _RollBack(f"shadow comparison at {weight} %: {cause(err)}") from err
+        self._shadow_after = read.last
+        self._shadow_pairs = [*self._shadow_pairs, *read.pairs][-SHADOW_KEEP:]
+        verdict = shadow_verdict(self._shadow_pairs, inp.shadow)
+        self._shadow = verdict
+        self._show()
+        if verdict.verdict == "fail":
+            examples = "; ".join(f"{p.prompt!r}: stable {p.stable_answer[:60]!r} / canary {p.canary_answer[:60]!r}" for p in verdict.examples)
+            raise _RollBack(f"shadow comparison failed at {weight} %: {'; '.join(verdict.failed)}; e.g. {examples}")
+        if verdict.verdict == "pass":
+            self._shadow_pairs = []  # the next window is judged on its own pairs
+
+    def _mirror_for(self, weights: dict[str, int]) -> RouteMirror | None:
+        """Mirror only while the new version is a canary: not once promoted, never on the way back."""
+        if self._mirror is None or weights.get(self._in.version, 0) >= 100 or self._stage in _FINISHING:
+            return None
+        return self._mirror
+
     # ---- helpers -----------------------------------------------------------------------------
 
     async def _checkpoint(self) -> None:
@@ -640,7 +753,7 @@ class ModelRollout:
     async def _route(self, weights: dict[str, int], summary: str, retry: RetryPolicy = _FORWARD) -> None:
         await self._act(
             RolloutActivities.set_route_weights,
-            RouteWeightsInput(deployment=self._ref, weights=weights, port=self._in.port),
+            RouteWeightsInput(deployment=self._ref, weights=weights, port=self._in.port, mirror=self._mirror_for(weights)),
             summary=summary,
             retry=retry,
             interruptible=False,
@@ -757,6 +870,7 @@ class ModelRollout:
             lines.append(f"⏸ paused: {self._pause_reason} — signal `resume` / `abort`, or update `promote`")
         if note:
             lines.append(note)
+        lines += [v.describe() for v in (self._golden, self._shadow) if v is not None]
         if self._verdicts:
             last = self._verdicts[-1]
             lines.append(
@@ -781,6 +895,8 @@ class ModelRollout:
             benchmark=self._benchmark,
             staged=self._staged,
             timings=self._all_timings(),
+            golden=self._golden,
+            shadow=self._shadow,
         )
 
 
