@@ -42,9 +42,12 @@ def _scaling(args: argparse.Namespace) -> int:
 def _spot(args: argparse.Namespace) -> int:
     from benchmarks import spot
 
-    table = spot.run(args.trace, args.out, target=args.target, availability=args.availability, window=args.window,
-                     cold_start_s=args.cold_start, return_delay_s=args.return_delay, notice_s=args.notice,
-                     rate_floor=args.rate_floor, days=args.days)
+    model = spot.Model(target=args.target, notice_s=args.notice, cold_start_s=args.cold_start,
+                       on_demand_capacity=args.on_demand_capacity)
+    settings = spot.Settings(availability=args.availability, max_overprovision=args.max_overprovision,
+                             window_s=args.window, stabilisation_s=args.stabilisation)
+    table = spot.run(args.trace, args.out, model, settings, region=args.region, split_day=args.split_day,
+                     sweep=not args.no_sweep)
     print(spot.markdown_table(table))
     return 0
 
@@ -92,16 +95,22 @@ def add_bench_commands(subparsers) -> None:
     s.add_argument("--out", type=Path, default=RESULTS)
     s.set_defaults(func=_scaling)
 
-    p = kinds.add_parser("spot", help="SkyNomad spot availability: on-demand vs spot-only vs tideplane's mix")
-    p.add_argument("--trace", type=Path, default=traces.SKYNOMAD_ZONES, help="SkyNomad zones/ directory")
-    p.add_argument("--target", type=int, default=8, help="replicas (one GPU each) the service needs")
-    p.add_argument("--availability", type=float, default=0.99, help="mix policy's availability target")
-    p.add_argument("--window", type=int, default=144, help="preemption-rate history, steps of 10 min")
-    p.add_argument("--cold-start", type=float, default=240.0, help="a replacement replica's start-up, s")
-    p.add_argument("--return-delay", type=float, default=1800.0, help="spot healthy this long before moving back, s")
-    p.add_argument("--notice", type=float, default=30.0, help="preemption notice, s (GCP: 30, AWS: 120)")
-    p.add_argument("--rate-floor", type=float, default=0.0, help="what-if: also run the mix with this minimum preemption rate per zone")
-    p.add_argument("--days", type=float, default=None)
+    from benchmarks.spot import DEFAULT as spot_defaults
+
+    p = kinds.add_parser("spot", help="a spot availability trace: on-demand vs spot-only vs tideplane's spot policy")
+    p.add_argument("--trace", type=Path, default=traces.SKYNOMAD,
+                   help="availability folder (format: benchmarks/traces.load_availability, README 'Spot benchmark')")
+    p.add_argument("--target", type=int, default=8, help="instances the service needs")
+    p.add_argument("--availability", type=float, default=spot_defaults.availability, help="the policy's availability target")
+    p.add_argument("--max-overprovision", type=int, default=spot_defaults.max_overprovision, help="spot replicas beyond the target")
+    p.add_argument("--window", type=float, default=spot_defaults.window_s, help="preemption-rate history, s")
+    p.add_argument("--stabilisation", type=float, default=spot_defaults.stabilisation_s, help="spot healthy this long before on-demand goes, s")
+    p.add_argument("--cold-start", type=float, default=240.0, help="a launched instance's start-up until it serves, s")
+    p.add_argument("--notice", type=float, default=120.0, help="interruption notice, s (AWS: 120, GCP: 30)")
+    p.add_argument("--on-demand-capacity", type=int, default=None, help="on-demand instances per region (default: target)")
+    p.add_argument("--region", default=None, help="the one-region cluster (default: the region with most zones)")
+    p.add_argument("--split-day", type=float, default=7.0, help="tune before this day, hold out after it")
+    p.add_argument("--no-sweep", action="store_true", help="skip the settings sweep and its plot")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.set_defaults(func=_spot)
 

@@ -1,22 +1,33 @@
-"""Spot benchmark: replay SkyNomad's per-zone spot H100 availability against three fleets.
+"""Spot benchmark: replay a spot availability trace against on-demand, spot-only and the spot policy.
 
-- on-demand: ``target`` replicas on demand at the cheapest on-demand price in the trace;
-- spot-only: ``target`` spot replicas in the cheapest zone that is up; when it is preempted the
-  fleet relaunches in the next cheapest zone that is up, with no on-demand to bridge the gap;
-- tideplane: ``workflows.spot.policy`` as the failover workflows use it: ``plan_mix`` (spot
-  over-provisioned across the zones with the lowest expected cost per available replica + an
-  on-demand base, from each zone's recent preemption rate, floored at ``MIN_PREEMPTION_RATE``),
-  ``fallback_on_demand`` the moment Ready spot falls short, and ``return_to_spot`` after
-  ``stabilisation_delay`` once spot is healthy again.
+The ``tideplane`` mix runs ``workflows.spot.policy``, the functions the spot workflows call
+(tests/unit/test_spot_policy.py checks the identity): ``plan_mix`` at every trace sample (spot
+replicas per failure domain plus an on-demand base, from each domain's recent preemption rate
+and launchable capacity), ``preemption_predicted`` + ``on_demand_needed`` every minute (on-demand
+for replicas under a notice, and ahead of time for shaky domains when the settings say so), and
+``on_demand_target`` (``return_to_spot`` after ``stabilisation_delay``) to give on-demand back.
 
-The trace has one sample per zone every 600 s (SkyNomad data: 1 = preempted); the replay runs
-minute by minute so that a replacement's start-up (``cold_start_s``) shows as a capacity gap.
-A replica is one GPU, priced at the zone's a3-highgpu-8g price / 8.
+The model, and what it does not know:
+
+- A replica is one instance of the trace's type (a3-highgpu-8g: 8 H100), priced at its domain's
+  spot price or its region's on-demand price, billed per minute from launch to end.
+- A domain (instance type x zone) is preempted when the trace says so: the notice arrives at the
+  first sample that reads unavailable (no look-ahead) and its instances stop ``notice_s`` later
+  (AWS: 120 s). The trace cannot say when within the previous sample the capacity really went.
+- Spot capacity per domain and sample comes from the launch counts (instances a launch of 16
+  got): a domain holds at most that many of our instances; a failed launch preempts nothing.
+  Without launch counts a domain has no known limit.
+- On-demand capacity is ``on_demand_capacity`` instances per region (default ``target``): a
+  launch beyond it is refused and counted. No trace measures it; it is an assumption.
+- One cluster is one region (its zones); ``all regions`` is the multi-region case, with
+  on-demand from the cheapest region that has room.
+- Every launch (spot or on-demand) takes ``cold_start_s`` to serve; the replay runs per minute.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,294 +35,379 @@ from benchmarks import traces
 from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
 from workflows.spot.policy import (
-    MIN_PREEMPTION_RATE,
+    DomainRisk,
+    PrewarmRule,
     ZoneMarket,
-    fallback_on_demand,
+    on_demand_needed,
+    on_demand_target,
     plan_mix,
-    preemption_rate,
-    return_to_spot,
-    stabilisation_delay,
+    preemption_predicted,
 )
 
-MINUTE = 60.0
-SOURCE = "SkyNomad spot H100 availability, 13 GCP zones, 2025-10-03..18 (github.com/andylizf/skynomad-artifact, Apache-2.0)"
+TICK_S = 60.0
+FLAP_WINDOW_S = 6 * 3600.0  # preemptions this recent double the stabilisation delay
+
+
+@dataclass(frozen=True)
+class Model:
+    """The world the fleets run in (not the policy's choice)."""
+
+    target: int = 8
+    notice_s: float = 120.0
+    cold_start_s: float = 240.0
+    on_demand_capacity: int | None = None  # instances per region; None: target
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The policy's knobs (swept); stabilisation defaults are FailoverPolicy's."""
+
+    availability: float = 0.99
+    max_overprovision: int | None = None
+    prewarm: PrewarmRule = PrewarmRule()
+    window_s: float = 86400.0  # preemption-rate and launch-failure history
+    stabilisation_s: float = 300.0
+    max_stabilisation_s: float = 3600.0
+
+    @property
+    def label(self) -> str:
+        over = "2x" if self.max_overprovision is None else f"+{self.max_overprovision}"
+        pre = "no pre-warm" if math.isinf(self.prewarm.preemption_rate) else f"pre-warm at rate>={self.prewarm.preemption_rate:g}"
+        return f"avail {self.availability:g}, over {over}, {pre}"
 
 
 @dataclass
 class _Replica:
-    zone: str | None  # None: on demand
+    domain: str | None  # None: on demand
+    region: str
     ready_at: float
+    dies_at: float | None = None
 
 
 @dataclass
 class Replay:
+    scenario: str
     policy: str
     ready: list[int] = field(default_factory=list)  # per minute
-    spot_ready: list[int] = field(default_factory=list)
-    on_demand: list[int] = field(default_factory=list)  # paid on-demand replicas per minute
+    spot: list[int] = field(default_factory=list)  # spot instances held per minute
+    on_demand: list[int] = field(default_factory=list)  # on-demand instances held per minute
     cost: float = 0.0
-    cumulative: list[float] = field(default_factory=list)  # cost so far, per minute
-    preempted: int = 0  # replicas lost to preemption
+    preempted: int = 0
+    refused_on_demand: int = 0  # on-demand launches refused for want of capacity (per minute wanted)
+    refused_spot: int = 0  # spot launches the plan wanted that the domain could not hold
 
 
 @dataclass(frozen=True)
-class Market:
+class Scenario:
+    name: str
     zones: list[traces.SpotZone]
-    on_demand_price: float  # per replica-hour
+    first_step: int
+    last_step: int  # exclusive
 
     @property
-    def steps(self) -> int:
-        return min(len(z.available) for z in self.zones)
-
-    def spot_price(self, zone: traces.SpotZone) -> float:
-        return zone.spot_price / zone.gpus
+    def on_demand_price(self) -> float:
+        return min(z.on_demand_price for z in self.zones)
 
 
-def market(zones: list[traces.SpotZone]) -> Market:
-    return Market(zones, min(z.on_demand_price / z.gpus for z in zones))
+def _od_prices(s: Scenario) -> dict[str, float]:
+    return {z.region: min(x.on_demand_price for x in s.zones if x.region == z.region) for z in s.zones}
 
 
 class _Fleet:
-    """Replicas by zone; launches, preemptions and per-minute billing."""
-
-    def __init__(self, m: Market, cold_start_s: float) -> None:
-        self.m = m
-        self.cold_start_s = cold_start_s
+    def __init__(self, s: Scenario, model: Model, out: Replay) -> None:
+        self.s, self.model, self.out = s, model, out
         self.replicas: list[_Replica] = []
-        self.prices = {z.zone: m.spot_price(z) for z in m.zones}
+        self.spot_price = {z.domain: z.spot_price for z in s.zones}
+        self.od_price = _od_prices(s)
+        self.od_cap = model.on_demand_capacity if model.on_demand_capacity is not None else model.target
 
-    def count(self, zone: str | None) -> int:
-        return sum(1 for r in self.replicas if r.zone == zone)
+    def alive(self, domain: str | None) -> list[_Replica]:
+        """Held and not under a notice."""
+        return [r for r in self.replicas if r.domain == domain and r.dies_at is None]
 
-    def resize(self, zone: str | None, want: int, now: float, up: bool = True) -> None:
-        have = self.count(zone)
-        if want > have and up:
-            self.replicas += [_Replica(zone, now + self.cold_start_s) for _ in range(want - have)]
-        elif want < have:
-            mine = sorted((r for r in self.replicas if r.zone == zone), key=lambda r: -r.ready_at)  # newest first
-            drop = {id(r) for r in mine[: have - want]}
-            self.replicas = [r for r in self.replicas if id(r) not in drop]
+    def launch_spot(self, domain: str, region: str, n: int, at: float) -> None:
+        self.replicas += [_Replica(domain, region, at) for _ in range(n)]
 
-    def preempt(self, down: set[str]) -> int:
-        lost = sum(1 for r in self.replicas if r.zone in down)
-        self.replicas = [r for r in self.replicas if r.zone not in down]
-        return lost
+    def shrink(self, domain: str | None, keep: int) -> None:
+        mine = sorted(self.alive(domain), key=lambda r: -r.ready_at)  # newest first
+        drop = {id(r) for r in mine[: max(0, len(mine) - keep)]}
+        self.replicas = [r for r in self.replicas if id(r) not in drop]
 
-    def tick(self, now: float, out: Replay) -> None:
-        ready = [r for r in self.replicas if r.ready_at <= now]
-        out.ready.append(len(ready))
-        out.spot_ready.append(sum(1 for r in ready if r.zone is not None))
-        out.on_demand.append(self.count(None))
-        out.cost += sum(self.m.on_demand_price if r.zone is None else self.prices[r.zone] for r in self.replicas) * MINUTE / 3600
-        out.cumulative.append(out.cost)
+    def set_on_demand(self, want: int, at: float) -> None:
+        held = self.alive(None)
+        if want < len(held):
+            self.shrink(None, want)
+            return
+        per_region = {reg: sum(1 for r in held if r.region == reg) for reg in self.od_price}
+        for _ in range(want - len(held)):
+            room = [reg for reg in sorted(self.od_price, key=self.od_price.get) if per_region[reg] < self.od_cap]
+            if not room:
+                self.out.refused_on_demand += 1
+                return
+            per_region[room[0]] += 1
+            self.replicas.append(_Replica(None, room[0], at))
+
+    def notice(self, domains: set[str], at: float) -> None:
+        for r in self.replicas:
+            if r.domain in domains and r.dies_at is None:
+                r.dies_at = at + self.model.notice_s
+
+    def tick(self, t: float) -> list[_Replica]:
+        """Stop the instances whose notice ran out, bill the minute, record; returns the Ready ones."""
+        dead = [r for r in self.replicas if r.dies_at is not None and r.dies_at <= t]
+        if dead:
+            self.out.preempted += len(dead)
+            self.replicas = [r for r in self.replicas if not (r.dies_at is not None and r.dies_at <= t)]
+        ready = [r for r in self.replicas if r.ready_at <= t]
+        self.out.ready.append(len(ready))
+        self.out.spot.append(sum(1 for r in self.replicas if r.domain is not None))
+        self.out.on_demand.append(sum(1 for r in self.replicas if r.domain is None))
+        self.out.cost += sum(
+            self.od_price[r.region] if r.domain is None else self.spot_price[r.domain] for r in self.replicas
+        ) * TICK_S / 3600
+        return ready
 
 
-def _steps(m: Market, days: float | None) -> int:
-    n = m.steps
-    return min(n, math.ceil(days * 86400 / m.zones[0].step_s)) if days else n
+def _ticks(s: Scenario) -> int:
+    return max(1, round(s.zones[0].step_s / TICK_S))
 
 
-def on_demand_only(m: Market, target: int, days: float | None = None) -> Replay:
-    out = Replay("on-demand")
-    fleet = _Fleet(m, 0.0)
-    fleet.resize(None, target, -1.0)  # the baseline fleet is up before the trace starts
-    per_step = round(m.zones[0].step_s / MINUTE)
-    for i in range(_steps(m, days) * per_step):
-        fleet.tick(i * MINUTE, out)
+def on_demand_only(s: Scenario, model: Model) -> Replay:
+    """``target`` on-demand instances in the cheapest region, running before the trace starts."""
+    out = Replay(s.name, "on-demand")
+    fleet = _Fleet(s, model, out)
+    region = min(fleet.od_price, key=fleet.od_price.get)
+    fleet.replicas = [_Replica(None, region, -1.0) for _ in range(model.target)]
+    for i in range((s.last_step - s.first_step) * _ticks(s)):
+        fleet.tick(i * TICK_S)
     return out
 
 
-def spot_only(m: Market, target: int, cold_start_s: float, notice_s: float = 30.0, days: float | None = None) -> Replay:
-    out = Replay("spot-only")
-    fleet = _Fleet(m, cold_start_s)
-    by_price = sorted(m.zones, key=lambda z: (m.spot_price(z), z.zone))
-    step_s = m.zones[0].step_s
-    per_step = round(step_s / MINUTE)
-    steps = _steps(m, days)
-    home: str | None = None
-    for step in range(steps):
-        now = step * step_s
-        up = {z.zone for z in m.zones if z.available[step]}
-        out.preempted += fleet.preempt({z.zone for z in m.zones} - up)
-        doomed = _doomed(m, step, steps)
+def spot_only(s: Scenario, model: Model) -> Replay:
+    """``target`` spot instances in the cheapest domains with room; relaunched elsewhere on a notice, no on-demand."""
+    out = Replay(s.name, "spot-only")
+    fleet = _Fleet(s, model, out)
+    by_price = sorted(s.zones, key=lambda z: (z.spot_price, z.domain))
+    step_s, per_step = s.zones[0].step_s, _ticks(s)
+    for step in range(s.first_step, s.last_step):
+        t0 = (step - s.first_step) * step_s
+        fleet.notice({z.domain for z in s.zones if not z.available[step]}, t0)
+        start = t0 if step > s.first_step else t0 - model.cold_start_s  # the first fleet serves at t=0
+        short = model.target - sum(len(fleet.alive(z.domain)) for z in s.zones)
+        for z in by_price:
+            if short <= 0:
+                break
+            cap = z.capacity(step)
+            room = short if cap is None else max(0, min(short, cap - len(fleet.alive(z.domain))))
+            fleet.launch_spot(z.domain, z.region, room, start + model.cold_start_s)
+            short -= room
+        out.refused_spot += max(0, short)
         for k in range(per_step):
-            t = now + k * MINUTE
-            noticed = doomed if t + MINUTE > now + step_s - notice_s else set()
-            if home not in up or home in noticed:
-                home = next((z.zone for z in by_price if z.zone in up and z.zone not in noticed), None)
-            if home is not None:
-                at = min(t, now + step_s - notice_s) if noticed else t
-                fleet.resize(home, target, at - (0 if step else cold_start_s))
-            fleet.tick(t, out)
+            fleet.tick(t0 + k * TICK_S)
     return out
 
 
-def _doomed(m: Market, step: int, steps: int) -> set[str]:
-    """Zones up now that are preempted at the next step: their notice arrives ``notice_s`` before."""
-    if step + 1 >= steps:
-        return set()
-    return {z.zone for z in m.zones if z.available[step] and not z.available[step + 1]}
-
-
-def tideplane_mix(
-    m: Market,
-    target: int,
-    availability: float,
-    window: int,
-    cold_start_s: float,
-    return_delay_s: float,
-    notice_s: float = 30.0,
-    rate_floor: float = MIN_PREEMPTION_RATE,
-    days: float | None = None,
-) -> Replay:
-    """``rate_floor`` other than ``MIN_PREEMPTION_RATE`` is a what-if, not what plan_mix's callers get."""
-    what_if = rate_floor != MIN_PREEMPTION_RATE
-    out = Replay("tideplane-mix" + (f" (what-if: rate floor {rate_floor:g})" if what_if else ""))
-    fleet = _Fleet(m, cold_start_s)
-    step_s = m.zones[0].step_s
-    per_step = round(step_s / MINUTE)
-    history: dict[str, list[int]] = {z.zone: [] for z in m.zones}
+def policy_mix(s: Scenario, model: Model, settings: Settings) -> Replay:
+    """The spot policy (``workflows.spot.policy``), replayed."""
+    out = Replay(s.name, f"tideplane ({settings.label})")
+    fleet = _Fleet(s, model, out)
+    step_s, per_step = s.zones[0].step_s, _ticks(s)
+    window = max(1, round(settings.window_s / step_s))
+    preempted_hist = {z.domain: deque(maxlen=window) for z in s.zones}
+    failed_hist = {z.domain: deque(maxlen=window) for z in s.zones}
     healthy_since: float | None = 0.0
     flaps: list[float] = []
-    steps = _steps(m, days)
-    for step in range(steps):
-        now = step * step_s
-        up = {z.zone for z in m.zones if z.available[step]}
-        doomed = _doomed(m, step, steps)
-        lost = fleet.preempt({z.zone for z in m.zones} - up)
-        if lost:
-            out.preempted += lost
-            flaps.append(now)
+    for step in range(s.first_step, s.last_step):
+        t0 = (step - s.first_step) * step_s
+        down = {z.domain for z in s.zones if not z.available[step]}
+        if any(fleet.alive(d) for d in down):
+            flaps.append(t0)
+        fleet.notice(down, t0)
+        for z in s.zones:
+            preempted_hist[z.domain].append(0 if z.available[step] else 1)
+            if z.available[step] and z.launched is not None and z.requested:
+                failed_hist[z.domain].append(1 - z.launched[step] / z.requested)
+        rate = {d: sum(h) / len(h) for d, h in preempted_hist.items()}
+        failures = {d: (sum(h) / len(h) if h else 0.0) for d, h in failed_hist.items()}
         plan = plan_mix(
-            target,
-            availability,
-            [
-                ZoneMarket(z.zone, preemption_rate(history[z.zone], window), m.spot_price(z), z.zone in up)
-                for z in m.zones
-            ],
-            m.on_demand_price,
-            min_preemption_rate=rate_floor,
+            model.target,
+            settings.availability,
+            [ZoneMarket(z.domain, rate[z.domain], z.spot_price, z.available[step], z.capacity(step)) for z in s.zones],
+            s.on_demand_price,
+            max_overprovision=settings.max_overprovision,
         )
-        for z in m.zones:  # make before break: grow now, shrink once the new placement serves
-            want = plan.spot_per_zone.get(z.zone, 0)
-            if want > fleet.count(z.zone):
-                fleet.resize(z.zone, want, now - (0 if step else cold_start_s))
+        start = t0 if step > s.first_step else t0 - model.cold_start_s  # the first fleet serves at t=0
+        for z in s.zones:  # make before break: grow now, shrink once the new placement serves
+            want, have = plan.spot_per_zone.get(z.domain, 0), len(fleet.alive(z.domain))
+            if want > have:
+                cap = z.capacity(step)
+                room = want - have if cap is None else max(0, min(want, cap) - have)
+                out.refused_spot += want - have - room
+                fleet.launch_spot(z.domain, z.region, room, start + model.cold_start_s)
+        shaky = {
+            z.domain
+            for z in s.zones
+            if preemption_predicted(DomainRisk(preemption_rate=rate[z.domain], launch_failure_rate=failures[z.domain]), settings.prewarm)
+        }
         for k in range(per_step):
-            t = now + k * MINUTE
-            placed = sum(
-                min(plan.spot_per_zone.get(z.zone, 0), sum(1 for r in fleet.replicas if r.zone == z.zone and r.ready_at <= t))
-                for z in m.zones
-            )
-            if placed >= plan.spot:
-                for z in m.zones:
-                    fleet.resize(z.zone, plan.spot_per_zone.get(z.zone, 0), t)
-            noticed = doomed if t + MINUTE > now + step_s - notice_s else set()
-            spot_ready = sum(1 for r in fleet.replicas if r.zone is not None and r.zone not in noticed and r.ready_at <= t)
-            need = fallback_on_demand(target, spot_ready, plan.on_demand)
-            if spot_ready + plan.on_demand < target:
+            t = t0 + k * TICK_S
+            ready = fleet.tick(t)
+            placed = sum(min(plan.spot_per_zone.get(z.domain, 0), sum(1 for r in ready if r.domain == z.domain and r.dies_at is None)) for z in s.zones)
+            od_ready = sum(1 for r in ready if r.domain is None)
+            if placed >= plan.spot and od_ready >= plan.on_demand:  # the new placement serves, base included
+                for z in s.zones:
+                    fleet.shrink(z.domain, plan.spot_per_zone.get(z.domain, 0))
+            spot_ready = [r for r in ready if r.domain is not None]
+            at_risk = sum(1 for r in spot_ready if r.dies_at is not None or r.domain in shaky)
+            need = on_demand_needed(model.target, len(spot_ready), at_risk, plan.on_demand)
+            if len(spot_ready) - at_risk + plan.on_demand >= model.target:
+                healthy_since = t if healthy_since is None else healthy_since
+            else:
                 healthy_since = None
-            elif healthy_since is None:
-                healthy_since = t
-            recent = sum(1 for f in flaps if now - f < 6 * 3600)
-            delay = stabilisation_delay(return_delay_s, recent - 1, 4 * return_delay_s)
-            if need > fleet.count(None):
-                at = min(t, now + step_s - notice_s) if noticed else t
-                fleet.resize(None, need, at - (0 if step else cold_start_s))
-            elif need < fleet.count(None) and return_to_spot(healthy_since, t, delay):
-                fleet.resize(None, need, t)
-            fleet.tick(t, out)
-        for z in m.zones:
-            history[z.zone].append(0 if z.zone in up else 1)
+            recent = sum(1 for f in flaps if t - f < FLAP_WINDOW_S)
+            keep = on_demand_target(
+                len(fleet.alive(None)), need, healthy_since, t, settings.stabilisation_s, max(0, recent - 1), settings.max_stabilisation_s
+            )
+            fleet.set_on_demand(keep, t + model.cold_start_s if step > s.first_step or k else t)
     return out
 
 
-COLUMNS = ["policy", "cost_usd", "vs_on_demand_percent", "minutes_at_target_percent", "gap_minutes", "gap_replica_minutes", "replicas_preempted", "mean_spot_ready", "mean_on_demand"]
+COLUMNS = [
+    "scenario", "policy", "cost_usd", "cost_vs_on_demand_percent", "minutes_at_target_percent", "gap_minutes",
+    "gap_replica_minutes", "instances_preempted", "mean_spot", "mean_on_demand", "on_demand_refused", "spot_refused",
+]
 
 
-def rows(replays: list[Replay], target: int) -> list[dict]:
-    base = next(r.cost for r in replays if r.policy == "on-demand")
-    table = []
-    for r in replays:
-        minutes = len(r.ready)
-        table.append(
-            {
-                "policy": r.policy,
-                "cost_usd": round(r.cost, 0),
-                "vs_on_demand_percent": round(100 * (r.cost / base - 1), 1),
-                "minutes_at_target_percent": round(100 * sum(x >= target for x in r.ready) / minutes, 2),
-                "gap_minutes": sum(x < target for x in r.ready),
-                "gap_replica_minutes": sum(max(0, target - x) for x in r.ready),
-                "replicas_preempted": r.preempted,
-                "mean_spot_ready": round(sum(r.spot_ready) / minutes, 2),
-                "mean_on_demand": round(sum(r.on_demand) / minutes, 2),
-            }
-        )
-    return table
+def row(r: Replay, base_cost: float, target: int) -> dict:
+    minutes = len(r.ready)
+    return {
+        "scenario": r.scenario,
+        "policy": r.policy,
+        "cost_usd": round(r.cost),
+        "cost_vs_on_demand_percent": round(100 * r.cost / base_cost, 1),
+        "minutes_at_target_percent": round(100 * sum(x >= target for x in r.ready) / minutes, 3),
+        "gap_minutes": sum(x < target for x in r.ready),
+        "gap_replica_minutes": sum(max(0, target - x) for x in r.ready),
+        "instances_preempted": r.preempted,
+        "mean_spot": round(sum(r.spot) / minutes, 2),
+        "mean_on_demand": round(sum(r.on_demand) / minutes, 2),
+        "on_demand_refused": r.refused_on_demand,
+        "spot_refused": r.refused_spot,
+    }
 
 
 def markdown_table(table: list[dict]) -> str:
     return _table(table, COLUMNS)
 
 
-def plot(m: Market, replays: list[Replay], target: int, steps: int, path: Path) -> None:
+def scenarios(trace: traces.AvailabilityTrace, region: str | None, split_day: float) -> tuple[list[Scenario], Scenario]:
+    """The one-region cluster (whole trace, then tuning and held-out halves), other regions, all regions."""
+    regions: dict[str, list[traces.SpotZone]] = {}
+    for z in trace.zones:
+        regions.setdefault(z.region, []).append(z)
+    home = region or max(regions, key=lambda r: (len(regions[r]), -min(z.on_demand_price for z in regions[r])))
+    if home not in regions:
+        raise ValueError(f"no region {home!r} in {trace.name}: {sorted(regions)}")
+    steps = trace.steps
+    split = min(steps, round(split_day * 86400 / trace.step_s))
+    whole = Scenario(f"{home} ({len(regions[home])} zones)", regions[home], 0, steps)
+    out, tuning = [whole], whole
+    if 0 < split < steps:  # a trace shorter than the split is reported whole
+        tuning = Scenario(f"{home}, days 0-{split_day:g} (tuned on)", regions[home], 0, split)
+        out += [tuning, Scenario(f"{home}, days {split_day:g}-{steps * trace.step_s / 86400:.1f} (held out)", regions[home], split, steps)]
+    out += [Scenario(f"{r} ({len(zs)} zones, held out)", zs, 0, steps) for r, zs in sorted(regions.items()) if r != home and len(zs) > 1]
+    if len(regions) > 1:
+        out.append(Scenario(f"all regions ({len(trace.zones)} zones, multi-region)", trace.zones, 0, steps))
+    return out, tuning
+
+
+SWEEP = [
+    Settings(availability=a, max_overprovision=o, prewarm=p, window_s=6 * 3600.0)
+    for a in (0.9, 0.95, 0.98, 0.99, 0.999)
+    for o in (4, 8)
+    for p in (PrewarmRule(), PrewarmRule(preemption_rate=0.1))
+]
+# Chosen on the first week of us-central1 only (the cheapest point under 50 % of on-demand there);
+# the second week, the other regions and the multi-region case are reported with it, untuned.
+DEFAULT = Settings(availability=0.98, max_overprovision=8, window_s=6 * 3600.0)
+
+
+def run(
+    trace_dir: Path,
+    out_dir: Path | None,
+    model: Model = Model(),
+    settings: Settings = DEFAULT,
+    region: str | None = None,
+    split_day: float = 7.0,
+    sweep: bool = True,
+) -> list[dict]:
+    trace = traces.load_availability(trace_dir)
+    cases, tuning = scenarios(trace, region, split_day)
+    table: list[dict] = []
+    points: dict[str, list[dict]] = {}
+    base_cost: dict[str, float] = {}
+    for s in cases:
+        base = on_demand_only(s, model)
+        base_cost[s.name] = base.cost
+        replays = [base, spot_only(s, model), policy_mix(s, model, settings)]
+        table += [row(r, base.cost, model.target) for r in replays]
+        if s is cases[0]:
+            points["fleets"] = table[-3:]
+    if sweep:
+        for key, s in (("sweep", tuning), ("sweep full", cases[0])):
+            points[key] = [row(policy_mix(s, model, x), base_cost[s.name], model.target) for x in SWEEP]
+    if out_dir is not None:
+        _write(trace, model, settings, table, points, out_dir)
+    return table
+
+
+def _write(trace: traces.AvailabilityTrace, model: Model, settings: Settings, table: list[dict], points: dict, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"spot-{trace.name}"
+    write_csv(stem.with_suffix(".csv"), table, COLUMNS)
+    header = (
+        f"Trace: {trace.name} ({trace.source}), {len(trace.zones)} domains, step {trace.step_s:g} s, "
+        f"{trace.steps * trace.step_s / 86400:.1f} days.\n"
+        f"Target {model.target} instances, notice {model.notice_s:g} s, cold start {model.cold_start_s:g} s, "
+        f"on-demand capacity {model.on_demand_capacity or model.target} instances per region. "
+        f"Policy: {settings.label}, rate window {settings.window_s:g} s, stabilisation {settings.stabilisation_s:g} s.\n\n"
+    )
+    body = markdown_table(table)
+    if "sweep" in points:
+        body += "\n\nSettings swept on the tuning scenario and on the whole trace of the home region:\n\n"
+        body += markdown_table(points["sweep"] + points["sweep full"])
+        write_csv(out_dir / f"spot-{trace.name}-sweep.csv", points["sweep"] + points["sweep full"], COLUMNS)
+        _plot(trace, points, stem.with_name(stem.name + "-cost-vs-availability.png"))
+    stem.with_suffix(".md").write_text(header + body + "\n")
+
+
+def _plot(trace: traces.AvailabilityTrace, points: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 1, figsize=(14, 10), sharex=True, gridspec_kw={"height_ratios": [2, 2, 1.3]})
-    step_days = m.zones[0].step_s / 86400
-    grid = [[0 if z.available[i] else 1 for i in range(steps)] for z in m.zones]
-    axes[0].imshow(grid, aspect="auto", cmap="Reds", interpolation="nearest", extent=(0, steps * step_days, len(m.zones), 0))
-    axes[0].set_yticks([i + 0.5 for i in range(len(m.zones))], [f"{z.zone} ${m.spot_price(z):.2f}" for z in m.zones], fontsize=7)
-    axes[0].set_title("SkyNomad spot H100 availability (red = preempted); spot $/GPU-h")
-    for r in replays:
-        hours = [min(r.ready[i : i + 60]) for i in range(0, len(r.ready), 60)]
-        axes[1].plot([h / 24 for h in range(len(hours))], hours, lw=0.8, label=f"{r.policy} (min Ready in the hour)")
-    axes[1].axhline(target, color="black", ls=":", lw=0.7)
-    axes[1].set_ylabel("Ready replicas")
-    axes[1].legend(fontsize=8)
-    for r in replays:
-        series = r.cumulative[::60]
-        axes[2].plot([h / 24 for h in range(len(series))], series, lw=0.8, label=r.policy)
-    axes[2].set_ylabel("cumulative cost ($)")
-    axes[2].set_xlabel("day of trace")
-    axes[2].legend(fontsize=8)
+    fig, axes = plt.subplots(1, 2, figsize=(14, 6))
+    sweep = points["sweep full"]
+    for ax, zoom in zip(axes, (False, True)):
+        ax.scatter([r["cost_vs_on_demand_percent"] for r in sweep], [r["minutes_at_target_percent"] for r in sweep],
+                   s=18, c="tab:gray", label="policy settings swept (availability/over-provision[/pre-warm])")
+        if zoom:
+            for r, x in zip(sweep, SWEEP):
+                short = f"{x.availability:g}/+{x.max_overprovision}" + ("" if math.isinf(x.prewarm.preemption_rate) else "/pw")
+                ax.annotate(short, (r["cost_vs_on_demand_percent"], r["minutes_at_target_percent"]), fontsize=6, alpha=0.8)
+        for r, color in zip(points["fleets"], ("tab:blue", "tab:red", "tab:green")):
+            ax.scatter([r["cost_vs_on_demand_percent"]], [r["minutes_at_target_percent"]], s=60, c=color, label=r["policy"])
+        ax.axhline(99.9, color="black", ls=":", lw=0.7)
+        ax.axvline(50, color="black", ls=":", lw=0.7)
+        ax.set_xlabel("cost, % of all on-demand")
+        ax.set_ylabel("% of minutes at target capacity")
+        if zoom:
+            ax.set_ylim(99.5, 100.02)
+            ax.set_title("zoom: goal is above 99.9 % and left of 50 %")
+        else:
+            ax.set_title(f"{trace.name}: {points['fleets'][0]['scenario']}")
+            ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def run(
-    trace: Path,
-    out_dir: Path | None,
-    target: int = 8,
-    availability: float = 0.99,
-    window: int = 144,
-    cold_start_s: float = 240.0,
-    return_delay_s: float = 1800.0,
-    notice_s: float = 30.0,
-    rate_floor: float = 0.0,
-    days: float | None = None,
-) -> list[dict]:
-    """``rate_floor`` (when given and not the shipped ``MIN_PREEMPTION_RATE``) adds a what-if mix row."""
-    m = market(traces.load_skynomad(trace))
-    replays = [
-        on_demand_only(m, target, days),
-        spot_only(m, target, cold_start_s, notice_s, days),
-        tideplane_mix(m, target, availability, window, cold_start_s, return_delay_s, notice_s, MIN_PREEMPTION_RATE, days),
-    ]
-    if rate_floor and rate_floor != MIN_PREEMPTION_RATE:
-        replays.append(tideplane_mix(m, target, availability, window, cold_start_s, return_delay_s, notice_s, rate_floor, days))
-    table = rows(replays, target)
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_csv(out_dir / "spot-skynomad-h100.csv", table, COLUMNS)
-        (out_dir / "spot-skynomad-h100.md").write_text(
-            f"Trace: {SOURCE}\nTarget {target} replicas (1 GPU each), availability target {availability}, "
-            f"preemption-rate window {window} x 10 min, cold start {cold_start_s:g}s, preemption notice {notice_s:g}s, "
-            f"return-to-spot delay {return_delay_s:g}s, "
-            f"on-demand ${m.on_demand_price:.2f}/GPU-h\n\n" + markdown_table(table) + "\n"
-        )
-        plot(m, replays, target, _steps(m, days), out_dir / "spot-skynomad-h100.png")
-    return table

@@ -3,7 +3,8 @@
 - ServeGen (Alibaba Cloud Model Studio, Apache-2.0; Xiang et al., arXiv 2505.09999): per-client
   request rates per 600 s window with the inter-arrival distribution of each window.
 - Azure LLM inference 2023, code (CC-BY 4.0; Patel et al., ISCA 2024): individual requests.
-- SkyNomad spot H100 availability (Apache-2.0): per zone, 1 = preempted, 0 = available, every 600 s.
+- Spot availability folders (``load_availability``), e.g. SkyNomad's H100 (Apache-2.0): per
+  instance type and zone, 1 = preempted, 0 = available, at the folder's own step, with launch counts.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import math
 import os
 import random
+import re
 import tarfile
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,7 +26,7 @@ TRACES_DIR = Path(os.environ.get("TIDEPLANE_TRACES_DIR") or Path(__file__).resol
 SERVEGEN = TRACES_DIR / "servegen" / "servegen-language-m-large-m-mid.tar.gz"
 PARTIAL_GAP_FRACTION = 0.05  # a window below this fraction of the median total is missing data
 AZURE_CODE = TRACES_DIR / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
-SKYNOMAD_ZONES = TRACES_DIR / "skynomad-h100" / "zones"
+SKYNOMAD = TRACES_DIR / "skynomad-h100"
 
 
 @dataclass(frozen=True)
@@ -146,32 +148,110 @@ def bin_requests(requests: list[Request], step_s: float) -> list[float]:
 
 @dataclass(frozen=True)
 class SpotZone:
+    """One failure domain (an instance type in a zone) of an availability trace."""
+
     zone: str
+    region: str
+    instance_type: str
     step_s: float
     spot_price: float  # $/h of the instance
     on_demand_price: float  # $/h of the same instance on demand
     gpus: int
     available: list[bool]  # per step: True when spot capacity could be had
+    launched: list[int] | None = None  # per step: instances a launch of ``requested`` got (None: not measured)
+    requested: int | None = None
+
+    @property
+    def domain(self) -> str:
+        return f"{self.instance_type}/{self.zone}"
+
+    def capacity(self, step: int) -> int | None:
+        """Spot instances the domain could hold at ``step`` (0 when preempted; None: no launch counts)."""
+        if not self.available[step]:
+            return 0
+        return None if self.launched is None else self.launched[step]
 
 
-def load_skynomad(zones_dir: Path = SKYNOMAD_ZONES) -> list[SpotZone]:
-    """Every zone's spot availability (the trace's 1 = preempted is turned into available=False)."""
+@dataclass(frozen=True)
+class AvailabilityTrace:
+    name: str  # the folder's name: outputs are named after it
+    source: str  # what it is, from its README/NOTICE's first line or the folder
+    zones: list[SpotZone]
+
+    @property
+    def step_s(self) -> float:
+        return self.zones[0].step_s
+
+    @property
+    def steps(self) -> int:
+        return min(len(z.available) for z in self.zones)
+
+
+def load_availability(folder: Path = SKYNOMAD) -> AvailabilityTrace:
+    """A spot availability folder (format: docs in the README's "Spot benchmark" and below).
+
+    - ``<folder>/zones/*.json`` (or ``<folder>/*.json``), one per instance type and zone:
+      ``{"metadata": {"zone", "gap_seconds", "start_time"?, "instance_type"?, "region"?,
+      "price_info": {"price", "on_demand_price", "machine_type"?, "region"?, "components"?}},
+      "data": [0 | 1, ...]}`` with 1 = spot unavailable (preempted) in that sample, any step;
+      GPUs per instance from the ``gpu`` price component (1 when absent); region from the
+      metadata, else the zone name without its last letter (us-central1-a, us-east-1a);
+    - optionally one ``*launch*counts*.csv``: ``scheduled_at`` (ISO), ``requested_per_zone``, and
+      a column per zone (or per ``instance_type/zone``) with the instances that launch got; rows are
+      matched to samples by time (``start_time``), a missing sample keeps the last count.
+    """
+    folder = Path(folder)
+    files = sorted((folder / "zones").glob("*.json")) or sorted(folder.glob("*.json"))
+    if not files:
+        raise ValueError(f"no availability files (*.json or zones/*.json) in {folder}")
+    counts = sorted(folder.glob("*launch*counts*.csv"))
+    rows = list(csv.DictReader(counts[0].read_text().splitlines())) if counts else []
     zones = []
-    for path in sorted(zones_dir.glob("*_h100_16.json")):
+    for path in files:
         doc = json.loads(path.read_text())
         meta = doc["metadata"]
         price = meta["price_info"]
-        gpus = sum(int(c["quantity"]) for c in price.get("components", []) if c.get("label") == "gpu") or 1
+        zone = meta.get("zone") or path.name.split("_")[0]
+        instance_type = meta.get("instance_type") or price.get("machine_type") or "instance"
+        step_s = float(meta["gap_seconds"])
+        data = doc["data"]
+        launched, requested = _launch_counts(rows, zone, instance_type, meta.get("start_time"), step_s, len(data))
         zones.append(
             SpotZone(
-                zone=meta.get("zone", path.name.split("_")[0]),
-                step_s=float(meta["gap_seconds"]),
+                zone=zone,
+                region=meta.get("region") or price.get("region") or re.sub(r"-?[a-z]$", "", zone),
+                instance_type=instance_type,
+                step_s=step_s,
                 spot_price=float(price["price"]),
                 on_demand_price=float(price["on_demand_price"]),
-                gpus=gpus,
-                available=[v == 0 for v in doc["data"]],
+                gpus=sum(int(c["quantity"]) for c in price.get("components", []) if c.get("label") == "gpu") or 1,
+                available=[v == 0 for v in data],
+                launched=launched,
+                requested=requested,
             )
         )
-    if not zones:
-        raise ValueError(f"no SkyNomad zone files in {zones_dir}")
-    return zones
+    notice = next((folder / n for n in ("README.md", "NOTICE") if (folder / n).exists()), None)
+    source = notice.read_text().strip().splitlines()[0] if notice else folder.name
+    return AvailabilityTrace(name=folder.name if folder.name != "zones" else folder.parent.name, source=source, zones=zones)
+
+
+def _launch_counts(
+    rows: list[dict], zone: str, instance_type: str, start: str | None, step_s: float, steps: int
+) -> tuple[list[int] | None, int | None]:
+    column = next((c for c in (f"{instance_type}/{zone}", zone) if rows and c in rows[0]), None)
+    if column is None:
+        return None, None
+    by_step: dict[int, int] = {}
+    t0 = datetime.fromisoformat(start) if start else None
+    for i, row in enumerate(rows):
+        if row.get(column) in (None, ""):
+            continue
+        at = round((datetime.fromisoformat(row["scheduled_at"]) - t0).total_seconds() / step_s) if t0 else i
+        if 0 <= at < steps:
+            by_step[at] = int(row[column])
+    requested = int(rows[0].get("requested_per_zone") or max(by_step.values(), default=0))
+    launched, last = [], requested
+    for i in range(steps):
+        last = by_step.get(i, last)
+        launched.append(last)
+    return launched, requested

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import math
 from datetime import datetime
 
@@ -109,47 +110,82 @@ def test_prewarm_learns_from_demand_not_from_its_own_floors():
     assert p.floor(week + 14 * 3600) == 0  # Monday 14h: 12 replicas stood idle, the load needed none
 
 
-def _zones(*availability: list[bool], spot_prices=(8.0, 16.0)) -> spot.Market:
+def _scenario(*availability: list[bool], spot_prices=(10.0, 20.0), launched=None) -> spot.Scenario:
+    """Domains z0, z1 (one region, 10-minute samples); on-demand $80/h per instance."""
     zones = [
-        traces.SpotZone(zone=f"z{i}", step_s=600, spot_price=spot_prices[i], on_demand_price=80.0, gpus=8, available=list(a))
+        traces.SpotZone(zone=f"r-{i}", region="r", instance_type="t", step_s=600, spot_price=spot_prices[i], on_demand_price=80.0,
+                        gpus=8, available=list(a), launched=None if launched is None else launched[i], requested=None if launched is None else 16)
         for i, a in enumerate(availability)
     ]
-    return spot.market(zones)
+    return spot.Scenario("test", zones, 0, min(len(a) for a in availability))
 
 
 def test_all_on_demand_cost_is_hours_times_price():
-    m = _zones([True] * 12, [True] * 12)  # 2 hours
-    r = spot.on_demand_only(m, target=4)
-    assert r.cost == pytest.approx(2 * 4 * 10.0)
+    s = _scenario([True] * 12, [True] * 12)  # 2 hours
+    r = spot.on_demand_only(s, spot.Model(target=4))
+    assert r.cost == pytest.approx(2 * 4 * 80.0)
     assert min(r.ready) == 4
 
 
-def test_spot_only_gaps_while_its_zone_is_unavailable():
+def test_spot_only_gets_the_notice_when_the_trace_says_and_relaunches_elsewhere():
     up, down = True, False
-    m = _zones([up, up, down, down, up, up], [up] * 6)  # z0 cheap ($1/GPU-h), z1 $2/GPU-h
-    r = spot.spot_only(m, target=2, cold_start_s=240, notice_s=0)
-    assert r.ready[:20] == [2] * 20
-    assert r.ready[20:24] == [0] * 4  # z0 preempted at minute 20; z1 replicas need 4 minutes
-    assert r.ready[24:] == [2] * 36 and r.preempted == 2
-    assert r.cost == pytest.approx(2 * 1.0 * 20 / 60 + 2 * 2.0 * 40 / 60)
-    table = {row["policy"]: row for row in spot.rows([spot.on_demand_only(m, 2), r], 2)}
-    assert table["spot-only"]["gap_minutes"] == 4 and table["spot-only"]["gap_replica_minutes"] == 8
-
-    nowhere = spot.spot_only(_zones([down] * 3), target=2, cold_start_s=240, notice_s=0)
-    assert max(nowhere.ready) == 0 and nowhere.cost == 0
+    s = _scenario([up, up, down, down, up, up], [up] * 6)
+    r = spot.spot_only(s, spot.Model(target=2, notice_s=120, cold_start_s=240))
+    # notice at minute 20 (the first sample that reads unavailable), instances stop at 22, z1's serve from 24
+    assert r.ready[:22] == [2] * 22 and r.ready[22:24] == [0, 0] and r.ready[24:] == [2] * 36
+    assert r.preempted == 2
+    assert r.cost == pytest.approx(2 * 10.0 * 22 / 60 + 2 * 20.0 * 40 / 60)
+    row = spot.row(r, 1.0, 2)
+    assert row["gap_minutes"] == 2 and row["gap_replica_minutes"] == 4
 
 
-def test_mix_falls_back_to_on_demand_and_returns_to_spot():
+def test_the_replay_never_looks_ahead():
+    """Changing the trace after a sample changes nothing before it."""
+    up, down = True, False
+    model, settings = spot.Model(target=2), spot.Settings(availability=0.9, max_overprovision=2)
+    later = [up] * 6 + [down] * 3 + [up] * 3
+    a = spot.policy_mix(_scenario(later, later), model, settings)
+    b = spot.policy_mix(_scenario([up] * 12, [up] * 12), model, settings)
+    assert a.ready[:60] == b.ready[:60] and a.on_demand[:60] == b.on_demand[:60]
+    assert a.on_demand[61] > b.on_demand[61], "the notice at minute 60 is the first the policy knows"
+
+
+def test_a_domain_holds_only_what_its_launches_got():
+    up = True
+    s = _scenario([up] * 6, [up] * 6, launched=[[1] * 6, [0] * 6])
+    r = spot.spot_only(s, spot.Model(target=4))
+    assert max(r.spot) == 1 and r.refused_spot > 0 and max(r.ready) == 1
+
+
+def test_mix_covers_a_correlated_loss_on_demand_and_returns_to_spot():
     up, down = True, False
     zone = [up] * 3 + [down] * 2 + [up] * 9
-    m = _zones(zone, zone)  # both zones fail together: only on-demand can cover
-    r = spot.tideplane_mix(m, target=2, availability=0.9, window=6, cold_start_s=240, return_delay_s=600, notice_s=60)
+    s = _scenario(zone, zone)  # both domains fail together: only on-demand can cover
+    settings = spot.Settings(availability=0.9, max_overprovision=2, stabilisation_s=600)
+    r = spot.policy_mix(s, spot.Model(target=2, notice_s=120, cold_start_s=240), settings)
     assert r.preempted > 0
-    assert max(r.on_demand[30:50]) >= 2  # fallback while spot is gone
-    # preempted at minute 30; on-demand ordered on the 60 s notice (minute 29) serves from minute 33
-    assert r.ready[27:34] == [2, 2, 2, 0, 0, 0, 2] and min(r.ready[33:50]) >= 2
-    assert r.on_demand[-1] == 0  # back on spot after the stabilisation delay
-    assert sum(x < 2 for x in r.ready) == 3
+    # notice at minute 30, spot stops at 32, on-demand ordered at 30 serves from 34
+    assert r.ready[28:35] == [2, 2, 2, 2, 0, 0, 2] and min(r.ready[34:50]) >= 2
+    assert r.on_demand[-1] == 0, "back on spot after the stabilisation delay"
+    assert sum(x < 2 for x in r.ready) == 2
+
+    none = spot.policy_mix(s, spot.Model(target=2, notice_s=120, cold_start_s=240, on_demand_capacity=0), settings)
+    assert none.refused_on_demand > 0 and max(none.on_demand) == 0
+    assert sum(x < 2 for x in none.ready) > sum(x < 2 for x in r.ready), "on-demand that runs out leaves the gap open"
+
+
+def test_outputs_are_named_after_the_trace(tmp_path):
+    folder = tmp_path / "aws-p5-us-east-1"
+    folder.mkdir()
+    for zone, data in (("us-east-1a", [0] * 10 + [1] * 4 + [0] * 10), ("us-east-1b", [0] * 24)):
+        doc = {"metadata": {"zone": zone, "gap_seconds": 300, "instance_type": "p5.48xlarge",
+                            "price_info": {"price": 30.0, "on_demand_price": 98.32}}, "data": data}
+        (folder / f"{zone}.json").write_text(json.dumps(doc))
+    out = tmp_path / "results"
+    table = spot.run(folder, out, spot.Model(target=2), sweep=False)
+    assert {p.name for p in out.iterdir()} == {"spot-aws-p5-us-east-1.csv", "spot-aws-p5-us-east-1.md"}
+    assert "aws-p5-us-east-1" in (out / "spot-aws-p5-us-east-1.md").read_text()
+    assert [r["scenario"] for r in table][:3] == ["us-east-1 (2 zones)"] * 3
 
 
 class Terminal(io.StringIO):

@@ -6,7 +6,7 @@ from workflows.spot.policy import (
     MIN_PREEMPTION_RATE,
     ZoneMarket,
     _survival,
-    fallback_on_demand,
+    on_demand_needed,
     plan_mix,
     preemption_rate,
     return_to_spot,
@@ -106,9 +106,9 @@ def test_survival_matches_enumeration():
 
 
 def test_fallback_covers_the_spot_shortfall():
-    assert fallback_on_demand(4, 4) == 0
-    assert fallback_on_demand(4, 1) == 3
-    assert fallback_on_demand(4, 6, base=1) == 1
+    assert on_demand_needed(4, 4) == 0
+    assert on_demand_needed(4, 1) == 3
+    assert on_demand_needed(4, 6, base=1) == 1
 
 
 def test_preemption_rate_window():
@@ -145,3 +145,59 @@ def test_a_notice_lives_until_its_instance_is_gone_and_a_rebalance_for_its_hold(
     assert len({notice_key(warn), notice_key(gone), notice_key(hint)}) == 3, "an interruption after a rebalance is news"
     assert notice_key(warn) == notice_key(warn.model_copy(update={"event_id": "other"}))
     assert rebalance_hold(900, 300) == 900
+
+
+def test_workflows_and_the_benchmark_call_the_same_policy_functions():
+    """The benchmark's figures are for the code that runs: the same function objects, not copies."""
+    import benchmarks.spot as bench
+    import workflows.spot.reclaim as reclaim
+    import workflows.spot.return_to_spot as back
+    import workflows.spot.watcher as watcher
+    from workflows.spot import policy
+
+    used = {
+        reclaim: ["on_demand_needed", "preemption_predicted", "DomainRisk", "rebalance_hold"],
+        back: ["on_demand_needed", "on_demand_target", "stabilisation_delay"],
+        watcher: ["notice_expiry", "notice_key", "rebalance_hold"],
+        bench: ["plan_mix", "on_demand_needed", "on_demand_target", "preemption_predicted", "DomainRisk", "ZoneMarket"],
+    }
+    for module, names in used.items():
+        for name in names:
+            assert getattr(module, name) is getattr(policy, name), f"{module.__name__}.{name}"
+    # what the workflows decide with, the benchmark decides with too
+    assert {"on_demand_needed", "on_demand_target", "preemption_predicted"} <= set(used[bench])
+
+
+def test_on_demand_covers_replicas_at_risk_ahead_of_their_loss():
+    assert on_demand_needed(8, 10, at_risk=4) == 2, "two spare spot replicas absorb part of the loss"
+    assert on_demand_needed(8, 12, at_risk=4) == 0
+    assert on_demand_needed(8, 8, at_risk=0, base=1) == 1
+
+
+def test_on_demand_grows_at_once_and_shrinks_after_the_stabilisation_delay():
+    from workflows.spot.policy import on_demand_target
+
+    assert on_demand_target(held=1, need=3, healthy_since=None, now=0, stabilisation_seconds=300, flaps=0, max_stabilisation_seconds=3600) == 3
+    assert on_demand_target(3, 0, healthy_since=100, now=399, stabilisation_seconds=300, flaps=0, max_stabilisation_seconds=3600) == 3
+    assert on_demand_target(3, 0, healthy_since=100, now=400, stabilisation_seconds=300, flaps=0, max_stabilisation_seconds=3600) == 0
+    assert on_demand_target(3, 0, healthy_since=100, now=400, stabilisation_seconds=300, flaps=1, max_stabilisation_seconds=3600) == 3
+
+
+def test_preemption_predicted_by_notice_rebalance_or_a_shaky_domain():
+    from workflows.spot.policy import DomainRisk, PrewarmRule, preemption_predicted
+
+    assert preemption_predicted(DomainRisk(notice=True)) and preemption_predicted(DomainRisk(rebalance=True))
+    assert not preemption_predicted(DomainRisk(preemption_rate=0.9, launch_failure_rate=0.9)), "off by default"
+    rule = PrewarmRule(preemption_rate=0.1, launch_failure_rate=0.5)
+    assert preemption_predicted(DomainRisk(preemption_rate=0.1), rule)
+    assert preemption_predicted(DomainRisk(launch_failure_rate=0.6), rule)
+    assert not preemption_predicted(DomainRisk(preemption_rate=0.05, launch_failure_rate=0.2), rule)
+
+
+def test_a_domain_holds_no_more_than_its_capacity():
+    markets = [ZoneMarket("a", 0.05, SPOT, capacity=2), ZoneMarket("b", 0.05, SPOT, capacity=16), ZoneMarket("c", 0.05, SPOT, capacity=0)]
+    plan = plan_mix(8, 0.99, markets, OD)
+    assert plan.spot_per_zone.get("a", 0) <= 2 and "c" not in plan.spot_per_zone
+    assert plan.availability >= 0.99
+    full = plan_mix(4, 0.99, [ZoneMarket("a", 0.05, SPOT, capacity=1)], OD)
+    assert full.spot <= 1 and full.on_demand >= 3, "what spot cannot hold goes on demand"

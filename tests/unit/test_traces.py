@@ -66,14 +66,39 @@ def test_azure_requests_and_counts():
 
 
 def test_skynomad_one_means_preempted():
-    zones = traces.load_skynomad()
-    assert len(zones) == 13
-    by_name = {z.zone: z for z in zones}
-    raw = json.loads((traces.SKYNOMAD_ZONES / "us-west1-b_h100_16.json").read_text())
+    trace = traces.load_availability()
+    assert trace.name == "skynomad-h100" and len(trace.zones) == 13
+    by_name = {z.zone: z for z in trace.zones}
+    raw = json.loads((traces.SKYNOMAD / "zones" / "us-west1-b_h100_16.json").read_text())
     z = by_name["us-west1-b"]
     assert z.step_s == 600 and z.gpus == 8
+    assert (z.region, z.instance_type, z.domain) == ("us-west1", "a3-highgpu-8g", "a3-highgpu-8g/us-west1-b")
     assert z.spot_price == raw["metadata"]["price_info"]["price"]
     assert z.on_demand_price == raw["metadata"]["price_info"]["on_demand_price"]
     assert len(z.available) == len(raw["data"])
     assert [not a for a in z.available] == [v == 1 for v in raw["data"]]
     assert sum(not a for a in z.available) == sum(raw["data"]) > 0
+
+
+def test_launch_counts_are_matched_to_samples_by_time():
+    trace = traces.load_availability()
+    z = {z.zone: z for z in trace.zones}
+    # first CSV row, 2025-10-03T17:10-07:00 = the zones' start_time 00:10Z: us-west1-b got 13 of 16, us-east5-a 0
+    assert z["us-west1-b"].requested == 16 and z["us-west1-b"].launched[:4] == [13, 15, 15, 16]
+    assert z["us-east5-a"].launched[0] == 0
+    assert len(z["us-west1-b"].launched) == len(z["us-west1-b"].available)
+    preempted = next(i for i, a in enumerate(z["us-west1-b"].available) if not a)
+    assert z["us-west1-b"].capacity(preempted) == 0 and z["us-west1-b"].capacity(0) == 13
+
+
+def test_any_step_and_instance_type(tmp_path):
+    """A folder in the documented format with another step, instance type and cloud."""
+    for zone, data in (("us-east-1a", [0, 1, 0]), ("us-east-1b", [0, 0, 0])):
+        doc = {"metadata": {"zone": zone, "gap_seconds": 300, "instance_type": "p5.48xlarge",
+                            "price_info": {"price": 30.0, "on_demand_price": 98.32}}, "data": data}
+        (tmp_path / f"{zone}.json").write_text(json.dumps(doc))
+    trace = traces.load_availability(tmp_path)
+    assert trace.name == tmp_path.name and trace.step_s == 300 and trace.steps == 3
+    a = trace.zones[0]
+    assert (a.region, a.domain, a.gpus, a.launched, a.capacity(0), a.capacity(1)) == (
+        "us-east-1", "p5.48xlarge/us-east-1a", 1, None, None, 0)

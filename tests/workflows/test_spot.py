@@ -55,6 +55,7 @@ from workflows.spot.activities import (
     UnschedulableInput,
 )
 from workflows.spot.events import NoticeKind, SpotNotice, build_event, parse_event
+from workflows.spot.policy import on_demand_needed, on_demand_target
 from workflows.spot.reclaim import SpotReclaim, SpotReclaimInput, SpotReclaimResult
 from workflows.spot.return_to_spot import ReturnToSpot, ReturnToSpotResult
 from workflows.spot.watcher import SpotInterruptionWatcher, WatcherInput, WatcherStatus
@@ -382,6 +383,7 @@ async def test_return_to_spot_waits_longer_after_a_flap(time_skipping_env):
     fake.claims = {INSTANCE: 2}
     fake.own_ready = 2
     async with _worker(env, fake) as worker:
+        t0 = await env.get_current_time()
         handle = await env.client.start_workflow(
             ReturnToSpot.run,
             ReturnToSpotInput(deployment=DeploymentRef(namespace=NS, name=DEP), policy=POLICY),
@@ -403,7 +405,27 @@ async def test_return_to_spot_waits_longer_after_a_flap(time_skipping_env):
         assert status.phase == "stabilising" and status.healthy_since is not None
         result = await handle.result()
         assert (await handle.query(ReturnToSpot.status)).phase == "released"
+    # The decision is the policy's (the benchmark's too): replay the same Ready timeline through it.
+    timeline = [(0, 2), (30, 4), (230, 3), (260, 4)]
+    released_at = (next(t for c, t in fake.calls if c == "release") - t0).total_seconds()
+    assert abs(released_at - _policy_release(timeline, desired=4, held=2, policy=POLICY)) <= POLICY.poll_seconds + 1
     assert result.flaps == 1 and result.stabilisation_seconds == 600 and result.released_replicas == 2
+
+
+def _policy_release(timeline: list[tuple[float, int]], desired: int, held: int, policy: FailoverPolicy) -> float:
+    """When ``on_demand_target`` first gives on-demand back, polling a spot Ready timeline every poll_seconds."""
+    healthy_since, flaps, t = None, 0, 0.0
+    while True:
+        ready = [r for at, r in timeline if at <= t][-1]
+        if ready >= desired and healthy_since is None:
+            healthy_since = t
+        elif ready < desired and healthy_since is not None:
+            flaps, healthy_since = flaps + 1, None
+        keep = on_demand_target(held, on_demand_needed(desired, ready), healthy_since, t,
+                                policy.stabilisation_seconds, flaps, policy.max_stabilisation_seconds)
+        if keep < held:
+            return t
+        t += policy.poll_seconds
 
 
 async def test_watcher_deletes_only_after_a_successful_start(time_skipping_env):

@@ -1,22 +1,31 @@
-"""Spot/on-demand mix policy (SpotHedge-style) and the return-to-spot stabilisation rule.
+"""The spot policy: one set of pure functions that the spot workflows run and the benchmark replays.
 
-Pure, plain-value code: the failover workflows, the unit tests and the offline spot benchmark
-(issue 8) call the same functions.
+Plain values in, plain values out. Who calls what (tests/unit/test_spot_policy.py and
+tests/workflows/test_spot.py check that the workflows and ``benchmarks.spot`` use these objects):
 
-Model (after SkyServe's SpotHedge, Mao et al., EuroSys 2025): spot capacity is lost a zone at a
-time, so replicas in one zone are preempted together and zones fail independently, each with its
-recent preemption rate ``p`` (the fraction of recent intervals in which the zone's spot capacity
-was unavailable), but never below ``min_preemption_rate``: a zone that was not preempted in the
-recent window is not a zone that cannot be, and calling it certain would put every replica in
-it. On-demand replicas are never preempted. A plan puts ``S`` spot replicas evenly over the
-``k`` zones, available now, with the lowest expected cost per available replica
-(``price / (1 - p)``: a cheap zone that is often gone costs more than its price, a reliable
-but expensive one is not worth its reliability when a hedge over cheap zones does the same), and
-keeps ``b`` on-demand replicas as a base, such that P(Ready replicas >= target) >= the
-availability target at the lowest hourly cost. Over-provisioning (``S > target - b``) buys
-availability with cheap spot replicas instead of expensive on-demand ones; when a zone is
-preempted the dynamic fallback (``fallback_on_demand``) covers the shortfall on on-demand until
-spot returns.
+- ``plan_mix``: how many replicas on spot per failure domain and how many on-demand as a base
+  (the benchmark plans with it at every trace sample; in a cluster the scaler owns the spot
+  Deployments' replicas, so no workflow places spot replicas yet);
+- ``preemption_predicted``: which domains are about to lose their spot replicas (an interruption
+  notice, a rebalance recommendation, a high recent preemption rate or launch failures), and
+  ``on_demand_needed``: how many on-demand replicas cover them ahead of time (``SpotReclaim``
+  sizes its claims with it; the benchmark pre-warms with it);
+- ``on_demand_target``: the same need with the return-to-spot hysteresis (``return_to_spot``
+  after ``stabilisation_delay``): ``ReturnToSpot`` and the benchmark give on-demand back with it;
+- ``rebalance_hold`` and ``notice_expiry``: how long a rebalance pre-warm is held and a notice
+  deduplicated (``SpotReclaim``, ``SpotInterruptionWatcher``).
+
+Model (after SkyServe's SpotHedge, Mao et al., EuroSys 2025): spot capacity is lost a failure
+domain at a time (an instance type in a zone, ``failure_domain``), so replicas in one domain are
+preempted together and domains fail independently, each with its recent preemption rate ``p``
+(the fraction of recent samples in which the domain's spot capacity was unavailable), but never
+below ``min_preemption_rate``: a domain that was not preempted in the recent window is not one
+that cannot be. On-demand replicas are never preempted. A plan puts ``S`` spot replicas evenly
+over the ``k`` domains available now with the lowest expected cost per available replica
+(``price / (1 - p)``), at most a domain's launchable ``capacity`` in each, and keeps ``b``
+on-demand replicas as a base, such that P(Ready replicas >= target) >= the availability target
+at the lowest hourly cost. Over-provisioning (``S > target - b``) buys availability with cheap
+spot replicas instead of expensive on-demand ones.
 """
 
 from __future__ import annotations
@@ -29,14 +38,20 @@ from workflows.spot.events import NOTICE_SECONDS, NoticeKind, SpotNotice
 MIN_PREEMPTION_RATE = 0.02  # no zone is counted as more reliable than this
 
 
+def failure_domain(instance_type: str, zone: str) -> str:
+    """Spot replicas of one instance type in one zone are interrupted together."""
+    return f"{instance_type}/{zone}"
+
+
 @dataclass(frozen=True)
 class ZoneMarket:
-    """What we know about spot in one zone."""
+    """What we know about spot in one failure domain (``zone`` is its key, see ``failure_domain``)."""
 
     zone: str
     preemption_rate: float  # 0..1, recent fraction of intervals with spot unavailable
     spot_price: float  # per replica-hour
     available: bool = True  # spot capacity obtainable right now (not preempted)
+    capacity: int | None = None  # spot replicas the domain can hold now (launch counts); None: no limit known
 
 
 @dataclass(frozen=True)
@@ -85,8 +100,11 @@ def plan_mix(
     for k in range(1, len(usable) + 1):
         chosen = [z for z, _ in usable[:k]]
         rates = [r for _, r in usable[:k]]
+        caps = [z.capacity for z in chosen]
         for spot in range(k, target + extra + 1):
-            counts = _spread(spot, k)
+            counts = _spread(spot, caps)
+            if counts is None:
+                break  # these domains cannot hold more
             survival = _survival(list(zip(counts, rates)))
             # largest q with P(X >= q) >= availability_target: spot covers q, on-demand the rest
             covered = max((q for q, p in enumerate(survival) if p >= availability_target - 1e-12), default=0)
@@ -107,9 +125,54 @@ def plan_mix(
     return best
 
 
-def fallback_on_demand(target: int, ready_spot: int, base: int = 0) -> int:
-    """On-demand replicas needed now: the base, or the shortfall of Ready spot replicas if larger."""
-    return max(base, target - ready_spot, 0)
+@dataclass(frozen=True)
+class DomainRisk:
+    """What hints that a failure domain's spot replicas are about to go."""
+
+    notice: bool = False  # an interruption notice or a going-away state for an instance in it
+    rebalance: bool = False  # an EC2 rebalance recommendation
+    preemption_rate: float = 0.0  # recent fraction of samples preempted
+    launch_failure_rate: float = 0.0  # recent fraction of requested launches that failed
+
+
+@dataclass(frozen=True)
+class PrewarmRule:
+    """When a domain counts as about to be preempted without a notice (``inf``: never)."""
+
+    preemption_rate: float = float("inf")
+    launch_failure_rate: float = float("inf")
+
+
+def preemption_predicted(risk: DomainRisk, rule: PrewarmRule = PrewarmRule()) -> bool:
+    """A notice or a rebalance recommendation always; a shaky domain when the rule says so."""
+    return (
+        risk.notice
+        or risk.rebalance
+        or risk.preemption_rate >= rule.preemption_rate
+        or risk.launch_failure_rate >= rule.launch_failure_rate
+    )
+
+
+def on_demand_needed(target: int, spot_ready: int, at_risk: int = 0, base: int = 0) -> int:
+    """On-demand replicas to have now: the base, or what ``target`` lacks once the at-risk spot replicas are gone."""
+    return max(base, target - (spot_ready - at_risk), 0)
+
+
+def on_demand_target(
+    held: int,
+    need: int,
+    healthy_since: float | None,
+    now: float,
+    stabilisation_seconds: float,
+    flaps: int,
+    max_stabilisation_seconds: float,
+) -> int:
+    """On-demand replicas to keep: grow to ``need`` at once, shrink to it only once spot has been
+    healthy for the stabilisation delay (``return_to_spot``)."""
+    if need >= held:
+        return need
+    delay = stabilisation_delay(stabilisation_seconds, flaps, max_stabilisation_seconds)
+    return need if return_to_spot(healthy_since, now, delay) else held
 
 
 def preemption_rate(history: list[int] | tuple[int, ...], window: int) -> float:
@@ -160,10 +223,16 @@ def _cost_per_available(price: float, rate: float) -> float:
     return price / (1 - rate) if rate < 1 else float("inf")
 
 
-def _spread(total: int, k: int) -> list[int]:
-    """``total`` replicas over ``k`` zones as evenly as possible, cheapest available zones first."""
-    q, r = divmod(total, k)
-    return [q + 1 if i < r else q for i in range(k)]
+def _spread(total: int, caps: list[int | None]) -> list[int] | None:
+    """``total`` replicas over the domains as evenly as their capacities allow, cheapest first; None if they cannot hold it."""
+    counts = [0] * len(caps)
+    room = [float("inf") if c is None else c for c in caps]
+    for _ in range(total):
+        i = min((j for j in range(len(caps)) if counts[j] < room[j]), key=lambda j: counts[j], default=None)
+        if i is None:
+            return None
+        counts[i] += 1
+    return counts
 
 
 def _survival(zones: list[tuple[int, float]]) -> list[float]:

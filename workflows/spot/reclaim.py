@@ -45,8 +45,12 @@ with workflow.unsafe.imports_passed_through():
     from workflows import telemetry
     from workflows.naming import DeploymentRef
     from workflows.spot.events import NoticeKind, SpotNotice
-    from workflows.spot.policy import rebalance_hold
+    from workflows.spot.policy import DomainRisk, on_demand_needed, preemption_predicted, rebalance_hold
     from workflows.steps import wait_until
+
+
+# Runs started before the policy sized the claims claimed every replica on the node, without a sample first.
+SIZED_CLAIMS_PATCH = "policy-sized-claims"
 
 
 class SpotReclaimInput(BaseModel):
@@ -153,15 +157,24 @@ class SpotReclaim:
         st.phase = "replacing"
         st.warm = not self._interrupted
         self._show()
+        claims = [a.replicas_on_node for a in st.affected]
+        if workflow.patched(SIZED_CLAIMS_PATCH):
+            # The policy's need: what each Deployment lacks once this instance's replicas are gone.
+            risk = DomainRisk(notice=self._interrupted, rebalance=not self._interrupted)
+            counts = await self._sample(keys)
+            claims = [
+                min(a.replicas_on_node, on_demand_needed(c.desired, c.ready, at_risk=a.replicas_on_node))
+                if preemption_predicted(risk) else 0
+                for c, a in zip(counts, st.affected)
+            ]
         await asyncio.gather(*(
             workflow.execute_activity_method(
                 SpotActivities.claim_spot_fallback,
-                ClaimFallbackInput(deployment=k, claimant=input.instance_id, replicas=a.replicas_on_node,
-                                   capacity_type=policy.capacity_type),
+                ClaimFallbackInput(deployment=k, claimant=input.instance_id, replicas=n, capacity_type=policy.capacity_type),
                 start_to_close_timeout=CALL_TIMEOUT, retry_policy=QUICK_RETRY,
-                summary=f"{k.namespace}/{k.name}: +{a.replicas_on_node} on {policy.capacity_type}",
+                summary=f"{k.namespace}/{k.name}: +{n} on {policy.capacity_type}",
             )
-            for k, a in zip(keys, st.affected)
+            for k, n in zip(keys, claims)
         ))
         await self._sync_pool(policy)
 
@@ -169,7 +182,7 @@ class SpotReclaim:
         hold_until = workflow.now() + timedelta(seconds=rebalance_hold(policy.rebalance_hold_seconds, policy.stabilisation_seconds))
         while True:
             counts = await self._sample(keys)
-            replaced = all(c.fallback_ready >= a.replicas_on_node for c, a in zip(counts, st.affected))
+            replaced = all(c.fallback_ready >= n for c, n in zip(counts, claims))
             if replaced and st.replacement_ready_seconds is None:
                 st.replacement_ready_seconds = (workflow.now() - started).total_seconds()
             if self._interrupted:
@@ -215,7 +228,7 @@ class SpotReclaim:
         restore_until = workflow.now() + timedelta(seconds=policy.restore_timeout_seconds)
         while True:
             counts = await self._sample(keys)
-            if all(c.fallback_ready >= a.replicas_on_node for c, a in zip(counts, st.affected)) and st.replacement_ready_seconds is None:
+            if all(c.fallback_ready >= n for c, n in zip(counts, claims)) and st.replacement_ready_seconds is None:
                 st.replacement_ready_seconds = (workflow.now() - started).total_seconds()
             if not any(c.short for c in counts) or workflow.now() >= restore_until:
                 break

@@ -1,8 +1,8 @@
 """``ReturnToSpot`` (id ``return-to-spot/<namespace>/<name>``): give the on-demand replacements back.
 
 Once the spot Deployment is back at its desired Ready count and has stayed there for the
-stabilisation delay (doubling with each flap, ``workflows.spot.policy``), removes the on-demand
-fallback replicas and gives the on-demand pool its nodes back. One per Deployment serves every
+stabilisation delay (doubling with each flap): ``workflows.spot.policy.on_demand_target``, the
+benchmark's rule too), removes the on-demand fallback replicas and gives the on-demand pool its nodes back. One per Deployment serves every
 reclaim that claimed replacements for it; continues as new to keep its history bounded.
 """
 
@@ -23,7 +23,7 @@ with workflow.unsafe.imports_passed_through():
         ReturnToSpotInput,
         SpotActivities,
     )
-    from workflows.spot.policy import return_to_spot, stabilisation_delay
+    from workflows.spot.policy import on_demand_needed, on_demand_target, stabilisation_delay
 
 
 class ReturnToSpotStatus(BaseModel):
@@ -85,7 +85,11 @@ class ReturnToSpot:
                 healthy_since = None
             self._status.healthy_since, self._status.flaps = healthy_since, flaps
             since = healthy_since.timestamp() if healthy_since else None
-            if return_to_spot(since, now.timestamp(), delay):
+            keep = on_demand_target(
+                c.fallback_desired, on_demand_needed(c.desired, c.ready), since, now.timestamp(),
+                policy.stabilisation_seconds, flaps, policy.max_stabilisation_seconds,
+            )
+            if keep < c.fallback_desired:
                 released = await workflow.execute_activity_method(
                     SpotActivities.release_spot_fallback, ReleaseFallbackInput(deployment=input.deployment),
                     start_to_close_timeout=CALL_TIMEOUT, retry_policy=QUICK_RETRY,
