@@ -12,11 +12,14 @@ import ast
 import inspect
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import kubernetes.client
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from activities.clients.kube import SERVING_NAMESPACE_LABEL
 from workers.config import Settings
@@ -261,7 +264,9 @@ def test_example_overlay_targets_temporal_cloud():
 
 def test_containerfile_builds_a_non_root_worker():
     text = (K8S / "Containerfile").read_text()
-    assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
+    # the base by digest only: a tag can be moved to other bytes
+    (base,) = re.findall(r"^FROM (\S+)$", text, re.M)
+    assert base == "docker.io/library/python:3.11-slim-bookworm@${BASE_DIGEST}"
     user = re.findall(r"^USER (\S+)", text, re.M)
     assert user and not user[-1].startswith(("root", "0")), user
     assert 'ENTRYPOINT ["tideplane"]' in text and 'CMD ["worker"]' in text
@@ -270,3 +275,35 @@ def test_containerfile_builds_a_non_root_worker():
             assert (ROOT / path).exists(), f"Containerfile copies missing {path}"
     copied = {p.rstrip("/") for line in re.findall(r"^COPY (.+) \S+$", text, re.M) for p in line.split()}
     assert {"workflows", "activities", "workers", "pyproject.toml"} <= copied
+
+
+def test_the_image_installs_only_hashed_locked_dependencies():
+    """Every dependency of pyproject.toml is in the lock, pinned to a version it allows, with hashes;
+    the Containerfile installs the lock with --require-hashes and tideplane itself without an index."""
+    text = (K8S / "Containerfile").read_text().replace("\\\n", " ")
+    assert "pip install --require-hashes --no-deps -r requirements.lock" in text
+    assert "pip install --no-deps --no-build-isolation --no-index ." in text
+    assert not re.search(r"pip install (?!--require-hashes|--no-deps --no-build-isolation --no-index \.)", text)
+    pins: dict[str, tuple[str, int]] = {}
+    for block in re.split(r"\n(?=[A-Za-z])", (K8S / "requirements.lock").read_text()):
+        if not (pin := re.match(r"([A-Za-z0-9._-]+)==(\S+)", block)):
+            continue
+        name, version = pin.groups()
+        pins[canonicalize_name(name)] = (version, len(re.findall(r"--hash=sha256:[0-9a-f]{64}", block)))
+    assert all(hashes for _, hashes in pins.values()), [n for n, (_, h) in pins.items() if not h]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = [line for line in (K8S / "requirements.in").read_text().splitlines() if line and not line.startswith("#")]
+    for requirement in map(Requirement, [*project["dependencies"], *extras]):
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{name} is not in infra/k8s/requirements.lock: run infra/k8s/lock.sh"
+        assert requirement.specifier.contains(pins[name][0], prereleases=True), f"{name}=={pins[name][0]} vs {requirement}"
+
+
+def test_the_build_refuses_a_base_that_is_not_a_digest(tmp_path):
+    script = K8S / "build-image.sh"
+    for digest in ("", "latest", "sha256:" + "A" * 64, "sha256:" + "a" * 63):
+        done = subprocess.run([str(script), "x:1"], env={"PATH": "/usr/bin:/bin", "BASE_DIGEST": digest}, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 2 and "BASE_DIGEST must be sha256:<64 hex digits>" in done.stderr, digest
+    digest = "sha256:" + "0123456789abcdef" * 4
+    done = subprocess.run([str(script), "x:1"], env={"PATH": "/usr/bin:/bin", "BASE_DIGEST": digest, "BUILDER": "echo"}, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and f"--build-arg BASE_DIGEST={digest} -f infra/k8s/Containerfile" in done.stdout
