@@ -99,7 +99,7 @@ def add_bench_commands(subparsers) -> None:
 
     p = kinds.add_parser("spot", help="a spot availability trace: on-demand vs spot-only vs tideplane's spot policy")
     p.add_argument("--trace", type=Path, default=traces.SKYNOMAD,
-                   help="availability folder (format: benchmarks/traces.load_availability, README 'Spot benchmark')")
+                   help="availability folder (format: benchmarks/traces.load_availability)")
     p.add_argument("--target", type=int, default=8, help="instances the service needs")
     p.add_argument("--availability", type=float, default=spot_defaults.availability, help="the policy's availability target")
     p.add_argument("--max-overprovision", type=int, default=spot_defaults.max_overprovision, help="spot replicas beyond the target")

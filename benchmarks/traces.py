@@ -188,7 +188,7 @@ class AvailabilityTrace:
 
 
 def load_availability(folder: Path = SKYNOMAD) -> AvailabilityTrace:
-    """A spot availability folder (format: docs in the README's "Spot benchmark" and below).
+    """A spot availability folder (format below, and in benchmarks/results/README.md's spot section).
 
     - ``<folder>/zones/*.json`` (or ``<folder>/*.json``), one per instance type and zone:
       ``{"metadata": {"zone", "gap_seconds", "start_time"?, "instance_type"?, "region"?,
