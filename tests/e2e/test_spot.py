@@ -2,7 +2,8 @@
 
 Real parts: the sandbox's Temporal dev server, moto (SQS queue, Auto Scaling groups, EC2), the
 Kubernetes API emulator (scheduler, kubelet, Eviction API), the cloud loop (instances <-> Nodes)
-and the fleet simulator. ``spot_interrupt`` publishes the real-format EventBridge event and
+and the fleet simulator, whose OpenAI-compatible proxy takes requests for the tier throughout
+(none may fail). ``spot_interrupt`` publishes the real-format EventBridge event and
 terminates the instance after the time-scaled notice; the watcher, SpotReclaim and ReturnToSpot
 run with the production activity classes, built here with clients pointed at the sandbox. A
 monitor thread samples Ready counts throughout. The fallback claims are also checked directly
@@ -18,6 +19,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 from kubernetes import client, config
 from temporalio.client import Client
@@ -107,6 +109,30 @@ class Monitor(threading.Thread):
             time.sleep(0.1)
 
 
+class Requests(threading.Thread):
+    """Completions sent through the fleet simulator's OpenAI-compatible proxy, as a client of the tier would."""
+
+    def __init__(self, url: str, per_second: float = 10):
+        super().__init__(daemon=True)
+        self.url, self.interval = url, 1 / per_second
+        self.results: list[tuple[float, int, str]] = []  # (t, HTTP status, error text)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            while not self.stop.is_set():
+                pool.submit(self._one)
+                time.sleep(self.interval)
+
+    def _one(self) -> None:
+        t = time.monotonic()
+        try:
+            r = httpx.post(self.url, json={"prompt": "tide", "max_tokens": 8}, timeout=10)
+            self.results.append((t, r.status_code, "" if r.status_code == 200 else r.text[:200]))
+        except httpx.HTTPError as exc:
+            self.results.append((t, 0, f"{type(exc).__name__}: {exc}"))
+
+
 async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox, aws, spot):
     env = sandbox.env
     api = config.new_client_from_config(config_file=str(sandbox.kubeconfig))
@@ -136,6 +162,7 @@ async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox, aw
     temporal = await Client.connect(env["TEMPORAL_ADDRESS"], data_converter=pydantic_data_converter)
     task_queue = f"spot-e2e-{uuid.uuid4()}"
     monitor = Monitor(core, selector, node, lambda: desired(ON_DEMAND_POOL))
+    requests = Requests(f"{sandbox.urls['fleet']}/proxy/{NAMESPACE}/{name}/v1/completions")
     with ThreadPoolExecutor(max_workers=16) as executor:
         starts = SpotWorkflowStarts()
         activities = [*activity_methods(spot, SpotActivities), starts.start_spot_reclaim, starts.start_return_to_spot]
@@ -148,12 +175,14 @@ async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox, aw
                 task_queue=task_queue,
             )
             monitor.start()
+            requests.start()
             started = time.monotonic()
             interruption = await asyncio.to_thread(spot_interrupt_running, sandbox.state_dir, node)
             assert interruption.terminated
 
             reclaim = temporal.get_workflow_handle(spot_reclaim_workflow_id(interruption.instance_id), result_type=SpotReclaimResult)
             result = await asyncio.wait_for(reclaim.result(), 45)
+            requests.stop.set()
             back = temporal.get_workflow_handle(return_to_spot_workflow_id(NAMESPACE, name), result_type=ReturnToSpotResult)
             returned = await asyncio.wait_for(back.result(), 45)
             elapsed = time.monotonic() - started
@@ -161,11 +190,14 @@ async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox, aw
             await watcher.signal(SpotInterruptionWatcher.stop)
             status = await asyncio.wait_for(watcher.result(), 30)
     monitor.join(5)
+    requests.join(15)
 
     totals = [own + fb for _, own, fb in monitor.samples]
     print(f"\nspot reclaim of {node} ({interruption.instance_id}): capacity gap {result.capacity_gap_seconds:.1f} s"
           f" (workflow clock), replacements Ready after {result.replacement_ready_seconds} s,"
-          f" lowest Ready {min(totals)}/{REPLICAS}, back on spot after {elapsed:.1f} s")
+          f" lowest Ready {min(totals)}/{REPLICAS}, back on spot after {elapsed:.1f} s;"
+          f" {len(requests.results)} requests through the proxy during the reclaim,"
+          f" {sum(1 for _, status, _ in requests.results if status != 200)} failed")
     # The sandbox is shared by the session: other tests' serving pods may sit on the node too,
     # and the reclaim moves them as well; this test's deployment is the one it measures.
     ours = [a for a in result.affected if a.namespace == NAMESPACE]
@@ -176,6 +208,9 @@ async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox, aw
     assert max(fb for _, _, fb in monitor.samples) == REPLICAS, "on-demand replacements were Ready"
     assert min(totals) >= REPLICAS - ours[0].replicas_on_node
     assert status.started == 1 and status.malformed == 0
+    failed = [(round(t - started, 1), status, text) for t, status, text in requests.results if status != 200]
+    assert len(requests.results) >= 50 and not failed, f"requests failed during the reclaim: {failed[:5]}"
+    assert result.capacity_gap_seconds == 0, "replacements were Ready before the drain: the workflow measured no gap"
 
     # back on spot: the replacement spot node serves the tier, the on-demand fallback is gone
     assert returned.released_replicas == REPLICAS
