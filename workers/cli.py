@@ -42,6 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     spot.add_argument("node", help="the spot node whose instance EC2 reclaims")
     spot.add_argument("--rebalance", action="store_true", help="send a rebalance recommendation only (no termination)")
     _sandbox_options(spot)
+    replay = actions.add_parser("spot-replay", help="replay a spot availability trace on the sandbox's spot pools")
+    replay.add_argument("--trace", type=Path, required=True, help="availability folder (benchmarks/traces.load_availability's format)")
+    replay.add_argument("--pool", action="append", required=True, metavar="ZONE=POOL", help="the spot pool that plays a trace zone (repeat)")
+    replay.add_argument("--sample-seconds", type=float, default=30.0, help="real seconds per trace sample")
+    replay.add_argument("--start", type=int, default=0, help="first sample")
+    replay.add_argument("--steps", type=int, default=None, help="samples to replay (default: to the end)")
+    _sandbox_options(replay)
     commands.add_parser("worker", help="run the Temporal worker (settings from TIDEPLANE_* / the sandbox env file)")
     demo = commands.add_parser("demo", help="start the sandbox and the worker, then run the demo story")
     _sandbox_options(demo)
@@ -91,6 +98,15 @@ def _sandbox(args: argparse.Namespace) -> int:
 
         done = spot_interrupt_running(args.state_dir, args.node, rebalance=args.rebalance)
         print(f"{done.kind} sent for {done.instance_id} (node {done.node})" + ("; instance terminated" if done.terminated else ""))
+        return 0
+    if args.action == "spot-replay":
+        from infra.sandbox.spot import SpotInterruptRefused, spot_replay_running
+
+        pools = dict(p.split("=", 1) for p in args.pool if "=" in p)
+        if len(pools) != len(args.pool):
+            raise SpotInterruptRefused(f"--pool takes ZONE=POOL, got {args.pool}")
+        for change in spot_replay_running(args.state_dir, args.trace, pools, args.sample_seconds, args.start, args.steps):
+            print(f"sample {change.step}: {change.zone} {change.change} ({change.pool}" + (f": {', '.join(change.instances)})" if change.instances else ")"))
         return 0
     sandbox = Sandbox(args.state_dir, config_path=args.config, time_scale=args.time_scale)
     if args.action == "up":

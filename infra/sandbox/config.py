@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_CONFIG = Path(__file__).with_name("sandbox.yaml")
 
@@ -33,12 +33,22 @@ class NodePool(_Strict):
     capacity_type: Literal["on-demand", "spot"]
     instance_type: str = "p5.48xlarge"
     zones: list[str] = Field(default_factory=lambda: ["us-east-1a"], min_length=1)
+    max_nodes: int | None = Field(
+        None, ge=0, description="capacity: the Auto Scaling group's MaxSize, launches beyond it fail (None: 64)"
+    )
     gpus: int = Field(ge=0, description="nvidia.com/gpu allocatable per node")
     gpu_memory_gib: float = Field(80, gt=0, description="memory of one GPU")
     cpu: int = Field(32, gt=0)
     memory_gib: int = Field(256, gt=0)
     taints: list[dict] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
+
+
+    @model_validator(mode="after")
+    def _fits(self) -> NodePool:
+        if self.max_nodes is not None and self.count > self.max_nodes:
+            raise ValueError(f"count {self.count} exceeds max_nodes {self.max_nodes}")
+        return self
 
 
 class Profile(_Strict):

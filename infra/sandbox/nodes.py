@@ -64,7 +64,7 @@ def ensure_pools(ec2, autoscaling, pools: list[NodePool]) -> None:
                 AutoScalingGroupName=pool.name,
                 LaunchTemplate={"LaunchTemplateName": pool.name, "Version": "$Latest"},
                 MinSize=0,
-                MaxSize=max(pool.count, MAX_POOL_SIZE),
+                MaxSize=pool.max_nodes if pool.max_nodes is not None else max(pool.count, MAX_POOL_SIZE),
                 DesiredCapacity=pool.count,
                 AvailabilityZones=pool.zones,
                 Tags=[{"Key": k, "Value": v, "PropagateAtLaunch": True} for k, v in tags.items()],
