@@ -25,7 +25,7 @@ from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.launcher import Sandbox
-from workers import registry_cli
+from workers import golden_cli, registry_cli
 from workers.client import connect
 from workers.config import settings
 from workflows.naming import (
@@ -37,6 +37,7 @@ from workflows.naming import (
     rollout_workflow_id,
     split_deployment,
 )
+from workflows.rollout.quality import describe_pair
 from workflows.rollout.types import RolloutResult, RolloutStatus
 
 WORKER_GRACE_SECONDS = 3.0
@@ -49,7 +50,20 @@ DEMO_RPS = 8.0  # sandbox requests/s offered to the chat deployment
 GOOD = Profile(load_seconds=60, error_rate=0.002, ttft_seconds=0.15, tpot_seconds=0.025, capacity_rps=4)
 # The release that "hallucinates on an edge case": a quarter of its answers fail.
 BAD = GOOD.model_copy(update={"error_rate": 0.25})
-RELEASES = [("1.0.0", GOOD, "first deploy"), ("1.1.0", GOOD, "a good release"), ("1.2.0", BAD, "a bad release")]
+# Quality gates (issue 21): fast and error-free, but wrong on the golden set's must-pass case
+# (stopped at warm-up, never gets traffic); and one whose everyday answers drift from stable's
+# (rolled back at 1 % by the shadow comparison of mirrored requests).
+WRONG = GOOD.model_copy(update={"golden_failures": ["paracetamol"]})
+DRIFTING = GOOD.model_copy(update={"drift": 0.3})
+RELEASES = [
+    ("1.0.0", GOOD, "first deploy"),
+    ("1.1.0", GOOD, "a good release"),
+    ("1.2.0", BAD, "a bad release"),
+    ("1.3.0", WRONG, "fast, no errors, wrong on a must-pass golden case"),
+    ("1.4.0", DRIFTING, "its answers drift from stable's"),
+]
+GOLDEN_SET = Path(__file__).resolve().parent.parent / "infra" / "sandbox" / "golden.yaml"
+SHADOW = {"percent": 10, "thresholds": {"min_pairs": 20}}  # mirror 10 % of live requests to the canary
 POLL_SECONDS = 1.0
 
 
@@ -69,6 +83,7 @@ def rollout_input(version: str) -> dict:
         "gates": {"min_requests": 5},
         "warm_up": {"requests": 8, "deadline_seconds": 180},
         "scale_down_delay_seconds": 10,
+        "shadow": SHADOW,
     }
 
 
@@ -99,6 +114,8 @@ def _progress(status: RolloutStatus) -> str:
     line = f"{status.stage.value:<12} {status.weight:>3}%"
     if status.last_verdict:
         line += f"  gate: {status.last_verdict.evaluation.describe()}"
+    if status.shadow:
+        line += f"  {status.shadow.describe()}"
     if status.paused:
         line += f"  PAUSED: {status.pause_reason}"
     return line
@@ -127,6 +144,12 @@ def _outcome(result: RolloutResult) -> str:
     if result.benchmark:
         b = result.benchmark
         text += f"; warm-up benchmark {b.tokens_per_second:.0f} tokens/s, p50 {b.p50_latency_seconds:.2f}s, p99 {b.p99_latency_seconds:.2f}s"
+    if result.golden is not None:
+        text += f"\n     {result.golden.describe()}"
+    if result.shadow is not None:
+        text += f"\n     {result.shadow.describe()}"
+        for pair in result.shadow.examples[:2]:
+            text += f"\n       e.g. {describe_pair(pair)}"
     if result.route_reverted_seconds is not None:
         text += f"\n     traffic back on stable {result.route_reverted_seconds:.1f}s after the failing gate"
     return text
@@ -155,7 +178,9 @@ def _fresh_namespace(core: client.CoreV1Api, namespace: str) -> None:
 
 
 def story(sandbox: Sandbox) -> None:
-    """The headline: three rollouts of one deployment, the last one rolled back by its gates."""
+    """The headline: five rollouts of one deployment: a first deploy, a good release, then three
+    stopped by their gates: errors (at 1 %), a wrong must-pass answer (at warm-up, no traffic) and
+    drifting answers (at 1 %, by the shadow comparison)."""
     os.environ.update(sandbox.env())
     settings.cache_clear()
     api = api_client(sandbox.urls()["kubeapi"])
@@ -174,6 +199,8 @@ def story(sandbox: Sandbox) -> None:
     for version, profile, _ in RELEASES:
         registry.register(DEMO_MODEL, version, str(_weights(sandbox, version)), image=DEMO_IMAGE)
         set_profile(api, DEMO_MODEL, version, profile)
+    print(f"$ tideplane registry golden set {DEMO_MODEL} {GOLDEN_SET.relative_to(GOLDEN_SET.parents[2])}")
+    print(f"  {golden_cli.store_golden(registry, DEMO_MODEL, str(GOLDEN_SET))}")
     set_demand(api, DEMO_DEPLOYMENT, Demand(rps=DEMO_RPS))
     asyncio.run(_rollouts(sandbox))
 

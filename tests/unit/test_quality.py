@@ -15,6 +15,7 @@ from workflows.rollout.quality import (
     ShadowSettings,
     ShadowThresholds,
     check_failure,
+    describe_pair,
     golden_verdict,
     grade,
     normalise,
@@ -187,3 +188,11 @@ def test_shadow_json_validity_on_structured_endpoints() -> None:
 def test_too_few_pairs_is_inconclusive_never_a_pass() -> None:
     verdict = shadow_verdict(pairs(5, 0), ShadowSettings())
     assert verdict.verdict == "inconclusive" and verdict.failed == ["5 pairs < 20"]
+
+
+def test_an_example_shows_where_the_answers_differ() -> None:
+    stable = "Here is a short answer: the plot of Hamlet in brief."
+    padded = stable + " To elaborate at length: the plot of Hamlet in brief."
+    assert describe_pair(ShadowPair(seq=1, prompt="Hamlet?", stable_answer=stable, canary_answer=padded)) == (
+        "'Hamlet?': stable '… of Hamlet in brief.' / canary '… of Hamlet in brief. To elaborate at length: the plot of Ham…'"
+    )

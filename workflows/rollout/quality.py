@@ -305,6 +305,23 @@ class ShadowVerdict(BaseModel):
         return f"{head} — {self.verdict}"
 
 
+def where_they_differ(stable: str, canary: str, width: int = 60) -> tuple[str, str]:
+    """Both answers cut to ``width`` characters from just before their first difference, so an
+    example shows what changed (a padded answer differs only at its end)."""
+    first = next((i for i, (a, b) in enumerate(zip(stable, canary)) if a != b), min(len(stable), len(canary)))
+    start = max(0, first - 20)
+
+    def cut(text: str) -> str:
+        return ("…" if start else "") + text[start : start + width] + ("…" if len(text) > start + width else "")
+
+    return cut(stable), cut(canary)
+
+
+def describe_pair(pair: ShadowPair) -> str:
+    stable, canary = where_they_differ(pair.stable_answer, pair.canary_answer)
+    return f"{pair.prompt!r}: stable {stable!r} / canary {canary!r}"
+
+
 def is_refusal(answer: str) -> bool:
     return bool(REFUSAL.match(answer))
 

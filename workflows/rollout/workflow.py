@@ -67,7 +67,14 @@ with workflow.unsafe.imports_passed_through():
         WarmUpInput,
         WeightFile,
     )
-    from workflows.rollout.quality import GoldenVerdict, ShadowPair, ShadowVerdict, golden_verdict, shadow_verdict
+    from workflows.rollout.quality import (
+        GoldenVerdict,
+        ShadowPair,
+        ShadowVerdict,
+        describe_pair,
+        golden_verdict,
+        shadow_verdict,
+    )
     from workflows.rollout.types import (
         AbortInput,
         Outcome,
@@ -657,7 +664,7 @@ class ModelRollout:
         self._shadow = verdict
         self._show()
         if verdict.verdict == "fail":
-            examples = "; ".join(f"{p.prompt!r}: stable {p.stable_answer[:60]!r} / canary {p.canary_answer[:60]!r}" for p in verdict.examples)
+            examples = "; ".join(describe_pair(p) for p in verdict.examples)
             raise _RollBack(f"shadow comparison failed at {weight} %: {'; '.join(verdict.failed)}; e.g. {examples}")
         if verdict.verdict == "pass":
             self._shadow_pairs = []  # the next window is judged on its own pairs
