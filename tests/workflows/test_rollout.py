@@ -706,6 +706,19 @@ async def test_promote_refused_when_nothing_to_promote(client):
 # ---- failures before the cluster changes, start rules -----------------------------------------
 
 
+async def test_another_model_replaces_the_stable_only_when_asked(client):
+    """Issue 20: mistral was promoted silently over llama; now it takes replace_model: true."""
+    fleet = Fleet(client)
+    with pytest.raises(WorkflowFailureError) as info:
+        await run_rollout(fleet, rollout_input(model="mistral"))
+    message = str(info.value.cause)
+    assert "replace_model" in message and "serves model llama" in message and "not mistral" in message
+    assert info.value.cause.non_retryable and fleet.names() == [STAGE_WEIGHTS, DESCRIBE_DEPLOYMENT]
+
+    result = await run_rollout(Fleet(client), rollout_input(model="mistral", replace_model=True))
+    assert result.outcome is Outcome.PROMOTED
+
+
 async def test_checksum_mismatch_fails_before_any_cluster_change(client):
     fleet = Fleet(client, checksum_ok=False)
     with pytest.raises(WorkflowFailureError) as info:

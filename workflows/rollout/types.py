@@ -171,6 +171,9 @@ class RolloutInput(_Strict):
     queries: GateQueries = Field(default_factory=GateQueries)
     warm_up: WarmUp = Field(default_factory=WarmUp)
     deadlines: Deadlines = Field(default_factory=Deadlines)
+    replace_model: bool = Field(
+        False, description="allow replacing a stable version that serves another model (refused otherwise)"
+    )
     scale_down_delay_seconds: SecondsOrZero = Field(600, description="old (or failed) version kept warm this long")
     shadow: ShadowSettings | None = Field(
         None, description="mirror live requests to the canary and gate on answer drift (workflows/rollout/quality.py)"

@@ -314,6 +314,13 @@ class ModelRollout:
                 type="NothingToRollOut",
                 non_retryable=True,
             )
+        if self._stable is not None and self._stable.model not in ("", inp.model) and not inp.replace_model:
+            raise ApplicationError(
+                f"replace_model: {inp.deployment} serves model {self._stable.model} ({self._stable.version}), not"
+                f" {inp.model}; set replace_model: true to replace it",
+                type="ModelReplaced",
+                non_retryable=True,
+            )
         self._target_replicas = inp.replicas or (self._stable.replicas if self._stable else 1)
         ladder = [s for s in inp.steps if s.weight < 100]
         first = self._target_replicas if self._stable is None or not ladder else self._share(ladder[0].weight)
