@@ -60,9 +60,11 @@ def reset_cluster(box: RunningSandbox) -> None:
     """Give the next module the cluster as ``up`` left it: the namespaces tests created (and all
     their pods, so the GPUs they held are free again) deleted, and no demand offered."""
     core = client.CoreV1Api(api_client(box.urls["kubeapi"]))
-    for ns in core.list_namespace().items:
-        if ns.metadata.name not in _BASE_NAMESPACES:
-            core.delete_namespace(ns.metadata.name)
+    created = [ns.metadata.name for ns in core.list_namespace().items if ns.metadata.name not in _BASE_NAMESPACES]
+    for name in created:
+        core.delete_namespace(name)
+    wait_until(lambda: not {ns.metadata.name for ns in core.list_namespace().items} & set(created), 30,
+               "the deleted namespaces to finish Terminating")
     demand = core.read_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE)
     demand.data = {}
     core.replace_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, demand)

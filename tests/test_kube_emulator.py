@@ -442,9 +442,15 @@ def test_rolling_update_replaces_pods_and_deletes_cascade(cluster):
     wait_for(lambda: not pods_of(core, "chat"), what="pods deleted with their deployment")
     core.create_namespaced_config_map(NS, {"metadata": {"name": "x"}})
     core.delete_namespace(NS)
-    with pytest.raises(ApiException) as err:
-        core.read_namespaced_config_map("x", NS)
-    assert err.value.status == 404
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_config_map("x", NS)
+        except ApiException as err:
+            return err.status == 404
+        return False
+
+    wait_for(gone, what="the namespace controller to empty the Terminating namespace")
 
 
 def test_httproute_crud_with_weights(kube_api, cluster):
@@ -522,7 +528,8 @@ def test_kubectl_works_unchanged(cluster, kube_kubeconfig, tmp_path):
     manifest = tmp_path / "deploy.yaml"
     manifest.write_text(json.dumps(gpu_deployment("web", 1)))
     assert "created" in kubectl("apply", "-f", str(manifest))
-    changed = gpu_deployment("web", 1, version="1.1.0")
+    changed = gpu_deployment("web", 1)  # a new image; the selector stays (it is immutable)
+    changed["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:1.1.0"
     manifest.write_text(json.dumps(changed))
     assert "configured" in kubectl("apply", "-f", str(manifest))  # a three-way strategic merge patch
     kubectl("scale", "deployment/web", "-n", NS, "--replicas=2")

@@ -33,9 +33,11 @@ log = logging.getLogger(__name__)
 
 PODS, NODES, EVENTS = BY_KEY["pods"], BY_KEY["nodes"], BY_KEY["events"]
 DEPLOYMENTS, CONFIGMAPS = BY_KEY["deployments.apps"], BY_KEY["configmaps"]
+NAMESPACES = BY_KEY["namespaces"]
 DEFAULT_LOAD_SECONDS = 30.0
 MAX_EVENTS = 2000
 HASH_LABEL = "pod-template-hash"
+NAMESPACE_SYNC_SECONDS = 0.5  # real seconds a Terminating namespace lasts at least
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -170,6 +172,7 @@ class Controllers(threading.Thread):
         self.store = store
         self.time_scale = time_scale
         self.ready_at: dict[str, float] = {}  # pod uid -> monotonic time it becomes Ready
+        self.namespace_due: dict[str, float] = {}  # Terminating namespace uid -> when it is removed
         self.events: dict[tuple[str, str, str], str] = {}  # (uid, reason, message) -> Event name
         self.ip_counter = 0
         self.stopping = threading.Event()
@@ -181,7 +184,7 @@ class Controllers(threading.Thread):
     def run(self) -> None:
         while not self.stopping.is_set():
             now = time.monotonic()
-            upcoming = [t - now for t in self.ready_at.values() if t > now]
+            upcoming = [t - now for t in [*self.ready_at.values(), *self.namespace_due.values()] if t > now]
             self.store.dirty.wait(min([1.0, *upcoming]) + 0.01)
             self.store.dirty.clear()
             try:
@@ -192,6 +195,7 @@ class Controllers(threading.Thread):
                 time.sleep(0.5)
 
     def reconcile(self) -> None:
+        self.namespace_lifecycle()
         self.node_lifecycle()
         for dep in self.store.list(DEPLOYMENTS):
             self.sync_deployment(dep)
@@ -233,6 +237,21 @@ class Controllers(threading.Thread):
                 self.store.delete(EVENTS, e["metadata"]["namespace"], e["metadata"]["name"])
             live = {e["metadata"]["name"] for e in events.values()}
             self.events = {k: v for k, v in self.events.items() if v in live}
+
+    # -- namespace controller ---------------------------------------------------------------
+    def namespace_lifecycle(self) -> None:
+        """A Terminating namespace is emptied, then removed (its `kubernetes` finalizer done), a
+        moment after its deletion as the real namespace controller's work takes: until then its
+        objects can still be read and deleted (`kubectl delete -f` of a namespace and its content)."""
+        now = time.monotonic()
+        for ns in self.store.list(NAMESPACES):
+            meta = ns["metadata"]
+            if not meta.get("deletionTimestamp"):
+                continue
+            due = self.namespace_due.setdefault(meta["uid"], now + NAMESPACE_SYNC_SECONDS)
+            if now >= due and not meta.get("finalizers"):
+                self.store.delete(NAMESPACES, "", meta["name"])
+                del self.namespace_due[meta["uid"]]
 
     # -- node lifecycle ---------------------------------------------------------------------
     def node_lifecycle(self) -> None:

@@ -29,11 +29,17 @@ class Resource:
         return f"{self.group}/{self.version}" if self.group else self.version
 
     @property
+    def custom(self) -> bool:
+        """Served from a CustomResourceDefinition on a real cluster (no strategic merge, schema validation)."""
+        return self.group in CUSTOM_GROUPS
+
+    @property
     def has_status(self) -> bool:
         return "status" in self.subresources
 
 
 GATEWAY = "gateway.networking.k8s.io"
+CUSTOM_GROUPS = {GATEWAY}
 
 RESOURCES = [
     Resource("", "v1", "namespaces", "Namespace", False, ("ns",), ("status",)),
