@@ -95,6 +95,7 @@ def method_not_allowed(message: str = "the server does not allow this method on 
 
 BUILTIN_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
                        "application/strategic-merge-patch+json", "application/apply-patch+yaml")
+BODY_TYPES = ("application/json", "application/yaml", "application/vnd.kubernetes.protobuf")
 CUSTOM_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml")
 
 

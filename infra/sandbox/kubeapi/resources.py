@@ -19,6 +19,7 @@ class Resource:
     short_names: tuple[str, ...] = ()
     subresources: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
+    verbs: tuple[str, ...] = tuple(ALL_VERBS)  # ("create",): a review, answered and never stored
 
     @property
     def key(self) -> str:
@@ -40,6 +41,7 @@ class Resource:
 
 GATEWAY = "gateway.networking.k8s.io"
 CUSTOM_GROUPS = {GATEWAY}
+RBAC = "rbac.authorization.k8s.io"
 
 RESOURCES = [
     Resource("", "v1", "namespaces", "Namespace", False, ("ns",), ("status",)),
@@ -53,6 +55,14 @@ RESOURCES = [
     Resource("coordination.k8s.io", "v1", "leases", "Lease", True),
     Resource(GATEWAY, "v1", "httproutes", "HTTPRoute", True, (), ("status",), ("gateway-api",)),
     Resource(GATEWAY, "v1", "gateways", "Gateway", True, ("gtw",), ("status",), ("gateway-api",)),
+    Resource("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",), ("token",)),
+    Resource(RBAC, "v1", "roles", "Role", True),
+    Resource(RBAC, "v1", "rolebindings", "RoleBinding", True),
+    Resource(RBAC, "v1", "clusterroles", "ClusterRole", False),
+    Resource(RBAC, "v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    Resource("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", False,
+             verbs=("create",)),
+    Resource("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", False, verbs=("create",)),
 ]
 
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
@@ -64,7 +74,8 @@ for _r in RESOURCES:
 
 # Subresources whose kind is not the parent's.
 SUBRESOURCE_KINDS = {"eviction": ("policy", "v1", "Eviction", ["create"]), "scale": ("autoscaling", "v1", "Scale", SUB_VERBS),
-                     "log": ("", "v1", "Pod", ["get"])}
+                     "log": ("", "v1", "Pod", ["get"]),
+                     "token": ("authentication.k8s.io", "v1", "TokenRequest", ["create"])}
 
 
 def resource_list(group: str, version: str) -> dict[str, Any]:
@@ -75,7 +86,7 @@ def resource_list(group: str, version: str) -> dict[str, Any]:
             continue
         entry: dict[str, Any] = {
             "name": r.plural, "singularName": r.kind.lower(), "namespaced": r.namespaced,
-            "kind": r.kind, "verbs": ALL_VERBS,
+            "kind": r.kind, "verbs": list(r.verbs),
         }
         if r.short_names:
             entry["shortNames"] = list(r.short_names)
