@@ -19,6 +19,7 @@ from kubernetes import client
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.kubeclient import api_client
 from infra.sandbox.launcher import Ports, Sandbox, SandboxError
+from infra.sandbox.worker_identity import WORKER_NAMESPACE
 from workers.config import settings
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, versioned_name
 
@@ -53,7 +54,7 @@ class RunningSandbox:
 
 
 _RUNNING: list[RunningSandbox] = []  # the session's sandbox once a test asked for it
-_BASE_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", SANDBOX_NAMESPACE}
+_BASE_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", SANDBOX_NAMESPACE, WORKER_NAMESPACE}
 
 
 def reset_cluster(box: RunningSandbox) -> None:

@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 from kubernetes import client
+from kubernetes import config as kube_config
 from kubernetes.client.rest import ApiException
 
 from infra.sandbox.kubeclient import kubeconfig_yaml
@@ -162,3 +163,18 @@ def test_the_worker_may_not_impersonate(worker):
     assert json.loads(err.value.body)["message"] == (
         f'users "system:admin" is forbidden: User "{worker_user()}" cannot impersonate resource "users" '
         'in API group "" at the cluster scope')
+
+
+def test_the_sandbox_worker_runs_as_its_service_account(sandbox):
+    """The sandbox's worker kubeconfig (TIDEPLANE_KUBECONFIG) is the ServiceAccount's, bound to
+    exactly infra/k8s/base's RBAC; the operator's (KUBECONFIG) is the admin."""
+    assert sandbox.env["TIDEPLANE_KUBECONFIG"] != sandbox.env["KUBECONFIG"]
+    with kube_config.new_client_from_config(config_file=sandbox.env["TIDEPLANE_KUBECONFIG"]) as api:
+        review = client.AuthenticationV1Api(api).create_self_subject_review({})
+        assert review.status.user_info.username == worker_user()
+        client.CoreV1Api(api).list_node()
+        with pytest.raises(ApiException) as err:
+            client.CoreV1Api(api).list_namespaced_config_map("tideplane-sandbox")
+        assert err.value.status == 403
+    with kube_config.new_client_from_config(config_file=sandbox.env["KUBECONFIG"]) as api:
+        client.CoreV1Api(api).list_namespaced_config_map("tideplane-sandbox")
