@@ -93,7 +93,7 @@ def test_gpu_deployment_is_scheduled_and_ready_after_its_load_time(cluster):
     pods = pods_of(core, "chat")
     assert not any(is_ready(p) for p in pods), "pods must not be Ready before the model loaded"
     assert {p.spec.node_name for p in pods} == {"gpu-a", "gpu-b"}  # never the CPU node, at most 2 x 2 GPUs per node
-    assert all(p.metadata.owner_references[0].kind == "Deployment" for p in pods)
+    assert all(p.metadata.owner_references[0].kind == "ReplicaSet" for p in pods)
     assert all(p.metadata.name.startswith("chat-") for p in pods)
 
     wait_for(lambda: ready_replicas(apps, "chat") == 3, what="3 ready replicas")
@@ -413,7 +413,7 @@ def test_patch_formats(cluster):
         {"op": "add", "path": "/metadata/labels/app.kubernetes.io~1version", "value": "2.0.0"},
     ])
     got = apps.read_namespaced_deployment("chat", NS)
-    assert got.metadata.annotations == {"tideplane.io/stage": "canary"}
+    assert got.metadata.annotations["tideplane.io/stage"] == "canary"  # (the controller adds its revision)
     assert got.metadata.labels["app.kubernetes.io/version"] == "2.0.0"
     with pytest.raises(ApiException) as err:
         apps.patch_namespaced_deployment("chat", NS, [{"op": "test", "path": "/spec/replicas", "value": 9}])

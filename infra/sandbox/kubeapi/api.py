@@ -18,7 +18,6 @@ from .store import Store, now_iso
 from .validation import check_replicas, check_status, check_update, prepare, reset_status_on_create
 
 PODS = BY_KEY["pods"]
-DEPLOYMENTS = BY_KEY["deployments.apps"]
 PDBS = BY_KEY["poddisruptionbudgets.policy"]
 NAMESPACES = BY_KEY["namespaces"]
 
@@ -117,7 +116,7 @@ class Api:
         with self.store.lock:
             old = self.store.get(res, ns, name)
             if sub == "scale":
-                return self._set_scale(old, body)
+                return self._set_scale(res, old, body)
             new = self._merge_sub(res, old, body, sub)
             if dry_run:
                 return new
@@ -140,7 +139,7 @@ class Api:
             if meta.get("name") != name:
                 raise bad_request("the patch may not change metadata.name")
             if sub == "scale":
-                return self._set_scale(old, patched)
+                return self._set_scale(res, old, patched)
             new = self._merge_sub(res, old, patched, sub)
             if dry_run:
                 return new
@@ -180,13 +179,13 @@ class Api:
                        "selector": label_selector_string(dep["spec"].get("selector"))},
         }
 
-    def _set_scale(self, dep: dict[str, Any], scale: dict[str, Any]) -> dict[str, Any]:
+    def _set_scale(self, res: Resource, dep: dict[str, Any], scale: dict[str, Any]) -> dict[str, Any]:
         name = dep["metadata"]["name"]
         replicas = check_replicas((scale.get("spec") or {}).get("replicas"), "Scale", name)
         new = copy.deepcopy(dep)
         new["spec"]["replicas"] = replicas
         expect = (scale.get("metadata") or {}).get("resourceVersion")
-        return self._scale_of(self.store.update(DEPLOYMENTS, new, expect_rv=expect))
+        return self._scale_of(self.store.update(res, new, expect_rv=expect))
 
     def delete(self, res: Resource, ns: str, name: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
         options = options or {}

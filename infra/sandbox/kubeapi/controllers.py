@@ -8,10 +8,7 @@ sandbox seconds divided by the time scale.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import logging
-import math
 import threading
 import time
 import uuid
@@ -24,57 +21,25 @@ from infra.sandbox.config import PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
 from workflows.naming import GPU_RESOURCE, LABEL_MODEL, LABEL_VERSION
 
 from .api import pod_ready
+from .conditions import condition, set_condition
+from .deployments import Workloads
 from .quantity import parse_quantity
 from .resources import BY_KEY
 from .store import Store, now_iso
-from .validation import prepare, random_suffix, reset_status_on_create
 
 log = logging.getLogger(__name__)
 
 PODS, NODES, EVENTS = BY_KEY["pods"], BY_KEY["nodes"], BY_KEY["events"]
-DEPLOYMENTS, CONFIGMAPS = BY_KEY["deployments.apps"], BY_KEY["configmaps"]
+CONFIGMAPS = BY_KEY["configmaps"]
 NAMESPACES = BY_KEY["namespaces"]
 DEFAULT_LOAD_SECONDS = 30.0
 MAX_EVENTS = 2000
-HASH_LABEL = "pod-template-hash"
 NAMESPACE_SYNC_SECONDS = 0.5  # real seconds a Terminating namespace lasts at least
-
-
-def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), None)
 
 
 def node_ready(node: dict[str, Any]) -> bool:
     cond = condition(node, "Ready")
     return bool(cond and cond.get("status") == "True")
-
-
-def set_condition(conditions: list[dict[str, Any]], kind: str, status: str, reason: str | None = None,
-                  message: str | None = None) -> None:
-    """Set a condition in place, keeping lastTransitionTime unless the status changes."""
-    old = next((c for c in conditions if c.get("type") == kind), None)
-    new: dict[str, Any] = {"type": kind, "status": status}
-    if reason:
-        new["reason"] = reason
-    if message:
-        new["message"] = message
-    if old and old.get("status") == status:
-        for k in ("lastProbeTime", "lastUpdateTime", "lastTransitionTime"):
-            if k in old:
-                new[k] = old[k]
-        if "lastUpdateTime" in old and (old.get("reason"), old.get("message")) != (reason, message):
-            new["lastUpdateTime"] = now_iso()
-    else:
-        ts = now_iso()
-        if kind in ("Available", "Progressing"):
-            new["lastUpdateTime"] = ts
-        else:
-            new["lastProbeTime"] = None
-        new["lastTransitionTime"] = ts
-    if old:
-        conditions[conditions.index(old)] = new
-    else:
-        conditions.append(new)
 
 
 def pod_requests(spec: dict[str, Any]) -> Counter:
@@ -152,18 +117,6 @@ def _owners(pod: dict[str, Any]) -> list[str]:
     return [r["uid"] for r in pod["metadata"].get("ownerReferences") or [] if r.get("uid")]
 
 
-def template_hash(template: dict[str, Any]) -> str:
-    digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()
-    return "".join("bcdfghjklmnpqrstvwxz2456789"[int(digest[i:i + 2], 16) % 27] for i in range(0, 20, 2))
-
-
-def _int_or_percent(value: Any, total: int, round_up: bool) -> int:
-    if isinstance(value, str) and value.endswith("%"):
-        exact = total * int(value[:-1]) / 100
-        return math.ceil(exact) if round_up else math.floor(exact)
-    return int(value or 0)
-
-
 class Controllers(threading.Thread):
     """Reconciles deployments, schedules pods, runs the kubelet and node lifecycle."""
 
@@ -176,6 +129,7 @@ class Controllers(threading.Thread):
         self.events: dict[tuple[str, str, str], str] = {}  # (uid, reason, message) -> Event name
         self.ip_counter = 0
         self.stopping = threading.Event()
+        self.workloads = Workloads(self)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -184,7 +138,8 @@ class Controllers(threading.Thread):
     def run(self) -> None:
         while not self.stopping.is_set():
             now = time.monotonic()
-            upcoming = [t - now for t in [*self.ready_at.values(), *self.namespace_due.values()] if t > now]
+            upcoming = [t - now for t in [*self.ready_at.values(), *self.namespace_due.values(),
+                                          *self.workloads.wake_at] if t > now]
             self.store.dirty.wait(min([1.0, *upcoming]) + 0.01)
             self.store.dirty.clear()
             try:
@@ -197,8 +152,7 @@ class Controllers(threading.Thread):
     def reconcile(self) -> None:
         self.namespace_lifecycle()
         self.node_lifecycle()
-        for dep in self.store.list(DEPLOYMENTS):
-            self.sync_deployment(dep)
+        self.workloads.reconcile()
         self.schedule()
         self.kubelet()
 
@@ -273,114 +227,8 @@ class Controllers(threading.Thread):
                             f"Marking for deletion Pod {meta['namespace']}/{meta['name']}", "taint-controller")
                 self.store.delete(PODS, meta["namespace"], meta["name"])
 
-    # -- deployment controller ----------------------------------------------------------------
-    def sync_deployment(self, dep: dict[str, Any]) -> None:
-        spec, meta = dep["spec"], dep["metadata"]
-        ns, uid = meta["namespace"], meta["uid"]
-        pods = [p for p in self.store.list(PODS, ns)
-                if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])]
-        current = template_hash(spec["template"])
-        desired = spec.get("replicas", 1)
-        strategy = spec.get("strategy") or {}
-        rolling = strategy.get("rollingUpdate") or {}
-        surge = _int_or_percent(rolling.get("maxSurge", "25%"), desired, True)
-        unavailable = _int_or_percent(rolling.get("maxUnavailable", "25%"), desired, False)
-        if surge == 0 and unavailable == 0:
-            unavailable = 1
-        if strategy.get("type") == "Recreate":
-            surge, unavailable = 0, 0  # Available only when every replica is ready
-        if not spec.get("paused"):
-            new = [p for p in pods if p["metadata"].get("labels", {}).get(HASH_LABEL) == current]
-            old = [p for p in pods if p not in new]
-            if not old:
-                self._scale_pods(dep, new, desired, current)
-            elif strategy.get("type") == "Recreate":
-                for p in old:
-                    self._delete_pod(dep, p)
-            else:
-                self._roll(dep, new, old, desired, surge, unavailable, current)
-            pods = [p for p in self.store.list(PODS, ns)
-                    if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])]
-        self._deployment_status(dep, pods, current, desired, unavailable)
-
-    def _roll(self, dep, new, old, desired, surge, unavailable, current) -> None:
-        room = desired + surge - len(new) - len(old)
-        want_new = min(desired, len(new) + max(room, 0))
-        self._scale_pods(dep, new, want_new if want_new > len(new) else min(len(new), desired), current)
-        ready = sum(1 for p in new + old if pod_ready(p))
-        can_remove = ready - (desired - unavailable)
-        for p in sorted(old, key=pod_ready):
-            if not pod_ready(p):
-                self._delete_pod(dep, p)
-            elif can_remove > 0:
-                can_remove -= 1
-                self._delete_pod(dep, p)
-
-    def _scale_pods(self, dep: dict[str, Any], pods: list[dict[str, Any]], want: int, current: str) -> None:
-        for _ in range(want - len(pods)):
-            self._create_pod(dep, current)
-        if len(pods) > want:
-            # Remove unscheduled, then not-ready, then the newest pods first.
-            newest = sorted(pods, key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"]),
-                            reverse=True)
-            victims = sorted(newest, key=lambda p: (bool(p["spec"].get("nodeName")), pod_ready(p)))
-            for p in victims[: len(pods) - want]:
-                self._delete_pod(dep, p)
-
-    def _create_pod(self, dep: dict[str, Any], current: str) -> None:
-        meta = dep["metadata"]
-        template = copy.deepcopy(dep["spec"]["template"])
-        tmeta = template.get("metadata") or {}
-        pod = {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {
-                "name": f"{meta['name']}-{current}-{random_suffix()}", "namespace": meta["namespace"],
-                "labels": {**(tmeta.get("labels") or {}), HASH_LABEL: current},
-                "annotations": tmeta.get("annotations") or {},
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": meta["name"],
-                                     "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}],
-            },
-            "spec": template.get("spec") or {},
-        }
-        pod = prepare(PODS, pod, creating=True)
-        reset_status_on_create(PODS, pod)
-        created = self.store.create(PODS, pod)
-        self.record(dep, "Normal", "SuccessfulCreate", f"Created pod: {created['metadata']['name']}",
-                    "deployment-controller")
-
-    def _delete_pod(self, dep: dict[str, Any], pod: dict[str, Any]) -> None:
+    def delete_pod(self, pod: dict[str, Any]) -> None:
         self.store.delete(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"])
-        self.record(dep, "Normal", "SuccessfulDelete", f"Deleted pod: {pod['metadata']['name']}",
-                    "deployment-controller")
-
-    def _deployment_status(self, dep, pods, current, desired, unavailable) -> None:
-        updated = sum(1 for p in pods if p["metadata"].get("labels", {}).get(HASH_LABEL) == current)
-        ready = sum(1 for p in pods if pod_ready(p))
-        old_status = dep.get("status") or {}
-        status: dict[str, Any] = {"observedGeneration": dep["metadata"].get("generation", 1)}
-        for key, value in (("replicas", len(pods)), ("updatedReplicas", updated), ("readyReplicas", ready),
-                           ("availableReplicas", ready), ("unavailableReplicas", max(len(pods), desired) - ready)):
-            if value > 0:
-                status[key] = value
-        conditions = copy.deepcopy(old_status.get("conditions") or [])
-        name = dep["metadata"]["name"]
-        if ready >= desired - unavailable:
-            set_condition(conditions, "Available", "True", "MinimumReplicasAvailable",
-                          "Deployment has minimum availability.")
-        else:
-            set_condition(conditions, "Available", "False", "MinimumReplicasUnavailable",
-                          "Deployment does not have minimum availability.")
-        if updated == desired == len(pods) and ready >= desired:
-            set_condition(conditions, "Progressing", "True", "NewReplicaSetAvailable",
-                          f'ReplicaSet "{name}-{current}" has successfully progressed.')
-        else:
-            set_condition(conditions, "Progressing", "True", "ReplicaSetUpdated",
-                          f'ReplicaSet "{name}-{current}" is progressing.')
-        status["conditions"] = conditions
-        if status != old_status:
-            new = copy.deepcopy(dep)
-            new["status"] = status
-            self.store.update(DEPLOYMENTS, new)
 
     # -- scheduler ----------------------------------------------------------------------------
     def schedule(self) -> None:

@@ -180,7 +180,7 @@ def _validate_kind(res: Resource, obj: dict[str, Any], causes: Causes) -> None:
     elif res.kind == "Node":
         _node_status(causes, obj)
 
-    elif res.kind == "Deployment":
+    elif res.kind in ("Deployment", "ReplicaSet"):
         if not isinstance(spec, dict):
             _required(causes, "spec")
             return
@@ -240,7 +240,7 @@ def _http_route(causes: Causes, spec: Any) -> None:
 def check_update(res: Resource, old: dict[str, Any], new: dict[str, Any]) -> None:
     """What an update may not change: a Deployment's selector; no new finalizers while deleting."""
     causes: Causes = []
-    if res.kind == "Deployment":
+    if res.kind in ("Deployment", "ReplicaSet"):
         selector = (new.get("spec") or {}).get("selector")
         if selector != (old.get("spec") or {}).get("selector"):
             causes.append(("spec.selector", "FieldValueInvalid",
@@ -282,10 +282,21 @@ def check_status(res: Resource, obj: dict[str, Any]) -> None:
         raise invalid(res.kind, obj["metadata"]["name"], causes, res.group)
 
 
+def _without_nulls(value: Any) -> Any:
+    """A built-in kind is decoded into Go structs: a JSON null is the field's absence."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
 def prepare(res: Resource, obj: Any, creating: bool) -> dict[str, Any]:
     """Check an incoming object (422 Invalid naming the fields) and fill in the server's defaults."""
     if not isinstance(obj, dict):
         raise bad_request(f"the body of the request must be a JSON object for {res.kind}")
+    if not res.custom:
+        obj = _without_nulls(obj)
     causes: Causes = []
     if obj.get("kind") not in (None, res.kind):
         _bad(causes, "kind", obj["kind"], f"must be {res.kind}")
@@ -326,6 +337,8 @@ def _default(res: Resource, obj: dict[str, Any]) -> None:
         spec.setdefault("terminationGracePeriodSeconds", 30)
         for c in spec["containers"]:
             c.setdefault("imagePullPolicy", "IfNotPresent")
+    elif res.kind == "ReplicaSet":
+        spec.setdefault("replicas", 1)
     elif res.kind == "Deployment":
         spec.setdefault("replicas", 1)
         spec.setdefault("revisionHistoryLimit", 10)
@@ -363,6 +376,8 @@ def reset_status_on_create(res: Resource, obj: dict[str, Any]) -> None:
         obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
     elif res.kind == "Deployment":
         obj["status"] = {}
+    elif res.kind == "ReplicaSet":
+        obj["status"] = {"replicas": 0}
     elif res.kind == "Node":
         status = obj["status"]
         if not status.get("conditions"):
