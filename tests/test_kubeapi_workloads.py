@@ -83,7 +83,7 @@ def test_replica_sets_history_and_undo(cluster, ns):
     assert (rss["1"].spec.replicas, rss["2"].spec.replicas) == (0, 2)
     assert rss["2"].metadata.owner_references[0].kind == "Deployment"
     assert rss["2"].status.ready_replicas == 2
-    pods = core.list_namespaced_pod(ns).items
+    pods = [p for p in core.list_namespaced_pod(ns).items if not p.metadata.deletion_timestamp]
     assert {p.metadata.owner_references[0].name for p in pods} == {rss["2"].metadata.name}
 
     table = kubectl("get", "rs", "-n", ns)
@@ -98,7 +98,8 @@ def test_replica_sets_history_and_undo(cluster, ns):
     wait(lambda: complete(apps, "chat", ns)
          and apps.read_namespaced_deployment("chat", ns).spec.template.spec.containers[0].image == "vllm:1",
          "the undo rolled out")
-    assert {p.spec.containers[0].image for p in core.list_namespaced_pod(ns).items} == {"vllm:1"}
+    wait(lambda: {p.spec.containers[0].image for p in core.list_namespaced_pod(ns).items} == {"vllm:1"},
+         "the old pods to finish Terminating")
     revisions = {rs.metadata.name: rs.metadata.annotations["deployment.kubernetes.io/revision"]
                  for rs in apps.list_namespaced_replica_set(ns).items}
     assert revisions == {rss["1"].metadata.name: "3", rss["2"].metadata.name: "2"}  # revision 1 came back as 3

@@ -52,6 +52,11 @@ class Profile(_Strict):
     prompt_tokens: int = Field(500, gt=0)
     capacity_rps: float = Field(4, gt=0, description="requests/s one replica serves at its SLO")
     gpu_memory_gib: float = Field(40, gt=0)
+    # How a bad release fails (the emulator's kubelet acts on these; see infra/sandbox/kubeapi/kubelet.py).
+    crash_on_start: bool = Field(False, description="the server exits at once: CrashLoopBackOff")
+    never_ready: bool = Field(False, description="Running, the readiness probe never passes")
+    oom_after_requests: int | None = Field(None, ge=1, description="OOMKilled after serving this many requests")
+    shutdown_seconds: float = Field(5, ge=0, description="drain after SIGTERM: how long a deleted pod is Terminating")
 
 
 class Demand(_Strict):

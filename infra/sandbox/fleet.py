@@ -38,6 +38,7 @@ from infra.sandbox.config import (
     Profile,
 )
 from infra.sandbox.kubeclient import api_client, raw
+from infra.sandbox.oom import OomWatch
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 
 log = logging.getLogger("tideplane.fleet")
@@ -660,6 +661,7 @@ def run(kube_url: str, host: str, port: int, time_scale: float, tick_seconds: fl
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     log.info("fleet simulator on http://%s:%d reading %s (time scale %s)", host, port, kube_url, time_scale)
     api = api_client(kube_url)
+    oom = OomWatch(kube_url)
     last = time.monotonic()
     while True:
         try:
@@ -670,6 +672,7 @@ def run(kube_url: str, host: str, port: int, time_scale: float, tick_seconds: fl
         now = time.monotonic()
         if cluster is not None:
             fleet.update(cluster, now - last)
+            oom.check(fleet)
         last = now
         time.sleep(max(0.0, tick_seconds - (time.monotonic() - now)))
 

@@ -37,3 +37,8 @@ def set_condition(conditions: list[dict[str, Any]], kind: str, status: str, reas
         conditions[conditions.index(old)] = new
     else:
         conditions.append(new)
+
+
+def node_ready(node: dict[str, Any]) -> bool:
+    cond = condition(node, "Ready")
+    return bool(cond and cond.get("status") == "True")

@@ -1,7 +1,9 @@
-"""Simulated control plane: deployment controller, scheduler, kubelet, node lifecycle and events.
+"""Simulated control plane: namespace and node lifecycle, scheduler, events; the deployment
+controller (deployments.py) and the kubelet (kubelet.py) run in the same pass.
 
 One background thread reconciles everything while holding the store lock, woken by any write
-(or by the next kubelet readiness deadline), so an idle sandbox costs no CPU. Durations are
+(or by the next timer: a readiness, restart, termination or eviction deadline), so an idle
+sandbox costs no CPU. Durations are
 sandbox seconds divided by the time scale.
 """
 
@@ -9,20 +11,19 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import threading
 import time
 import uuid
 from collections import Counter
 from typing import Any
 
-import yaml
+from workflows.naming import GPU_RESOURCE
 
-from infra.sandbox.config import PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
-from workflows.naming import GPU_RESOURCE, LABEL_MODEL, LABEL_VERSION
-
-from .api import pod_ready
-from .conditions import condition, set_condition
+from .api import delete_pod
+from .conditions import condition, node_ready, set_condition
 from .deployments import Workloads
+from .kubelet import Kubelet
 from .quantity import parse_quantity
 from .resources import BY_KEY
 from .store import Store, now_iso
@@ -30,16 +31,10 @@ from .store import Store, now_iso
 log = logging.getLogger(__name__)
 
 PODS, NODES, EVENTS = BY_KEY["pods"], BY_KEY["nodes"], BY_KEY["events"]
-CONFIGMAPS = BY_KEY["configmaps"]
 NAMESPACES = BY_KEY["namespaces"]
-DEFAULT_LOAD_SECONDS = 30.0
 MAX_EVENTS = 2000
+NOT_READY_TAINT, UNREACHABLE_TAINT = "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"
 NAMESPACE_SYNC_SECONDS = 0.5  # real seconds a Terminating namespace lasts at least
-
-
-def node_ready(node: dict[str, Any]) -> bool:
-    cond = condition(node, "Ready")
-    return bool(cond and cond.get("status") == "True")
 
 
 def pod_requests(spec: dict[str, Any]) -> Counter:
@@ -124,12 +119,14 @@ class Controllers(threading.Thread):
         super().__init__(name="kubeapi-controllers", daemon=True)
         self.store = store
         self.time_scale = time_scale
-        self.ready_at: dict[str, float] = {}  # pod uid -> monotonic time it becomes Ready
         self.namespace_due: dict[str, float] = {}  # Terminating namespace uid -> when it is removed
         self.events: dict[tuple[str, str, str], str] = {}  # (uid, reason, message) -> Event name
         self.ip_counter = 0
         self.stopping = threading.Event()
         self.workloads = Workloads(self)
+        self.kubelet = Kubelet(self)
+        self.taint_seen: dict[tuple[str, str], float] = {}  # (node, NoExecute taint key) -> when first seen
+        self.evict_at: list[float] = []  # when a tolerated NoExecute taint's window closes
 
     def stop(self) -> None:
         self.stopping.set()
@@ -138,8 +135,8 @@ class Controllers(threading.Thread):
     def run(self) -> None:
         while not self.stopping.is_set():
             now = time.monotonic()
-            upcoming = [t - now for t in [*self.ready_at.values(), *self.namespace_due.values(),
-                                          *self.workloads.wake_at] if t > now]
+            upcoming = [t - now for t in [*self.kubelet.due(), *self.namespace_due.values(),
+                                          *self.workloads.wake_at, *self.evict_at] if t > now]
             self.store.dirty.wait(min([1.0, *upcoming]) + 0.01)
             self.store.dirty.clear()
             try:
@@ -154,7 +151,7 @@ class Controllers(threading.Thread):
         self.node_lifecycle()
         self.workloads.reconcile()
         self.schedule()
-        self.kubelet()
+        self.kubelet.reconcile({n["metadata"]["name"]: n for n in self.store.list(NODES)})
 
     # -- events -----------------------------------------------------------------------------
     def record(self, obj: dict[str, Any], kind: str, reason: str, message: str, component: str) -> None:
@@ -209,8 +206,23 @@ class Controllers(threading.Thread):
 
     # -- node lifecycle ---------------------------------------------------------------------
     def node_lifecycle(self) -> None:
-        """Pods on a deleted node go away; NoExecute taints evict pods that do not tolerate them."""
-        nodes = {n["metadata"]["name"]: n for n in self.store.list(NODES)}
+        """Pods on a deleted node are garbage-collected at once; a node that is not Ready gets the
+        node.kubernetes.io/not-ready (Ready False) or unreachable (Unknown) NoExecute taint; a
+        NoExecute taint evicts the pods that do not tolerate it at once, and those that tolerate it
+        for tolerationSeconds (300 s by default admission) when that window has passed."""
+        now = time.monotonic()
+        self.evict_at = []
+        nodes = {}
+        for node in self.store.list(NODES):
+            nodes[node["metadata"]["name"]] = self._lifecycle_taints(node)
+        seen = set()
+        for node in nodes.values():
+            for taint in (node.get("spec") or {}).get("taints") or []:
+                if taint.get("effect") == "NoExecute":
+                    key = (node["metadata"]["name"], taint.get("key", ""))
+                    seen.add(key)
+                    self.taint_seen.setdefault(key, now)
+        self.taint_seen = {k: v for k, v in self.taint_seen.items() if k in seen}
         for pod in self.store.list(PODS):
             node_name = pod["spec"].get("nodeName")
             if not node_name:
@@ -221,14 +233,46 @@ class Controllers(threading.Thread):
                 self.record(pod, "Warning", "NodeNotFound", f"Node {node_name} was deleted; deleting pod", "node-controller")
                 self.store.delete(PODS, meta["namespace"], meta["name"])
                 continue
+            if meta.get("deletionTimestamp"):
+                continue
             taints = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("effect") == "NoExecute"]
-            if any(not tolerates(pod["spec"].get("tolerations"), t) for t in taints):
+            due = [self._eviction_due(pod, node_name, t) for t in taints]
+            if any(t <= now for t in due):
                 self.record(pod, "Normal", "TaintManagerEviction",
-                            f"Marking for deletion Pod {meta['namespace']}/{meta['name']}", "taint-controller")
-                self.store.delete(PODS, meta["namespace"], meta["name"])
+                            f"Marking for deletion Pod {meta['namespace']}/{meta['name']}", "taint-eviction-controller")
+                self.delete_pod(pod)
+            else:
+                self.evict_at += [t for t in due if t != math.inf]
+
+    def _lifecycle_taints(self, node: dict[str, Any]) -> dict[str, Any]:
+        """Keep the not-ready/unreachable NoExecute taint in step with the node's Ready condition."""
+        cond = condition(node, "Ready")
+        status = (cond or {}).get("status", "True")
+        wanted = {"False": NOT_READY_TAINT, "Unknown": UNREACHABLE_TAINT}.get(status)
+        taints = (node.get("spec") or {}).get("taints") or []
+        kept = [t for t in taints if t.get("key") not in (NOT_READY_TAINT, UNREACHABLE_TAINT)]
+        if wanted:
+            kept.append(next((t for t in taints if t.get("key") == wanted),
+                             {"key": wanted, "effect": "NoExecute", "timeAdded": now_iso()}))
+        if kept == taints:
+            return node
+        new = copy.deepcopy(node)
+        new.setdefault("spec", {})["taints"] = kept
+        return self.store.update(NODES, new)
+
+    def _eviction_due(self, pod: dict[str, Any], node_name: str, taint: dict[str, Any]) -> float:
+        """When a NoExecute taint evicts the pod: now if not tolerated, never if tolerated for ever."""
+        matching = [t for t in pod["spec"].get("tolerations") or [] if tolerates([t], taint)]
+        if not matching:
+            return 0.0
+        windows = [t["tolerationSeconds"] for t in matching if t.get("tolerationSeconds") is not None]
+        if len(windows) < len(matching):
+            return math.inf
+        return self.taint_seen[(node_name, taint.get("key", ""))] + max(0, min(windows)) / self.time_scale
 
     def delete_pod(self, pod: dict[str, Any]) -> None:
-        self.store.delete(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"])
+        """Delete as a controller does, through the API: gracefully."""
+        delete_pod(self.store, pod)
 
     # -- scheduler ----------------------------------------------------------------------------
     def schedule(self) -> None:
@@ -315,82 +359,3 @@ class Controllers(threading.Thread):
         set_condition(new["status"].setdefault("conditions", []), "PodScheduled", "False", "Unschedulable", message)
         self.store.update(PODS, new)
         self.record(pod, "Warning", "FailedScheduling", message, "default-scheduler")
-
-    # -- kubelet ------------------------------------------------------------------------------
-    def load_seconds(self, pod: dict[str, Any]) -> float:
-        """The model's load time from the fleet-profiles ConfigMap, at least the readiness delay."""
-        labels = pod["metadata"].get("labels") or {}
-        model, version = labels.get(LABEL_MODEL), labels.get(LABEL_VERSION)
-        cm = self.store.try_get(CONFIGMAPS, SANDBOX_NAMESPACE, PROFILES_CONFIGMAP)
-        data = (cm or {}).get("data") or {}
-        seconds = DEFAULT_LOAD_SECONDS
-        for key in (f"{model}@{version}", model, "default"):
-            if key and key in data:
-                try:
-                    profile = yaml.safe_load(data[key])
-                    seconds = float(profile.get("load_seconds", DEFAULT_LOAD_SECONDS))
-                    break
-                except (yaml.YAMLError, AttributeError, TypeError, ValueError):
-                    log.warning("unreadable profile %s in %s/%s", key, SANDBOX_NAMESPACE, PROFILES_CONFIGMAP)
-        delays = [(c.get("readinessProbe") or {}).get("initialDelaySeconds", 0) for c in pod["spec"]["containers"]]
-        return max([seconds, *delays])
-
-    def kubelet(self) -> None:
-        nodes = {n["metadata"]["name"]: n for n in self.store.list(NODES)}
-        now = time.monotonic()
-        live = set()
-        for pod in self.store.list(PODS):
-            live.add(pod["metadata"]["uid"])
-            node = nodes.get(pod["spec"].get("nodeName") or "")
-            if node is None:
-                continue
-            phase = pod["status"].get("phase")
-            if phase == "Pending":
-                self._start(pod, node, now)
-            elif phase == "Running":
-                ready = node_ready(node) and now >= self.ready_at.get(pod["metadata"]["uid"], 0)
-                if ready != pod_ready(pod):
-                    self._set_ready(pod, ready)
-        for uid in [u for u in self.ready_at if u not in live]:
-            del self.ready_at[uid]
-
-    def _start(self, pod: dict[str, Any], node: dict[str, Any], now: float) -> None:
-        self.ip_counter += 1
-        ts = now_iso()
-        new = copy.deepcopy(pod)
-        addresses = (node.get("status") or {}).get("addresses") or []
-        host_ip = next((a["address"] for a in addresses if a.get("type") == "InternalIP"), "10.0.0.1")
-        status = new["status"]
-        status.update(phase="Running", startTime=ts, hostIP=host_ip,
-                      podIP=f"10.244.{self.ip_counter // 250 % 250}.{self.ip_counter % 250 + 1}")
-        status["podIPs"] = [{"ip": status["podIP"]}]
-        status["containerStatuses"] = [
-            {"name": c["name"], "image": c["image"], "imageID": f"docker-pullable://{c['image']}",
-             "containerID": f"containerd://{uuid.uuid4().hex}", "ready": False, "started": True,
-             "restartCount": 0, "state": {"running": {"startedAt": ts}}}
-            for c in pod["spec"]["containers"]
-        ]
-        conditions = status.setdefault("conditions", [])
-        set_condition(conditions, "PodScheduled", "True")
-        set_condition(conditions, "Initialized", "True")
-        set_condition(conditions, "ContainersReady", "False", "ContainersNotReady", "containers with unready status")
-        set_condition(conditions, "Ready", "False", "ContainersNotReady", "containers with unready status")
-        self.ready_at[pod["metadata"]["uid"]] = now + self.load_seconds(pod) / self.time_scale
-        self.store.update(PODS, new)
-        for c in pod["spec"]["containers"]:
-            self.record(pod, "Normal", "Pulled", f'Container image "{c["image"]}" already present on machine', "kubelet")
-            self.record(pod, "Normal", "Started", f"Started container {c['name']}", "kubelet")
-
-    def _set_ready(self, pod: dict[str, Any], ready: bool) -> None:
-        new = copy.deepcopy(pod)
-        status = new["status"]
-        for cs in status.get("containerStatuses") or []:
-            cs["ready"] = ready
-        conditions = status.setdefault("conditions", [])
-        if ready:
-            set_condition(conditions, "ContainersReady", "True")
-            set_condition(conditions, "Ready", "True")
-        else:
-            set_condition(conditions, "ContainersReady", "False", "ContainersNotReady", "containers with unready status")
-            set_condition(conditions, "Ready", "False", "ContainersNotReady", "containers with unready status")
-        self.store.update(PODS, new)

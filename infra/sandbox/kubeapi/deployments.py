@@ -109,7 +109,9 @@ class Workloads:
 
     # -- replica sets ---------------------------------------------------------------------------
     def _pods_of(self, rs: dict[str, Any]) -> list[dict[str, Any]]:
-        return [p for p in self.store.list(PODS, rs["metadata"]["namespace"]) if owned_by(p, rs["metadata"]["uid"])]
+        """The ReplicaSet's active pods: Terminating ones no longer count (FilterActivePods)."""
+        return [p for p in self.store.list(PODS, rs["metadata"]["namespace"])
+                if owned_by(p, rs["metadata"]["uid"]) and not p["metadata"].get("deletionTimestamp")]
 
     def sync_replica_set(self, rs: dict[str, Any]) -> None:
         """A ReplicaSet of its own (no Deployment): keep spec.replicas pods."""

@@ -122,6 +122,10 @@ class Handler(BaseHTTPRequestHandler):
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             if path == "/sandbox/faults":
                 return self._faults(method, raw)
+            if path == "/sandbox/oom" and method == "POST":  # the fleet: this pod's server ran out of memory
+                body = self._json_body(raw) or {}
+                killed = self.server.controllers.kubelet.report_oom(body.get("namespace", ""), body.get("name", ""))
+                return self._send(200 if killed else 404, {"oomKilled": killed})
             self.server.faults.inject(method)
             user = self._authorize(method, path, query)
             if method == "GET" and self._discovery(path):
@@ -277,7 +281,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, api.patch(res, ns or "", name, content_type, raw, sub, dry_run))
         if method == "DELETE":
             options = self._json_body(raw) or {}
-            options.update({k: query[k] for k in ("propagationPolicy", "dryRun") if k in query})
+            options.update({k: query[k] for k in ("propagationPolicy", "dryRun", "gracePeriodSeconds") if k in query})
             if name is not None and sub is None:
                 return self._send(200, api.delete(res, ns or "", name, options))
             if name is None:

@@ -47,6 +47,8 @@ def _roles(node: dict[str, Any]) -> str:
 
 def _pod_status(pod: dict[str, Any]) -> str:
     status = pod.get("status") or {}
+    if pod["metadata"].get("deletionTimestamp"):
+        return "Terminating"
     for cs in status.get("containerStatuses") or []:
         waiting = (cs.get("state") or {}).get("waiting")
         if waiting and waiting.get("reason"):

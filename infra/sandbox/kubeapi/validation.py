@@ -335,6 +335,10 @@ def _default(res: Resource, obj: dict[str, Any]) -> None:
         spec.setdefault("restartPolicy", "Always")
         spec.setdefault("schedulerName", "default-scheduler")
         spec.setdefault("terminationGracePeriodSeconds", 30)
+        tolerations = spec.setdefault("tolerations", [])
+        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):  # DefaultTolerationSeconds
+            if not any(t.get("key") == key and t.get("effect") in (None, "", "NoExecute") for t in tolerations):
+                tolerations.append({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300})
         for c in spec["containers"]:
             c.setdefault("imagePullPolicy", "IfNotPresent")
     elif res.kind == "ReplicaSet":
