@@ -24,6 +24,7 @@ from .api import delete_pod
 from .conditions import condition, node_ready, set_condition
 from .deployments import Workloads
 from .kubelet import Kubelet
+from .networking import Networking
 from .quantity import parse_quantity
 from .resources import BY_KEY
 from .store import Store, now_iso
@@ -125,6 +126,7 @@ class Controllers(threading.Thread):
         self.stopping = threading.Event()
         self.workloads = Workloads(self)
         self.kubelet = Kubelet(self)
+        self.networking = Networking(self)
         self.taint_seen: dict[tuple[str, str], float] = {}  # (node, NoExecute taint key) -> when first seen
         self.evict_at: list[float] = []  # when a tolerated NoExecute taint's window closes
 
@@ -136,7 +138,8 @@ class Controllers(threading.Thread):
         while not self.stopping.is_set():
             now = time.monotonic()
             upcoming = [t - now for t in [*self.kubelet.due(), *self.namespace_due.values(),
-                                          *self.workloads.wake_at, *self.evict_at] if t > now]
+                                          *self.workloads.wake_at, *self.evict_at,
+                                          *self.networking.wake_at] if t > now]
             self.store.dirty.wait(min([1.0, *upcoming]) + 0.01)
             self.store.dirty.clear()
             try:
@@ -152,6 +155,7 @@ class Controllers(threading.Thread):
         self.workloads.reconcile()
         self.schedule()
         self.kubelet.reconcile({n["metadata"]["name"]: n for n in self.store.list(NODES)})
+        self.networking.reconcile()
 
     # -- events -----------------------------------------------------------------------------
     def record(self, obj: dict[str, Any], kind: str, reason: str, message: str, component: str) -> None:

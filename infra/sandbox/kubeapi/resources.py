@@ -56,6 +56,8 @@ RESOURCES = [
     Resource("coordination.k8s.io", "v1", "leases", "Lease", True),
     Resource(GATEWAY, "v1", "httproutes", "HTTPRoute", True, (), ("status",), ("gateway-api",)),
     Resource(GATEWAY, "v1", "gateways", "Gateway", True, ("gtw",), ("status",), ("gateway-api",)),
+    Resource("", "v1", "endpoints", "Endpoints", True, ("ep",)),
+    Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True),
     Resource("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",), ("token",)),
     Resource(RBAC, "v1", "roles", "Role", True),
     Resource(RBAC, "v1", "rolebindings", "RoleBinding", True),
@@ -125,8 +127,9 @@ def api_versions(server_address: str) -> dict[str, Any]:
             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}]}
 
 
+KUBERNETES_VERSION = "v1.32.0-tideplane-sandbox"  # the API server's, and every node's kubelet
 VERSION_INFO = {
-    "major": "1", "minor": "32", "gitVersion": "v1.32.0-tideplane-sandbox", "gitCommit": "sandbox",
+    "major": "1", "minor": "32", "gitVersion": KUBERNETES_VERSION, "gitCommit": "sandbox",
     "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.23",
     "compiler": "gc", "platform": "linux/amd64",
 }

@@ -9,7 +9,7 @@ from typing import Any
 
 from .errors import ApiError, bad_request, invalid
 from .quantity import parse_quantity
-from .resources import Resource
+from .resources import KUBERNETES_VERSION, Resource
 from .selectors import label_selector_matcher
 from .store import now_iso
 
@@ -392,7 +392,7 @@ def reset_status_on_create(res: Resource, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
         info = {"machineID": name, "systemUUID": name, "bootID": name, "kernelVersion": "6.1.0",
                 "osImage": "Amazon Linux 2023", "containerRuntimeVersion": "containerd://1.7.0",
-                "kubeletVersion": "v1.32.0-tideplane-sandbox", "kubeProxyVersion": "v1.32.0-tideplane-sandbox",
+                "kubeletVersion": KUBERNETES_VERSION, "kubeProxyVersion": KUBERNETES_VERSION,
                 "operatingSystem": "linux", "architecture": "amd64"}
         status["nodeInfo"] = {**info, **(status.get("nodeInfo") or {})}
 
