@@ -1,4 +1,5 @@
-"""Deployments own ReplicaSets that own pods; rollout history and undo; rollout conditions.
+"""Deployments own ReplicaSets that own pods; rollout history and undo; rollout conditions; Jobs
+and DaemonSets.
 
 Through the official client and the stock kubectl against one emulated cluster (time scale 100:
 sandbox seconds pass 100 times faster) for the module, each test in a namespace of its own.
@@ -37,7 +38,8 @@ def cluster(tmp_path_factory):
                                   "status": {"allocatable": {GPU_RESOURCE: "8", "pods": "110"}}})
             core.create_namespaced_config_map("tideplane-sandbox", {
                 "metadata": {"name": "fleet-profiles"},
-                "data": {"default": json.dumps({"load_seconds": 1}), "slow": json.dumps({"load_seconds": 100000})}})
+                "data": {"default": json.dumps({"load_seconds": 1}), "slow": json.dumps({"load_seconds": 100000}),
+                         "crash": json.dumps({"crash_on_start": True})}})
             yield api, kubectl
 
 
@@ -154,3 +156,50 @@ def test_a_replica_set_of_its_own_keeps_its_replicas(cluster, ns):
     wait(lambda: len(core.list_namespaced_pod(ns).items) == 3, "3 pods")
     apps.patch_namespaced_replica_set_scale("solo", ns, {"spec": {"replicas": 1}})
     wait(lambda: len(core.list_namespaced_pod(ns).items) == 1, "scaled to 1")
+
+
+def job(name: str, model: str, **spec) -> dict:
+    return {"metadata": {"name": name}, "spec": {**spec, "template": {
+        "metadata": {"labels": {"tideplane.io/model": model}},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "stage", "image": "stager:1"}]}}}}
+
+
+def job_conditions(batch: client.BatchV1Api, name: str, ns: str) -> dict[str, str]:
+    return {c.type: c.reason for c in batch.read_namespaced_job(name, ns).status.conditions or [] if c.status == "True"}
+
+
+def test_jobs_run_to_completion_or_fail_after_the_backoff_limit(cluster, ns):
+    api, kubectl = cluster
+    batch, core = client.BatchV1Api(api), client.CoreV1Api(api)
+    batch.create_namespaced_job(ns, job("stage-weights", "chat", completions=3, parallelism=2))
+    wait(lambda: "Complete" in job_conditions(batch, "stage-weights", ns), "the job to complete")
+    status = batch.read_namespaced_job("stage-weights", ns).status
+    assert (status.succeeded, status.failed, status.active) == (3, None, None)
+    pods = core.list_namespaced_pod(ns, label_selector="job-name=stage-weights").items
+    assert len(pods) == 3 and {p.status.phase for p in pods} == {"Succeeded"}
+    assert pods[0].status.container_statuses[0].state.terminated.reason == "Completed"
+
+    batch.create_namespaced_job(ns, job("broken", "crash", backoffLimit=1))
+    wait(lambda: job_conditions(batch, "broken", ns).get("Failed") == "BackoffLimitExceeded", "the job to fail")
+    assert batch.read_namespaced_job("broken", ns).status.failed == 2
+    assert kubectl("get", "jobs", "-n", ns).returncode == 0
+
+
+def test_daemon_set_runs_a_pod_per_node(cluster, ns):
+    api, kubectl = cluster
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    ds = deployment("cache", "cache:1")
+    del ds["spec"]["replicas"]
+    apps.create_namespaced_daemon_set(ns, ds)
+
+    def on_nodes(image: str) -> list[str]:
+        return sorted(p.spec.node_name for p in core.list_namespaced_pod(ns).items
+                      if p.spec.containers[0].image == image and not p.metadata.deletion_timestamp and p.spec.node_name)
+
+    wait(lambda: on_nodes("cache:1") == ["gpu-a", "gpu-b"], "a pod on each node")
+    wait(lambda: apps.read_namespaced_daemon_set("cache", ns).status.number_ready == 2, "both Ready")
+    assert apps.read_namespaced_daemon_set("cache", ns).status.desired_number_scheduled == 2
+    apps.patch_namespaced_daemon_set("cache", ns, {"spec": {"template": {"spec": {"containers": [
+        {"name": "vllm", "image": "cache:2"}]}}}})
+    wait(lambda: on_nodes("cache:2") == ["gpu-a", "gpu-b"], "the new template on each node")
+    assert kubectl("rollout", "status", "daemonset/cache", "-n", ns, "--timeout=10s").returncode == 0

@@ -86,6 +86,8 @@ class Api:
 
     # -- writes -----------------------------------------------------------------------------
     def create(self, res: Resource, ns: str, body: Any, dry_run: bool = False) -> dict[str, Any]:
+        if isinstance(body, dict) and isinstance(body.get("metadata"), dict):
+            body = {**body, "metadata": {k: v for k, v in body["metadata"].items() if k != "uid"}}  # the server's
         if isinstance(body, dict) and res.namespaced:
             meta = body.setdefault("metadata", {}) if isinstance(body.get("metadata", {}), dict) else None
             if meta is not None:

@@ -4,6 +4,7 @@ What a container does comes from its model version's fleet profile (ConfigMap
 `tideplane-sandbox/fleet-profiles`, keys `<model>@<version>`, `<model>`, `default`):
 
 - `load_seconds`: Running at once, Ready after it (at least the readiness probe's initial delay);
+  a run-to-completion container (restartPolicy Never/OnFailure, a Job's) exits 0 after it;
 - `crash_on_start: true`: the container exits with code 1 a moment after each start; the kubelet
   restarts it with the real back-off (10 s doubling to 300 s): CrashLoopBackOff, restartCount;
 - `never_ready: true`: Running, the readiness probe never passes (an `Unhealthy` event);
@@ -131,6 +132,8 @@ class Kubelet:
         if now >= self.restart_at.get(uid, math.inf):
             return self._restart(pod, now)
         running = uid not in self.restart_at
+        if running and pod["spec"].get("restartPolicy", "Always") != "Always" and now >= self.ready_at.get(uid, 0):
+            return self._complete(pod)
         ready = running and node_ready(node) and now >= self.ready_at.get(uid, 0)
         if ready != pod_ready(pod):
             self._set_ready(pod, ready)
@@ -179,11 +182,33 @@ class Kubelet:
         else:
             self.ready_at[uid] = now + self.seconds(self.load_seconds(pod, profile))
 
+    def _complete(self, pod: dict[str, Any]) -> None:
+        """A run-to-completion container (a Job's) exits 0 after its load_seconds: Succeeded."""
+        self.ready_at.pop(pod["metadata"]["uid"], None)
+        self._finish(pod, "Succeeded", "Completed", 0)
+
+    def _finish(self, pod: dict[str, Any], phase: str, reason: str, code: int) -> None:
+        ts = now_iso()
+        new = copy.deepcopy(pod)
+        new["status"]["phase"] = phase
+        for cs in new["status"].get("containerStatuses") or []:
+            started = (cs.get("state") or {}).get("running", {}).get("startedAt", ts)
+            cs["state"] = {"terminated": {"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": ts,
+                                          "containerID": cs.get("containerID")}}
+            cs["ready"], cs["started"] = False, False
+        conditions = new["status"].setdefault("conditions", [])
+        set_condition(conditions, "ContainersReady", "False", "PodCompleted")
+        set_condition(conditions, "Ready", "False", "PodCompleted")
+        self.store.update(PODS, new)
+
     def _exit(self, pod: dict[str, Any], now: float, reason: str, code: int) -> None:
-        """The container died: lastState terminated, restartCount up, CrashLoopBackOff until it restarts."""
+        """The container died: lastState terminated, restartCount up, CrashLoopBackOff until it
+        restarts; with restartPolicy Never the pod has Failed."""
         uid = pod["metadata"]["uid"]
         self.crash_at.pop(uid, None)
         self.ready_at.pop(uid, None)
+        if pod["spec"].get("restartPolicy") == "Never":
+            return self._finish(pod, "Failed", reason, code)
         ts = now_iso()
         new = copy.deepcopy(pod)
         meta = pod["metadata"]

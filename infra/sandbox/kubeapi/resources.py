@@ -51,6 +51,8 @@ RESOURCES = [
     Resource("", "v1", "events", "Event", True, ("ev",)),
     Resource("", "v1", "configmaps", "ConfigMap", True, ("cm",)),
     Resource("apps", "v1", "deployments", "Deployment", True, ("deploy",), ("status", "scale"), ("all",)),
+    Resource("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), ("status",), ("all",)),
+    Resource("batch", "v1", "jobs", "Job", True, (), ("status",), ("all",)),
     Resource("apps", "v1", "replicasets", "ReplicaSet", True, ("rs",), ("status", "scale"), ("all",)),
     Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ("pdb",), ("status",)),
     Resource("coordination.k8s.io", "v1", "leases", "Lease", True),

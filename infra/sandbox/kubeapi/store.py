@@ -87,7 +87,8 @@ class Store:
             if (ns, meta["name"]) in self.objects[res.key]:
                 raise errors.already_exists(res.plural, meta["name"], res.group)
             self.rv += 1
-            meta.update(uid=str(uuid.uuid4()), resourceVersion=str(self.rv), creationTimestamp=now_iso())
+            # The uid is the server's: one prepare() already chose (a Job's generated selector) or a new one.
+            meta.update(uid=meta.get("uid") or str(uuid.uuid4()), resourceVersion=str(self.rv), creationTimestamp=now_iso())
             if "spec" in obj:
                 meta["generation"] = 1
             for stale in ("deletionTimestamp", "deletionGracePeriodSeconds"):

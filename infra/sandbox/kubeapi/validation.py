@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import uuid
 from typing import Any
 
 from .errors import ApiError, bad_request, invalid
@@ -180,7 +181,18 @@ def _validate_kind(res: Resource, obj: dict[str, Any], causes: Causes) -> None:
     elif res.kind == "Node":
         _node_status(causes, obj)
 
-    elif res.kind in ("Deployment", "ReplicaSet"):
+    elif res.kind == "Job":
+        template = (spec or {}).get("template") if isinstance(spec, dict) else None
+        if not isinstance(template, dict):
+            _required(causes, "spec.template")
+            return
+        policy = (template.get("spec") or {}).get("restartPolicy")
+        if policy not in ("OnFailure", "Never"):
+            causes.append(("spec.template.spec.restartPolicy", "FieldValueNotSupported",
+                           f'Unsupported value: {go_value(policy or "")}: supported values: "OnFailure", "Never"'))
+        check_labels(causes, (template.get("metadata") or {}).get("labels"), "spec.template.metadata.labels")
+        _containers(causes, template.get("spec") or {}, "spec.template.spec")
+    elif res.kind in ("Deployment", "ReplicaSet", "DaemonSet"):
         if not isinstance(spec, dict):
             _required(causes, "spec")
             return
@@ -240,7 +252,7 @@ def _http_route(causes: Causes, spec: Any) -> None:
 def check_update(res: Resource, old: dict[str, Any], new: dict[str, Any]) -> None:
     """What an update may not change: a Deployment's selector; no new finalizers while deleting."""
     causes: Causes = []
-    if res.kind in ("Deployment", "ReplicaSet"):
+    if res.kind in ("Deployment", "ReplicaSet", "DaemonSet", "Job"):
         selector = (new.get("spec") or {}).get("selector")
         if selector != (old.get("spec") or {}).get("selector"):
             causes.append(("spec.selector", "FieldValueInvalid",
@@ -343,6 +355,21 @@ def _default(res: Resource, obj: dict[str, Any]) -> None:
             c.setdefault("imagePullPolicy", "IfNotPresent")
     elif res.kind == "ReplicaSet":
         spec.setdefault("replicas", 1)
+    elif res.kind == "Job":
+        for key, value in (("completions", 1), ("parallelism", 1), ("backoffLimit", 6), ("suspend", False),
+                           ("completionMode", "NonIndexed")):
+            spec.setdefault(key, value)
+        if "selector" not in spec:  # generated, as the API server does (manualSelector unset)
+            uid = obj["metadata"].setdefault("uid", str(uuid.uuid4()))
+            spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+            labels = spec["template"].setdefault("metadata", {}).setdefault("labels", {})
+            labels.update({"batch.kubernetes.io/controller-uid": uid, "controller-uid": uid,
+                           "batch.kubernetes.io/job-name": obj["metadata"]["name"], "job-name": obj["metadata"]["name"]})
+    elif res.kind == "DaemonSet":
+        spec.setdefault("revisionHistoryLimit", 10)
+        strategy = spec.setdefault("updateStrategy", {"type": "RollingUpdate"})
+        if strategy.get("type") == "RollingUpdate":
+            strategy.setdefault("rollingUpdate", {"maxUnavailable": 1, "maxSurge": 0})
     elif res.kind == "Deployment":
         spec.setdefault("replicas", 1)
         spec.setdefault("revisionHistoryLimit", 10)
@@ -382,6 +409,11 @@ def reset_status_on_create(res: Resource, obj: dict[str, Any]) -> None:
         obj["status"] = {}
     elif res.kind == "ReplicaSet":
         obj["status"] = {"replicas": 0}
+    elif res.kind == "Job":
+        obj["status"] = {}
+    elif res.kind == "DaemonSet":
+        obj["status"] = {"currentNumberScheduled": 0, "desiredNumberScheduled": 0, "numberMisscheduled": 0,
+                         "numberReady": 0}
     elif res.kind == "Node":
         status = obj["status"]
         if not status.get("conditions"):

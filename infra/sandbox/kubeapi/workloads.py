@@ -21,18 +21,26 @@ from typing import TYPE_CHECKING, Any
 
 from .api import pod_ready
 from .conditions import set_condition
+from .predicates import node_affinity_matches, tolerates
 from .resources import BY_KEY
+from .store import now_iso
 from .validation import prepare, random_suffix, reset_status_on_create
 
 if TYPE_CHECKING:
     from .controllers import Controllers
 
 PODS, REPLICA_SETS, DEPLOYMENTS = BY_KEY["pods"], BY_KEY["replicasets.apps"], BY_KEY["deployments.apps"]
+JOBS, DAEMON_SETS, NODES = BY_KEY["jobs.batch"], BY_KEY["daemonsets.apps"], BY_KEY["nodes"]
 HASH_LABEL = "pod-template-hash"
 REVISION = "deployment.kubernetes.io/revision"
 DESIRED = "deployment.kubernetes.io/desired-replicas"
 MAX_REPLICAS = "deployment.kubernetes.io/max-replicas"
 COMPONENT = "deployment-controller"
+HASH_LABEL_DS = "controller-revision-hash"
+# What the DaemonSet controller adds to its pods' tolerations.
+DAEMON_TOLERATIONS = (("node.kubernetes.io/not-ready", "NoExecute"), ("node.kubernetes.io/unreachable", "NoExecute"),
+                      ("node.kubernetes.io/disk-pressure", "NoSchedule"), ("node.kubernetes.io/memory-pressure", "NoSchedule"),
+                      ("node.kubernetes.io/pid-pressure", "NoSchedule"), ("node.kubernetes.io/unschedulable", "NoSchedule"))
 
 
 def template_hash(template: dict[str, Any]) -> str:
@@ -90,6 +98,10 @@ class Workloads:
             self.sync_deployment(dep)
         self.progress = {u: p for u, p in self.progress.items()
                          if u in {d["metadata"]["uid"] for d in deployments}}
+        for job in self.store.list(JOBS):
+            self.sync_job(job)
+        for ds in self.store.list(DAEMON_SETS):
+            self.sync_daemon_set(ds)
         controlled = {d["metadata"]["uid"] for d in self.store.list(DEPLOYMENTS)}
         for rs in self.store.list(REPLICA_SETS):
             if not any(r.get("uid") in controlled for r in rs["metadata"].get("ownerReferences") or []):
@@ -185,21 +197,23 @@ class Workloads:
             for p in victims[: len(pods) - want]:
                 self._delete_pod(rs, p)
 
-    def _create_pod(self, rs: dict[str, Any]) -> None:
-        template = copy.deepcopy(rs["spec"]["template"])
+    def _create_pod(self, owner: dict[str, Any], component: str = "replicaset-controller",
+                    labels: dict[str, str] | None = None, spec: dict[str, Any] | None = None) -> None:
+        """A pod from the owner's template (labels and spec fields added by its controller)."""
+        template = copy.deepcopy(owner["spec"]["template"])
         tmeta = template.get("metadata") or {}
         pod = {
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"{rs['metadata']['name']}-{random_suffix()}", "namespace": rs["metadata"]["namespace"],
-                         "labels": tmeta.get("labels") or {}, "annotations": tmeta.get("annotations") or {},
-                         "ownerReferences": [_owner_ref(rs)]},
-            "spec": template.get("spec") or {},
+            "metadata": {"name": f"{owner['metadata']['name']}-{random_suffix()}",
+                         "namespace": owner["metadata"]["namespace"],
+                         "labels": {**(tmeta.get("labels") or {}), **(labels or {})},
+                         "annotations": tmeta.get("annotations") or {}, "ownerReferences": [_owner_ref(owner)]},
+            "spec": {**(template.get("spec") or {}), **(spec or {})},
         }
         pod = prepare(PODS, pod, creating=True)
         reset_status_on_create(PODS, pod)
         created = self.store.create(PODS, pod)
-        self.ctl.record(rs, "Normal", "SuccessfulCreate", f"Created pod: {created['metadata']['name']}",
-                        "replicaset-controller")
+        self.ctl.record(owner, "Normal", "SuccessfulCreate", f"Created pod: {created['metadata']['name']}", component)
 
     def _delete_pod(self, rs: dict[str, Any], pod: dict[str, Any]) -> None:
         self.ctl.delete_pod(pod)
@@ -327,3 +341,102 @@ class Workloads:
             new = copy.deepcopy(dep)
             new["status"] = status
             self.store.update(DEPLOYMENTS, new)
+
+    # -- jobs -----------------------------------------------------------------------------------
+    def sync_job(self, job: dict[str, Any]) -> None:
+        """Run pods to completion: `parallelism` at a time until `completions` succeeded, or fail
+        the Job after `backoffLimit` failed pods (BackoffLimitExceeded)."""
+        spec, meta = job["spec"], job["metadata"]
+        status = copy.deepcopy(job.get("status") or {})
+        pods = [p for p in self.store.list(PODS, meta["namespace"]) if owned_by(p, meta["uid"])]
+        succeeded = sum(1 for p in pods if p["status"].get("phase") == "Succeeded")
+        failed = sum(1 for p in pods if p["status"].get("phase") == "Failed")
+        active = [p for p in pods if p["status"].get("phase") not in ("Succeeded", "Failed")
+                  and not p["metadata"].get("deletionTimestamp")]
+        completions, parallelism = spec.get("completions", 1), spec.get("parallelism", 1)
+        finished = next((c["type"] for c in status.get("conditions") or [] if c["status"] == "True"
+                         and c["type"] in ("Complete", "Failed")), None)
+        conditions = status.get("conditions") or []
+        if not finished and failed > spec.get("backoffLimit", 6):
+            for p in active:
+                self._delete_pod(job, p)
+            active, finished = [], "Failed"
+            set_condition(conditions, "Failed", "True", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+            self.ctl.record(job, "Warning", "BackoffLimitExceeded", "Job has reached the specified backoff limit",
+                            "job-controller")
+        elif not finished and succeeded >= completions:
+            finished = "Complete"
+            status["completionTime"] = now_iso()
+            set_condition(conditions, "SuccessCriteriaMet", "True", "CompletionsReached", "Reached expected number of succeeded pods")
+            set_condition(conditions, "Complete", "True", "CompletionsReached", "Reached expected number of succeeded pods")
+            self.ctl.record(job, "Normal", "Completed", "Job completed", "job-controller")
+        elif not finished and not spec.get("suspend"):
+            for _ in range(min(parallelism, completions - succeeded) - len(active)):
+                self._create_pod(job, "job-controller", {"job-name": meta["name"],
+                                                         "batch.kubernetes.io/job-name": meta["name"],
+                                                         "controller-uid": meta["uid"],
+                                                         "batch.kubernetes.io/controller-uid": meta["uid"]})
+            active = [p for p in self.store.list(PODS, meta["namespace"]) if owned_by(p, meta["uid"])
+                      and p["status"].get("phase") not in ("Succeeded", "Failed")]
+        status.setdefault("startTime", now_iso())
+        status.update(active=len(active), succeeded=succeeded, failed=failed, ready=sum(1 for p in active if pod_ready(p)))
+        status = {k: v for k, v in status.items() if v or k == "ready"}
+        if conditions:
+            status["conditions"] = conditions
+        if status != job.get("status"):
+            new = copy.deepcopy(job)
+            new["status"] = status
+            self.store.update(JOBS, new)
+
+    # -- daemon sets ----------------------------------------------------------------------------
+    def sync_daemon_set(self, ds: dict[str, Any]) -> None:
+        """One pod per node the template fits (nodeSelector, taints), pinned by node affinity as the
+        DaemonSet controller does; a template change replaces them one node at a time."""
+        meta, template = ds["metadata"], ds["spec"]["template"]
+        current = template_hash(template)
+        tolerations = [*(template.get("spec") or {}).get("tolerations", []),
+                       *({"key": k, "operator": "Exists", "effect": e} for k, e in DAEMON_TOLERATIONS)]
+        pods = [p for p in self.store.list(PODS, meta["namespace"]) if owned_by(p, meta["uid"])
+                and not p["metadata"].get("deletionTimestamp")]
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        for p in pods:
+            by_node.setdefault(self._pinned_node(p), []).append(p)
+        eligible = [n["metadata"]["name"] for n in self.store.list(NODES)
+                    if node_affinity_matches(template.get("spec") or {}, n)
+                    and all(tolerates(tolerations, t) for t in (n.get("spec") or {}).get("taints") or []
+                            if t.get("effect") in ("NoSchedule", "NoExecute"))]
+        replacing = False
+        for node in eligible:
+            mine = by_node.pop(node, [])
+            if not mine:
+                affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
+                self._create_pod(ds, "daemonset-controller", {HASH_LABEL_DS: current},
+                                 {"affinity": affinity, "tolerations": tolerations})
+            elif not replacing and any(p["metadata"].get("labels", {}).get(HASH_LABEL_DS) != current for p in mine):
+                replacing = True
+                for p in mine:
+                    self._delete_pod(ds, p)
+        for leftover in by_node.values():
+            for p in leftover:
+                self._delete_pod(ds, p)
+        pods = [p for p in self.store.list(PODS, meta["namespace"]) if owned_by(p, meta["uid"])
+                and not p["metadata"].get("deletionTimestamp")]
+        scheduled = [p for p in pods if p["spec"].get("nodeName")]
+        status = {"desiredNumberScheduled": len(eligible), "currentNumberScheduled": len(scheduled),
+                  "numberMisscheduled": 0, "numberReady": sum(1 for p in pods if pod_ready(p)),
+                  "numberAvailable": sum(1 for p in pods if self.available(p, ds["spec"].get("minReadySeconds", 0))),
+                  "updatedNumberScheduled": sum(1 for p in scheduled
+                                                if p["metadata"].get("labels", {}).get(HASH_LABEL_DS) == current),
+                  "observedGeneration": meta.get("generation", 1)}
+        if status != ds.get("status"):
+            new = copy.deepcopy(ds)
+            new["status"] = status
+            self.store.update(DAEMON_SETS, new)
+
+    @staticmethod
+    def _pinned_node(pod: dict[str, Any]) -> str:
+        terms = ((((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                  .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [{}])
+        fields = terms[0].get("matchFields") or [{}]
+        return pod["spec"].get("nodeName") or (fields[0].get("values") or [""])[0]
