@@ -14,14 +14,18 @@ import urllib.request
 import pytest
 from kubernetes import client
 
+from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, Demand
+from infra.sandbox.fleet import Fleet, read_cluster
+from infra.sandbox.oom import OomWatch
 from tests.kube_fixtures import run_kube_api, write_kubeconfig
 from tests.sandbox_fixtures import wait_until
-from workflows.naming import GPU_RESOURCE, LABEL_MODEL
+from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 
 PROFILES = {
     "crash": {"crash_on_start": True},
     "never": {"never_ready": True, "load_seconds": 1},
     "oom": {"load_seconds": 1, "oom_after_requests": 100},
+    "oom-fleet": {"load_seconds": 1, "oom_after_requests": 50, "capacity_rps": 1000, "error_rate": 0},
     "draining": {"load_seconds": 1, "shutdown_seconds": 1000},
     "default": {"load_seconds": 1},
 }
@@ -129,6 +133,30 @@ def test_oom_killed_and_restarted(cluster, ns):
     assert not ready(core, "chat", ns)
     wait(lambda: ready(core, "chat", ns), "Ready again after the 10 s back-off and the 1 s load")
     assert report_oom(url, ns, "nope") == 404
+
+
+def test_the_fleet_reports_oom_after_the_profiles_requests(cluster, ns):
+    """The fleet simulator serves the pod's demand; past oom_after_requests the kubelet OOM-kills it."""
+    url, api, _ = cluster
+    core = client.CoreV1Api(api)
+    labels = {LABEL_APP: "chat", LABEL_MODEL: "oom-fleet", LABEL_VERSION: "1"}
+    core.create_namespaced_pod(ns, {"metadata": {"name": "chat", "labels": labels},
+                                    "spec": {"containers": [{"name": "vllm", "image": "vllm:1"}]}})
+    core.create_namespaced_config_map(SANDBOX_NAMESPACE, {"metadata": {"name": DEMAND_CONFIGMAP},
+                                                          "data": {f"{ns}/chat": Demand(rps=40).model_dump_json()}})
+    wait(lambda: ready(core, "chat", ns), "Ready")
+    fleet, watch = Fleet(time_scale=1.0, seed=1), OomWatch(url)
+    fleet.update(read_cluster(api), 0.0)  # the replica appears
+    watch.check(fleet)  # as the fleet's loop does after every tick
+    fleet.update(read_cluster(api), 1.0)  # 40 requests: under the limit
+    watch.check(fleet)
+    time.sleep(0.2)
+    assert container(core, "chat", ns).restart_count == 0
+    fleet.update(read_cluster(api), 1.0)  # 80 requests
+    watch.check(fleet)
+    wait(lambda: container(core, "chat", ns).restart_count == 1, "the OOM kill")
+    assert container(core, "chat", ns).last_state.terminated.reason == "OOMKilled"
+    core.delete_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE)
 
 
 def test_graceful_deletion(cluster, ns):
