@@ -6,30 +6,24 @@ One emulated cluster for the module; kubectl as the admin (no credentials).
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 from kubernetes import client
 
-from tests.kube_fixtures import run_kube_api, write_kubeconfig
+from tests.kube_fixtures import emulated_cluster
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with run_kube_api() as url:
-        config = client.Configuration()
-        config.host = url
-        home = tmp_path_factory.mktemp("kubectl")
-        kubeconfig = write_kubeconfig(url, home / "kubeconfig")
+    """(admin ApiClient, kubectl returning its stdout, asserting it succeeded)."""
+    with emulated_cluster(tmp_path_factory.mktemp("kubectl")) as cluster:
 
         def kubectl(*args: str) -> str:
-            done = subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), *args], capture_output=True,
-                                  text=True, timeout=30, env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
+            done = cluster.kubectl(*args)
             assert done.returncode == 0, done.stderr
             return done.stdout
 
-        with client.ApiClient(config) as api:
-            yield api, kubectl
+        yield cluster.api, kubectl
 
 
 def test_imperative_creates_sent_as_protobuf(cluster):

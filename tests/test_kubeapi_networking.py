@@ -6,13 +6,11 @@ One emulated cluster (time scale 100) for the module, through the official clien
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 from kubernetes import client
 
-from tests.kube_fixtures import run_kube_api, write_kubeconfig
-from tests.sandbox_fixtures import wait_until
+from tests.kube_fixtures import emulated_cluster, kube_wait as wait
 from workflows.naming import GPU_RESOURCE, LABEL_MODEL
 
 NS = "llm-serving"
@@ -21,31 +19,17 @@ GATEWAY_API = ("gateway.networking.k8s.io", "v1")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with run_kube_api() as url:
-        config = client.Configuration()
-        config.host = url
-        home = tmp_path_factory.mktemp("kubectl")
-        kubeconfig = write_kubeconfig(url, home / "kubeconfig")
-
-        def kubectl(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), *args], capture_output=True,
-                                  text=True, timeout=30, env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
-
-        with client.ApiClient(config) as api:
-            core = client.CoreV1Api(api)
-            core.create_node({"metadata": {"name": "gpu-a"}, "status": {"allocatable": {GPU_RESOURCE: "8"}}})
-            core.create_namespace({"metadata": {"name": NS}})
-            core.create_namespaced_config_map("tideplane-sandbox", {"metadata": {"name": "fleet-profiles"}, "data": {
-                "default": json.dumps({"load_seconds": 1}), "never": json.dumps({"never_ready": True})}})
-            yield api, kubectl
-
-
-def wait(predicate, what: str, timeout: float = 10):
-    return wait_until(predicate, timeout, what, interval=0.05)
+    with emulated_cluster(tmp_path_factory.mktemp("kubectl")) as cluster:
+        core = client.CoreV1Api(cluster.api)
+        core.create_node({"metadata": {"name": "gpu-a"}, "status": {"allocatable": {GPU_RESOURCE: "8"}}})
+        core.create_namespace({"metadata": {"name": NS}})
+        core.create_namespaced_config_map("tideplane-sandbox", {"metadata": {"name": "fleet-profiles"}, "data": {
+            "default": json.dumps({"load_seconds": 1}), "never": json.dumps({"never_ready": True})}})
+        yield cluster
 
 
 def test_endpoints_follow_ready_pods(cluster):
-    api, _ = cluster
+    api = cluster.api
     core, discovery = client.CoreV1Api(api), client.DiscoveryV1Api(api)
     core.create_namespaced_service(NS, {"metadata": {"name": "chat"}, "spec": {
         "selector": {"app": "chat"}, "ports": [{"name": "http", "port": 80, "targetPort": 8000}]}})
@@ -79,7 +63,7 @@ def route_conditions(custom: client.CustomObjectsApi, name: str) -> dict[str, tu
 
 
 def test_route_status_from_the_gateway_controller(cluster):
-    api, _ = cluster
+    api = cluster.api
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     custom.create_namespaced_custom_object(*GATEWAY_API, NS, "httproutes", {
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "chat"},
@@ -98,8 +82,8 @@ def test_route_status_from_the_gateway_controller(cluster):
 
 
 def test_node_lease_and_version(cluster):
-    api, kubectl = cluster
-    lease = wait_until(lambda: _lease(api), 5, "the node's lease", interval=0.05)
+    api, kubectl = cluster.api, cluster.kubectl
+    lease = wait(lambda: _lease(api), "the node's lease", 5)
     assert lease.spec.holder_identity == "gpu-a" and lease.spec.renew_time is not None
     describe = kubectl("describe", "node", "gpu-a")
     assert describe.returncode == 0, describe.stderr

@@ -7,7 +7,6 @@ model named after it so that its profile applies to its pods only.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import urllib.request
 
@@ -17,8 +16,7 @@ from kubernetes import client
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, Demand
 from infra.sandbox.fleet import Fleet, read_cluster
 from infra.sandbox.oom import OomWatch
-from tests.kube_fixtures import run_kube_api, write_kubeconfig
-from tests.sandbox_fixtures import wait_until
+from tests.kube_fixtures import emulated_cluster, kube_wait as wait, namespace_for
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 
 PROFILES = {
@@ -33,39 +31,23 @@ PROFILES = {
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """(url, admin ApiClient, kubectl runner) of a cluster with one 8-GPU node."""
-    with run_kube_api() as url:
-        config = client.Configuration()
-        config.host = url
-        home = tmp_path_factory.mktemp("kubectl")
-        kubeconfig = write_kubeconfig(url, home / "kubeconfig")
-
-        def kubectl(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), *args], capture_output=True,
-                                  text=True, timeout=30, env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
-
-        with client.ApiClient(config) as api:
-            core = client.CoreV1Api(api)
-            core.create_node({"metadata": {"name": "gpu-a"}, "status": {"allocatable": {GPU_RESOURCE: "8"}}})
-            core.create_namespaced_config_map("tideplane-sandbox", {
-                "metadata": {"name": "fleet-profiles"}, "data": {k: json.dumps(v) for k, v in PROFILES.items()}})
-            yield url, api, kubectl
+    """A cluster with one 8-GPU node and the profiles above."""
+    with emulated_cluster(tmp_path_factory.mktemp("kubectl")) as cluster:
+        core = client.CoreV1Api(cluster.api)
+        core.create_node({"metadata": {"name": "gpu-a"}, "status": {"allocatable": {GPU_RESOURCE: "8"}}})
+        core.create_namespaced_config_map("tideplane-sandbox", {
+            "metadata": {"name": "fleet-profiles"}, "data": {k: json.dumps(v) for k, v in PROFILES.items()}})
+        yield cluster
 
 
 @pytest.fixture
 def ns(cluster, request) -> str:
-    name = request.node.name.removeprefix("test_").replace("_", "-")[:50]
-    client.CoreV1Api(cluster[1]).create_namespace({"metadata": {"name": name}})
-    return name
+    return namespace_for(cluster.api, request)
 
 
 def pod(name: str, model: str, **spec) -> dict:
     return {"metadata": {"name": name, "labels": {LABEL_MODEL: model}},
             "spec": {"containers": [{"name": "vllm", "image": "vllm:1"}], **spec}}
-
-
-def wait(predicate, what: str, timeout: float = 10):
-    return wait_until(predicate, timeout, what, interval=0.05)
 
 
 def container(core: client.CoreV1Api, name: str, ns: str):
@@ -79,8 +61,7 @@ def ready(core: client.CoreV1Api, name: str, ns: str) -> bool:
 
 
 def test_crash_on_start_is_crash_loop_back_off(cluster, ns):
-    _, api, kubectl = cluster
-    core = client.CoreV1Api(api)
+    core, kubectl = client.CoreV1Api(cluster.api), cluster.kubectl
     core.create_namespaced_pod(ns, pod("chat", "crash"))
     wait(lambda: (c := container(core, "chat", ns)) is not None and c.restart_count >= 1, "the first crash")
     c = container(core, "chat", ns)
@@ -98,7 +79,7 @@ def test_crash_on_start_is_crash_loop_back_off(cluster, ns):
 
 
 def test_never_ready(cluster, ns):
-    core = client.CoreV1Api(cluster[1])
+    core = client.CoreV1Api(cluster.api)
     core.create_namespaced_pod(ns, pod("chat", "never"))
     core.create_namespaced_pod(ns, pod("good", "default"))
     wait(lambda: ready(core, "good", ns), "the good pod Ready after its 1 s load")
@@ -122,7 +103,7 @@ def report_oom(url: str, ns: str, name: str) -> int:
 
 def test_oom_killed_and_restarted(cluster, ns):
     """What the fleet reports after oom_after_requests: OOMKilled (137), restarted, loads again."""
-    url, api, _ = cluster
+    url, api = cluster.url, cluster.api
     core = client.CoreV1Api(api)
     core.create_namespaced_pod(ns, pod("chat", "oom"))
     wait(lambda: ready(core, "chat", ns), "Ready")
@@ -137,7 +118,7 @@ def test_oom_killed_and_restarted(cluster, ns):
 
 def test_the_fleet_reports_oom_after_the_profiles_requests(cluster, ns):
     """The fleet simulator serves the pod's demand; past oom_after_requests the kubelet OOM-kills it."""
-    url, api, _ = cluster
+    url, api = cluster.url, cluster.api
     core = client.CoreV1Api(api)
     labels = {LABEL_APP: "chat", LABEL_MODEL: "oom-fleet", LABEL_VERSION: "1"}
     core.create_namespaced_pod(ns, {"metadata": {"name": "chat", "labels": labels},
@@ -162,8 +143,7 @@ def test_the_fleet_reports_oom_after_the_profiles_requests(cluster, ns):
 def test_graceful_deletion(cluster, ns):
     """A deleted pod is Terminating while its server drains (at most its grace period), then gone;
     gracePeriodSeconds=0 deletes at once."""
-    _, api, kubectl = cluster
-    core = client.CoreV1Api(api)
+    core, kubectl = client.CoreV1Api(cluster.api), cluster.kubectl
     core.create_namespaced_pod(ns, pod("chat", "draining", terminationGracePeriodSeconds=100))
     core.create_namespaced_pod(ns, pod("forced", "draining"))
     wait(lambda: ready(core, "chat", ns) and ready(core, "forced", ns), "Ready")
@@ -181,8 +161,7 @@ def test_graceful_deletion(cluster, ns):
 def test_not_ready_node_evicts_after_the_toleration_window(cluster, ns):
     """A NotReady node is tainted not-ready:NoExecute; pods leave after their tolerationSeconds
     (300 s by default admission, here 3 s), those tolerating it for ever stay."""
-    _, api, _ = cluster
-    core = client.CoreV1Api(api)
+    core = client.CoreV1Api(cluster.api)
     core.create_node({"metadata": {"name": "gpu-b", "labels": {"pool": "b"}},
                       "status": {"allocatable": {GPU_RESOURCE: "8"}}})
     for name, tolerations in (("default", []), ("short", [{"key": "node.kubernetes.io/not-ready",

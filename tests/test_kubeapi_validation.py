@@ -14,8 +14,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.kube_fixtures import run_kube_api, write_kubeconfig
-from tests.sandbox_fixtures import wait_until
+from tests.kube_fixtures import kube_wait, namespace_for, run_kube_api, write_kubeconfig
 
 GATEWAY_API = ("gateway.networking.k8s.io", "v1")
 LABEL_VALUE_MSG = ("a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
@@ -39,9 +38,7 @@ def api(api_url):
 
 @pytest.fixture
 def ns(api, request) -> str:
-    name = request.node.name.removeprefix("test_").replace("_", "-")[:50]
-    client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
-    return name
+    return namespace_for(api, request)
 
 
 def refused(call, *args, **kwargs) -> tuple[int, dict]:
@@ -189,5 +186,4 @@ def test_namespace_terminates_before_it_goes(api, api_url, tmp_path):
         'configmaps "late" is forbidden: unable to create new content in namespace doomed because it is being terminated')
     done = kubectl("delete", "-f", str(manifest))
     assert done.returncode == 0, done.stderr
-    wait_until(lambda: "doomed" not in {n.metadata.name for n in core.list_namespace().items}, 10,
-               "the namespace to go", interval=0.05)
+    kube_wait(lambda: "doomed" not in {n.metadata.name for n in core.list_namespace().items}, "the namespace to go")

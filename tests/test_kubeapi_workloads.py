@@ -8,46 +8,31 @@ sandbox seconds pass 100 times faster) for the module, each test in a namespace 
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 from kubernetes import client
 
-from tests.kube_fixtures import run_kube_api, write_kubeconfig
-from tests.sandbox_fixtures import wait_until
+from tests.kube_fixtures import emulated_cluster, kube_wait as wait, namespace_for
 from workflows.naming import GPU_RESOURCE
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """(admin ApiClient, kubectl runner) of a cluster with two 8-GPU nodes."""
-    with run_kube_api() as url:
-        config = client.Configuration()
-        config.host = url
-        home = tmp_path_factory.mktemp("kubectl")
-        kubeconfig = write_kubeconfig(url, home / "kubeconfig")
-
-        def kubectl(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), *args], capture_output=True,
-                                  text=True, timeout=30, env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
-
-        with client.ApiClient(config) as api:
-            core = client.CoreV1Api(api)
-            for name in ("gpu-a", "gpu-b"):
-                core.create_node({"metadata": {"name": name},
-                                  "status": {"allocatable": {GPU_RESOURCE: "8", "pods": "110"}}})
-            core.create_namespaced_config_map("tideplane-sandbox", {
-                "metadata": {"name": "fleet-profiles"},
-                "data": {"default": json.dumps({"load_seconds": 1}), "slow": json.dumps({"load_seconds": 100000}),
-                         "crash": json.dumps({"crash_on_start": True})}})
-            yield api, kubectl
+    """A cluster with two 8-GPU nodes."""
+    with emulated_cluster(tmp_path_factory.mktemp("kubectl")) as cluster:
+        core = client.CoreV1Api(cluster.api)
+        for name in ("gpu-a", "gpu-b"):
+            core.create_node({"metadata": {"name": name}, "status": {"allocatable": {GPU_RESOURCE: "8", "pods": "110"}}})
+        core.create_namespaced_config_map("tideplane-sandbox", {
+            "metadata": {"name": "fleet-profiles"},
+            "data": {"default": json.dumps({"load_seconds": 1}), "slow": json.dumps({"load_seconds": 100000}),
+                     "crash": json.dumps({"crash_on_start": True})}})
+        yield cluster
 
 
 @pytest.fixture
 def ns(cluster, request) -> str:
-    name = request.node.name.removeprefix("test_").replace("_", "-")[:50]
-    client.CoreV1Api(cluster[0]).create_namespace({"metadata": {"name": name}})
-    return name
+    return namespace_for(cluster.api, request)
 
 
 def deployment(name: str, image: str, replicas: int = 2, model: str = "chat", **spec) -> dict:
@@ -59,10 +44,6 @@ def deployment(name: str, image: str, replicas: int = 2, model: str = "chat", **
                                               "resources": {"limits": {GPU_RESOURCE: "1"}}}]}}}}
 
 
-def wait(predicate, what: str, timeout: float = 10):
-    return wait_until(predicate, timeout, what, interval=0.05)
-
-
 def complete(apps: client.AppsV1Api, name: str, ns: str) -> bool:
     dep = apps.read_namespaced_deployment(name, ns)
     status = dep.status
@@ -71,7 +52,7 @@ def complete(apps: client.AppsV1Api, name: str, ns: str) -> bool:
 
 
 def test_replica_sets_history_and_undo(cluster, ns):
-    api, kubectl = cluster
+    api, kubectl = cluster.api, cluster.kubectl
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     apps.create_namespaced_deployment(ns, deployment("chat", "vllm:1"))
     wait(lambda: complete(apps, "chat", ns), "revision 1 rolled out")
@@ -110,7 +91,7 @@ def test_replica_sets_history_and_undo(cluster, ns):
 
 
 def test_min_ready_seconds_delays_availability(cluster, ns):
-    apps = client.AppsV1Api(cluster[0])
+    apps = client.AppsV1Api(cluster.api)
     apps.create_namespaced_deployment(ns, deployment("chat", "vllm:1", replicas=1, minReadySeconds=200))
     wait(lambda: apps.read_namespaced_deployment("chat", ns).status.ready_replicas == 1, "ready")
     status = apps.read_namespaced_deployment("chat", ns).status
@@ -123,7 +104,7 @@ def test_min_ready_seconds_delays_availability(cluster, ns):
 def test_progress_deadline_exceeded(cluster, ns):
     """A version whose pods never become Ready: Progressing False/ProgressDeadlineExceeded after
     progressDeadlineSeconds, as `kubectl rollout status` reports."""
-    api, kubectl = cluster
+    api, kubectl = cluster.api, cluster.kubectl
     apps = client.AppsV1Api(api)
     apps.create_namespaced_deployment(ns, deployment("chat", "vllm:1", replicas=1, model="slow",
                                                      progressDeadlineSeconds=100))
@@ -141,7 +122,7 @@ def test_progress_deadline_exceeded(cluster, ns):
 
 
 def test_deleting_a_deployment_takes_its_replica_sets_and_pods(cluster, ns):
-    apps, core = client.AppsV1Api(cluster[0]), client.CoreV1Api(cluster[0])
+    apps, core = client.AppsV1Api(cluster.api), client.CoreV1Api(cluster.api)
     apps.create_namespaced_deployment(ns, deployment("chat", "vllm:1"))
     wait(lambda: len(core.list_namespaced_pod(ns).items) == 2, "pods")
     apps.delete_namespaced_deployment("chat", ns)
@@ -150,7 +131,7 @@ def test_deleting_a_deployment_takes_its_replica_sets_and_pods(cluster, ns):
 
 
 def test_a_replica_set_of_its_own_keeps_its_replicas(cluster, ns):
-    apps, core = client.AppsV1Api(cluster[0]), client.CoreV1Api(cluster[0])
+    apps, core = client.AppsV1Api(cluster.api), client.CoreV1Api(cluster.api)
     rs = deployment("solo", "vllm:1", replicas=3)
     apps.create_namespaced_replica_set(ns, rs)
     wait(lambda: len(core.list_namespaced_pod(ns).items) == 3, "3 pods")
@@ -169,7 +150,7 @@ def job_conditions(batch: client.BatchV1Api, name: str, ns: str) -> dict[str, st
 
 
 def test_jobs_run_to_completion_or_fail_after_the_backoff_limit(cluster, ns):
-    api, kubectl = cluster
+    api, kubectl = cluster.api, cluster.kubectl
     batch, core = client.BatchV1Api(api), client.CoreV1Api(api)
     batch.create_namespaced_job(ns, job("stage-weights", "chat", completions=3, parallelism=2))
     wait(lambda: "Complete" in job_conditions(batch, "stage-weights", ns), "the job to complete")
@@ -186,7 +167,7 @@ def test_jobs_run_to_completion_or_fail_after_the_backoff_limit(cluster, ns):
 
 
 def test_daemon_set_runs_a_pod_per_node(cluster, ns):
-    api, kubectl = cluster
+    api, kubectl = cluster.api, cluster.kubectl
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     ds = deployment("cache", "cache:1")
     del ds["spec"]["replicas"]

@@ -121,12 +121,19 @@ def _bad(causes: Causes, field: str, value: Any, why: str) -> None:
     causes.append((field, "FieldValueInvalid", f"Invalid value: {go_value(value)}: {why}"))
 
 
+def _string_map(causes: Causes, values: Any, field: str) -> bool:
+    """Whether there is a map of strings to check (absent is fine; anything else is a cause)."""
+    if values is None:
+        return False
+    if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
+        _bad(causes, field, values, "must be a map of strings")
+        return False
+    return True
+
+
 def check_labels(causes: Causes, labels: Any, field: str) -> None:
     """Label keys are qualified names, values 63-character label values (ValidateLabels)."""
-    if labels is None:
-        return
-    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
-        _bad(causes, field, labels, "must be a map of strings")
+    if not _string_map(causes, labels, field):
         return
     for key, value in labels.items():
         for why in qualified_name_errors(key):
@@ -137,10 +144,7 @@ def check_labels(causes: Causes, labels: Any, field: str) -> None:
 
 def check_annotations(causes: Causes, annotations: Any, field: str) -> None:
     """Annotation keys are qualified names (lowercased); keys and values total at most 256 KiB."""
-    if annotations is None:
-        return
-    if not isinstance(annotations, dict) or not all(isinstance(v, str) for v in annotations.values()):
-        _bad(causes, field, annotations, "must be a map of strings")
+    if not _string_map(causes, annotations, field):
         return
     for key in annotations:
         for why in qualified_name_errors(key.lower()):
