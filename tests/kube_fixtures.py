@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from infra.sandbox.kubeclient import kubeconfig_yaml
 from infra.sandbox.ports import free_port, wait_for_port
 from tests.sandbox_fixtures import wait_until
 
@@ -44,14 +45,8 @@ def run_kube_api(time_scale: float = TIME_SCALE, *extra_args: str) -> Iterator[s
 
 
 def write_kubeconfig(url: str, path: Path) -> Path:
-    """A kubeconfig for kubectl (or `kubernetes.config.load_kube_config`) pointing at url."""
-    path.write_text(
-        "apiVersion: v1\nkind: Config\n"
-        f"clusters:\n- name: sandbox\n  cluster:\n    server: {url}\n"
-        "users:\n- name: sandbox\n  user:\n    token: sandbox\n"
-        "contexts:\n- name: sandbox\n  context:\n    cluster: sandbox\n    user: sandbox\n"
-        "current-context: sandbox\n"
-    )
+    """The admin's kubeconfig (no credentials) for kubectl or `kubernetes.config.load_kube_config`."""
+    path.write_text(kubeconfig_yaml(url))
     return path
 
 
