@@ -6,7 +6,6 @@ import base64
 import copy
 import json
 import math
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import yaml
@@ -204,7 +203,7 @@ class Api:
             if obj["metadata"].get("finalizers") or res is NAMESPACES:
                 return self._mark_deleting(res, obj)
             if res is PODS:
-                return delete_pod(self.store, obj, options.get("gracePeriodSeconds"))
+                return self.store.delete_pod(obj, options.get("gracePeriodSeconds"))
             orphan = options.get("propagationPolicy") == "Orphan" or options.get("orphanDependents") is True
             return self.store.delete(res, ns, name, orphan=orphan)
 
@@ -263,26 +262,6 @@ class Api:
                    else amount(spec.get("maxUnavailable", 0)) - (len(pods) - healthy))
         if pod_ready(pod) and allowed < 1:
             raise errors.too_many_requests("Cannot evict pod as it would violate the pod's disruption budget.")
-
-
-def delete_pod(store: Store, pod: dict[str, Any], grace: Any = None) -> dict[str, Any]:
-    """A pod on a node is Terminating for its grace period (the kubelet removes it when its
-    containers have stopped); an unscheduled pod, or a grace period of 0, goes at once."""
-    meta = pod["metadata"]
-    seconds = pod["spec"].get("terminationGracePeriodSeconds", 30) if grace is None else grace
-    try:
-        seconds = max(0, int(seconds))
-    except (TypeError, ValueError):
-        raise bad_request(f"invalid gracePeriodSeconds {grace!r}") from None
-    if not pod["spec"].get("nodeName") or seconds == 0:
-        return store.delete(PODS, meta["namespace"], meta["name"])
-    if meta.get("deletionTimestamp") and meta.get("deletionGracePeriodSeconds", 30) <= seconds:
-        return pod
-    new = copy.deepcopy(pod)
-    deadline = datetime.now(timezone.utc) + timedelta(seconds=seconds)
-    new["metadata"].update(deletionTimestamp=deadline.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                           deletionGracePeriodSeconds=seconds)
-    return store.update(PODS, new)
 
 
 def pod_ready(pod: dict[str, Any]) -> bool:

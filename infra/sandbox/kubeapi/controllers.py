@@ -20,7 +20,6 @@ from typing import Any
 
 from workflows.naming import GPU_RESOURCE
 
-from .api import delete_pod
 from .conditions import condition, node_ready, set_condition
 from .workloads import Workloads
 from .kubelet import Kubelet
@@ -228,7 +227,7 @@ class Controllers(threading.Thread):
 
     def delete_pod(self, pod: dict[str, Any]) -> None:
         """Delete as a controller does, through the API: gracefully."""
-        delete_pod(self.store, pod)
+        self.store.delete_pod(pod)
 
     # -- scheduler ----------------------------------------------------------------------------
     def schedule(self) -> None:
