@@ -1,81 +1,104 @@
 """The model registry in S3, beside the weights: manifests, indexes, checksums, retention deletes.
 
-Layout in the weights bucket (``settings().weights_bucket``)::
+``Registry`` is the store (used by the CLI and the demo as well); ``RegistryActivities`` are the
+activities of workflows/registry/activities.py on top of it and of the cluster's Deployments.
+
+Layout in the weights bucket (``TIDEPLANE_WEIGHTS_BUCKET``)::
 
     registry/models.json                      the model names (ModelsIndex)
     registry/<model>/index.json               every version's summary (ModelIndex)
     registry/<model>/<version>/manifest.json  the source of truth (Manifest)
-    weights/<model>/<version>/<path>          weights uploaded by ``register`` from local files
+    weights/<model>/<version>/<digest>/<path> weights uploaded by ``register`` from local files,
+                                              under their whole-set digest (content-addressed)
 
 Listing reads models.json and one index per model: O(models) GETs, never a bucket scan.
 
 Every write is a compare-and-swap with S3 conditional writes: ``If-None-Match: *`` to create,
 ``If-Match: <ETag>`` to replace; on 412/409 the writer re-reads, re-applies its change and
-retries, so two concurrent writers never lose an update. The manifest is written first; the
+retries, so two concurrent writers never lose an update. Registering publishes by the manifest's
+create alone: uploads go to the digest's own keys first, so a losing register of other weights
+never overwrites the winner's bytes (and removes its own). The manifest is written first; the
 index is then brought up to date from it (an entry is only replaced by a higher manifest
 revision), so a crash in between leaves a stale index entry that the next write or retry repairs.
-moto 5.2.5 honours both headers on put_object (tests/test_registry.py checks it), but its
+moto 5.2.5 honours both headers on put_object (tests/activities/test_registry.py checks it), but its
 threaded server checks the condition and stores without a lock in between, so on moto two
 writes racing within microseconds could in principle both pass; S3 itself is atomic.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import random
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Collection, TypeVar
 
-import boto3
 from boto3.s3.transfer import TransferConfig
-from botocore.config import Config
 from botocore.exceptions import ClientError
-from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube import api_client
-from workers.config import settings
-from workflows import rollout_activities as ra
+from activities.clients.kube import API_TIMEOUT, KubeClient, fail
+from activities.clients.s3 import (
+    CHUNK_BYTES,
+    NOT_FOUND,
+    BucketNotAllowed,
+    ObjectChanged,
+    S3Client,
+    error_code,
+    parse_s3_uri,
+    require_allowed_bucket,
+)
+from activities.rollout import list_routes
+from workflows import search_attributes as sa
 from workflows.naming import LABEL_MODEL, LABEL_VERSION
-from workflows.registry_types import (
-    DELETE_REGISTRY_WEIGHTS,
-    LIST_REFERENCED_VERSIONS,
-    LIST_REGISTRY_VERSIONS,
-    BenchmarkResult,
-    Canary,
+from workflows.rollout.workflow import WORKFLOW_TYPE as ROLLOUT_WORKFLOW
+from workflows.registry import activities as contract
+from workflows.registry.activities import (
     DeleteWeightsInput,
     DeleteWeightsResult,
-    Deprecated,
     ListReferencesInput,
     ListVersionsInput,
+    ModelVersionRef,
+    RecordRegistryBenchmarkInput,
+    ReferencedVersions,
+    RegistryStatusResult,
+    RegistryWeights,
+    RegistryWeightsInput,
+    SetRegistryStatusInput,
+    VersionList,
+)
+from workflows.registry.schema import (
+    ANY_DEPLOYMENT,
+    BenchmarkResult,
+    Canary,
+    Deprecated,
     Manifest,
     ManifestFile,
     ModelIndex,
     ModelsIndex,
-    ModelVersionRef,
     NoQuantization,
-    ReferencedVersions,
     Stable,
     StatusChange,
     Testing,
-    VersionList,
     VersionSummary,
     Weights,
     semver_key,
     set_digest,
+    place,
     summarize,
-    transition,
 )
+from workflows.rollout.activities import WeightFile
 
 PREFIX = "registry"
+HEARTBEAT_EVERY = 10.0  # seconds between delete_registry_weights heartbeats (its timeout: a minute)
+RUNNING_ROLLOUTS = f'WorkflowType = "{ROLLOUT_WORKFLOW}" AND ExecutionStatus = "Running"'
 MODELS_KEY = f"{PREFIX}/models.json"
-CHUNK = 8 * 1024 * 1024
 T = TypeVar("T", bound=BaseModel)
 AnyStatus = Testing | Canary | Stable | Deprecated
 
@@ -96,47 +119,57 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def split_s3_uri(uri: str) -> tuple[str, str]:
-    if not uri.startswith("s3://"):
-        raise RegistryError(f"expected s3://bucket/key, got {uri!r}")
-    bucket, _, key = uri[5:].partition("/")
-    if not bucket:
-        raise RegistryError(f"no bucket in {uri!r}")
-    return bucket, key
+def _split(uri: str, prefix: bool = False) -> tuple[str, str]:
+    try:
+        return parse_s3_uri(uri, prefix=prefix)
+    except ValueError as exc:
+        raise RegistryError(str(exc)) from None
+
+
+class BucketRefused(RegistryError):
+    pass
 
 
 def _conflict(exc: ClientError) -> bool:
     """A lost compare-and-swap race (412), a concurrent conditional write (409), or the object
     vanished under an If-Match."""
-    code = exc.response.get("Error", {}).get("Code", "")
-    return code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "412", "409")
+    return error_code(exc) in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "412", "409")
 
 
 def _missing(exc: ClientError) -> bool:
-    return exc.response.get("Error", {}).get("Code", "") in ("NoSuchKey", "404", "NotFound")
+    return error_code(exc) in NOT_FOUND
 
 
 class Registry:
     """The registry in one bucket. Thread-safe (boto3 clients are); one per process is enough."""
 
-    def __init__(self, s3, bucket: str, transfer: TransferConfig | None = None, cas_attempts: int = 100):
+    def __init__(
+        self,
+        s3: S3Client,
+        bucket: str,
+        transfer: TransferConfig | None = None,
+        cas_attempts: int = 100,
+        delete_batch: int = 1000,
+        allowed_buckets: Collection[str] | None = None,
+    ):
+        """``allowed_buckets``: where registered weights may live (default: ``bucket`` only)."""
         self.s3 = s3
+        self.allowed_buckets = frozenset(allowed_buckets or ()) | {bucket}
+        self.delete_batch = delete_batch
         self.bucket = bucket
         self.transfer = transfer or TransferConfig(
-            multipart_threshold=CHUNK, multipart_chunksize=CHUNK, max_concurrency=8, use_threads=True
+            multipart_threshold=CHUNK_BYTES, multipart_chunksize=CHUNK_BYTES, max_concurrency=8, use_threads=True
         )
         self.cas_attempts = cas_attempts
 
-    @classmethod
-    def from_settings(cls) -> Registry:
-        cfg = settings()
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=cfg.aws_endpoint_url,
-            region_name=cfg.aws_region,
-            config=Config(max_pool_connections=32, retries={"max_attempts": 5, "mode": "standard"}),
-        )
-        return cls(s3, cfg.weights_bucket)
+    def _allowed(self, uri: str, what: str) -> tuple[str, str]:
+        """(bucket, key prefix) of a weights location in an allowed bucket; BucketRefused otherwise."""
+        bucket, key = _split(uri, prefix=True)
+        try:
+            require_allowed_bucket(bucket, self.allowed_buckets, what)
+        except BucketNotAllowed as exc:
+            raise BucketRefused(str(exc)) from None
+        return bucket, key
 
     # --- keys ----------------------------------------------------------------------------------
 
@@ -152,7 +185,7 @@ class Registry:
 
     def _read(self, key: str, cls: type[T]) -> tuple[T | None, str | None]:
         try:
-            obj = self.s3.get_object(Bucket=self.bucket, Key=key)
+            obj = self.s3.boto.get_object(Bucket=self.bucket, Key=key)
         except ClientError as exc:
             if _missing(exc):
                 return None, None
@@ -163,7 +196,7 @@ class Registry:
         """Write if the object is still at ``etag`` (None: still absent); False if it moved."""
         cond = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
         try:
-            self.s3.put_object(
+            self.s3.boto.put_object(
                 Bucket=self.bucket,
                 Key=key,
                 Body=value.model_dump_json(indent=1).encode(),
@@ -271,19 +304,24 @@ class Registry:
         """
         at = at or _now()
         key = self.manifest_key(model, version)
+        upload: list[tuple[Path, str]] = []
         if source.startswith("s3://"):
             location, files = self._checksum_s3(source, progress)
-            upload: list[tuple[Path, str]] = []
         else:
-            location, files, upload = self._checksum_local(Path(source), model, version, progress)
+            paths, files = self._checksum_local(Path(source), progress)
+            # Content-addressed: other weights for the same version never land on these keys.
+            prefix = f"weights/{model}/{version}/{set_digest(files)}/"
+            location = f"s3://{self.bucket}/{prefix}"
+            upload = [(p, prefix + f.path) for p, f in zip(paths, files)]
         weights = Weights(
             location=location, files=files, digest=set_digest(files), size_bytes=sum(f.size_bytes for f in files)
         )
         existing, _ = self._read(key, Manifest)
+        uploaded: list[str] = []
         if existing is None and upload:
             etags = self._upload(upload, progress)
-            prefix = split_s3_uri(location)[1]
-            weights.files = [f.model_copy(update={"etag": etags[prefix + f.path]}) for f in files]
+            uploaded = list(etags)
+            weights.files = [f.model_copy(update={"etag": etags[k]}) for f, (_, k) in zip(files, upload)]
         manifest = Manifest(
             model=model,
             version=version,
@@ -299,6 +337,7 @@ class Registry:
             existing, _ = self._read(key, Manifest)
         if existing is not None:
             if existing.weights.digest != weights.digest:
+                self._delete_keys(self.bucket, uploaded)  # this attempt's own, unpublished bytes
                 raise RegistryError(
                     f"{model}@{version} is already registered with other weights "
                     f"(digest {existing.weights.digest}, these are {weights.digest}): register a new version"
@@ -308,7 +347,8 @@ class Registry:
         self._add_model(model)
         return manifest
 
-    def _checksum_local(self, root: Path, model: str, version: str, progress):
+    def _checksum_local(self, root: Path, progress) -> tuple[list[Path], list[ManifestFile]]:
+        """The files under ``root`` (or the one file) and their manifest entries."""
         if not root.exists():
             raise RegistryError(f"no such file or directory: {root}")
         paths = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
@@ -317,31 +357,40 @@ class Registry:
         base = root if root.is_dir() else root.parent
         with ThreadPoolExecutor(max_workers=4) as pool:
             digests = list(pool.map(lambda p: _sha256_file(p, progress), paths))
-        prefix = f"weights/{model}/{version}/"
         files = [
             ManifestFile(path=p.relative_to(base).as_posix(), sha256=d, size_bytes=p.stat().st_size)
             for p, d in zip(paths, digests)
         ]
-        return f"s3://{self.bucket}/{prefix}", files, [(p, prefix + f.path) for p, f in zip(paths, files)]
+        return paths, files
+
+    def _delete_keys(self, bucket: str, keys: list[str], batch_done: Callable[[str], None] = lambda key: None) -> None:
+        """Delete objects in batches of ``delete_batch`` (S3 takes 1000 at most), in order;
+        ``batch_done`` gets the last key of each deleted batch (a caller resumes after it)."""
+        for i in range(0, len(keys), self.delete_batch):
+            batch = keys[i : i + self.delete_batch]
+            resp = self.s3.boto.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})
+            if resp.get("Errors"):
+                raise RuntimeError(f"delete failed for {resp['Errors'][:3]}")
+            batch_done(batch[-1])
 
     def _upload(self, items: list[tuple[Path, str]], progress) -> dict[str, str]:
         """Upload files (multipart, parts in parallel, several files at once); key -> ETag."""
 
         def one(item: tuple[Path, str]) -> tuple[str, str]:
             path, key = item
-            self.s3.upload_file(str(path), self.bucket, key, Config=self.transfer, Callback=progress)
-            return key, self.s3.head_object(Bucket=self.bucket, Key=key)["ETag"]
+            self.s3.boto.upload_file(str(path), self.bucket, key, Config=self.transfer, Callback=progress)
+            return key, self.s3.boto.head_object(Bucket=self.bucket, Key=key)["ETag"]
 
         with ThreadPoolExecutor(max_workers=4) as pool:
             return dict(pool.map(one, items))
 
     def _checksum_s3(self, uri: str, progress) -> tuple[str, list[ManifestFile]]:
         """Files under an s3:// prefix (or one object), each hashed by streaming it."""
-        bucket, key = split_s3_uri(uri)
+        bucket, key = self._allowed(uri, "register source")
         objects: list[tuple[str, int]] = []
         if key and not key.endswith("/"):
             try:
-                head = self.s3.head_object(Bucket=bucket, Key=key)
+                head = self.s3.boto.head_object(Bucket=bucket, Key=key)
                 objects = [(key, head["ContentLength"])]
                 prefix = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
             except ClientError as exc:
@@ -350,49 +399,28 @@ class Registry:
                 key += "/"
         if not objects:
             prefix = key
-            pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            pages = self.s3.boto.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
             objects = [(o["Key"], o["Size"]) for page in pages for o in page.get("Contents", [])]
         if not objects:
             raise NotFound(f"no objects under {uri}")
         with ThreadPoolExecutor(max_workers=4) as pool:
-            hashed = list(pool.map(lambda o: self._sha256_object(bucket, o[0], progress), objects))
+            hashed = list(pool.map(lambda o: self._sha256(bucket, o[0], progress), objects))
         files = [
             ManifestFile(path=k[len(prefix):], sha256=digest, size_bytes=size, etag=etag)
             for (k, size), (digest, etag) in zip(objects, hashed)
         ]
         return f"s3://{bucket}/{prefix}", files
 
-    def _sha256_object(self, bucket: str, key: str, progress) -> tuple[str, str]:
-        """Stream an object through sha256 with parallel ranged GETs, hashed in order.
-
-        Every range is fetched with If-Match on the ETag seen first, so an object rewritten
-        while it is read fails instead of hashing a mix of two versions.
-        """
+    def _sha256(self, bucket: str, key: str, progress) -> tuple[str, str]:
+        """(sha256, ETag) of an object, streamed by the S3 client's ranged reads pinned to its ETag."""
         try:
-            head = self.s3.head_object(Bucket=bucket, Key=key)
+            return self.s3.sha256(bucket, key, progress)
         except ClientError as exc:
             if _missing(exc):
                 raise NotFound(f"missing object s3://{bucket}/{key}") from None
             raise
-        size, etag = head["ContentLength"], head["ETag"]
-        chunk = self.transfer.multipart_chunksize
-        ranges = iter(range(0, size, chunk))
-
-        def fetch(offset: int) -> bytes:
-            rng = f"bytes={offset}-{min(offset + chunk, size) - 1}"
-            return self.s3.get_object(Bucket=bucket, Key=key, Range=rng, IfMatch=etag)["Body"].read()
-
-        digest = hashlib.sha256()
-        with ThreadPoolExecutor(max_workers=self.transfer.max_concurrency) as pool:
-            window = deque(pool.submit(fetch, o) for _, o in zip(range(self.transfer.max_concurrency), ranges))
-            while window:
-                data = window.popleft().result()
-                digest.update(data)
-                progress(len(data))
-                nxt = next(ranges, None)
-                if nxt is not None:
-                    window.append(pool.submit(fetch, nxt))
-        return digest.hexdigest(), etag
+        except ObjectChanged as exc:
+            raise ChecksumMismatch(str(exc)) from None
 
     # --- status, benchmarks ----------------------------------------------------------------------
 
@@ -404,30 +432,42 @@ class Registry:
         reason: str = "",
         at: datetime | None = None,
         demote_previous: bool = True,
+        deployment: str | None = None,
     ) -> tuple[Manifest, list[str]]:
-        """Move a version to ``status``; a new stable demotes the model's other stable versions
-        to deprecated (unless ``demote_previous`` is False). Returns the manifest and the
-        versions it demoted."""
+        """Record ``status`` of a version on ``deployment`` (None: on no recorded deployment, as
+        by hand); see ``schema.place``. A new stable takes the model's other versions off that
+        deployment (unless ``demote_previous`` is False): each becomes deprecated once it serves
+        nowhere. Returns the manifest and the versions it took off the deployment."""
         at = at or _now()
+        where = deployment or ANY_DEPLOYMENT
 
         def move(manifest: Manifest) -> bool:
             if status.state in ("canary", "stable") and manifest.weights.deleted_at is not None:
                 raise RegistryError(f"{manifest.ref} cannot become {status.state}: its weights were deleted by retention")
-            return transition(manifest, status, at, reason)
+            named = sorted(d for d in manifest.deployments if d != ANY_DEPLOYMENT)
+            if deployment is None and status.state == "deprecated" and named:
+                raise RegistryError(
+                    f"{manifest.ref} still serves on {', '.join(named)}: it becomes deprecated when no deployment serves it"
+                )
+            return place(manifest, where, status, at, reason)
 
         manifest = self._update_manifest(model, version, move)
-        demoted: list[str] = []
+        replaced: list[str] = []
         if status.state == "stable" and demote_previous:
             for other in self.list_versions([model]):
-                if other.version != version and other.status.state == "stable":
-                    why = f"superseded by {model}@{version}"
-                    self._update_manifest(
-                        model,
-                        other.version,
-                        lambda m: m.status.state == "stable" and transition(m, Deprecated(since=at), at, why),
-                    )
-                    demoted.append(other.version)
-        return manifest, demoted
+                legacy = not other.deployments and other.status.state in ("canary", "stable")  # index entry from before
+                if other.version == version or not (where in other.deployments or (legacy and where == ANY_DEPLOYMENT)):
+                    continue
+                newer = semver_key(version) > semver_key(other.version)
+                on = "" if where == ANY_DEPLOYMENT else f" on {where}"
+                why = f"superseded{on} by {model}@{version}" if newer else f"replaced{on} by the older {model}@{version}"
+                self._update_manifest(
+                    model,
+                    other.version,
+                    lambda m, why=why: where in m.deployments and place(m, where, Deprecated(since=at), at, why),
+                )
+                replaced.append(other.version)
+        return manifest, replaced
 
     def deprecate(self, model: str, version: str, reason: str = "", at: datetime | None = None) -> Manifest:
         at = at or _now()
@@ -456,10 +496,11 @@ class Registry:
         manifest = self.show(model, version)
         if manifest.weights.deleted_at is not None:
             raise NotFound(f"{manifest.ref}: weights were deleted by retention at {manifest.weights.deleted_at}")
+        self._allowed(manifest.weights.location, f"{manifest.ref} weights.location")
         for f in manifest.weights.files:
-            bucket, key = split_s3_uri(manifest.weights.uri(f.path))
+            bucket, key = _split(manifest.weights.uri(f.path))
             try:
-                head = self.s3.head_object(Bucket=bucket, Key=key)
+                head = self.s3.boto.head_object(Bucket=bucket, Key=key)
             except ClientError as exc:
                 if _missing(exc):
                     raise NotFound(f"{manifest.ref}: missing weights file s3://{bucket}/{key}") from None
@@ -470,7 +511,7 @@ class Registry:
                     f"(size {head['ContentLength']} vs {f.size_bytes}, ETag {head['ETag']} vs {f.etag})"
                 )
             if verify:
-                actual, _ = self._sha256_object(bucket, key, progress)
+                actual, _ = self._sha256(bucket, key, progress)
                 if actual != f.sha256:
                     raise ChecksumMismatch(
                         f"{manifest.ref}: s3://{bucket}/{key} sha256 mismatch: expected {f.sha256}, actual {actual}"
@@ -479,17 +520,31 @@ class Registry:
 
     # --- retention -------------------------------------------------------------------------------
 
-    def delete_weights(self, model: str, version: str, reason: str, at: datetime | None = None) -> DeleteWeightsResult:
+    def delete_weights(
+        self,
+        model: str,
+        version: str,
+        reason: str,
+        at: datetime | None = None,
+        resume_after: str | None = None,
+        deleted_up_to: Callable[[str], None] = lambda key: None,
+    ) -> DeleteWeightsResult:
         """Delete a deprecated version's weight files and mark the manifest (kept, as history).
 
         The manifest is marked first, conditionally on the version still being deprecated, so
         no rollout can resolve weights that are about to go; a retry after a crash finds the
-        mark and finishes deleting.
+        mark and finishes deleting. Keys go in sorted order, ``deleted_up_to`` gets the last key
+        of every deleted batch, and a retry passes it back as ``resume_after`` to skip what went.
         """
         at = at or _now()
         refused: list[str] = []
 
         def mark(manifest: Manifest) -> bool:
+            try:
+                self._allowed(manifest.weights.location, f"{manifest.ref} weights.location")  # never delete elsewhere
+            except BucketRefused as exc:
+                refused.append(str(exc))
+                return False
             if manifest.weights.deleted_at is not None:
                 return False
             if manifest.status.state != "deprecated":
@@ -503,16 +558,9 @@ class Registry:
         manifest = self._update_manifest(model, version, mark)
         if refused:
             return DeleteWeightsResult(deleted=False, reason=refused[0])
-        keys: dict[str, list[str]] = {}
-        for f in manifest.weights.files:
-            bucket, key = split_s3_uri(manifest.weights.uri(f.path))
-            keys.setdefault(bucket, []).append(key)
-        for bucket, names in keys.items():
-            for i in range(0, len(names), 1000):
-                batch = [{"Key": k} for k in names[i : i + 1000]]
-                resp = self.s3.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
-                if resp.get("Errors"):
-                    raise RuntimeError(f"delete failed for {resp['Errors'][:3]}")
+        bucket, _ = _split(manifest.weights.location, prefix=True)
+        keys = sorted(_split(manifest.weights.uri(f.path))[1] for f in manifest.weights.files)
+        self._delete_keys(bucket, [k for k in keys if resume_after is None or k > resume_after], deleted_up_to)
         return DeleteWeightsResult(
             deleted=True, reason=reason, files=len(manifest.weights.files), bytes=manifest.weights.size_bytes
         )
@@ -521,7 +569,7 @@ class Registry:
 def _sha256_file(path: Path, progress) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
-        while data := fh.read(CHUNK):
+        while data := fh.read(CHUNK_BYTES):
             digest.update(data)
             progress(len(data))
     return digest.hexdigest()
@@ -530,85 +578,142 @@ def _sha256_file(path: Path, progress) -> str:
 # --- activities --------------------------------------------------------------------------------
 
 
-def _registry() -> Registry:
-    return Registry.from_settings()
-
-
 def _non_retryable(exc: RegistryError) -> ApplicationError:
     return ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True)
 
 
-@activity.defn(name=ra.RESOLVE_REGISTRY_WEIGHTS)
-def resolve_registry_weights(req: ra.RegistryWeightsInput) -> ra.RegistryWeights:
-    """The weight files and their sha256 a rollout stages, from the registry entry; a file that
-    is missing or was rewritten since registration fails here, before the cluster changes."""
-    try:
-        manifest = _registry().resolve(req.model, req.version)
-    except RegistryError as exc:
-        raise _non_retryable(exc) from None
-    return ra.RegistryWeights(
-        files=[ra.WeightFile(uri=manifest.weights.uri(f.path), sha256=f.sha256) for f in manifest.weights.files]
-    )
+class RegistryActivities(contract.RegistryActivities):
+    """The registry's activities: the store in ``weights_bucket`` and the cluster's Deployments."""
 
+    def __init__(
+        self, s3: S3Client, kube: KubeClient, weights_bucket: str, weights_buckets: Collection[str] | None = None
+    ) -> None:
+        """``weights_buckets``: where registered weights may live, besides ``weights_bucket``."""
+        self.registry = Registry(s3, weights_bucket, allowed_buckets=weights_buckets)
+        self.kube = kube
 
-@activity.defn(name=ra.SET_REGISTRY_STATUS)
-def set_registry_status(req: ra.SetRegistryStatusInput) -> ra.RegistryStatusResult:
-    try:
-        manifest, demoted = _registry().set_status(
-            req.model, req.version, req.status, req.reason, req.at, req.demote_previous
+    @activity.defn(name="resolve_registry_weights")
+    def resolve_registry_weights(self, req: RegistryWeightsInput) -> RegistryWeights:
+        """The weight files and their sha256 a rollout stages, from the registry entry; a file that
+        is missing or was rewritten since registration fails here, before the cluster changes."""
+        try:
+            manifest = self.registry.resolve(req.model, req.version)
+        except RegistryError as exc:
+            raise _non_retryable(exc) from None
+        return RegistryWeights(
+            files=[WeightFile(uri=manifest.weights.uri(f.path), sha256=f.sha256) for f in manifest.weights.files]
         )
-    except RegistryError as exc:
-        raise _non_retryable(exc) from None
-    return ra.RegistryStatusResult(status=manifest.status, demoted=demoted)
+
+    @activity.defn(name="set_registry_status")
+    def set_registry_status(self, req: SetRegistryStatusInput) -> RegistryStatusResult:
+        try:
+            manifest, demoted = self.registry.set_status(
+                req.model, req.version, req.status, req.reason, req.at, req.demote_previous, req.deployment
+            )
+        except RegistryError as exc:
+            raise _non_retryable(exc) from None
+        return RegistryStatusResult(status=manifest.status, demoted=demoted)
+
+    @activity.defn(name="record_registry_benchmark")
+    def record_registry_benchmark(self, req: RecordRegistryBenchmarkInput) -> None:
+        try:
+            self.registry.record_benchmark(req.model, req.version, req.benchmark)
+        except RegistryError as exc:
+            raise _non_retryable(exc) from None
+
+    @activity.defn(name="list_registry_versions")
+    def list_registry_versions(self, req: ListVersionsInput) -> VersionList:
+        return VersionList(versions=self.registry.list_versions(req.models))
+
+    @activity.defn(name="delete_registry_weights")
+    async def delete_registry_weights(self, req: DeleteWeightsInput) -> DeleteWeightsResult:
+        """Refused while a ModelRollout of the version runs (one may have started since the plan);
+        otherwise the deletion runs on a thread while this heartbeats the last deleted key every
+        ``HEARTBEAT_EVERY`` seconds (and when it fails), and a retry resumes after that key."""
+        details = activity.info().heartbeat_details
+        ref = f"{req.model}@{req.version}"
+        rollouts = [who for version, who in await _running_rollouts() if version == ref]
+        if rollouts:
+            return DeleteWeightsResult(deleted=False, reason=f"referenced by {', '.join(rollouts)}")
+        last: list[str] = list(details[:1])
+
+        def deleted_up_to(key: str) -> None:
+            last[:] = [key]
+
+        work = asyncio.ensure_future(
+            asyncio.to_thread(
+                self.registry.delete_weights, req.model, req.version, req.reason, req.at,
+                resume_after=last[0] if last else None, deleted_up_to=deleted_up_to,
+            )
+        )
+        while True:
+            done, _ = await asyncio.wait([work], timeout=HEARTBEAT_EVERY)
+            activity.heartbeat(*last)
+            if done:
+                try:
+                    return work.result()
+                except RegistryError as exc:
+                    raise _non_retryable(exc) from None
+
+    @activity.defn(name="list_referenced_versions")
+    async def list_referenced_versions(self, req: ListReferencesInput) -> ReferencedVersions:
+        """What can still serve or is about to: a Deployment with replicas, a backend the route
+        sends traffic to, a running ModelRollout (it may be staging the weights). A 0-replica
+        Deployment outside the route is none of these (the previous stable's rollback window is
+        the registry's ``retired``, see plan_retention). Async: the rollouts come from the
+        activity's Temporal client; the cluster is read on a thread."""
+        where: dict[str, list[str]] = {}
+        for ref, user in [*await asyncio.to_thread(self._serving, req.namespaces), *await _running_rollouts()]:
+            where.setdefault(ref, []).append(user)
+        refs = [ModelVersionRef(model=k.split("@", 1)[0], version=k.split("@", 1)[1]) for k in sorted(where)]
+        return ReferencedVersions(refs=refs, where=where)
+
+    def _serving(self, namespaces: list[str] | None) -> list[tuple[str, str]]:
+        """(model@version, what serves it) for Deployments with replicas and route backends with weight."""
+        deployments, routes = [], []
+        for namespace in namespaces or [None]:
+            where = namespace or "all namespaces"
+            try:
+                if namespace is None:
+                    deployments += self.kube.apps.list_deployment_for_all_namespaces(
+                        label_selector=LABEL_MODEL, _request_timeout=API_TIMEOUT
+                    ).items
+                else:
+                    deployments += self.kube.apps.list_namespaced_deployment(
+                        namespace, label_selector=LABEL_MODEL, _request_timeout=API_TIMEOUT
+                    ).items
+                routes += list_routes(self.kube, namespace)
+            except ApiException as exc:
+                fail(exc, f"list Deployments labelled {LABEL_MODEL} and HTTPRoutes in {where}")
+        versions: dict[tuple[str, str], str] = {}  # (namespace, Deployment = Service name) -> model@version
+        found: list[tuple[str, str]] = []
+        for dep in deployments:
+            template = (dep.spec.template.metadata.labels or {}) if dep.spec.template.metadata else {}
+            labels = {**template, **(dep.metadata.labels or {})}
+            model, version = labels.get(LABEL_MODEL), labels.get(LABEL_VERSION)
+            if not (model and version):
+                continue
+            ns, name = dep.metadata.namespace, dep.metadata.name
+            versions[(ns, name)] = f"{model}@{version}"
+            replicas = max(dep.spec.replicas or 0, (dep.status.replicas if dep.status else None) or 0)
+            if replicas > 0:
+                found.append((versions[(ns, name)], f"Deployment {ns}/{name} ({replicas} replicas)"))
+        for route in routes:
+            meta = route["metadata"]
+            for rule in route.get("spec", {}).get("rules") or []:
+                for backend in rule.get("backendRefs") or []:
+                    ref = versions.get((backend.get("namespace", meta["namespace"]), backend["name"]))
+                    if ref and int(backend.get("weight", 1)) > 0:
+                        found.append((ref, f"HTTPRoute {meta['namespace']}/{meta['name']} ({backend.get('weight', 1)} %)"))
+        return found
 
 
-@activity.defn(name=ra.RECORD_REGISTRY_BENCHMARK)
-def record_registry_benchmark(req: ra.RecordRegistryBenchmarkInput) -> None:
-    try:
-        _registry().record_benchmark(req.model, req.version, req.benchmark)
-    except RegistryError as exc:
-        raise _non_retryable(exc) from None
-
-
-@activity.defn(name=LIST_REGISTRY_VERSIONS)
-def list_registry_versions(req: ListVersionsInput) -> VersionList:
-    return VersionList(versions=_registry().list_versions(req.models))
-
-
-@activity.defn(name=DELETE_REGISTRY_WEIGHTS)
-def delete_registry_weights(req: DeleteWeightsInput) -> DeleteWeightsResult:
-    try:
-        return _registry().delete_weights(req.model, req.version, req.reason, req.at)
-    except RegistryError as exc:
-        raise _non_retryable(exc) from None
-
-
-@activity.defn(name=LIST_REFERENCED_VERSIONS)
-def list_referenced_versions(req: ListReferencesInput) -> ReferencedVersions:
-    """(model, version) of every Deployment labelled with a model, in any namespace: the
-    weights retention must never delete, whatever their registry status."""
-    apps = client.AppsV1Api(api_client())
-    items = []
-    for namespace in req.namespaces or [None]:
-        if namespace is None:
-            items += apps.list_deployment_for_all_namespaces(label_selector=LABEL_MODEL).items
-        else:
-            items += apps.list_namespaced_deployment(namespace, label_selector=LABEL_MODEL).items
-    where: dict[str, list[str]] = {}
-    for dep in items:
-        labels = {**((dep.spec.template.metadata.labels or {}) if dep.spec.template.metadata else {}), **(dep.metadata.labels or {})}
-        model, version = labels.get(LABEL_MODEL), labels.get(LABEL_VERSION)
+async def _running_rollouts() -> list[tuple[str, str]]:
+    """(model@version, "rollout <workflow id>") of every running ModelRollout, by its search attributes."""
+    found = []
+    async for execution in activity.client().list_workflows(RUNNING_ROLLOUTS):
+        attrs = execution.typed_search_attributes
+        model, version = attrs.get(sa.MODEL), attrs.get(sa.VERSION)
         if model and version:
-            where.setdefault(f"{model}@{version}", []).append(f"{dep.metadata.namespace}/{dep.metadata.name}")
-    refs = [ModelVersionRef(model=k.split("@", 1)[0], version=k.split("@", 1)[1]) for k in sorted(where)]
-    return ReferencedVersions(refs=refs, where=where)
-
-
-ACTIVITIES = [
-    resolve_registry_weights,
-    set_registry_status,
-    record_registry_benchmark,
-    list_registry_versions,
-    delete_registry_weights,
-    list_referenced_versions,
-]
+            found.append((f"{model}@{version}", f"running rollout {execution.id}"))
+    return found

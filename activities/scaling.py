@@ -1,14 +1,28 @@
-"""Side effects of the scaling loop: signals and history from Prometheus, scale state from Kubernetes.
+"""Side effects of scaling: signals and history from Prometheus, scale state from Kubernetes, and
+GPU node pools as EC2 Auto Scaling groups seen through Kubernetes.
 
-- ``read_scaling_signals`` renders the signal query templates and runs each as an instant query
-  (activities.metrics helpers). An unreachable or failing Prometheus is not an error here: it
-  returns ``Signals(error=...)`` so the loop holds and reports instead of retrying blind; a bad
-  template or PromQL is bad input (non-retryable).
+``ScalingActivities`` and ``NodePoolActivities`` implement the contracts in
+workflows/scaling/activities.py with the worker's clients. ``ScalingActivities`` (Kubernetes,
+Prometheus), for ReactiveScaling and PredictivePrewarm:
+
+- ``read_scaling_signals`` renders the signal query templates and runs each as an instant query.
+  An unreachable or failing Prometheus is not an error here: it returns ``Signals(error=...)`` so
+  the loop holds and reports instead of retrying blind; a bad template or PromQL is bad input
+  (non-retryable).
 - ``get_scale`` reads the scaled version's Deployment and its pods: replicas, Ready, Pending and
-  Unschedulable (no GPU capacity, which the node layer acts on), and the declared priority class;
-  it sets the replicas desired/ready gauges of the control-plane metrics.
+  Unschedulable (no GPU capacity, which the node layer acts on), and the declared priority class.
 - ``read_replica_history`` reads hourly replica peaks over past weeks for predictive pre-warm.
-Scaling itself is activities.kube.scale_version (the Deployment's scale subresource).
+Scaling itself is the rollout's ``scale_version`` (the Deployment's scale subresource).
+
+``NodePoolActivities`` (Kubernetes, AWS Auto Scaling), for NodePoolScaling:
+
+- ``observe_node_pool``: the pool's nodes (GPUs allocatable and held, model pods on each), the
+  Unschedulable model pods this pool can serve (by their capacity-type requirement, which the
+  priority class sets: batch pods wait for the spot pool, realtime for on-demand) and the GPUs
+  they ask for, and the group's desired capacity.
+- ``set_pool_capacity``: the group's desired capacity (idempotent: setting it twice is a no-op).
+- ``remove_pool_node``: cordon an idle node and terminate its instance with the group's desired
+  capacity decremented; a node that took a model pod meanwhile is uncordoned and kept.
 """
 
 from __future__ import annotations
@@ -17,122 +31,244 @@ import math
 from datetime import datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import httpx
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube import API_TIMEOUT, _is_ready, _label_selector, _read_or_none, _selector, api_client, describe_deployment
-from activities.metrics import HTTP_TIMEOUT, api, query, render
-from workers import telemetry
+from activities.clients.aws import AwsClient
+from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
+from activities.clients.prometheus import PrometheusClient, render
+from activities.rollout import deployment_state
 from workflows import naming
-from workflows.placement import CAPACITY_FOR_CLASS
-from workflows.prewarm import slot_key
-from workflows.rollout_activities import DeploymentRef
-from workflows.scaling import Signals
-from workflows.scaling_activities import (
-    GET_SCALE,
-    READ_REPLICA_HISTORY,
-    READ_SCALING_SIGNALS,
+from workflows.naming import DeploymentRef
+from workflows.scaling import activities as contract
+from workflows.scaling.activities import (
+    PendingReplica,
+    PoolObservation,
+    PoolRef,
     ReadSignalsInput,
+    RemoveNodeInput,
+    RemoveNodeResult,
     ReplicaHistory,
     ReplicaHistoryInput,
     ScaleStatus,
     ScaleTarget,
+    SetCapacityInput,
 )
+from workflows.scaling.decide import Signals
+from workflows.scaling.placement import Gpu, Node
+from workflows.scaling.prewarm import slot_key
 
 WEEK_SECONDS = 7 * 24 * 3600
 
 
-@activity.defn(name=READ_SCALING_SIGNALS)
-def read_scaling_signals(req: ReadSignalsInput) -> Signals:
-    variables = {"namespace": req.namespace, "deployment": req.deployment, "window": req.window}
-    rendered = {name: render(name, template, variables) for name, template in req.queries.items()}
-    values: dict[str, float | None] = {}
-    with httpx.Client(timeout=HTTP_TIMEOUT) as http:
-        for name, promql in rendered.items():
-            try:
-                values[name] = query(http, name, promql)
-            except ApplicationError as exc:
-                if exc.non_retryable:
-                    raise
-                return Signals(error=exc.message)
-    return Signals(**values)
-
-
-def _unschedulable(pod: client.V1Pod) -> bool:
+def unschedulable(pod: client.V1Pod) -> bool:
+    """A pending pod the scheduler could not place (no node with the GPUs it asks for)."""
     conditions = (pod.status.conditions if pod.status else None) or []
     return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable" for c in conditions)
 
 
-@activity.defn(name=GET_SCALE)
-def get_scale(req: ScaleTarget) -> ScaleStatus:
-    """The scaled version (given, or the one with the most traffic) and how its pods are doing."""
-    state = describe_deployment(DeploymentRef(namespace=req.namespace, name=req.deployment))
-    by_version = {v.version: v for v in state.versions}
-    if req.version is not None:
-        info = by_version.get(req.version)
-    elif state.stable is not None:
-        info = state.stable
-    else:
-        info = by_version[next(iter(by_version))] if len(by_version) == 1 else None
-    if info is None:
-        wanted = f"version {req.version}" if req.version else "a version carrying traffic"
-        raise ApplicationError(
-            f"{req.namespace}/{req.deployment}: no Deployment for {wanted} (have {sorted(by_version) or 'none'})",
-            non_retryable=True,
+class ScalingActivities(contract.ScalingActivities):
+    """The loop's and pre-warm's activities, over the worker's Kubernetes and Prometheus clients."""
+
+    def __init__(self, kube: KubeClient, prometheus: PrometheusClient) -> None:
+        self.kube = kube
+        self.prometheus = prometheus
+
+    @activity.defn(name=contract.READ_SCALING_SIGNALS)
+    def read_scaling_signals(self, req: ReadSignalsInput) -> Signals:
+        variables = {"namespace": req.namespace, "deployment": req.deployment, "window": req.window}
+        rendered = {name: render(name, template, variables) for name, template in req.queries.items()}
+        values: dict[str, float | None] = {}
+        for name, promql in rendered.items():
+            try:
+                values[name] = self.prometheus.value(name, promql)
+            except ApplicationError as exc:
+                if exc.non_retryable:
+                    raise
+                return Signals(error=exc.message)
+        return Signals(**values)
+
+    @activity.defn(name=contract.GET_SCALE)
+    def get_scale(self, req: ScaleTarget) -> ScaleStatus:
+        """The scaled version (given, or the one with the most traffic) and how its pods are doing."""
+        state = deployment_state(self.kube, DeploymentRef(namespace=req.namespace, name=req.deployment))
+        by_version = {v.version: v for v in state.versions}
+        if req.version is not None:
+            info = by_version.get(req.version)
+        elif state.stable is not None:
+            info = state.stable
+        else:
+            info = by_version[next(iter(by_version))] if len(by_version) == 1 else None
+        if info is None:
+            wanted = f"version {req.version}" if req.version else "a version carrying traffic"
+            raise ApplicationError(
+                f"{req.namespace}/{req.deployment}: no Deployment for {wanted} (have {sorted(by_version) or 'none'})",
+                non_retryable=True,
+            )
+        dep = read_or_none(self.kube.apps.read_namespaced_deployment, naming.versioned_name(req.deployment, info.version), req.namespace)
+        pods = self.kube.core.list_namespaced_pod(
+            req.namespace, label_selector=label_selector(selector(req.deployment, info.version)), _request_timeout=API_TIMEOUT
+        ).items
+        live = [p for p in pods if p.metadata.deletion_timestamp is None]
+        return ScaleStatus(
+            version=info.version,
+            replicas=info.replicas,
+            ready_replicas=sum(1 for p in live if is_ready(p)),
+            pending=sum(1 for p in live if (p.status.phase if p.status else "Pending") == "Pending"),
+            unschedulable=sum(1 for p in live if unschedulable(p)),
+            priority_class=((dep.metadata.labels if dep else None) or {}).get(naming.LABEL_CLASS),
         )
-    api = api_client()
-    dep = _read_or_none(
-        client.AppsV1Api(api).read_namespaced_deployment, naming.versioned_name(req.deployment, info.version), req.namespace
-    )
-    declared = ((dep.metadata.labels if dep else None) or {}).get(naming.LABEL_CLASS)
-    pods = client.CoreV1Api(api).list_namespaced_pod(
-        req.namespace, label_selector=_label_selector(_selector(req.deployment, info.version)), _request_timeout=API_TIMEOUT
-    ).items
-    live = [p for p in pods if p.metadata.deletion_timestamp is None]
-    status = ScaleStatus(
-        version=info.version,
-        replicas=info.replicas,
-        ready_replicas=sum(1 for p in live if _is_ready(p)),
-        pending=sum(1 for p in live if (p.status.phase if p.status else "Pending") == "Pending"),
-        unschedulable=sum(1 for p in live if _unschedulable(p)),
-        priority_class=declared,
-    )
-    # The priority class is the pool these replicas belong to (realtime on on-demand, batch on spot).
-    pool = declared or "realtime"
-    labels = (req.namespace, req.deployment, pool, CAPACITY_FOR_CLASS.get(pool, "unknown"))
-    telemetry.REPLICAS_DESIRED.labels(*labels).set(status.replicas)
-    telemetry.REPLICAS_READY.labels(*labels).set(status.ready_replicas)
-    return status
 
-
-def _query_range(http: httpx.Client, promql: str, start: float, end: float, step: float) -> list[tuple[float, float]]:
-    data = api(http, "replica history", "/api/v1/query_range", {"query": promql, "start": start, "end": end, "step": step})
-    series = data["result"]
-    if len(series) > 1:
-        activity.logger.warning("replica history returned %d series; using the first", len(series))
-    return [(float(t), float(v)) for t, v in (series[0]["values"] if series else []) if not math.isnan(float(v))]
-
-
-@activity.defn(name=READ_REPLICA_HISTORY)
-def read_replica_history(req: ReplicaHistoryInput) -> ReplicaHistory:
-    """Hourly peaks of the past ``weeks`` weeks keyed by local weekday and hour."""
-    try:
-        tz = ZoneInfo(req.time_zone)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ApplicationError(f"unknown time zone {req.time_zone!r}", non_retryable=True) from None
-    promql = render("replica_history", req.query, {"namespace": req.namespace, "deployment": req.deployment})
-    end = math.floor(req.at / 3600) * 3600
-    start = end - req.weeks * WEEK_SECONDS + 3600
-    samples: dict[str, list[float]] = {}
-    with httpx.Client(timeout=HTTP_TIMEOUT) as http:
-        for at, value in _query_range(http, promql, start, end, 3600):
+    @activity.defn(name=contract.READ_REPLICA_HISTORY)
+    def read_replica_history(self, req: ReplicaHistoryInput) -> ReplicaHistory:
+        """Hourly peaks of the past ``weeks`` weeks keyed by local weekday and hour."""
+        try:
+            tz = ZoneInfo(req.time_zone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ApplicationError(f"unknown time zone {req.time_zone!r}", non_retryable=True) from None
+        promql = render("replica_history", req.query, {"namespace": req.namespace, "deployment": req.deployment})
+        end = math.floor(req.at / 3600) * 3600
+        start = end - req.weeks * WEEK_SECONDS + 3600
+        series = self.prometheus.range("replica history", promql, start, end, 3600)
+        if len(series) > 1:
+            activity.logger.warning("replica history returned %d series; using the first", len(series))
+        samples: dict[str, list[float]] = {}
+        for at, value in (series[0]["values"] if series else []):
+            if math.isnan(float(value)):
+                continue
             # the sample at a full hour is the peak of the hour that just ended
-            hour = datetime.fromtimestamp(at - 1, tz)
-            samples.setdefault(slot_key(hour.weekday(), hour.hour), []).append(value)
-    now = datetime.fromtimestamp(req.at, tz)
-    return ReplicaHistory(samples=samples, weekday=now.weekday(), minute_of_day=now.hour * 60 + now.minute)
+            hour = datetime.fromtimestamp(float(at) - 1, tz)
+            samples.setdefault(slot_key(hour.weekday(), hour.hour), []).append(float(value))
+        now = datetime.fromtimestamp(req.at, tz)
+        return ReplicaHistory(samples=samples, weekday=now.weekday(), minute_of_day=now.hour * 60 + now.minute)
 
 
-ACTIVITIES = [read_scaling_signals, get_scale, read_replica_history]
+# ---------------------------------------------------------------- node layer
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB per GPU, as GPU feature discovery labels nodes
+DEFAULT_GPU_MEMORY_GIB = 80.0
+_DONE = ("Succeeded", "Failed")
+
+
+def _gpus(pod: client.V1Pod) -> int:
+    total = 0
+    for c in pod.spec.containers or []:
+        limits = (c.resources.limits if c.resources else None) or {}
+        total += int(limits.get(naming.GPU_RESOURCE, 0))
+    return total
+
+
+def _capacity_types(pod: client.V1Pod) -> set[str] | None:
+    """Capacity types the pod may run on (nodeSelector or required node affinity); None: any."""
+    selector = (pod.spec.node_selector or {}).get(naming.NODE_CAPACITY_TYPE)
+    if selector:
+        return {selector}
+    affinity = pod.spec.affinity.node_affinity if pod.spec.affinity else None
+    required = affinity.required_during_scheduling_ignored_during_execution if affinity else None
+    allowed: set[str] = set()
+    for term in (required.node_selector_terms if required else None) or []:
+        for expr in term.match_expressions or []:
+            if expr.key == naming.NODE_CAPACITY_TYPE and expr.operator == "In":
+                allowed |= set(expr.values or [])
+    return allowed or None
+
+
+def _model_pods(core: client.CoreV1Api, **kwargs) -> list[client.V1Pod]:
+    """Live pods serving a model (labelled tideplane.io/model): other apps' pods neither grow a pool nor keep a node."""
+    pods = core.list_pod_for_all_namespaces(label_selector=naming.LABEL_MODEL, _request_timeout=API_TIMEOUT, **kwargs).items
+    return [p for p in pods if p.metadata.deletion_timestamp is None and (p.status.phase if p.status else None) not in _DONE]
+
+
+class NodePoolActivities(contract.NodePoolActivities):
+    """The node layer's activities, over the worker's Kubernetes and AWS (Auto Scaling) clients."""
+
+    def __init__(self, kube: KubeClient, aws: AwsClient) -> None:
+        self.kube = kube
+        self.aws = aws
+
+    @activity.defn(name=contract.OBSERVE_NODE_POOL)
+    def observe_node_pool(self, req: PoolRef) -> PoolObservation:
+        group = self.aws.auto_scaling_group(req.pool)
+        core = self.kube.core
+        pods = _model_pods(core)
+        on_node: dict[str, list[client.V1Pod]] = {}
+        for p in pods:
+            if p.spec.node_name:
+                on_node.setdefault(p.spec.node_name, []).append(p)
+        nodes = []
+        memory = []
+        for n in core.list_node(label_selector=f"{naming.NODE_POOL}={req.pool}", _request_timeout=API_TIMEOUT).items:
+            allocatable = int((n.status.allocatable or {}).get(naming.GPU_RESOURCE, 0)) if n.status else 0
+            held = sum(_gpus(p) for p in on_node.get(n.metadata.name, []))
+            # Model pods hold whole GPUs; without the feature-discovery label every GPU counts as the default size.
+            memory_gib = int((n.metadata.labels or {}).get(GPU_MEMORY_LABEL, 0)) / 1024 or DEFAULT_GPU_MEMORY_GIB
+            memory.append(memory_gib)
+            nodes.append(
+                Node(
+                    name=n.metadata.name,
+                    pool=req.pool,
+                    capacity_type=(n.metadata.labels or {}).get(naming.NODE_CAPACITY_TYPE, req.capacity_type),
+                    gpus=[Gpu(index=i, free_gib=0 if i < held else memory_gib, allocated=i < held) for i in range(allocatable)],
+                    replicas=len(on_node.get(n.metadata.name, [])),
+                    schedulable=not n.spec.unschedulable,
+                )
+            )
+        pending = []
+        for p in pods:
+            if p.spec.node_name or not unschedulable(p):
+                continue
+            types = _capacity_types(p)
+            if (types is None and req.takes_unconstrained) or (types is not None and req.capacity_type in types):
+                pending.append(p)
+        return PoolObservation(
+            nodes=sorted(nodes, key=lambda n: n.name),
+            pending_gpus=sum(_gpus(p) for p in pending),
+            pending_pods=sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in pending),
+            pending=sorted(
+                (
+                    PendingReplica(
+                        pod=f"{p.metadata.namespace}/{p.metadata.name}", model=p.metadata.labels[naming.LABEL_MODEL], gpus=_gpus(p)
+                    )
+                    for p in pending
+                    if _gpus(p) > 0
+                ),
+                key=lambda r: r.pod,
+            ),
+            gpu_memory_gib=max(memory, default=DEFAULT_GPU_MEMORY_GIB),
+            desired_capacity=group["DesiredCapacity"],
+            max_size=group["MaxSize"],
+        )
+
+    @activity.defn(name=contract.SET_POOL_CAPACITY)
+    def set_pool_capacity(self, req: SetCapacityInput) -> None:
+        group = self.aws.auto_scaling_group(req.pool)
+        if req.desired > group["MaxSize"]:
+            raise ApplicationError(f"pool {req.pool}: {req.desired} nodes exceeds the group's MaxSize {group['MaxSize']}", non_retryable=True)
+        if group["DesiredCapacity"] != req.desired:
+            self.aws.set_desired_capacity(req.pool, req.desired)
+
+    def _cordon(self, node: str, cordoned: bool) -> None:
+        try:
+            self.kube.core.patch_node(node, {"spec": {"unschedulable": cordoned}}, _request_timeout=API_TIMEOUT)
+        except ApiException as exc:
+            fail(exc, f"cordon node {node}")
+
+    @activity.defn(name=contract.REMOVE_POOL_NODE)
+    def remove_pool_node(self, req: RemoveNodeInput) -> RemoveNodeResult:
+        node = read_or_none(self.kube.core.read_node, req.node)
+        if node is None:
+            return RemoveNodeResult(removed=True, reason=f"node {req.node} already gone")
+        if (node.metadata.labels or {}).get(naming.NODE_POOL) != req.pool:
+            raise ApplicationError(f"node {req.node} is not in pool {req.pool}", non_retryable=True)
+        self._cordon(req.node, True)
+        busy = _model_pods(self.kube.core, field_selector=f"spec.nodeName={req.node}")
+        if busy:
+            self._cordon(req.node, False)
+            return RemoveNodeResult(removed=False, reason=f"node {req.node} runs {len(busy)} model pod(s): kept")
+        instance = (node.spec.provider_id or "").rsplit("/", 1)[-1]
+        if not instance.startswith("i-"):
+            raise ApplicationError(f"node {req.node} has no EC2 providerID ({node.spec.provider_id!r})", non_retryable=True)
+        self.aws.terminate_group_instance(instance)  # False: already gone or terminating (a retried call)
+        return RemoveNodeResult(removed=True, reason=f"node {req.node} ({instance}) drained and terminated")
+

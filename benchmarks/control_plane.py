@@ -1,8 +1,7 @@
 """Control-plane benchmark: N ReactiveScaling loops on a local Temporal dev server.
 
 The real ReactiveScaling workflow runs against stub activities registered under the contract's
-names (get_scale, read_scaling_signals, scale_version; the real in-process
-record_scaling_decision metric activity), which answer from memory: queue spikes
+names (get_scale, read_scaling_signals, scale_version), which answer from memory: queue spikes
 every tenth decision, so each loop scales up and, after its window and cooldown, back down.
 Loops start spread over one interval (as deployments created over time would be). Over
 ``duration_s`` of wall time the bench samples, from /proc (no psutil): the CPU and resident
@@ -30,12 +29,11 @@ from temporalio.worker import Worker
 from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
 from infra.sandbox.ports import free_port
-from workers.telemetry import record_scaling_decision
-from workflows import scaling_activities as acts
+from workflows.scaling import activities as acts
 from workflows import search_attributes
-from workflows.rollout_activities import SCALE_VERSION, ScaleVersionInput
-from workflows.scaling import ScalingPolicy, Signals
-from workflows.scaling_workflow import ReactiveScaling, ScalingInput
+from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
+from workflows.scaling.decide import ScalingPolicy, Signals
+from workflows.scaling.loop import ReactiveScaling, ScalingInput
 
 TASK_QUEUE = "tideplane-bench-control-plane"
 COLUMNS = [
@@ -135,7 +133,7 @@ async def _measure(client: Client, server_pid: int | None, loops: int, duration_
         client,
         task_queue=TASK_QUEUE,
         workflows=[ReactiveScaling],
-        activities=[*fleet.activities(), record_scaling_decision],
+        activities=fleet.activities(),
         max_concurrent_workflow_tasks=200,
         max_concurrent_activities=400,
     ):

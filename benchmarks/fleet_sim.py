@@ -6,7 +6,7 @@ front of one FIFO queue (fluid: a step's backlog waits ``backlog / service rate`
 ordered at t serves from ``t + cold_start_s`` (node boot + weight load + warm-up) and is paid
 for from t. Controllers see the fleet only as Prometheus would: gauges sampled every
 ``scrape_s``, rates and the TTFT p99 over a ``rate_window_s`` window, handed to them as the
-same ``workflows.scaling.Signals`` the ReactiveScaling workflow reads.
+same ``workflows.scaling.decide.Signals`` the ReactiveScaling workflow reads.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from workflows.scaling import Signals
+from workflows.scaling.decide import Signals
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ from zoneinfo import ZoneInfo
 
 from benchmarks import traces
 from benchmarks.fleet_sim import FleetConfig, Result, quantile, replicas_for, simulate
-from workflows.prewarm import prewarm_floor, slot_key
-from workflows.scaling import ScalerState, ScalingPolicy, Signals, decide
-from workflows.schedule_floors import DeploymentFloors, PrewarmSpec, floor_at
+from workflows.scaling.prewarm import prewarm_floor, slot_key
+from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide
+from workflows.scaling.floors import DeploymentFloors, PrewarmSpec, floor_at
 
 DEFAULT_START = "2025-01-06T00:00:00+00:00"  # ServeGen gives offsets only: t=0 is taken as a Monday 00:00 UTC
 T0 = datetime.fromisoformat(DEFAULT_START)

@@ -3,7 +3,7 @@
 - on-demand: ``target`` replicas on demand at the cheapest on-demand price in the trace;
 - spot-only: ``target`` spot replicas in the cheapest zone that is up; when it is preempted the
   fleet relaunches in the next cheapest zone that is up, with no on-demand to bridge the gap;
-- tideplane: ``workflows.spot_policy`` as the failover workflows use it: ``plan_mix`` (spot
+- tideplane: ``workflows.spot.policy`` as the failover workflows use it: ``plan_mix`` (spot
   over-provisioned across the zones with the lowest expected cost per available replica + an
   on-demand base, from each zone's recent preemption rate, floored at ``MIN_PREEMPTION_RATE``),
   ``fallback_on_demand`` the moment Ready spot falls short, and ``return_to_spot`` after
@@ -23,7 +23,7 @@ from pathlib import Path
 from benchmarks import traces
 from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
-from workflows.spot_policy import (
+from workflows.spot.policy import (
     MIN_PREEMPTION_RATE,
     ZoneMarket,
     fallback_on_demand,

@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import Runtime
 from temporalio.testing import WorkflowEnvironment
 
 from infra.sandbox.ports import free_port, wait_for_port
@@ -48,17 +51,14 @@ def moto_url():
         proc.wait(10)
 
 
-@pytest.fixture(scope="module")
-async def time_skipping_env():
-    """Temporal's time-skipping test server with tideplane's search attributes registered.
-
-    One per test module: the server skips time only while nothing is outstanding, so a
-    workflow another module left running (a scaling loop without its worker) must not stall
-    the next module's clock.
-    """
+@asynccontextmanager
+async def time_skipping(runtime: Runtime | None = None) -> AsyncIterator[WorkflowEnvironment]:
+    """Temporal's time-skipping test server with tideplane's search attributes registered;
+    ``runtime``: e.g. one whose metrics go to a MetricBuffer the test reads."""
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(BIN / "temporal-test-server"),
         data_converter=pydantic_data_converter,
+        runtime=runtime,
     )
     from temporalio.api.enums.v1 import IndexedValueType
     from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
@@ -74,5 +74,19 @@ async def time_skipping_env():
         yield env
     finally:
         await env.shutdown()
+
+
+@pytest.fixture(scope="module")
+async def time_skipping_env():
+    """Temporal's time-skipping test server with tideplane's search attributes registered.
+
+    One per test module: the server skips time only while nothing is outstanding, so a
+    workflow another module left running (a scaling loop without its worker) must not stall
+    the next module's clock.
+    """
+    async with time_skipping() as env:
+        yield env
+
+
 from tests.sandbox_fixtures import _reset_sandbox_after_module, sandbox, sandbox_env  # noqa: E402,F401  (the whole sandbox, session-scoped)
 from tests.kube_fixtures import *  # noqa: E402,F401,F403 - Kubernetes API emulator fixtures

@@ -1,6 +1,9 @@
 """The ``tideplane`` command: the local sandbox, the worker and the demo.
 
 Workflows are started and steered with the ``temporal`` CLI; this covers what it cannot do.
+The sandbox, demo and bench commands import their modules inside the command, so the worker
+image (infra/k8s/Containerfile), which holds neither the sandbox nor the benchmarks, runs
+``tideplane worker`` (tests/unit/test_image.py builds that file set and proves it).
 """
 
 from __future__ import annotations
@@ -11,19 +14,19 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
-from benchmarks.cli import add_bench_commands
-from infra.grafana import import_help
-from infra.sandbox.config import DEFAULT_CONFIG, SandboxConfigError
-from infra.sandbox.launcher import DEFAULT_STATE_DIR, Sandbox, SandboxError
+import temporalio.runtime
+
 from workers.config import SettingsError
+from workers.cost_cli import add_cost_commands
 from workers.registry_cli import add_registry_commands
 from workers.schedules import add_schedules_commands
 
 
 def _sandbox_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-dir", type=Path, default=Path(os.environ.get("TIDEPLANE_SANDBOX_DIR", DEFAULT_STATE_DIR)), help="where env, kubeconfig, pids and logs go (default %(default)s)")
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="sandbox config: node pools, profiles, demand")
+    parser.add_argument("--state-dir", type=Path, default=None, help="where env, kubeconfig, pids and logs go (default $TIDEPLANE_SANDBOX_DIR, else .tideplane/sandbox)")
+    parser.add_argument("--config", type=Path, default=None, help="sandbox config: node pools, profiles, demand (default infra/sandbox/sandbox.yaml)")
     parser.add_argument("--time-scale", type=float, default=None, help="sandbox seconds per real second (overrides the config)")
 
 
@@ -31,25 +34,59 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tideplane", description="Control plane for LLM inference fleets on Kubernetes GPU clusters.")
     commands = parser.add_subparsers(dest="command", required=True)
     sandbox = commands.add_parser("sandbox", help="the local GPU-cluster sandbox")
-    sandbox.add_argument("action", choices=("up", "down", "status", "spot-interrupt"))
-    sandbox.add_argument("node", nargs="?", help="spot-interrupt: the node whose instance EC2 reclaims")
-    sandbox.add_argument("--rebalance", action="store_true", help="spot-interrupt: send a rebalance recommendation only (no termination)")
-    _sandbox_options(sandbox)
+    actions = sandbox.add_subparsers(dest="action", required=True)
+    for action, what in (("up", "start it in the background"), ("down", "stop what `up` started, and the worker"), ("status", "each component, up or down")):
+        _sandbox_options(actions.add_parser(action, help=what))
+    spot = actions.add_parser("spot-interrupt", help="EC2 reclaiming a spot node's instance: the notice, then the termination")
+    spot.add_argument("node", help="the spot node whose instance EC2 reclaims")
+    spot.add_argument("--rebalance", action="store_true", help="send a rebalance recommendation only (no termination)")
+    _sandbox_options(spot)
     commands.add_parser("worker", help="run the Temporal worker (settings from TIDEPLANE_* / the sandbox env file)")
     demo = commands.add_parser("demo", help="start the sandbox and the worker, then run the demo story")
     _sandbox_options(demo)
     add_registry_commands(commands)
     add_schedules_commands(commands)
-    add_bench_commands(commands)
+    add_cost_commands(commands)
+    # Parsed by benchmarks.cli inside _bench: numpy, matplotlib and the simulators load only when asked for.
+    bench = commands.add_parser("bench", help="benchmarks on real traces (tideplane bench --help)", add_help=False)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     return parser
 
 
+def _bench(argv: list[str]) -> int:
+    from benchmarks.cli import add_bench_commands
+
+    parser = argparse.ArgumentParser(prog="tideplane")
+    add_bench_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", *argv])
+    return args.func(args)
+
+
+def _with_sandbox(args: argparse.Namespace) -> int:
+    """``sandbox`` and ``demo``: the sandbox's defaults and errors, loaded only for these commands."""
+    from infra.sandbox.config import DEFAULT_CONFIG, SandboxConfigError
+    from infra.sandbox.launcher import DEFAULT_STATE_DIR
+
+    args.state_dir = args.state_dir or Path(os.environ.get("TIDEPLANE_SANDBOX_DIR", DEFAULT_STATE_DIR))
+    args.config = args.config or DEFAULT_CONFIG
+    try:
+        if args.command == "demo":
+            from workers.demo import run
+
+            return run(args.state_dir, args.config, args.time_scale)
+        return _sandbox(args)
+    except SandboxConfigError as exc:  # a ValueError; SandboxError is a RuntimeError, answered in main
+        print(f"tideplane: {exc}", file=sys.stderr)
+        return 2
+
+
 def _sandbox(args: argparse.Namespace) -> int:
+    from infra.grafana import import_help
+    from infra.sandbox.launcher import Sandbox
+
     if args.action == "spot-interrupt":
         from infra.sandbox.spot import spot_interrupt_running
 
-        if not args.node:
-            raise SystemExit("usage: tideplane sandbox spot-interrupt NODE [--rebalance]")
         done = spot_interrupt_running(args.state_dir, args.node, rebalance=args.rebalance)
         print(f"{done.kind} sent for {done.instance_id} (node {done.node})" + ("; instance terminated" if done.terminated else ""))
         return 0
@@ -74,27 +111,71 @@ def _sandbox(args: argparse.Namespace) -> int:
     return 0 if all(entry["up"] for entry in status.values()) else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+# HTTP and cloud client libraries log every request (httpx "HTTP Request: ...") or credential lookup
+# at INFO: in the worker's log they drowned tideplane's own lines. Their warnings still show.
+QUIET_LOGGERS = ("httpx", "httpcore", "urllib3", "kubernetes", "botocore", "boto3", "s3transfer")
+
+
+def configure_logging() -> None:
+    """INFO for tideplane (and the Temporal SDK), WARNING for the HTTP and cloud clients."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("botocore").setLevel(logging.WARNING)  # "Found credentials" on every client
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _temporal_runtime_started() -> bool:
+    """True once this process connected a Temporal client on the SDK's default runtime."""
+    ref = getattr(temporalio.runtime, "_runtime_ref", None)
+    return getattr(ref, "_default_runtime", None) is not None
+
+
+def _leave(code: int) -> NoReturn:
+    """End a one-shot command that used Temporal without interpreter teardown.
+
+    The Temporal client's Rust (tokio) threads outlive the event loop; when CPython finalizes
+    while one of them calls back into Python, it aborts with rc 134 "Fatal Python error:
+    PyGILState_Release" after the output was printed (temporalio/sdk-python#300). The command's
+    work is done and its output flushed here, so nothing is lost by skipping the teardown.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`): nothing left to write to
+            pass
+    logging.shutdown()
+    os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``tideplane`` entry point. A one-shot command that opened a Temporal client exits
+    through ``_leave``; the worker returns normally after its graceful shutdown."""
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    configure_logging()
+    code = _dispatch(args, unknown)
+    if args.command != "worker" and _temporal_runtime_started():
+        _leave(code)
+    return code
+
+
+def _dispatch(args: argparse.Namespace, unknown: list[str]) -> int:
     try:
-        if args.command == "sandbox":
-            return _sandbox(args)
+        if args.command in ("sandbox", "demo"):
+            return _with_sandbox(args)
+        if args.command == "bench":
+            return _bench(unknown + args.bench_args)  # `bench -h` leaves -h in unknown
         if args.command == "worker":
             from workers.worker import run_worker
 
             asyncio.run(run_worker())
             return 0
-        if args.command == "demo":
-            from workers.demo import run
-
-            return run(args.state_dir, args.config, args.time_scale)
         return args.func(args)
-    except (SandboxConfigError, SettingsError) as exc:
+    except SettingsError as exc:
         print(f"tideplane: {exc}", file=sys.stderr)
         return 2
-    except (SandboxError, RuntimeError) as exc:
+    except RuntimeError as exc:
         print(f"tideplane: {exc}", file=sys.stderr)
         return 1
 

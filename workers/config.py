@@ -12,9 +12,10 @@ import base64
 import binascii
 import functools
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, ValidationInfo, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def _env(name: str, *fallbacks: str) -> AliasChoices:
@@ -57,6 +58,11 @@ class Settings(BaseSettings):
     aws_endpoint_url: str | None = Field(None, validation_alias=_env("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL"))
     aws_region: str = Field("us-east-1", validation_alias=_env("AWS_REGION", "AWS_DEFAULT_REGION"))
     weights_bucket: str = Field("tideplane-models", validation_alias=_env("WEIGHTS_BUCKET"))
+    # Buckets weights may come from (comma-separated): a rollout's weights_uri, a registered
+    # s3:// source and retention's deletes are refused elsewhere. Unset: the weights bucket only.
+    weights_buckets: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, validate_default=True, validation_alias=_env("WEIGHTS_BUCKETS")
+    )
     spot_queue_url: str | None = Field(None, validation_alias=_env("SPOT_QUEUE_URL"))
 
     # Prometheus
@@ -76,8 +82,13 @@ class Settings(BaseSettings):
         validation_alias=_env("SERVICE_URL_TEMPLATE"),
     )
 
-    # The worker's own /metrics port (0 disables it).
+    # The worker's own /metrics port (0 disables it) and the address it binds: every interface by
+    # default, so Prometheus reaches the pod; the sandbox binds 127.0.0.1.
     metrics_port: int = Field(9464, ge=0, le=65535, validation_alias=_env("METRICS_PORT"))
+    metrics_host: str = Field("0.0.0.0", min_length=1, validation_alias=_env("METRICS_HOST"))
+    # Where the worker writes its pid while it runs (the sandbox's env file sets it, so
+    # `tideplane sandbox status` and `down` find a worker however it was started); unset: none.
+    pid_file: Path | None = Field(None, validation_alias=_env("PID_FILE"))
 
     # Per-request tracing in the serving pods (vLLM's OpenTelemetry export); no endpoint: off.
     otlp_traces_endpoint: str | None = Field(
@@ -124,6 +135,18 @@ class Settings(BaseSettings):
                 if len(key) != 32:
                     raise ValueError(f"an AES-256 key is 32 bytes, this one decodes to {len(key)} (value not shown)")
         return value
+
+    @field_validator("weights_buckets", mode="before")
+    @classmethod
+    def _bucket_list(cls, value: str | list[str]) -> list[str]:
+        return [b.strip() for b in value.split(",") if b.strip()] if isinstance(value, str) else value
+
+    @field_validator("weights_buckets")
+    @classmethod
+    def _with_weights_bucket(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        """The registry's own bucket is always allowed (its weights are uploaded there)."""
+        own = info.data.get("weights_bucket")
+        return value if own is None or own in value else [own, *value]
 
     @field_validator("prometheus_url", "aws_endpoint_url")
     @classmethod

@@ -20,7 +20,6 @@ from kubernetes import client
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
-from activities.registry import Registry
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.kubeclient import api_client, raw
@@ -37,7 +36,7 @@ from workflows.naming import (
     rollout_workflow_id,
     split_deployment,
 )
-from workflows.rollout_types import RolloutResult, RolloutStatus
+from workflows.rollout.types import RolloutResult, RolloutStatus
 
 WORKER_GRACE_SECONDS = 3.0
 
@@ -169,7 +168,7 @@ def story(sandbox: Sandbox) -> None:
 
     namespace, _ = split_deployment(DEMO_DEPLOYMENT)
     _fresh_namespace(core, namespace)
-    registry = Registry.from_settings()
+    registry = registry_cli.open_registry(settings())
     print(f"\nRegistering {DEMO_MODEL} {', '.join(v for v, _, _ in RELEASES)} in the model registry (S3) and declaring how each behaves")
     for version, profile, _ in RELEASES:
         registry.register(DEMO_MODEL, version, str(_weights(sandbox, version)), image=DEMO_IMAGE)
@@ -200,7 +199,7 @@ def run(state_dir: Path, config_path: Path, time_scale: float | None) -> int:
     urls = sandbox.urls()
     print(
         f"\nTemporal web UI:  {urls['temporal-ui']}\n"
-        f"Prometheus:       {urls['prometheus']}\n"
+        f"Prometheus:       {urls['prometheus']}   (alerts: {urls['prometheus']}/classic/alerts)\n"
         f"Explore:          source {sandbox.env_file}; temporal workflow list; kubectl get nodes\n"
         f"Stop everything:  make down   (or: .venv/bin/tideplane sandbox down)"
     )

@@ -1,7 +1,9 @@
 """``tideplane registry ...``: register, list, show, deprecate, run or schedule retention.
 
 workers/cli.py wires these in with ``add_registry_commands(subparsers)``; every subcommand sets
-``func(args) -> int``. ``python -m workers.registry_cli ...`` runs them on their own.
+``func(args, settings=None) -> int`` (settings read from the environment once when not given).
+``python -m workers.registry_cli ...`` runs them on their own. The registry itself is
+``activities.registry.Registry``, the same store the worker's activities use.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import asyncio
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 
 from temporalio.client import (
     Client,
@@ -22,21 +25,24 @@ from temporalio.client import (
     ScheduleUpdate,
 )
 
+from activities.clients.s3 import S3Client
 from activities.registry import Registry, RegistryError
-from workers.config import settings
 from workers.client import connect
-from workflows.registry_types import parse_quantization, parse_ref
-from workflows.retention import RETENTION_WORKFLOW, RETENTION_WORKFLOW_ID, RetentionInput, RetentionResult, render_plan
+from workers.config import Settings, load_settings
+from workers.progress import ProgressLine, size
+from workers.wording import counted
+from workflows.naming import RETENTION_SCHEDULE_ID, RETENTION_WORKFLOW_ID
+from workflows.registry.retention import RegistryRetention, RetentionInput, RetentionResult, render_plan
+from workflows.registry.schema import ANY_DEPLOYMENT, parse_quantization, parse_ref
 
-RETENTION_SCHEDULE_ID = "registry-retention-daily"
 
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
+def open_registry(settings: Settings) -> Registry:
+    """The registry in the configured weights bucket."""
+    return Registry(
+        S3Client(settings.aws_endpoint_url, settings.aws_region),
+        settings.weights_bucket,
+        allowed_buckets=settings.weights_buckets,
+    )
 
 
 def _status(status) -> str:
@@ -57,33 +63,51 @@ def _ref(text: str, need_version: bool) -> tuple[str, str | None]:
     return model, version
 
 
-def cmd_register(args) -> int:
+def cmd_register(args, settings: Settings) -> int:
     model, version = _ref(args.ref, need_version=True)
     try:
         quant = parse_quantization(args.quantization)
     except ValueError as exc:
         raise SystemExit(f"error: --quantization: {exc}") from None
-    manifest = Registry.from_settings().register(model, version, args.source, quant, args.image)
-    print(f"registered {manifest.ref}: {len(manifest.weights.files)} files, {_size(manifest.weights.size_bytes)}")
+    progress = ProgressLine(f"register {args.ref}", _register_bytes(args.source))
+    try:
+        manifest = open_registry(settings).register(model, version, args.source, quant, args.image, progress=progress)
+    finally:
+        progress.close()
+    print(f"registered {manifest.ref}: {counted(len(manifest.weights.files), 'file')}, {size(manifest.weights.size_bytes)}")
     print(f"  location {manifest.weights.location}\n  digest   {manifest.weights.digest}")
     return 0
 
 
-def cmd_list(args) -> int:
-    versions = Registry.from_settings().list_versions([args.model] if args.model else None)
+def _register_bytes(source: str) -> int | None:
+    """What a register reads: local files twice (checksum, then upload); s3:// sizes are unknown upfront."""
+    root = Path(source)
+    if source.startswith("s3://") or not root.exists():
+        return None
+    files = [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else [root]
+    return 2 * sum(p.stat().st_size for p in files)
+
+
+def cmd_list(args, settings: Settings) -> int:
+    versions = open_registry(settings).list_versions([args.model] if args.model else None)
     print(f"{'MODEL':24} {'VERSION':16} {'SIZE':>10} {'QUANT':12} STATUS")
     for v in versions:
         gone = " (weights deleted)" if v.weights_deleted_at else ""
-        print(f"{v.model:24} {v.version:16} {_size(v.size_bytes):>10} {v.quantization:12} {_status(v.status)}{gone}")
+        where = "; ".join(
+            f"{s.state}{f' {s.percent}%' if s.state == 'canary' else ''} on {d}"
+            for d, s in sorted(v.deployments.items()) if d != ANY_DEPLOYMENT
+        )
+        where = f" ({where})" if where else ""
+        print(f"{v.model:24} {v.version:16} {size(v.size_bytes):>10} {v.quantization:12} {_status(v.status)}{where}{gone}")
     return 0
 
 
-def cmd_show(args) -> int:
+def cmd_show(args, settings: Settings) -> int:
     model, version = _ref(args.ref, need_version=False)
-    registry = Registry.from_settings()
+    registry = open_registry(settings)
     if version is None:
         args.model = model
-        return cmd_list(args)
+        return cmd_list(args, settings)
     manifest = registry.resolve(model, version, verify=True) if args.verify else registry.show(model, version)
     print(manifest.model_dump_json(indent=2))
     if args.verify:
@@ -91,9 +115,9 @@ def cmd_show(args) -> int:
     return 0
 
 
-def cmd_deprecate(args) -> int:
+def cmd_deprecate(args, settings: Settings) -> int:
     model, version = _ref(args.ref, need_version=True)
-    manifest = Registry.from_settings().deprecate(model, version, args.reason)
+    manifest = open_registry(settings).deprecate(model, version, args.reason)
     print(f"{manifest.ref}: {_status(manifest.status)}")
     return 0
 
@@ -102,7 +126,7 @@ def retention_schedule(task_queue: str, hour: int = 3, minute: int = 0) -> Sched
     """Daily RegistryRetention; a run still going when the next is due makes the next skip."""
     return Schedule(
         action=ScheduleActionStartWorkflow(
-            RETENTION_WORKFLOW, RetentionInput(), id=RETENTION_WORKFLOW_ID, task_queue=task_queue
+            RegistryRetention.run, RetentionInput(), id=RETENTION_WORKFLOW_ID, task_queue=task_queue
         ),
         spec=ScheduleSpec(cron_expressions=[f"{minute} {hour} * * *"]),
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
@@ -120,38 +144,37 @@ async def ensure_retention_schedule(client: Client, task_queue: str, hour: int =
         return "updated"
 
 
-def cmd_schedule(args) -> int:
+def cmd_schedule(args, settings: Settings) -> int:
     async def run() -> str:
-        return await ensure_retention_schedule(await connect(settings()), settings().task_queue, args.hour, args.minute)
+        return await ensure_retention_schedule(await connect(settings), settings.task_queue, args.hour, args.minute)
 
     outcome = asyncio.run(run())
     print(f"schedule {RETENTION_SCHEDULE_ID} {outcome}: RegistryRetention daily at {args.hour:02d}:{args.minute:02d} UTC")
     return 0
 
 
-def cmd_retention(args) -> int:
+def cmd_retention(args, settings: Settings) -> int:
     req = RetentionInput(dry_run=args.dry_run, deprecated_days=args.deprecated_days, rollback_days=args.rollback_days)
 
     async def run() -> RetentionResult:
-        client = await connect(settings())
+        client = await connect(settings)
         workflow_id = f"{RETENTION_WORKFLOW_ID}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}"
-        return await client.execute_workflow(
-            RETENTION_WORKFLOW, req, id=workflow_id, task_queue=settings().task_queue, result_type=RetentionResult
-        )
+        return await client.execute_workflow(RegistryRetention.run, req, id=workflow_id, task_queue=settings.task_queue)
 
     result = asyncio.run(run())
     print(render_plan(sorted([*result.deleted, *result.kept], key=lambda d: (d.model, d.version)), result.dry_run))
     verb = "would free" if result.dry_run else "freed"
-    print(f"\n{len(result.deleted)} deleted, {len(result.kept)} kept, {verb} {_size(result.freed_bytes)}")
+    print(f"\n{len(result.deleted)} deleted, {len(result.kept)} kept, {verb} {size(result.freed_bytes)}")
     return 0
 
 
 def _guard(func):
-    """Registry errors (unknown version, checksum mismatch...) exit 1 with the message."""
+    """Settings read once (unless given); registry errors (unknown version, checksum mismatch...)
+    exit 1 with the message."""
 
-    def run(args) -> int:
+    def run(args, settings: Settings | None = None) -> int:
         try:
-            return func(args)
+            return func(args, settings or load_settings())
         except RegistryError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -197,11 +220,11 @@ def add_registry_commands(subparsers) -> None:
     p.set_defaults(func=_guard(cmd_schedule))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, settings: Settings | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tideplane")
     add_registry_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args)
+    return args.func(args, settings)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,24 @@
-"""``tideplane schedules apply FILE`` / ``tideplane schedules list``: floor profiles as Temporal Schedules.
+"""``tideplane schedules apply FILE`` / ``delete DEPLOYMENT`` / ``list``: floor profiles as Temporal Schedules.
 
 Each floor entry of the file becomes one Schedule (calendar spec in the profile's time zone,
 overlap SKIP) whose action starts ScheduleFloor, which sets the floor of the deployment's
-ReactiveScaling loop; a ``prewarm`` block becomes a Schedule of PredictivePrewarm. Applying is
-declarative and idempotent: schedules are created or updated in place, and this deployment's
-schedules that the file no longer declares are deleted.
+ReactiveScaling loop; a ``prewarm`` block becomes a Schedule of PredictivePrewarm. Applying
+reconciles: the file declares every floor and pre-warm schedule of the Temporal namespace, so
+schedules are created, updated in place, left alone when unchanged (a fingerprint of what the file
+declares rides in the action's memo), and tideplane's schedules the file does not declare are
+deleted. ``tideplane schedules delete DEPLOYMENT`` removes one deployment's.
 
 workers/cli.py wires these in with ``add_schedules_commands(subparsers)``; each subcommand sets
-``func(args) -> int``. ``python -m workers.schedules ...`` runs them on their own.
+``func(args, settings=None) -> int`` (settings read from the environment once when not given).
+``python -m workers.schedules ...`` runs them on their own.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import hashlib
 import json
 import sys
 from datetime import timedelta
@@ -33,18 +38,20 @@ from temporalio.client import (
     ScheduleRange,
     ScheduleSpec,
     ScheduleUpdate,
+    ScheduleUpdateInput,
 )
+from temporalio.service import RPCError, RPCStatusCode
 
 from workers.client import connect
-from workers.config import settings
-from workflows.naming import split_deployment
-from workflows.schedule_floors import FloorEntry, ScheduleFile
-from workflows.scaling_workflow import PredictivePrewarm, PrewarmInput, ScheduleFloor, ScheduleFloorInput
+from workers.config import Settings, load_settings
+from workflows import naming
+from workflows.scaling.floors import FloorEntry, ScheduleFile, ScheduleFloor, ScheduleFloorInput
+from workflows.scaling.prewarm import PredictivePrewarm, PrewarmInput
 
-FLOOR_PREFIX = "floor"
-PREWARM_PREFIX = "prewarm"
 # A floor missed while the server or worker was down still applies if caught up within this.
 CATCHUP = timedelta(hours=1)
+# Memo key of a schedule's action: the fingerprint of what the file declared for it.
+SPEC_MEMO = "tideplane_spec"
 
 
 class ScheduleFileError(ValueError):
@@ -84,9 +91,11 @@ def floor_spec(entry: FloorEntry, time_zone: str) -> ScheduleSpec:
     return ScheduleSpec(calendars=[calendar], time_zone_name=time_zone)
 
 
-def _prefix(kind: str, deployment: str) -> str:
-    namespace, name = split_deployment(deployment)
-    return f"{kind}/{namespace}/{name}"
+def _fingerprinted(schedule: Schedule) -> Schedule:
+    """``schedule`` with the digest of its declaration in its action's memo, for "unchanged"."""
+    digest = hashlib.sha256(repr(schedule).encode()).hexdigest()[:16]
+    schedule.action.memo = {SPEC_MEMO: digest}
+    return schedule
 
 
 def desired_schedules(file: ScheduleFile, task_queue: str) -> dict[str, Schedule]:
@@ -95,22 +104,22 @@ def desired_schedules(file: ScheduleFile, task_queue: str) -> dict[str, Schedule
     for item in file.schedules:
         tz = file.zone_of(item)
         for entry in item.floors:
-            sid = f"{_prefix(FLOOR_PREFIX, item.deployment)}/{entry.key}"
-            out[sid] = Schedule(
+            sid = naming.floor_schedule_id(item.deployment, entry.key)
+            out[sid] = _fingerprinted(Schedule(
                 action=ScheduleActionStartWorkflow(
                     ScheduleFloor.run,
                     ScheduleFloorInput(deployment=item.deployment, replicas=entry.replicas),
-                    id=f"{sid}/run",
+                    id=naming.scheduled_workflow_id(sid),
                     task_queue=task_queue,
                     static_summary=f"floor {entry.replicas} for {item.deployment} ({entry.at} {tz})",
                 ),
                 spec=floor_spec(entry, tz),
                 policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=CATCHUP),
-            )
+            ))
         if item.prewarm is not None:
             p = item.prewarm
-            sid = _prefix(PREWARM_PREFIX, item.deployment)
-            out[sid] = Schedule(
+            sid = naming.prewarm_schedule_id(item.deployment)
+            out[sid] = _fingerprinted(Schedule(
                 action=ScheduleActionStartWorkflow(
                     PredictivePrewarm.run,
                     PrewarmInput(
@@ -121,7 +130,7 @@ def desired_schedules(file: ScheduleFile, task_queue: str) -> dict[str, Schedule
                         quantile=p.quantile,
                         ttl_seconds=2 * 60 * p.every_minutes,
                     ),
-                    id=f"{sid}/run",
+                    id=naming.scheduled_workflow_id(sid),
                     task_queue=task_queue,
                 ),
                 spec=ScheduleSpec(
@@ -129,7 +138,7 @@ def desired_schedules(file: ScheduleFile, task_queue: str) -> dict[str, Schedule
                     time_zone_name=tz,
                 ),
                 policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=CATCHUP),
-            )
+            ))
     return out
 
 
@@ -137,30 +146,75 @@ async def _ids_with_prefix(client: Client, prefixes: list[str]) -> list[str]:
     return [s.id async for s in await client.list_schedules() if any(s.id.startswith(p + "/") or s.id == p for p in prefixes)]
 
 
+TIDEPLANE_PREFIXES = [naming.FLOOR_SCHEDULE_PREFIX, naming.PREWARM_SCHEDULE_PREFIX]
+
+
+async def _fingerprint(client: Client, description) -> str | None:
+    """The fingerprint an earlier apply stored on a described schedule (None: made another way)."""
+    payload = (getattr(description.schedule.action, "memo", None) or {}).get(SPEC_MEMO)
+    if payload is None:
+        return None
+    (value,) = await client.data_converter.decode([payload], [str])
+    return value
+
+
+async def _delete(client: Client, sid: str) -> bool:
+    """Delete one schedule; False when it was already gone (the list lags behind deletes)."""
+    try:
+        await client.get_schedule_handle(sid).delete()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
+
+
 async def apply(client: Client, file: ScheduleFile, task_queue: str) -> list[tuple[str, str]]:
-    """Create or update every declared schedule, delete the deployment's undeclared ones: (id, outcome)."""
+    """Reconcile tideplane's schedules with the file: (id, created | updated | unchanged | deleted).
+
+    An update keeps the schedule's state (a pause set with the temporal CLI stays).
+    """
     wanted = desired_schedules(file, task_queue)
     outcomes: list[tuple[str, str]] = []
     for sid, schedule in wanted.items():
         try:
             await client.create_schedule(sid, schedule)
             outcomes.append((sid, "created"))
+            continue
         except ScheduleAlreadyRunningError:
-            await client.get_schedule_handle(sid).update(lambda _, s=schedule: ScheduleUpdate(schedule=s))
-            outcomes.append((sid, "updated"))
-    prefixes = [_prefix(kind, item.deployment) for item in file.schedules for kind in (FLOOR_PREFIX, PREWARM_PREFIX)]
-    for sid in await _ids_with_prefix(client, prefixes):
-        if sid not in wanted:
-            await client.get_schedule_handle(sid).delete()
+            pass
+        handle = client.get_schedule_handle(sid)
+        if await _fingerprint(client, await handle.describe()) == schedule.action.memo[SPEC_MEMO]:
+            outcomes.append((sid, "unchanged"))
+            continue
+
+        def keep_state(current: ScheduleUpdateInput, new: Schedule = schedule) -> ScheduleUpdate:
+            return ScheduleUpdate(schedule=dataclasses.replace(new, state=current.description.schedule.state))
+
+        await handle.update(keep_state)
+        outcomes.append((sid, "updated"))
+    for sid in await _ids_with_prefix(client, TIDEPLANE_PREFIXES):
+        if sid not in wanted and await _delete(client, sid):
             outcomes.append((sid, "deleted"))
     return outcomes
+
+
+async def delete_deployment(client: Client, deployment: str) -> list[str]:
+    """Delete every floor and pre-warm schedule of ``deployment``; the IDs deleted."""
+    prefixes = [naming.schedule_prefix(kind, deployment) for kind in TIDEPLANE_PREFIXES]
+    return [sid for sid in await _ids_with_prefix(client, prefixes) if await _delete(client, sid)]
 
 
 async def describe_all(client: Client) -> list[dict]:
     """Every tideplane floor/pre-warm schedule with its action and next run in local time."""
     rows = []
-    for sid in sorted(await _ids_with_prefix(client, [FLOOR_PREFIX, PREWARM_PREFIX])):
-        desc = await client.get_schedule_handle(sid).describe()
+    for sid in sorted(await _ids_with_prefix(client, TIDEPLANE_PREFIXES)):
+        try:
+            desc = await client.get_schedule_handle(sid).describe()
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:  # deleted; the list lags behind
+                continue
+            raise
         spec = desc.schedule.spec
         tz = spec.time_zone_name or "UTC"
         comment = spec.calendars[0].comment if spec.calendars else ""
@@ -177,28 +231,27 @@ async def describe_all(client: Client) -> list[dict]:
     return rows
 
 
-async def _client() -> Client:
-    return await connect(settings())
-
-
-def cmd_apply(args) -> int:
+def cmd_apply(args, settings: Settings | None = None) -> int:
     try:
         file = load_schedule_file(args.file)
     except ScheduleFileError as exc:
         print(f"tideplane: {exc}", file=sys.stderr)
         return 2
+    config = settings or load_settings()
 
     async def run():
-        return await apply(await _client(), file, settings().task_queue)
+        return await apply(await connect(config), file, config.task_queue)
 
     for sid, outcome in asyncio.run(run()):
-        print(f"{outcome:8} {sid}")
+        print(f"{outcome:9} {sid}")
     return 0
 
 
-def cmd_list(args) -> int:
+def cmd_list(args, settings: Settings | None = None) -> int:
+    config = settings or load_settings()
+
     async def run():
-        return await describe_all(await _client())
+        return await describe_all(await connect(config))
 
     rows = asyncio.run(run())
     if args.json:
@@ -210,23 +263,45 @@ def cmd_list(args) -> int:
     return 0
 
 
+def cmd_delete(args, settings: Settings | None = None) -> int:
+    try:
+        naming.split_deployment(args.deployment)
+    except ValueError as exc:
+        print(f"tideplane: {exc}", file=sys.stderr)
+        return 2
+    config = settings or load_settings()
+
+    async def run():
+        return await delete_deployment(await connect(config), args.deployment)
+
+    deleted = asyncio.run(run())
+    for sid in deleted:
+        print(f"{'deleted':9} {sid}")
+    if not deleted:
+        print(f"no floor or pre-warm schedules for {args.deployment}")
+    return 0
+
+
 def add_schedules_commands(subparsers) -> None:
-    """Add ``schedules apply FILE`` and ``schedules list`` to the tideplane CLI's subparsers."""
+    """Add ``schedules apply FILE``, ``schedules delete DEPLOYMENT`` and ``schedules list`` to the tideplane CLI's subparsers."""
     schedules = subparsers.add_parser("schedules", help="time-of-day floors and predictive pre-warm as Temporal Schedules")
     sub = schedules.add_subparsers(dest="schedules_command", required=True)
-    p = sub.add_parser("apply", help="create or update the schedules a YAML/JSON file declares (idempotent)")
+    p = sub.add_parser("apply", help="make tideplane's schedules what a YAML/JSON file declares (creates, updates, deletes the undeclared)")
     p.add_argument("file", type=Path)
     p.set_defaults(func=cmd_apply)
+    p = sub.add_parser("delete", help="delete one deployment's floor and pre-warm schedules")
+    p.add_argument("deployment", help="NAMESPACE/NAME")
+    p.set_defaults(func=cmd_delete)
     p = sub.add_parser("list", help="the floor and pre-warm schedules with their next run")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_list)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, settings: Settings | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tideplane")
     add_schedules_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args)
+    return args.func(args, settings)
 
 
 if __name__ == "__main__":

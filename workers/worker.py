@@ -9,23 +9,48 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from datetime import timedelta
+from pathlib import Path
+from typing import Callable
 
 from pydantic import ValidationError
+from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
-from activities import cloud, cost, gpu, kube, metrics, registry, scaling, serving, spot, storage
+from activities.clients.aws import AwsClient
+from activities.clients.kube import KubeClient
+from activities.clients.prometheus import PrometheusClient
+from activities.clients.s3 import S3Client
+from activities.clients.vllm import VllmClient
+from activities.cost import CostActivities
+from activities.registry import RegistryActivities
+from activities.rollout import RolloutActivities, ServingPods
+from activities.scaling import NodePoolActivities, ScalingActivities
+from activities.spot import SpotActivities, SpotWorkflowStarts
 from workers import telemetry
 from workers.client import connect
-from workers.config import settings
-from workflows import spot as spot_workflows
-from workflows.cost_report import CostReport
-from workflows.node_pool_workflow import NodePoolScaling
-from workflows.retention import RegistryRetention
-from workflows.rollout import ModelRollout
-from workflows.scaling_workflow import PredictivePrewarm, ReactiveScaling, ScheduleFloor
+from workers.config import Settings, settings
+from workflows.spot.reclaim import SpotReclaim
+from workflows.spot.return_to_spot import ReturnToSpot
+from workflows.spot.watcher import SpotInterruptionWatcher
+from workflows.cost.activities import CostActivities as CostContract
+from workflows.cost.report import CostReport
+from workflows.scaling.node_pools import NodePoolScaling
+from workflows.registry.activities import RegistryActivities as RegistryContract
+from workflows.registry.retention import RegistryRetention
+from workflows.rollout.activities import RolloutActivities as RolloutContract
+from workflows.rollout.workflow import ModelRollout
+from workflows.scaling.activities import NodePoolActivities as NodePoolContract
+from workflows.scaling.activities import ScalingActivities as ScalingContract
+from workflows.scaling.floors import ScheduleFloor
+from workflows.scaling.loop import ReactiveScaling
+from workflows.scaling.prewarm import PredictivePrewarm
+from workflows.spot import activities as spot_contract
 
 log = logging.getLogger("tideplane.worker")
 
@@ -37,21 +62,76 @@ WORKFLOWS: list[type] = [
     NodePoolScaling,
     RegistryRetention,
     CostReport,
-    *spot_workflows.WORKFLOWS,
+    SpotInterruptionWatcher,
+    SpotReclaim,
+    ReturnToSpot,
 ]
-ACTIVITIES: list = [
-    *storage.ACTIVITIES,
-    *kube.ACTIVITIES,
-    *serving.ACTIVITIES,
-    *metrics.ACTIVITIES,
-    *registry.ACTIVITIES,
-    *scaling.ACTIVITIES,
-    *cloud.ACTIVITIES,
-    *gpu.ACTIVITIES,
-    *spot.ACTIVITIES,
-    *telemetry.ACTIVITIES,
-    cost.collect_cost_inputs,
-]
+ACTIVITIES: list = []
+
+
+def activity_methods(instance: object, contract: type) -> list[Callable]:
+    """The instance's implementations (bound methods) of every activity its contract class declares."""
+    return [getattr(instance, name) for name, member in vars(contract).items() if callable(member) and not name.startswith("_")]
+
+
+def build_activities(config: Settings) -> list[Callable]:
+    """Every activity this worker runs: the clients built once from ``config`` and passed into
+    the activity classes, whose bound methods are registered (plus the module-level ones)."""
+    kube = KubeClient.connect(config.kubeconfig, config.kube_in_cluster)
+    s3 = S3Client(config.aws_endpoint_url, config.aws_region)
+    prometheus = PrometheusClient(config.prometheus_url)
+    pods = ServingPods(config.model_cache_dir, config.model_cache_pvc, config.otlp_traces_endpoint, config.trace_sample_ratio)
+    rollout = RolloutActivities(
+        kube, s3, prometheus, VllmClient(), pods, config.gateway, config.service_url_template, config.weights_buckets
+    )
+    registry = RegistryActivities(s3, kube, config.weights_bucket, config.weights_buckets)
+    cost = CostActivities(prometheus)
+    aws = AwsClient(config.aws_region, config.aws_endpoint_url)
+    return [
+        *activity_methods(rollout, RolloutContract),
+        *activity_methods(registry, RegistryContract),
+        *activity_methods(cost, CostContract),
+        *activity_methods(ScalingActivities(kube, prometheus), ScalingContract),
+        *activity_methods(NodePoolActivities(kube, aws), NodePoolContract),
+        *activity_methods(SpotActivities(kube, aws, config.spot_queue_url), spot_contract.SpotActivities),
+        *activity_methods(SpotWorkflowStarts(), spot_contract.SpotWorkflowStarts),
+        *ACTIVITIES,
+    ]
+
+
+class MetricsPortUnavailable(RuntimeError):
+    """The metrics endpoint cannot bind: usually another worker holds the port."""
+
+
+def _metrics_runtime(config: Settings) -> Runtime | None:
+    """The runtime serving /metrics on the configured address, None when the port is 0."""
+    if not config.metrics_port:
+        return None
+    try:
+        return telemetry.metrics_runtime(config.metrics_port, config.metrics_host)
+    except ValueError as exc:
+        raise MetricsPortUnavailable(
+            f"cannot serve the worker's metrics on {config.metrics_host}:{config.metrics_port} ({exc}): "
+            "is another worker running? Stop it, or set TIDEPLANE_METRICS_PORT to a free port (0 turns the endpoint off)"
+        ) from None
+
+
+@contextmanager
+def _pid_file(path: Path | None) -> Iterator[None]:
+    """Record this worker's pid in ``path`` while it polls (written once the metrics port is held,
+    so a second worker that fails to start leaves the first one's record alone)."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{os.getpid()}\n")
+    try:
+        yield
+    finally:
+        with suppress(OSError):
+            if path.read_text().strip() == str(os.getpid()):
+                path.unlink()
+
 
 MAX_CONCURRENT_ACTIVITIES = 32
 SHUTDOWN_GRACE = timedelta(seconds=30)  # running activities get this long to finish on SIGTERM
@@ -64,14 +144,14 @@ async def run_worker(stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    endpoint = telemetry.start_metrics_server(config.metrics_port) if config.metrics_port else None
-    client = await connect(config, endpoint.runtime if endpoint else None)
+    runtime = _metrics_runtime(config)
+    client = await connect(config, runtime)
     with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_ACTIVITIES) as executor:
         worker = Worker(
             client,
             task_queue=config.task_queue,
             workflows=WORKFLOWS,
-            activities=ACTIVITIES,
+            activities=build_activities(config),
             activity_executor=executor,
             max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
             graceful_shutdown_timeout=SHUTDOWN_GRACE,
@@ -79,10 +159,9 @@ async def run_worker(stop: asyncio.Event | None = None) -> None:
             workflow_failure_exception_types=[ValidationError],
         )
         async with worker:
-            log.info("worker polling task queue %r on %s (namespace %s)", config.task_queue, config.temporal_address, config.temporal_namespace)
-            await stop.wait()
-            log.info("stopping: finishing running activities")
+            with _pid_file(config.pid_file):
+                log.info("worker polling task queue %r on %s (namespace %s)", config.task_queue, config.temporal_address, config.temporal_namespace)
+                await stop.wait()
+                log.info("stopping: finishing running activities")
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(sig)
-    if endpoint:
-        endpoint.close()

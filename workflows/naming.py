@@ -7,10 +7,11 @@ and Prometheus queries select on can never drift apart.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BaseModel, Field
 
 TASK_QUEUE = "tideplane"
 
@@ -49,14 +50,69 @@ def _checked_deployment(ref: str) -> str:
 DeploymentName = Annotated[str, AfterValidator(_checked_deployment)]
 
 
+# A version is written into the ``app.kubernetes.io/version`` label: it must be a valid label value.
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+# Versions whose object name is the plain slug (dots become hyphens): reversible, so names stay
+# distinct, and the names of every dotted version (``1.3.0`` -> ``chat-v1-3-0``) stay what they were.
+_PLAIN_VERSION = re.compile(r"^[a-z0-9]+(\.[a-z0-9]+)*$")
+_HASH_MARK = "--"  # never in a plain name (no empty dot-separated part), so hashed names cannot collide with one
+
+
+def _checked_version(version: str) -> str:
+    if not _LABEL_VALUE.match(version):
+        raise ValueError(
+            f"version must be a Kubernetes label value (1-63 of A-Z a-z 0-9 - _ ., starting and ending"
+            f" alphanumeric), got {version!r}"
+        )
+    return version
+
+
+# The version field of a workflow input: it becomes a label value and part of object names.
+VersionLabel = Annotated[str, AfterValidator(_checked_version)]
+
+
 def version_slug(version: str) -> str:
     """A version as it may appear in a Kubernetes object name: ``1.3.0+rc1`` -> ``1-3-0-rc1``."""
     return re.sub(r"[^a-z0-9]+", "-", version.lower()).strip("-")
 
 
 def versioned_name(name: str, version: str) -> str:
-    """Name of the Deployment and Service that serve one version of a logical deployment."""
-    return f"{name}-v{version_slug(version)}"[:63].rstrip("-")
+    """Name of the Deployment and Service that serve one version of a logical deployment.
+
+    Injective over versions: a dotted lowercase version keeps its readable name (``chat-v1-3-0``);
+    any other (``1.3.0-rc.1``, ``1.3.0-rc-1``, ``1.3.0-RC1``), or one whose name would pass 63
+    characters, gets the slug cut to fit plus ``--`` and a hash of the exact version, so two
+    versions that differ only in punctuation or case never share (and overwrite) one object.
+    """
+    plain = f"{name}-v{version_slug(version)}"
+    if _PLAIN_VERSION.match(version) and len(plain) <= 63:
+        return plain
+    digest = hashlib.sha256(version.encode()).hexdigest()[:10]
+    return f"{plain[: 63 - len(_HASH_MARK) - len(digest)].rstrip('-')}{_HASH_MARK}{digest}"
+
+
+class DeploymentRef(BaseModel):
+    """One logical deployment (``"llm-serving/chat"``): the one reference type activities take.
+
+    Workflow inputs keep the ``"NAMESPACE/NAME"`` string users type (``DeploymentName``) and turn
+    it into this with ``DeploymentRef.from_name``; the versions' Kubernetes objects are ``versioned``.
+    """
+
+    namespace: str
+    name: str = Field(description="logical deployment name, e.g. 'chat'")
+
+    @classmethod
+    def from_name(cls, deployment: str) -> DeploymentRef:
+        """``"llm-serving/chat"`` -> DeploymentRef; ValueError when malformed."""
+        namespace, name = split_deployment(deployment)
+        return cls(namespace=namespace, name=name)
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def versioned(self, version: str) -> str:
+        """Name of the Deployment and Service that serve ``version`` of this deployment."""
+        return versioned_name(self.name, version)
 
 
 def rollout_workflow_id(deployment: str) -> str:
@@ -67,3 +123,49 @@ def rollout_workflow_id(deployment: str) -> str:
 def scaling_workflow_id(deployment: str) -> str:
     namespace, name = split_deployment(deployment)
     return f"scaling/{namespace}/{name}"
+
+
+def node_pool_workflow_id(pool: str) -> str:
+    """The NodePoolScaling loop of one GPU node pool (= its Auto Scaling group)."""
+    return f"nodepool/{pool}"
+
+
+FLOOR_SCHEDULE_PREFIX = "floor"  # Temporal Schedules of time-of-day floors (ScheduleFloor)
+PREWARM_SCHEDULE_PREFIX = "prewarm"  # Temporal Schedules of predictive pre-warm (PredictivePrewarm)
+
+
+def schedule_prefix(kind: str, deployment: str) -> str:
+    """``floor/<namespace>/<name>`` or ``prewarm/<namespace>/<name>``: one deployment's schedules of a kind."""
+    namespace, name = split_deployment(deployment)
+    return f"{kind}/{namespace}/{name}"
+
+
+def floor_schedule_id(deployment: str, entry_key: str) -> str:
+    """The Schedule of one floor entry of a deployment's profile (``FloorEntry.key``)."""
+    return f"{schedule_prefix(FLOOR_SCHEDULE_PREFIX, deployment)}/{entry_key}"
+
+
+def prewarm_schedule_id(deployment: str) -> str:
+    return schedule_prefix(PREWARM_SCHEDULE_PREFIX, deployment)
+
+
+def scheduled_workflow_id(schedule_id: str) -> str:
+    """The workflow a schedule starts (the server appends the action time)."""
+    return f"{schedule_id}/run"
+
+
+# The registry's daily retention (RegistryRetention) and the daily cost report (CostReport).
+RETENTION_WORKFLOW_ID = "registry-retention"  # its scheduled runs; `tideplane registry retention` adds a timestamp
+RETENTION_SCHEDULE_ID = "registry-retention-daily"
+COST_REPORT_WORKFLOW_ID = "cost-report/daily"
+COST_REPORT_SCHEDULE_ID = "cost-report-daily"
+
+
+def spot_reclaim_workflow_id(instance_id: str) -> str:
+    """One SpotReclaim per spot instance: every notice about the instance joins that workflow."""
+    return f"spot-reclaim/{instance_id}"
+
+
+def return_to_spot_workflow_id(namespace: str, name: str) -> str:
+    """One ReturnToSpot per spot Deployment: it serves every reclaim that claimed replacements for it."""
+    return f"return-to-spot/{namespace}/{name}"

@@ -10,6 +10,7 @@ a pid — and a second ``up`` while one runs is refused. ``<state dir>/env`` poi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -92,6 +93,14 @@ def _start_time(pid: int) -> str | None:
     return None if fields[0] in ("Z", "X") else fields[19]
 
 
+def _boot_time() -> float:
+    """The epoch second the machine booted (process start times count from it)."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise SandboxError("no btime in /proc/stat")
+
+
 def _listening(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.2)
@@ -141,6 +150,11 @@ class Sandbox:
         """The worker's kubeconfig: its ServiceAccount's token, so RBAC is infra/k8s/base's."""
         return self.state_dir / "worker-kubeconfig"
 
+    @property
+    def worker_pid_file(self) -> Path:
+        """Written by any ``tideplane worker`` run with the env file (demo or foreground)."""
+        return self.state_dir / "worker.pid"
+
     def _record(self) -> dict:
         try:
             return json.loads(self.pids_file.read_text())
@@ -188,6 +202,8 @@ class Sandbox:
             "TIDEPLANE_WEIGHTS_BUCKET": WEIGHTS_BUCKET,
             "TIDEPLANE_SPOT_QUEUE_URL": spot_queue,
             "TIDEPLANE_METRICS_PORT": str(self.ports.worker_metrics_port),
+            "TIDEPLANE_METRICS_HOST": "127.0.0.1",
+            "TIDEPLANE_PID_FILE": str(self.worker_pid_file),
             "TIDEPLANE_SANDBOX_KUBEAPI_URL": u["kubeapi"],
             "TIDEPLANE_SANDBOX_FLEET_URL": u["fleet"],
         }
@@ -374,6 +390,19 @@ class Sandbox:
 
     # -- worker (demo)
 
+    def started_worker(self) -> int | None:
+        """The pid of a worker that recorded itself in ``worker_pid_file`` and still runs.
+
+        A pid reused by a process started after the file was written is not that worker.
+        """
+        try:
+            pid = int(self.worker_pid_file.read_text())
+            written = self.worker_pid_file.stat().st_mtime
+        except (OSError, ValueError):
+            return None
+        start = _start_time(pid)
+        return pid if start is not None and _boot_time() + int(start) / os.sysconf("SC_CLK_TCK") <= written + 1 else None
+
     def start_worker(self) -> dict:
         """Run ``tideplane worker`` in the background against this sandbox; ``down`` stops it too."""
         record = self._record()
@@ -382,6 +411,8 @@ class Sandbox:
         self.ports = Ports(**record["ports"])
         if "worker" in record["processes"] and self._alive(record["processes"]["worker"]):
             return record["processes"]["worker"]
+        if pid := self.started_worker():
+            return {"pid": pid, "log": "the terminal that runs it"}
         entry = self._spawn("worker", [sys.executable, "-m", "workers.cli", "worker"], env=self.env())
         record["processes"]["worker"] = entry
         self.pids_file.write_text(json.dumps(record, indent=2))
@@ -446,12 +477,31 @@ class Sandbox:
                 except ProcessLookupError:
                     pass
         self._reap(wait=True)
+        if self._stop_started_worker(timeout) and "worker" not in alive:
+            alive["worker"] = {}
         ports = [port for port in record.get("ports", {}).values()]
         deadline = time.monotonic() + 5
         while any(_listening(port) for port in ports) and time.monotonic() < deadline:
             time.sleep(0.1)
         self.pids_file.unlink(missing_ok=True)
         return list(alive)
+
+    def _stop_started_worker(self, timeout: float) -> bool:
+        """SIGTERM (then SIGKILL) the worker in ``worker_pid_file`` — that process only, not its
+        group: a foreground worker shares its terminal's. True when one was running."""
+        pid = self.started_worker()
+        if pid is None:
+            return False
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+            deadline = time.monotonic() + timeout
+            while self.started_worker() == pid and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if self.started_worker() != pid:
+                break
+        self.worker_pid_file.unlink(missing_ok=True)
+        return True
 
     def _reap(self, wait: bool = False) -> None:
         """Collect exit statuses of children this object started (else they linger as zombies)."""
@@ -473,5 +523,7 @@ class Sandbox:
             out[name] = {"up": up, "url": record["urls"][name]}
             if name == "temporal":
                 out["temporal-ui"] = {"up": up and _listening(self.ports.temporal_ui_port), "url": record["urls"]["temporal-ui"]}
+        if self.started_worker():  # e.g. restarted in the foreground, as the README says
+            out["worker"] = {"up": True, "url": record["urls"]["worker"]}
         return out
 

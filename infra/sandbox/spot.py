@@ -25,12 +25,17 @@ from kubernetes import client
 
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.launcher import Ports, Sandbox, SandboxError
-from workflows.spot_events import (
+from workflows.naming import NODE_CAPACITY_TYPE
+from workflows.spot.events import (
     NOTICE_SECONDS,
     NoticeKind,
     build_event,
     instance_id_from_provider_id,
 )
+
+
+class SpotInterruptRefused(SandboxError):
+    """The node does not exist or is not a spot instance: nothing is sent or terminated."""
 
 
 @dataclass
@@ -53,14 +58,21 @@ def spot_interrupt(
 
     ``sandbox_env`` is the sandbox's environment (``Sandbox.env()`` / the env file): the kube API,
     moto and queue URLs. With ``wait=False`` only the event is published (the caller terminates).
+    Raises SpotInterruptRefused for an unknown node or one that is not spot capacity.
     """
     kube = api_client(sandbox_env["TIDEPLANE_SANDBOX_KUBEAPI_URL"])
     try:
         found = raw(client.CoreV1Api(kube).read_node(node, _preload_content=False))
     except client.ApiException as exc:
         if exc.status == 404:
-            raise ValueError(f"no node {node!r} in the sandbox") from None
+            raise SpotInterruptRefused(f"no node {node!r} in the sandbox (`kubectl get nodes -L {NODE_CAPACITY_TYPE}` lists them)") from None
         raise
+    capacity = (found["metadata"].get("labels") or {}).get(NODE_CAPACITY_TYPE)
+    if capacity != "spot":
+        raise SpotInterruptRefused(
+            f"node {node!r} is {capacity or 'unlabelled'} capacity ({NODE_CAPACITY_TYPE}={capacity}): "
+            "EC2 sends interruption notices and rebalance recommendations to spot instances only"
+        )
     instance_id = instance_id_from_provider_id((found.get("spec") or {}).get("providerID", ""))
     session = boto3.session.Session(
         aws_access_key_id=sandbox_env.get("AWS_ACCESS_KEY_ID", "testing"),

@@ -9,7 +9,12 @@ timers cost nothing and the event sequence is the same every time (only timestam
 differ). The stubs return fixed answers chosen to walk the workflow through its interesting
 branches. The file format is the one ``temporal workflow show --workflow-id X -o json`` writes,
 so histories exported from a dev server go in the same folder. A history only replays in
-tests/test_replay.py once its workflow is registered in ``workers.worker.WORKFLOWS``.
+tests/workflows/test_replay.py once its workflow is registered in ``workers.worker.WORKFLOWS``.
+
+``reactive-scaling-before-decide-on-ready.json`` is the ``reactive-scaling`` scenario (same stubs
+and input) run on the code before that patch, ``git archive d467039^`` unpacked first on the path
+with its old module names (workflows.scaling_workflow, workers.telemetry's record activity): it
+holds the branches running loops started on, which today's code must still replay.
 """
 
 from __future__ import annotations
@@ -27,16 +32,23 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowContinuedAsNewError, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.test_rollout_workflow import BAD, GOOD, SHORT, Fleet, rollout_input
+from tests.workflows.test_rollout import BAD, GOOD, SHORT, Fleet, rollout_input
 from workers.worker import WORKFLOWS
-from workflows import search_attributes, spot
-from workflows.canary import ERROR_RATE
-from workflows.rollout import ModelRollout, start_rollout
+from workflows import search_attributes
+from workflows.naming import DeploymentRef
+from workflows.spot import activities as spot
+from workflows.spot.return_to_spot import ReturnToSpot
+from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
+from workflows.rollout.gates import ERROR_RATE
+from workflows.rollout.workflow import ModelRollout, start_rollout
+from workflows.scaling import activities as scaling
+from workflows.scaling.decide import ScalingPolicy, Signals
+from workflows.scaling.loop import ReactiveScaling, ScalingInput
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -49,28 +61,55 @@ class Scenario:
     input: BaseModel
     activities: Callable[[Client], list]  # fresh stubs per run (they keep state)
     start: Callable[[Client, BaseModel, str, str], Awaitable[WorkflowHandle]] | None = None
+    continues_as_new: bool = False  # a loop: record its first run, which ends by continuing as new
 
 
 def _return_to_spot_stubs(_: Client) -> list:
     """Spot Ready 1/2, then 2/2, a flap back to 1/2 (doubling the delay), then stable until released."""
     ready = iter([1, 2, 1])
 
-    @activity.defn(name=spot.SPOT_REPLICA_COUNTS)
+    @activity.defn(name="spot_replica_counts")
     async def counts(req: spot.CountsInput) -> spot.CountsResult:
         key = req.deployments[0]
         return spot.CountsResult(counts=[spot.ReplicaCounts(
             namespace=key.namespace, name=key.name, desired=2, ready=next(ready, 2), fallback_desired=2, fallback_ready=2,
         )])
 
-    @activity.defn(name=spot.RELEASE_SPOT_FALLBACK)
-    async def release(req: spot.ReleaseFallbackInput) -> spot.FallbackState:
-        return spot.FallbackState(name=f"{req.deployment.name}-od", replicas=0)
+    @activity.defn(name="release_spot_fallback")
+    async def release(req: spot.ReleaseFallbackInput) -> spot.FallbackClaims:
+        return spot.FallbackClaims(name=f"{req.deployment.name}-od", replicas=0)
 
-    @activity.defn(name=spot.SYNC_ON_DEMAND_POOL)
+    @activity.defn(name="sync_on_demand_pool")
     async def sync_pool(req: spot.PoolInput) -> spot.PoolState:
         return spot.PoolState(desired=1, base=1)
 
     return [counts, release, sync_pool]
+
+
+def _reactive_scaling_stubs(_: Client) -> list:
+    """A deployment at 2 replicas whose queue jumps: the loop scales 2 -> 8 in one decision, then,
+    with 3 of the 8 Ready and a queue of 60, holds because the 5 starting replicas cover the want
+    (the ``decide-on-ready`` branch; before it, the loop sized from the 8 asked for and scaled on
+    to 11: tests/histories/reactive-scaling-before-decide-on-ready.json)."""
+    fleet = {"replicas": 2, "ready": 2}
+    queues = iter([0, 120, 60, 60])
+
+    @activity.defn(name=scaling.GET_SCALE)
+    async def get_scale(req: scaling.ScaleTarget) -> scaling.ScaleStatus:
+        return scaling.ScaleStatus(
+            version="1.0.0", replicas=fleet["replicas"], ready_replicas=fleet["ready"],
+            pending=fleet["replicas"] - fleet["ready"], unschedulable=0, priority_class="realtime",
+        )
+
+    @activity.defn(name=scaling.READ_SCALING_SIGNALS)
+    async def read_signals(req: scaling.ReadSignalsInput) -> Signals:
+        return Signals(queue_waiting=next(queues, 60), running=4, kv_cache_usage=0.5, ttft_p99_seconds=0.4, gpu_util_percent=70)
+
+    @activity.defn(name=SCALE_VERSION)
+    async def scale_version(req: ScaleVersionInput) -> None:
+        fleet["replicas"], fleet["ready"] = req.replicas, min(req.replicas, 3)  # the rest still loading
+
+    return [get_scale, read_signals, scale_version]
 
 
 async def _start_rollout(client: Client, input: BaseModel, workflow_id: str, queue: str) -> WorkflowHandle:
@@ -94,15 +133,26 @@ def _rollout(deployment: str, bad_at_weight: int | None) -> Scenario:
 
 SCENARIOS = {
     "return-to-spot": Scenario(
-        workflow=spot.ReturnToSpot,
+        workflow=ReturnToSpot,
         input=spot.ReturnToSpotInput(
-            deployment=spot.DeploymentKey(namespace="llm-serving", name="chat-v1-3-0"),
+            deployment=DeploymentRef(namespace="llm-serving", name="chat-v1-3-0"),
             policy=spot.FailoverPolicy(on_demand_pool_asg="gpu-on-demand", poll_seconds=30, stabilisation_seconds=60),
         ),
         activities=_return_to_spot_stubs,
     ),
     "model-rollout-promoted": _rollout("llm-serving/chat", bad_at_weight=None),
     "model-rollout-rolled-back": _rollout("llm-serving/chat-rb", bad_at_weight=5),
+    "reactive-scaling": Scenario(
+        workflow=ReactiveScaling,
+        input=ScalingInput(
+            deployment="llm-serving/chat",
+            policy=ScalingPolicy(min_replicas=1, max_replicas=20),
+            interval_seconds=30,
+            iterations_per_run=4,
+        ),
+        activities=_reactive_scaling_stubs,
+        continues_as_new=True,
+    ),
 }
 
 
@@ -116,7 +166,15 @@ async def record(name: str, env: WorkflowEnvironment, out: Path) -> Path:
             handle = await scenario.start(env.client, scenario.input, f"replay/{name}", queue)
         else:
             handle = await env.client.start_workflow(scenario.workflow, scenario.input, id=f"replay/{name}", task_queue=queue)
-        await asyncio.wait_for(handle.result(), RUN_TIMEOUT_SECONDS)
+        if scenario.continues_as_new:
+            try:
+                await asyncio.wait_for(handle.result(follow_runs=False), RUN_TIMEOUT_SECONDS)
+            except WorkflowContinuedAsNewError:
+                pass
+            await env.client.get_workflow_handle(handle.id).terminate()  # the runs after the recorded one
+            handle = env.client.get_workflow_handle(handle.id, run_id=handle.result_run_id)
+        else:
+            await asyncio.wait_for(handle.result(), RUN_TIMEOUT_SECONDS)
     history = await handle.fetch_history()
     path = out / f"{name}.json"
     path.write_text(history.to_json() + "\n")

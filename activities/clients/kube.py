@@ -1,0 +1,93 @@
+"""The Kubernetes API: one ApiClient per worker, typed API accessors, and the helpers every
+Kubernetes activity shares (error translation, read-or-none, readiness, label selectors).
+
+Every call carries ``API_TIMEOUT`` so a hung API server cannot hang an activity.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from temporalio.exceptions import ApplicationError
+from urllib3.util.retry import Retry
+
+from workflows import naming
+
+# (connect, read) seconds on every API call: a hung API server must not hang an activity.
+API_TIMEOUT = (5, 30)
+
+# An API server answering 429/5xx for a moment (overload, leader change) is retried here, briefly,
+# so that one blip does not spend an attempt of the activity; 409s stay with the callers (re-read).
+# Writes are safe to repeat: creates treat 409 AlreadyExists as "update", scale/patch are idempotent.
+TRANSIENT_RETRIES = Retry(
+    total=3, backoff_factor=0.2, status_forcelist=(429, 500, 502, 503, 504), allowed_methods=None, raise_on_status=False
+)
+
+
+class KubeClient:
+    """The worker's connection to one cluster; the generated API classes share its ApiClient."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+
+    @classmethod
+    def connect(cls, kubeconfig: Path | str | None = None, in_cluster: bool = False) -> KubeClient:
+        """From the pod's service account (``in_cluster``) or a kubeconfig file (None: the default one)."""
+        cfg = client.Configuration()
+        if in_cluster:
+            config.load_incluster_config(client_configuration=cfg)
+        else:
+            config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None, client_configuration=cfg)
+        cfg.retries = TRANSIENT_RETRIES
+        return cls(client.ApiClient(cfg))
+
+    def require_namespace(self, namespace: str) -> None:
+        """Fail non-retryably on an unknown namespace (lists in one just come back empty)."""
+        try:
+            self.core.read_namespace(namespace, _request_timeout=API_TIMEOUT)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ApplicationError(f"namespace {namespace!r} not found", non_retryable=True) from None
+            raise
+
+
+def fail(exc: ApiException, what: str) -> NoReturn:
+    """Re-raise an API error: requests that cannot succeed as sent are non-retryable."""
+    if exc.status in (400, 403, 404, 422):
+        raise ApplicationError(f"{what}: HTTP {exc.status} {exc.reason}: {exc.body}", non_retryable=True) from None
+    raise exc
+
+
+def read_or_none(read: Callable[..., Any], *args: Any) -> Any:
+    """``read(*args)``, or None when the object does not exist."""
+    try:
+        return read(*args, _request_timeout=API_TIMEOUT)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def is_ready(pod: client.V1Pod) -> bool:
+    """A pod that serves: condition Ready and not being deleted."""
+    if pod.metadata.deletion_timestamp is not None or not pod.status:
+        return False
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def selector(name: str, version: str | None = None) -> dict[str, str]:
+    """The labels of a logical deployment's objects, or of one of its versions."""
+    labels = {naming.LABEL_APP: name}
+    if version is not None:
+        labels[naming.LABEL_VERSION] = version
+    return labels
+
+
+def label_selector(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in labels.items())

@@ -1,0 +1,62 @@
+"""The OpenAI-compatible endpoint of one serving version (vLLM): completions sent straight to the
+version's Service, several at a time, to warm it up and benchmark it before it gets traffic."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import httpx
+
+# A cold replica's first completions are slow (CUDA graphs, caches); 120 s read bounds a stuck one.
+HTTP_TIMEOUT = httpx.Timeout(120.0, connect=5.0)
+CONCURRENCY = 4
+
+
+@dataclass
+class CompletionRun:
+    """What ``requests`` completions gave: per success its latency, generated tokens, the errors."""
+
+    latencies: list[float] = field(default_factory=list)
+    tokens: int = 0
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class VllmClient:
+    """Completions against ``<base_url>/v1/completions``; one HTTP client per run, closed after it."""
+
+    def __init__(self, timeout: httpx.Timeout = HTTP_TIMEOUT, concurrency: int = CONCURRENCY) -> None:
+        self.timeout = timeout
+        self.concurrency = concurrency
+
+    def completions(
+        self, base_url: str, body: dict, requests: int, progress: Callable[[int, int], object] = lambda done, errors: None
+    ) -> CompletionRun:
+        """Send ``body`` ``requests`` times, ``concurrency`` in flight; ``progress(done, errors)``
+        after each (e.g. a heartbeat). A failed request (HTTP error, malformed body) is counted, not raised."""
+        url = base_url.rstrip("/") + "/v1/completions"
+        run = CompletionRun()
+
+        def one(http: httpx.Client) -> tuple[float, int]:
+            start = time.monotonic()
+            resp = http.post(url, json=body)
+            resp.raise_for_status()
+            usage = resp.json().get("usage") or {}
+            return time.monotonic() - start, int(usage.get("completion_tokens", 0))
+
+        started = time.monotonic()
+        with httpx.Client(timeout=self.timeout) as http, concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
+            futures = [pool.submit(one, http) for _ in range(requests)]
+            for done, fut in enumerate(concurrent.futures.as_completed(futures), 1):
+                try:
+                    latency, tokens = fut.result()
+                    run.latencies.append(latency)
+                    run.tokens += tokens
+                except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:  # incl. a malformed body
+                    run.errors.append(repr(exc))
+                progress(done, len(run.errors))
+        run.seconds = time.monotonic() - started
+        return run

@@ -1,0 +1,691 @@
+"""What ModelRollout does outside the workflow: stage weights from S3 into the model cache, run one
+Deployment + Service per version and the HTTPRoute split, warm the new version up, and measure its
+canary gates in Prometheus. ``RolloutActivities`` implements the contract in
+workflows/rollout/activities.py with the clients and settings values the worker passes in.
+
+Staging. Weights are tens of GiB, so staging hashes while it downloads (no second pass over the
+data) and survives a crash or retry without fetching again what it already verified: each file is
+fetched in ranged chunks into ``<file>.partial`` and a sidecar ``<file>.partial.json`` records the
+object's ETag and the SHA-256 of every chunk written. A retry re-reads the local prefix (checking
+each chunk against its recorded digest, which also rebuilds the running file hash) and fetches
+only from the first unverified byte. hashlib state cannot be serialised, which is why the prefix
+is re-hashed from local disk rather than carried in the checkpoint.
+
+Kubernetes. Every write is declarative (create, or replace/patch to the desired state) so an
+activity retried after a crash converges on the same objects instead of duplicating them. Errors
+that retrying cannot fix (unknown namespace, invalid object, bad weights) are non-retryable and named.
+
+Warm-up. Requests go straight to the version's Service (not through the HTTPRoute), so the
+benchmark measures the new version alone and users never see a cold replica.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Collection
+
+from botocore.exceptions import ClientError
+from kubernetes.client.exceptions import ApiException
+from temporalio import activity
+from temporalio.exceptions import ApplicationError, CancelledError
+
+from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
+from activities.clients.prometheus import PrometheusClient, render
+from activities.clients.s3 import (
+    CHUNK_BYTES,
+    NOT_FOUND,
+    BucketNotAllowed,
+    ObjectChanged,
+    S3Client,
+    error_code,
+    parse_s3_uri,
+    require_allowed_bucket,
+)
+from activities.clients.vllm import VllmClient
+from workflows import naming, telemetry
+from workflows.naming import DeploymentRef
+from workflows.rollout import activities as contract
+from workflows.rollout.activities import (
+    DESCRIBE_DEPLOYMENT,
+    ENSURE_VERSION,
+    QUERY_GATES,
+    SCALE_VERSION,
+    SET_ROUTE_WEIGHTS,
+    STAGE_WEIGHTS,
+    WAIT_READY,
+    WARM_UP,
+    Benchmark,
+    DeploymentState,
+    EnsureVersionInput,
+    GateQueriesInput,
+    GateQueriesResult,
+    ReadyResult,
+    RouteWeightsInput,
+    ScaleVersionInput,
+    StagedWeights,
+    StageWeightsInput,
+    VersionInfo,
+    WaitReadyInput,
+    WarmUpInput,
+    WeightFile,
+)
+from workflows.scaling.placement import node_selector, tolerations
+
+ROUTE_API = ("gateway.networking.k8s.io", "v1")
+CONTAINER = "server"
+CACHE_VOLUME = "model-cache"
+_CONFLICT_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class ServingPods:
+    """How serving pods see the model cache and where they send traces (from the worker's Settings)."""
+
+    model_cache_dir: Path
+    model_cache_pvc: str | None = None  # None: a hostPath of model_cache_dir on the node
+    otlp_traces_endpoint: str | None = None
+    trace_sample_ratio: float = 0.1
+
+
+class RolloutActivities(contract.RolloutActivities):
+    """ModelRollout's activities over the worker's clients; one instance per worker, thread-safe."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        s3: S3Client,
+        prometheus: PrometheusClient,
+        vllm: VllmClient,
+        pods: ServingPods,
+        gateway: str,
+        service_url_template: str,
+        weights_buckets: Collection[str] | None = None,
+    ) -> None:
+        """``weights_buckets``: the buckets weights may be staged from (None: any)."""
+        self.weights_buckets = weights_buckets
+        self.kube = kube
+        self.s3 = s3
+        self.prometheus = prometheus
+        self.vllm = vllm
+        self.pods = pods
+        self.gateway = gateway  # "NAMESPACE/NAME" or "NAME" (then in the route's namespace)
+        self.service_url_template = service_url_template
+
+    # ---- S3 -> model cache ----------------------------------------------------------------------
+
+    @activity.defn(name=STAGE_WEIGHTS)
+    def stage_weights(self, req: StageWeightsInput) -> StagedWeights:
+        """Download and verify every weights file into ``<model_cache_dir>/<model>/<version>/``."""
+        started = time.monotonic()
+        directory = self.pods.model_cache_dir / _safe_component(req.model, "model") / _safe_component(req.version, "version")
+        targets: dict[str, WeightFile] = {}
+        for wf in req.files:
+            try:
+                bucket, key = parse_s3_uri(wf.uri)
+                require_allowed_bucket(bucket, self.weights_buckets, f"weights {wf.uri}")
+            except BucketNotAllowed as exc:
+                raise ApplicationError(str(exc), type="BucketNotAllowed", non_retryable=True) from None
+            except ValueError as exc:
+                raise ApplicationError(str(exc), non_retryable=True) from None
+            name = PurePosixPath(key).name
+            if name in targets:
+                raise ApplicationError(
+                    f"two weights files would both be staged as {name!r}: {targets[name].uri}, {wf.uri}", non_retryable=True
+                )
+            targets[name] = wf
+
+        previous = activity.info().heartbeat_details
+        if previous:
+            activity.logger.info("retrying staging; last attempt reported %s", previous[0])
+
+        staged = {name: _already_staged(directory / name, wf) for name, wf in targets.items()}
+        try:
+            heads = {name: self._head(*parse_s3_uri(wf.uri)) for name, wf in targets.items() if staged[name] is None}
+        except ApplicationError:
+            for name in targets:  # the weights are gone: what an earlier attempt left cannot be resumed
+                _discard_partial(directory / name)
+            raise
+        total = sum(size for size in staged.values() if size is not None) + sum(h["ContentLength"] for h in heads.values())
+        progress = _Progress(total)
+        directory.mkdir(parents=True, exist_ok=True)
+        with _staging_lock(directory):
+            for name, wf in targets.items():
+                if staged[name] is not None:
+                    progress.resumed += staged[name]
+                    progress.advance(wf.uri, staged[name], staged[name])
+                    continue
+                self._stage_file(wf, directory / name, heads[name], progress)
+        return StagedWeights(
+            path=str(directory), size_bytes=total, resumed_bytes=progress.resumed, seconds=time.monotonic() - started
+        )
+
+    def _head(self, bucket: str, key: str) -> dict:
+        """HEAD the object; a missing bucket or key fails the rollout, naming it."""
+        try:
+            return self.s3.boto.head_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            if error_code(exc) not in NOT_FOUND:
+                raise
+        try:
+            self.s3.boto.head_bucket(Bucket=bucket)
+        except ClientError as exc:
+            if error_code(exc) in NOT_FOUND:
+                raise ApplicationError(f"weights bucket {bucket!r} not found (s3://{bucket}/{key})", non_retryable=True) from None
+            raise
+        raise ApplicationError(f"weights object not found: s3://{bucket}/{key}", non_retryable=True)
+
+    def _stage_file(self, wf: WeightFile, dest: Path, head: dict, progress: _Progress) -> None:
+        bucket, key = parse_s3_uri(wf.uri)
+        size, etag = head["ContentLength"], head["ETag"]
+        partial = dest.with_name(dest.name + ".partial")
+        sidecar = dest.with_name(dest.name + ".partial.json")
+        hasher = hashlib.sha256()
+        chunks = _resume_prefix(partial, sidecar, etag, hasher)
+        offset = min(len(chunks) * CHUNK_BYTES, size)
+        if offset:
+            activity.logger.info("resuming %s at byte %d of %d (verified by an earlier attempt)", wf.uri, offset, size)
+        progress.resumed += offset
+        progress.advance(wf.uri, offset, offset)
+        try:
+            with partial.open("ab") as out:
+                for data in self.s3.stream(bucket, key, etag, size, start=offset):
+                    out.write(data)
+                    out.flush()
+                    os.fsync(out.fileno())
+                    hasher.update(data)
+                    chunks.append(hashlib.sha256(data).hexdigest())
+                    _write_sidecar(sidecar, etag, chunks)
+                    offset += len(data)
+                    progress.advance(wf.uri, offset, len(data))
+        except ObjectChanged as exc:
+            raise ApplicationError(f"{exc}; restarting") from None
+        except ClientError as exc:
+            if error_code(exc) not in NOT_FOUND:
+                raise
+            _discard_partial(dest)  # deleted while being read (e.g. by retention): nothing to resume
+            raise ApplicationError(f"weights object not found: {wf.uri} (deleted while staging)", non_retryable=True) from None
+
+        actual = hasher.hexdigest()
+        if actual != wf.sha256:
+            _discard_partial(dest)
+            raise ApplicationError(
+                f"checksum mismatch for {wf.uri}: expected sha256 {wf.sha256}, actual {actual}",
+                {"uri": wf.uri, "expected": wf.sha256, "actual": actual},
+                type="ChecksumMismatch",
+                non_retryable=True,
+            )
+        os.replace(partial, dest)
+        _verified_marker(dest).write_text(f"{actual} {size}\n")
+        sidecar.unlink(missing_ok=True)
+
+    # ---- Kubernetes: versions and the route ------------------------------------------------------
+
+    @activity.defn(name=DESCRIBE_DEPLOYMENT)
+    def describe_deployment(self, ref: DeploymentRef) -> DeploymentState:
+        """The versions of a logical deployment in the cluster, their replicas and route weights."""
+        return deployment_state(self.kube, ref)
+
+    @activity.defn(name=ENSURE_VERSION)
+    def ensure_version(self, req: EnsureVersionInput) -> None:
+        """Create or update the Deployment and Service for one version (no route change)."""
+        cache = self.pods.model_cache_dir
+        if not Path(req.weights_path).is_relative_to(cache):
+            raise ApplicationError(
+                f"weights_path {req.weights_path!r} is outside the model cache {str(cache)!r} that pods mount",
+                non_retryable=True,
+            )
+        self.kube.require_namespace(req.deployment.namespace)
+        self._create_or_replace_deployment(deployment_manifest(req, self.pods))
+        self._create_or_patch_service(service_manifest(req))
+
+    @activity.defn(name=SCALE_VERSION)
+    def scale_version(self, req: ScaleVersionInput) -> None:
+        """Set one version's replicas through the Deployment's scale subresource."""
+        self.kube.require_namespace(req.deployment.namespace)
+        name = req.deployment.versioned(req.version)
+        try:
+            self.kube.apps.patch_namespaced_deployment_scale(
+                name, req.deployment.namespace, {"spec": {"replicas": req.replicas}}, _request_timeout=API_TIMEOUT
+            )
+        except ApiException as exc:
+            fail(exc, f"scale Deployment {req.deployment.namespace}/{name} (version {req.version})")
+
+    @activity.defn(name=WAIT_READY)
+    def wait_ready(self, req: WaitReadyInput) -> ReadyResult:
+        """Poll until ``replicas`` pods of the version are Ready; the workflow's timeout bounds the wait.
+
+        The start time travels in the heartbeat details, so a retried attempt still reports the
+        cold start from the first call.
+        """
+        ref = req.deployment
+        self.kube.require_namespace(ref.namespace)
+        name = ref.versioned(req.version)
+        if read_or_none(self.kube.apps.read_namespaced_deployment, name, ref.namespace) is None:
+            raise ApplicationError(f"Deployment {ref.namespace}/{name} not found", non_retryable=True)
+        details = activity.info().heartbeat_details
+        started = float(details[0]["started_at"]) if details else time.time()
+        pods_of_version = label_selector(selector(ref.name, req.version))
+        while True:
+            pods = self.kube.core.list_namespaced_pod(
+                ref.namespace, label_selector=pods_of_version, _request_timeout=API_TIMEOUT
+            ).items
+            ready = sum(1 for p in pods if is_ready(p))
+            if ready >= req.replicas:
+                return ReadyResult(ready_replicas=ready, seconds=round(time.time() - started, 3))
+            waiting = [_waiting_reason(p) for p in pods if not is_ready(p)]
+            if len(pods) < req.replicas:
+                waiting.append(f"{req.replicas - len(pods)} pod(s) not created yet")
+            activity.heartbeat({"started_at": started, "ready": ready, "desired": req.replicas, "waiting": waiting[:10]})
+            activity.wait_for_cancelled_sync(req.poll_seconds)
+            if activity.is_cancelled():
+                raise CancelledError(f"wait_ready {name} cancelled")
+
+    @activity.defn(name=SET_ROUTE_WEIGHTS)
+    def set_route_weights(self, req: RouteWeightsInput) -> None:
+        """Make the HTTPRoute's first rule send exactly these weights to the versions' Services.
+
+        Versions at weight 0 stay listed so the next step can re-weight them; the route is created
+        (attached to the gateway) when missing. Read-modify-replace keeps the rule's matches and
+        filters, and the resourceVersion makes a concurrent edit a retried conflict, not a loss.
+        The weights set are recorded as ``tideplane_rollout_weight`` (the rollouts dashboard).
+        """
+        if not req.weights or any(not 0 <= w <= 100 for w in req.weights.values()) or sum(req.weights.values()) != 100:
+            raise ApplicationError(f"route weights must be 0..100 and sum to 100, got {req.weights}", non_retryable=True)
+        ref = req.deployment
+        self.kube.require_namespace(ref.namespace)
+        backends = []
+        for version, weight in sorted(req.weights.items()):
+            service = ref.versioned(version)
+            if weight and read_or_none(self.kube.core.read_namespaced_service, service, ref.namespace) is None:
+                raise ApplicationError(
+                    f"cannot send {weight}% to version {version}: Service {ref.namespace}/{service} not found",
+                    non_retryable=True,
+                )
+            backends.append({"group": "", "kind": "Service", "name": service, "port": req.port, "weight": weight})
+
+        custom = self.kube.custom
+        what = f"HTTPRoute {ref}"
+        for _ in range(_CONFLICT_RETRIES):
+            route = read_route(self.kube, ref)
+            try:
+                if route is None:
+                    body = {
+                        "apiVersion": "/".join(ROUTE_API),
+                        "kind": "HTTPRoute",
+                        "metadata": {
+                            "name": ref.name,
+                            "namespace": ref.namespace,
+                            "labels": {**selector(ref.name), naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
+                        },
+                        "spec": {"parentRefs": [self._parent_ref(ref.namespace)], "rules": [{"backendRefs": backends}]},
+                    }
+                    custom.create_namespaced_custom_object(
+                        *ROUTE_API, ref.namespace, "httproutes", body, _request_timeout=API_TIMEOUT
+                    )
+                    break
+                rules = route.setdefault("spec", {}).setdefault("rules", [])
+                if not rules:
+                    rules.append({})
+                if rules[0].get("backendRefs") == backends:
+                    break
+                rules[0]["backendRefs"] = backends
+                custom.replace_namespaced_custom_object(
+                    *ROUTE_API, ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
+                )
+                break
+            except ApiException as exc:
+                if exc.status != 409:
+                    fail(exc, what)
+        else:
+            raise ApplicationError(f"{what} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+        telemetry.route_weights(activity.metric_meter(), ref.namespace, ref.name, req.weights)
+
+    def _parent_ref(self, namespace: str) -> dict:
+        gateway_ns, _, gateway = self.gateway.rpartition("/")
+        ref = {"group": ROUTE_API[0], "kind": "Gateway", "name": gateway}
+        if gateway_ns and gateway_ns != namespace:
+            ref["namespace"] = gateway_ns
+        return ref
+
+    def _create_or_replace_deployment(self, body: dict) -> None:
+        apps = self.kube.apps
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        for _ in range(_CONFLICT_RETRIES):
+            current = read_or_none(apps.read_namespaced_deployment, name, ns)
+            try:
+                if current is None:
+                    apps.create_namespaced_deployment(ns, body, _request_timeout=API_TIMEOUT)
+                else:
+                    _require_same_version(current, body)
+                    body["metadata"]["resourceVersion"] = current.metadata.resource_version
+                    body["metadata"]["annotations"] = current.metadata.annotations  # e.g. the revision
+                    apps.replace_namespaced_deployment(name, ns, body, _request_timeout=API_TIMEOUT)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    fail(exc, f"Deployment {ns}/{name}")
+        raise ApplicationError(f"Deployment {ns}/{name} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+
+    def _create_or_patch_service(self, body: dict) -> None:
+        """Patch rather than replace: a Service's allocated clusterIP must be kept."""
+        core = self.kube.core
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            if read_or_none(core.read_namespaced_service, name, ns) is None:
+                try:
+                    core.create_namespaced_service(ns, body, _request_timeout=API_TIMEOUT)
+                    return
+                except ApiException as exc:
+                    if exc.status != 409:
+                        raise
+            core.patch_namespaced_service(name, ns, body, _request_timeout=API_TIMEOUT)
+        except ApiException as exc:
+            fail(exc, f"Service {ns}/{name}")
+
+    # ---- the new version's endpoint ---------------------------------------------------------------
+
+    def service_url(self, ref: DeploymentRef, version: str) -> str:
+        """Base URL of one version's OpenAI-compatible server, per ``service_url_template``."""
+        return self.service_url_template.format(service=ref.versioned(version), namespace=ref.namespace).rstrip("/")
+
+    @activity.defn(name=WARM_UP)
+    def warm_up(self, req: WarmUpInput) -> Benchmark:
+        """Send ``requests`` completions; tokens/s is generated tokens over the wall time of the run.
+
+        Raises (retryable) when every request failed: a benchmark of nothing is not a result.
+        """
+        url = self.service_url(req.deployment, req.version)
+        body: dict[str, Any] = {"prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0}
+        if req.model:
+            body["model"] = req.model
+        run = self.vllm.completions(
+            url, body, req.requests, lambda done, errors: activity.heartbeat({"done": done, "of": req.requests, "errors": errors})
+        )
+        if not run.latencies:
+            raise ApplicationError(f"warm-up: all {req.requests} requests to {url}/v1/completions failed; last: {run.errors[-1]}")
+        if run.errors:
+            activity.logger.warning("warm-up of %s: %d/%d requests failed, e.g. %s", url, len(run.errors), req.requests, run.errors[0])
+        return Benchmark(
+            requests=req.requests,
+            errors=len(run.errors),
+            tokens_per_second=round(run.tokens / run.seconds, 3) if run.seconds > 0 else 0.0,
+            p50_latency_seconds=round(percentile(run.latencies, 50), 4),
+            p99_latency_seconds=round(percentile(run.latencies, 99), 4),
+        )
+
+    # ---- Prometheus ------------------------------------------------------------------------------
+
+    @activity.defn(name=QUERY_GATES)
+    def query_gates(self, req: GateQueriesInput) -> GateQueriesResult:
+        """Render every template first (fail fast on bad input), then run each as an instant query."""
+        rendered = {name: render(name, template, req.variables) for name, template in req.queries.items()}
+        return GateQueriesResult(values={name: self.prometheus.value(name, promql) for name, promql in rendered.items()})
+
+
+# ---- manifests (pure) ------------------------------------------------------------------------------
+
+
+def _tracing_env(req: EnsureVersionInput, object_name: str, pods: ServingPods) -> dict[str, str]:
+    """OpenTelemetry resource identity for the serving pods, and the exporter when one is set."""
+    env = {
+        "OTEL_SERVICE_NAME": req.deployment.name,
+        "OTEL_RESOURCE_ATTRIBUTES": (
+            f"service.version={req.version},k8s.namespace.name={req.deployment.namespace},"
+            f"k8s.deployment.name={object_name},tideplane.model={req.model}"
+        ),
+    }
+    if pods.otlp_traces_endpoint:
+        env |= {
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": pods.otlp_traces_endpoint,
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": str(pods.trace_sample_ratio),
+        }
+    return env
+
+
+def _cache_volume(pods: ServingPods) -> dict:
+    if pods.model_cache_pvc:
+        return {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": pods.model_cache_pvc, "readOnly": True}}
+    return {"name": CACHE_VOLUME, "hostPath": {"path": str(pods.model_cache_dir), "type": "Directory"}}
+
+
+def deployment_manifest(req: EnsureVersionInput, pods: ServingPods) -> dict:
+    """The Deployment serving one version: vLLM-style args, GPUs, readiness, the weights read-only,
+    and, on GPUs, the priority class's node selector (realtime on on-demand, batch on spot)."""
+    name = req.deployment.versioned(req.version)
+    labels = {
+        **selector(req.deployment.name, req.version),
+        naming.LABEL_MODEL: req.model,
+        naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
+        naming.LABEL_CLASS: req.priority_class,
+    }
+    args = ["--model", req.weights_path, "--served-model-name", req.model, "--port", str(req.port)]
+    if pods.otlp_traces_endpoint:
+        args += ["--otlp-traces-endpoint", pods.otlp_traces_endpoint]
+    env = _tracing_env(req, name, pods) | req.env
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": req.image,
+        "args": args + req.args,
+        "ports": [{"name": "http", "containerPort": req.port, "protocol": "TCP"}],
+        "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3},
+        "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": str(pods.model_cache_dir), "readOnly": True}],
+    }
+    pod_spec: dict[str, Any] = {"containers": [container], "volumes": [_cache_volume(pods)]}
+    if req.gpus_per_replica:
+        container["resources"] = {
+            "limits": {naming.GPU_RESOURCE: str(req.gpus_per_replica)},
+            "requests": {naming.GPU_RESOURCE: str(req.gpus_per_replica)},
+        }
+        # The priority class picks the GPU capacity type: realtime on on-demand nodes, batch on spot.
+        pod_spec["nodeSelector"] = node_selector(req.priority_class)
+        pod_spec["tolerations"] = [
+            *tolerations(req.priority_class),
+            {"key": naming.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+        ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": req.deployment.namespace, "labels": labels},
+        "spec": {
+            "replicas": req.replicas,
+            "selector": {"matchLabels": selector(req.deployment.name, req.version)},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+def service_manifest(req: EnsureVersionInput) -> dict:
+    name = req.deployment.versioned(req.version)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": req.deployment.namespace,
+            "labels": {**selector(req.deployment.name, req.version), naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
+        },
+        "spec": {
+            "selector": selector(req.deployment.name, req.version),
+            "ports": [{"name": "http", "port": req.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+
+def read_route(kube: KubeClient, ref: DeploymentRef) -> dict | None:
+    """The logical deployment's HTTPRoute (None: not created yet)."""
+    return read_or_none(kube.custom.get_namespaced_custom_object, *ROUTE_API, ref.namespace, "httproutes", ref.name)
+
+
+def list_routes(kube: KubeClient, namespace: str | None = None) -> list[dict]:
+    """Every HTTPRoute in ``namespace`` (None: all namespaces); ApiException as the client raises it."""
+    if namespace is None:
+        return kube.custom.list_cluster_custom_object(*ROUTE_API, "httproutes", _request_timeout=API_TIMEOUT)["items"]
+    return kube.custom.list_namespaced_custom_object(
+        *ROUTE_API, namespace, "httproutes", _request_timeout=API_TIMEOUT
+    )["items"]
+
+
+def deployment_state(kube: KubeClient, ref: DeploymentRef) -> DeploymentState:
+    """The versions of a logical deployment in the cluster, their replicas and route weights
+    (``describe_deployment``; the scaling loop's ``get_scale`` reads the same)."""
+    kube.require_namespace(ref.namespace)
+    deployments = kube.apps.list_namespaced_deployment(
+        ref.namespace, label_selector=label_selector(selector(ref.name)), _request_timeout=API_TIMEOUT
+    ).items
+    route = read_route(kube, ref)
+    weights = _route_weights(route)
+    versions = []
+    for dep in sorted(deployments, key=lambda d: d.metadata.name):
+        labels = dep.metadata.labels or {}
+        version = labels.get(naming.LABEL_VERSION)
+        if version is None:
+            continue
+        versions.append(
+            VersionInfo(
+                version=version,
+                model=labels.get(naming.LABEL_MODEL, ""),
+                replicas=dep.spec.replicas or 0,
+                ready_replicas=(dep.status.ready_replicas if dep.status else None) or 0,
+                route_weight=weights.get(dep.metadata.name, 0),  # the name the cluster holds
+            )
+        )
+    return DeploymentState(route_exists=route is not None, versions=versions)
+
+
+def _require_same_version(current, body: dict) -> None:
+    """Never rewrite another version's Deployment: the object's version label must be ours."""
+    held = (current.metadata.labels or {}).get(naming.LABEL_VERSION)
+    wanted = body["metadata"]["labels"][naming.LABEL_VERSION]
+    if held is not None and held != wanted:
+        meta = body["metadata"]
+        raise ApplicationError(
+            f"version {wanted}: Deployment {meta['namespace']}/{meta['name']} already serves version {held}",
+            type="NameCollision",
+            non_retryable=True,
+        )
+
+
+def _route_weights(route: dict | None) -> dict[str, int]:
+    """Service name -> weight in the route's first rule (the rule tideplane manages)."""
+    rules = (route or {}).get("spec", {}).get("rules") or []
+    refs = rules[0].get("backendRefs", []) if rules else []
+    return {r["name"]: int(r.get("weight", 1)) for r in refs}
+
+
+def _waiting_reason(pod) -> str:
+    """Why a pod is not Ready yet, as an operator would want to read it in the UI."""
+    status = pod.status
+    for cond in (status.conditions if status else None) or []:
+        if cond.type == "PodScheduled" and cond.status == "False":
+            return f"{pod.metadata.name}: {cond.reason or 'Pending'}: {cond.message or ''}".rstrip(": ")
+    phase = (status.phase if status else None) or "Pending"
+    return f"{pod.metadata.name}: {phase}, not Ready"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+# ---- staging helpers --------------------------------------------------------------------------------
+
+
+def _safe_component(value: str, field: str) -> str:
+    if not value or value in {".", ".."} or "/" in value or "\\" in value:
+        raise ApplicationError(f"{field} {value!r} cannot be a directory name in the model cache", non_retryable=True)
+    return value
+
+
+class _Progress:
+    """Bytes staged across all files, reported as heartbeat details (survive into the next attempt)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self.resumed = 0
+        self.files: dict[str, int] = {}
+
+    def advance(self, uri: str, offset: int, nbytes: int) -> None:
+        self.done += nbytes
+        self.files[uri] = offset
+        activity.heartbeat({"bytes_done": self.done, "bytes_total": self.total, "verified": self.files})
+
+
+def _resume_prefix(partial: Path, sidecar: Path, etag: str, hasher) -> list[str]:
+    """Re-hash the verified local prefix; return its chunk digests (empty: start from zero).
+
+    The prefix is trusted only if the object is unchanged (same ETag) and every chunk on disk
+    still has the digest recorded when it was fetched; the file is truncated after the last good
+    chunk, so a torn write at crash time costs one chunk, not the file.
+    """
+    try:
+        state = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        state = None
+    if not partial.exists() or not state or state.get("etag") != etag or state.get("chunk_bytes") != CHUNK_BYTES:
+        partial.unlink(missing_ok=True)
+        return []
+    good: list[str] = []
+    with partial.open("rb") as f:
+        for expected in state.get("chunks", []):
+            data = f.read(CHUNK_BYTES)
+            if hashlib.sha256(data).hexdigest() != expected:
+                break
+            hasher.update(data)
+            good.append(expected)
+    with partial.open("r+b") as f:
+        f.truncate(min(len(good) * CHUNK_BYTES, partial.stat().st_size))
+    return good
+
+
+def _write_sidecar(sidecar: Path, etag: str, chunks: list[str]) -> None:
+    tmp = sidecar.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"etag": etag, "chunk_bytes": CHUNK_BYTES, "chunks": chunks}))
+    os.replace(tmp, sidecar)
+
+
+def _discard_partial(dest: Path) -> None:
+    """Remove a download of ``dest`` that will never complete, and its resume record."""
+    dest.with_name(dest.name + ".partial").unlink(missing_ok=True)
+    dest.with_name(dest.name + ".partial.json").unlink(missing_ok=True)
+
+
+def _verified_marker(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".sha256")
+
+
+def _already_staged(dest: Path, wf: WeightFile) -> int | None:
+    """Size of a file staged and verified by an earlier run against this digest, else None."""
+    try:
+        digest, size = _verified_marker(dest).read_text().split()
+        if digest == wf.sha256 and dest.stat().st_size == int(size):
+            return int(size)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+@contextlib.contextmanager
+def _staging_lock(directory: Path):
+    """One attempt at a time per version: an attempt Temporal timed out may still be writing."""
+    with (directory.parent / f".{directory.name}.staging.lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ApplicationError(f"{directory} is being staged by another attempt; retrying later") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

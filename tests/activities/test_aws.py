@@ -1,0 +1,59 @@
+"""AwsClient against moto over HTTP: what the spot and node-pool activities rely on.
+
+A missing queue or group is answered non-retryably (no retry can create it), the pool's base tag
+round-trips, and terminating a group's instance lowers its desired capacity. (A second
+termination of the same instance is not tried: moto answers it with an HTTP 500, not AWS's
+ValidationError.)
+"""
+
+from __future__ import annotations
+
+import pytest
+from temporalio.exceptions import ApplicationError
+
+from activities.clients.aws import AwsClient
+
+
+@pytest.fixture
+def aws(moto_url) -> AwsClient:
+    return AwsClient("us-east-1", moto_url, access_key_id="testing", secret_access_key="testing")
+
+
+def test_queue_round_trip_and_a_missing_queue_is_permanent(aws):
+    url = aws.sqs.create_queue(QueueName="spot-notices")["QueueUrl"]
+    aws.sqs.send_message(QueueUrl=url, MessageBody="{}")
+    [message] = aws.receive_messages(url, max_messages=10, wait_seconds=0, visibility_timeout_seconds=30)
+    aws.delete_message(url, message["ReceiptHandle"])
+    assert aws.receive_messages(url, max_messages=10, wait_seconds=0, visibility_timeout_seconds=0) == []
+    with pytest.raises(ApplicationError) as err:
+        aws.receive_messages(url.replace("spot-notices", "no-such-queue"), 1, 0, 0)
+    assert err.value.non_retryable and "no-such-queue" in str(err.value)
+
+
+def _group(aws: AwsClient, name: str, desired: int) -> None:
+    template = aws.ec2.create_launch_template(
+        LaunchTemplateName=f"{name}-lt", LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "p4d.24xlarge"}
+    )["LaunchTemplate"]
+    aws.autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName=name, MinSize=0, MaxSize=4, DesiredCapacity=desired,
+        LaunchTemplate={"LaunchTemplateId": template["LaunchTemplateId"]}, AvailabilityZones=["us-east-1a"],
+    )
+
+
+def test_group_capacity_tags_and_termination(aws):
+    _group(aws, "gpu-od-test", desired=1)
+    with pytest.raises(ApplicationError, match="not found") as err:
+        aws.auto_scaling_group("no-such-group")
+    assert err.value.non_retryable
+
+    aws.set_group_tag("gpu-od-test", "tideplane.io/spot-base-capacity", "1")
+    aws.set_desired_capacity("gpu-od-test", 2)
+    group = aws.auto_scaling_group("gpu-od-test")
+    assert group["DesiredCapacity"] == 2
+    assert {t["Key"]: t["Value"] for t in group["Tags"]}["tideplane.io/spot-base-capacity"] == "1"
+    aws.delete_group_tag("gpu-od-test", "tideplane.io/spot-base-capacity")
+    assert not aws.auto_scaling_group("gpu-od-test").get("Tags")
+
+    instance = aws.auto_scaling_group("gpu-od-test")["Instances"][0]["InstanceId"]
+    assert aws.terminate_group_instance(instance) is True
+    assert aws.auto_scaling_group("gpu-od-test")["DesiredCapacity"] == 1, "the group does not replace it"

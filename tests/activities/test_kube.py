@@ -1,0 +1,317 @@
+"""The rollout's Kubernetes activities (and warm_up) against the sandbox's API emulator and fleet simulator.
+
+Both run as their own processes on free ports; RolloutActivities reaches them through a
+KubeClient built from a kubeconfig and a service URL template, exactly as a worker would reach a
+real cluster.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.testing import ActivityEnvironment
+
+from activities.rollout import ROUTE_API, RolloutActivities
+from infra.sandbox.config import NodePool
+from infra.sandbox.kubeclient import api_client as sandbox_client
+from infra.sandbox.kubeclient import kubeconfig_yaml
+from infra.sandbox.nodes import Instance, node_manifest
+from infra.sandbox.ports import free_port, wait_for_port
+from workflows import naming
+from workflows.naming import DeploymentRef
+from workflows.rollout.activities import (
+    EnsureVersionInput,
+    RouteWeightsInput,
+    ScaleVersionInput,
+    WaitReadyInput,
+    WarmUpInput,
+)
+
+NS = "llm-serving"
+TIME_SCALE = 30  # the default 30 s model load takes 1 s
+CACHE = "/var/cache/tideplane/models"
+GPU_TAINT = {"key": naming.GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
+
+
+def _start(args: list[str], port: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, timeout=20)
+    except TimeoutError:
+        proc.kill()
+        raise
+    return proc
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Emulator with one tainted 4-GPU node and the llm-serving namespace, plus the fleet simulator."""
+    kube_port, fleet_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{kube_port}"
+    procs = [_start(["infra.sandbox.kubeapi", "--host", "127.0.0.1", "--port", str(kube_port), "--time-scale", str(TIME_SCALE)], kube_port)]
+    try:
+        procs.append(_start(["infra.sandbox.fleet", "--kube-url", url, "--port", str(fleet_port), "--time-scale", str(TIME_SCALE), "--tick", "0.2"], fleet_port))
+        core = client.CoreV1Api(sandbox_client(url))
+        core.create_namespace({"metadata": {"name": NS}})
+        pool = NodePool(name="gpu", count=1, capacity_type="on-demand", gpus=4, taints=[GPU_TAINT])
+        node = Instance("i-0123456789abcdef0", "gpu", "us-east-1a", "p5.48xlarge", "ip-10-0-0-1.ec2.internal", "10.0.0.1", "running")
+        core.create_node(node_manifest(node, pool))
+        kubeconfig = tmp_path_factory.mktemp("kube") / "kubeconfig"
+        kubeconfig.write_text(kubeconfig_yaml(url))
+        yield {"kubeconfig": str(kubeconfig), "fleet": f"http://127.0.0.1:{fleet_port}", "url": url}
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def rollout(cluster, make_rollout) -> RolloutActivities:
+    """The rollout activities pointed at this cluster and its fleet simulator's Services."""
+    return make_rollout(
+        kubeconfig=cluster["kubeconfig"],
+        model_cache_dir=Path(CACHE),
+        gateway="gateways/inference-gateway",
+        service_url_template=cluster["fleet"] + "/proxy/{namespace}/{service}",
+    )
+
+
+def _ref(name: str) -> DeploymentRef:
+    return DeploymentRef(namespace=NS, name=name)
+
+
+def _version(name: str, version: str, replicas: int = 1, gpus: int = 1, **extra) -> EnsureVersionInput:
+    return EnsureVersionInput(
+        deployment=_ref(name),
+        model="llama-3-8b",
+        version=version,
+        image="vllm/vllm-openai:v0.8.5",
+        gpus_per_replica=gpus,
+        replicas=replicas,
+        weights_path=f"{CACHE}/llama-3-8b/{version}",
+        **extra,
+    )
+
+
+def _run(fn, arg, heartbeats: list | None = None, env: ActivityEnvironment | None = None):
+    env = env or ActivityEnvironment()
+    if heartbeats is not None:
+        env.on_heartbeat = lambda *d: heartbeats.append(d[0])
+    return env.run(fn, arg)
+
+
+def _route(rollout: RolloutActivities, name: str) -> dict:
+    return rollout.kube.custom.get_namespaced_custom_object(*ROUTE_API, NS, "httproutes", name)
+
+
+def _backends(rollout: RolloutActivities, name: str) -> dict[str, int]:
+    return {b["name"]: b["weight"] for b in _route(rollout, name)["spec"]["rules"][0]["backendRefs"]}
+
+
+def test_first_deploy_then_canary_and_promote(rollout):
+    ref = _ref("chat")
+    state = _run(rollout.describe_deployment, ref)
+    assert not state.route_exists and state.versions == [] and state.stable is None
+
+    # Start the stable version; applying it twice changes nothing and duplicates nothing.
+    stable = _version("chat", "1.2.0", replicas=2, env={"VLLM_LOGGING_LEVEL": "INFO"})
+    _run(rollout.ensure_version, stable)
+    apps, core = rollout.kube.apps, rollout.kube.core
+    generation = apps.read_namespaced_deployment("chat-v1-2-0", NS).metadata.generation
+    _run(rollout.ensure_version, stable)
+    assert apps.read_namespaced_deployment("chat-v1-2-0", NS).metadata.generation == generation
+    selector = f"{naming.LABEL_APP}=chat"
+    assert [d.metadata.name for d in apps.list_namespaced_deployment(NS, label_selector=selector).items] == ["chat-v1-2-0"]
+    assert [s.metadata.name for s in core.list_namespaced_service(NS, label_selector=selector).items] == ["chat-v1-2-0"]
+
+    beats: list = []
+    ready = _run(rollout.wait_ready, WaitReadyInput(deployment=ref, version="1.2.0", replicas=2, poll_seconds=0.2), beats)
+    assert ready.ready_replicas == 2 and 0 < ready.seconds < 15
+    assert beats and beats[0]["desired"] == 2 and beats[0]["ready"] < 2
+
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.2.0": 100}))
+    route = _route(rollout, "chat")
+    assert route["spec"]["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway", "namespace": "gateways"}]
+    assert route["metadata"]["labels"][naming.LABEL_APP] == "chat"
+    assert _backends(rollout, "chat") == {"chat-v1-2-0": 100}
+
+    # The canary joins at weight 0, then takes 5 %.
+    _run(rollout.ensure_version, _version("chat", "1.3.0", replicas=1))
+    _run(rollout.wait_ready, WaitReadyInput(deployment=ref, version="1.3.0", replicas=1, poll_seconds=0.2))
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.2.0": 100, "1.3.0": 0}))
+    assert _backends(rollout, "chat") == {"chat-v1-2-0": 100, "chat-v1-3-0": 0}
+    rv = _route(rollout, "chat")["metadata"]["resourceVersion"]
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.2.0": 100, "1.3.0": 0}))
+    assert _route(rollout, "chat")["metadata"]["resourceVersion"] == rv  # idempotent: no write at all
+
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.2.0": 95, "1.3.0": 5}))
+    state = _run(rollout.describe_deployment, ref)
+    assert state.route_exists and state.stable.version == "1.2.0"
+    by_version = {v.version: v for v in state.versions}
+    assert by_version["1.2.0"].replicas == 2 and by_version["1.2.0"].ready_replicas == 2
+    assert by_version["1.3.0"].route_weight == 5 and by_version["1.3.0"].model == "llama-3-8b"
+
+    # Promote: traffic first, then the old version scales down through the scale subresource.
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.2.0": 0, "1.3.0": 100}))
+    _run(rollout.scale_version, ScaleVersionInput(deployment=ref, version="1.2.0", replicas=0))
+    assert apps.read_namespaced_deployment_scale("chat-v1-2-0", NS).spec.replicas == 0
+    state = _run(rollout.describe_deployment, ref)
+    assert state.stable.version == "1.3.0"
+    assert {v.version: (v.replicas, v.route_weight) for v in state.versions} == {"1.2.0": (0, 0), "1.3.0": (1, 100)}
+
+
+def test_deployment_serves_the_staged_weights_read_only_on_gpus(rollout):
+    _run(rollout.ensure_version, _version("embed", "2.0.0", gpus=2, args=["--max-model-len", "8192"], env={"OTEL_SERVICE_NAME": "custom"}))
+    dep = rollout.kube.apps.read_namespaced_deployment("embed-v2-0-0", NS)
+    pod = dep.spec.template
+    assert pod.metadata.labels == {
+        naming.LABEL_APP: "embed",
+        naming.LABEL_VERSION: "2.0.0",
+        naming.LABEL_MODEL: "llama-3-8b",
+        naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
+        naming.LABEL_CLASS: "realtime",  # the default priority class
+    }
+    (container,) = pod.spec.containers
+    assert container.args[:2] == ["--model", f"{CACHE}/llama-3-8b/2.0.0"] and container.args[-2:] == ["--max-model-len", "8192"]
+    assert container.resources.limits == {naming.GPU_RESOURCE: "2"}
+    assert container.readiness_probe.http_get.path == "/health"
+    (mount,) = container.volume_mounts
+    assert mount.mount_path == CACHE and mount.read_only
+    (volume,) = pod.spec.volumes
+    assert volume.name == mount.name and volume.host_path.path == CACHE
+    env = {e.name: e.value for e in container.env}
+    assert env["OTEL_SERVICE_NAME"] == "custom" and "service.version=2.0.0" in env["OTEL_RESOURCE_ATTRIBUTES"]
+    service = rollout.kube.core.read_namespaced_service("embed-v2-0-0", NS)
+    assert service.spec.selector == {naming.LABEL_APP: "embed", naming.LABEL_VERSION: "2.0.0"}
+
+
+def test_route_keeps_its_matches_and_rejects_bad_weights(rollout):
+    ref = _ref("rag")
+    _run(rollout.ensure_version, _version("rag", "1.0.0", gpus=0))
+    routes = rollout.kube.custom
+    rule = {"matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}], "backendRefs": [{"name": "old", "port": 8000, "weight": 100}]}
+    routes.create_namespaced_custom_object(*ROUTE_API, NS, "httproutes", {
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "rag"}, "spec": {"parentRefs": [{"name": "edge"}], "rules": [rule]},
+    })
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 100}))
+    route = _route(rollout, "rag")
+    assert route["spec"]["rules"][0]["matches"] == rule["matches"] and route["spec"]["parentRefs"] == [{"name": "edge"}]
+    assert _backends(rollout, "rag") == {"rag-v1-0-0": 100}
+
+    for weights in ({"1.0.0": 60}, {"1.0.0": 120, "0.9.0": -20}, {}):
+        with pytest.raises(ApplicationError) as err:
+            _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights=weights))
+        assert err.value.non_retryable and "sum to 100" in str(err.value)
+    with pytest.raises(ApplicationError) as err:
+        _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 50, "4.0.0": 50}))
+    assert err.value.non_retryable and "rag-v4-0-0" in str(err.value)
+    assert _backends(rollout, "rag") == {"rag-v1-0-0": 100}
+
+
+def test_unknown_namespace_and_missing_version_are_non_retryable(rollout):
+    ghost = DeploymentRef(namespace="no-such-ns", name="chat")
+    calls = [
+        (rollout.describe_deployment, ghost),
+        (rollout.ensure_version, _version("chat", "1.0.0").model_copy(update={"deployment": ghost})),
+        (rollout.scale_version, ScaleVersionInput(deployment=ghost, version="1.0.0", replicas=1)),
+        (rollout.wait_ready, WaitReadyInput(deployment=ghost, version="1.0.0", replicas=1)),
+        (rollout.set_route_weights, RouteWeightsInput(deployment=ghost, weights={"1.0.0": 100})),
+    ]
+    for fn, arg in calls:
+        with pytest.raises(ApplicationError) as err:
+            _run(fn, arg)
+        assert err.value.non_retryable and "no-such-ns" in str(err.value), fn.__name__
+    for fn, arg in [
+        (rollout.scale_version, ScaleVersionInput(deployment=_ref("chat"), version="9.9.9", replicas=1)),
+        (rollout.wait_ready, WaitReadyInput(deployment=_ref("chat"), version="9.9.9", replicas=1)),
+    ]:
+        with pytest.raises(ApplicationError) as err:
+            _run(fn, arg)
+        assert err.value.non_retryable and "chat-v9-9-9" in str(err.value)
+    with pytest.raises(ApplicationError) as err:
+        _run(rollout.ensure_version, _version("chat", "1.0.0").model_copy(update={"weights_path": "/tmp/weights"}))
+    assert err.value.non_retryable and "/tmp/weights" in str(err.value)
+
+
+def test_wait_ready_reports_unschedulable_pods_and_is_cancellable(rollout):
+    ref = _ref("huge")
+    _run(rollout.ensure_version, _version("huge", "1.0.0", replicas=1, gpus=8))  # the only node has 4
+    env = ActivityEnvironment()
+    beats: list = []
+    env.on_heartbeat = lambda *d: beats.append(d[0])
+    # A retried attempt keeps the first attempt's start (from its heartbeat) for the cold-start time.
+    env.info = dataclasses.replace(env.info, attempt=2, heartbeat_details=[{"started_at": time.time() - 100}])
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(env.run, rollout.wait_ready, WaitReadyInput(deployment=ref, version="1.0.0", replicas=1, poll_seconds=0.1))
+        deadline = time.monotonic() + 15
+        while not any("Unschedulable" in w for b in beats for w in b["waiting"]):
+            assert time.monotonic() < deadline, beats[-1:]
+            time.sleep(0.1)
+        assert beats[-1]["started_at"] < time.time() - 99
+        env.cancel()
+        with pytest.raises(CancelledError):
+            fut.result(timeout=10)
+    assert any("nvidia.com/gpu" in w for w in beats[-1]["waiting"])
+
+
+def test_warm_up_benchmarks_the_new_version_through_its_service(rollout):
+    ref = _ref("bench")
+    _run(rollout.ensure_version, _version("bench", "1.0.0", replicas=1))
+    _run(rollout.wait_ready, WaitReadyInput(deployment=ref, version="1.0.0", replicas=1, poll_seconds=0.2))
+    beats: list = []
+    deadline = time.monotonic() + 10
+    while True:  # the fleet simulator notices the Ready pod on its next tick
+        try:
+            result = _run(rollout.warm_up, WarmUpInput(deployment=ref, version="1.0.0", requests=8, max_tokens=16, model="llama-3-8b"), beats)
+            break
+        except ApplicationError:
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+    assert result.requests == 8 and result.errors <= 2
+    assert result.tokens_per_second > 0 and 0 < result.p50_latency_seconds <= result.p99_latency_seconds
+    assert beats[-1]["done"] == 8
+
+    with pytest.raises(ApplicationError) as err:  # no Ready pod behind that Service: every request fails
+        _run(rollout.warm_up, WarmUpInput(deployment=ref, version="7.0.0", requests=2))
+    assert not err.value.non_retryable and "bench-v7-0-0" in str(err.value)
+
+
+def test_versions_differing_in_punctuation_get_their_own_objects(rollout):
+    """Issue 20 defect 1: 1.3.0-rc.1 (stable) and 1.3.0-rc-1 once shared one name, and the second
+    overwrote the stable Deployment and listed one backend twice in the route."""
+    ref = _ref("punct")
+    stable, new = "1.3.0-rc.1", "1.3.0-rc-1"
+    _run(rollout.ensure_version, _version("punct", stable, replicas=1))
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={stable: 100}))
+    _run(rollout.ensure_version, _version("punct", new, replicas=1).model_copy(update={"image": "vllm/vllm-openai:v0.9.0"}))
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={stable: 100, new: 0}))
+
+    apps = rollout.kube.apps
+    deployments = apps.list_namespaced_deployment(NS, label_selector=f"{naming.LABEL_APP}=punct").items
+    held = {d.metadata.labels[naming.LABEL_VERSION]: d for d in deployments}
+    assert sorted(held) == sorted([stable, new]) and len({d.metadata.name for d in deployments}) == 2
+    assert held[stable].spec.template.spec.containers[0].image == "vllm/vllm-openai:v0.8.5"  # untouched
+    backends = _backends(rollout, "punct")
+    assert backends == {ref.versioned(stable): 100, ref.versioned(new): 0}
+    state = _run(rollout.describe_deployment, ref)
+    assert state.stable.version == stable and state.stable.replicas == 1
+
+
+def test_ensure_version_never_rewrites_another_versions_deployment(rollout):
+    """A Deployment whose name a version maps to but that serves another version is refused, named."""
+    ref = _ref("taken")
+    _run(rollout.ensure_version, _version("taken", "2.0.0"))
+    apps = rollout.kube.apps
+    apps.patch_namespaced_deployment(ref.versioned("2.0.0"), NS, {"metadata": {"labels": {naming.LABEL_VERSION: "2-0-0"}}})
+    with pytest.raises(ApplicationError, match=r"version 2.0.0: Deployment llm-serving/taken-v2-0-0 already serves version 2-0-0") as err:
+        _run(rollout.ensure_version, _version("taken", "2.0.0"))
+    assert err.value.non_retryable

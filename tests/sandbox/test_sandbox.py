@@ -1,0 +1,278 @@
+"""End to end against the whole sandbox: each tool talks its real protocol to the stand-in."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import boto3
+import httpx
+import pytest
+import yaml
+from kubernetes import client, config
+from prometheus_api_client import PrometheusConnect
+
+from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
+from infra.sandbox.launcher import RULES_DIR, Ports, Sandbox, SandboxRunning
+from tests.sandbox_fixtures import TEST_CONFIG, create_logical_deployment, wait_until
+from workflows.naming import GPU_RESOURCE, NODE_CAPACITY_TYPE, NODE_POOL
+
+BIN = Path(sys.executable).parent
+NAMESPACE = "e2e-fleet"
+
+
+def _kube(sandbox) -> client.ApiClient:
+    return config.new_client_from_config(config_file=str(sandbox.kubeconfig))
+
+
+def test_s3_and_sqs_through_moto(sandbox):
+    aws = {"endpoint_url": sandbox.env["AWS_ENDPOINT_URL"], "region_name": "us-east-1", "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+    s3 = boto3.client("s3", **aws)
+    s3.put_object(Bucket="tideplane-models", Key="llama/1.0.0/model.safetensors", Body=b"weights")
+    assert s3.get_object(Bucket="tideplane-models", Key="llama/1.0.0/model.safetensors")["Body"].read() == b"weights"
+    sqs = boto3.client("sqs", **aws)
+    queue = sandbox.env["TIDEPLANE_SPOT_QUEUE_URL"]
+    sqs.send_message(QueueUrl=queue, MessageBody=json.dumps({"detail-type": "EC2 Spot Instance Interruption Warning"}))
+    messages = sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=1)["Messages"]
+    assert json.loads(messages[0]["Body"])["detail-type"] == "EC2 Spot Instance Interruption Warning"
+
+
+def test_kubectl_lists_the_gpu_nodes_of_each_pool(sandbox):
+    out = subprocess.run(["kubectl", "--kubeconfig", str(sandbox.kubeconfig), "get", "nodes", "-o", "json"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    nodes = json.loads(out.stdout)["items"]
+    pools = {}
+    for node in nodes:
+        labels = node["metadata"]["labels"]
+        pools.setdefault(labels[NODE_POOL], []).append(node)
+        assert node["spec"]["providerID"].startswith("aws:///us-east-1")
+    assert {name: len(members) for name, members in pools.items()} == {p["name"]: p["count"] for p in TEST_CONFIG["node_pools"]}
+    assert all(n["status"]["allocatable"][GPU_RESOURCE] == "4" for n in pools["gpu-spot"] + pools["gpu-on-demand"])
+    assert {n["metadata"]["labels"][NODE_CAPACITY_TYPE] for n in pools["gpu-spot"]} == {"spot"}
+    table = subprocess.run(["kubectl", "--kubeconfig", str(sandbox.kubeconfig), "get", "nodes"], capture_output=True, text=True, timeout=30)
+    assert table.returncode == 0 and "Ready" in table.stdout
+
+
+def test_temporal_cli_and_web_ui_answer(sandbox):
+    address = sandbox.env["TEMPORAL_ADDRESS"]
+    namespaces = subprocess.run([str(BIN / "temporal"), "operator", "namespace", "list", "--address", address], capture_output=True, text=True, timeout=30)
+    assert namespaces.returncode == 0, namespaces.stderr
+    assert "default" in namespaces.stdout
+    attributes = subprocess.run([str(BIN / "temporal"), "operator", "search-attribute", "list", "--address", address], capture_output=True, text=True, timeout=30)
+    assert "TideplaneDeployment" in attributes.stdout and "TideplaneCanaryPercent" in attributes.stdout
+    with urllib.request.urlopen(sandbox.urls["temporal-ui"], timeout=10) as response:
+        assert response.status == 200
+
+
+def test_sourced_env_file_points_the_tools_at_the_sandbox(sandbox):
+    script = f"source {sandbox.state_dir / 'env'} && temporal operator namespace list && kubectl get nodes -o name"
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")})
+    assert out.returncode == 0, out.stderr
+    assert "default" in out.stdout
+    assert out.stdout.count("node/ip-") == sum(p["count"] for p in TEST_CONFIG["node_pools"])
+
+
+def test_prometheus_returns_vllm_metrics_of_a_running_deployment(sandbox):
+    api = _kube(sandbox)
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    service = create_logical_deployment(api, NAMESPACE, "chat", "1.0.0", "llama-3-8b", replicas=2)
+    core.patch_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, {"data": {f"{NAMESPACE}/chat": json.dumps({"rps": 6})}})
+    wait_until(lambda: apps.read_namespaced_deployment(service, NAMESPACE).status.ready_replicas == 2, 30, "2 Ready replicas")
+
+    def complete():  # the fleet sees new Ready pods on its next tick, like endpoints propagating
+        response = httpx.post(sandbox.urls["fleet"] + f"/proxy/{NAMESPACE}/{service}/v1/completions", json={"prompt": "Hello", "max_tokens": 8}, timeout=10)
+        return response.status_code == 200 and response.json()
+
+    completion = wait_until(complete, 10, "a completion from the new pods")
+    assert completion["object"] == "text_completion" and completion["usage"]["completion_tokens"] == 8
+    assert httpx.post(sandbox.urls["fleet"] + f"/proxy/{NAMESPACE}/nothing/v1/completions", json={"prompt": "x"}, timeout=10).status_code == 503
+
+    prom = PrometheusConnect(url=sandbox.urls["prometheus"], disable_ssl=True)
+    selector = f'namespace="{NAMESPACE}",deployment="chat",version="1.0.0"'
+    rate = wait_until(lambda: prom.custom_query(f"sum(rate(vllm:request_success_total{{{selector}}}[5s]))"), 30, "the success rate to be scraped")
+    assert float(rate[0]["value"][1]) > 0
+    running = prom.custom_query(f"vllm:num_requests_running{{{selector}}}")
+    assert {r["metric"]["model_name"] for r in running} == {"llama-3-8b"}
+    assert len({r["metric"]["pod"] for r in running}) == 2 and all(r["metric"]["node"].startswith("ip-") for r in running)
+    ttft = prom.custom_query(f"histogram_quantile(0.9, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{selector}}}[5s])))")
+    assert 0 < float(ttft[0]["value"][1]) < 1
+    gpus = prom.custom_query(f'DCGM_FI_DEV_FB_USED{{namespace="{NAMESPACE}"}}')
+    assert len(gpus) == 2 and all(float(g["value"][1]) > 0 for g in gpus)
+
+    # demand beyond the two replicas' capacity (2 x 4 rps): requests queue, GPUs saturate
+    core.patch_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, {"data": {f"{NAMESPACE}/chat": json.dumps({"rps": 20})}})
+    wait_until(lambda: prom.custom_query(f"sum(vllm:num_requests_waiting{{{selector}}}) > 10"), 15, "requests to queue")
+    wait_until(lambda: prom.custom_query(f'min(DCGM_FI_DEV_GPU_UTIL{{namespace="{NAMESPACE}"}}) == 100'), 10, "saturated GPUs")
+    core.patch_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, {"data": {f"{NAMESPACE}/chat": json.dumps({"rps": 0})}})
+
+
+def test_asg_scale_up_joins_a_node_after_boot_and_termination_removes_it(sandbox):
+    aws = {"endpoint_url": sandbox.env["AWS_ENDPOINT_URL"], "region_name": "us-east-1", "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+    autoscaling = boto3.client("autoscaling", **aws)
+    core = client.CoreV1Api(_kube(sandbox))
+
+    def spot_nodes():
+        return {n.spec.provider_id.rsplit("/", 1)[1]: n.metadata.name for n in core.list_node(label_selector=f"{NODE_POOL}=gpu-spot").items}
+
+    before = spot_nodes()
+    started = time.monotonic()
+    autoscaling.set_desired_capacity(AutoScalingGroupName="gpu-spot", DesiredCapacity=len(before) + 1)
+    time.sleep(1)
+    assert spot_nodes() == before  # still booting
+    after = wait_until(lambda: len(nodes := spot_nodes()) > len(before) and nodes, 20, "the new instance to join")
+    boot = 90 / TEST_CONFIG["time_scale"]
+    assert time.monotonic() - started > boot * 0.8
+    (new_instance,) = set(after) - set(before)
+    node = core.read_node(after[new_instance])
+    assert node.metadata.labels[NODE_CAPACITY_TYPE] == "spot" and node.status.allocatable[GPU_RESOURCE] == "4"
+    autoscaling.terminate_instance_in_auto_scaling_group(InstanceId=new_instance, ShouldDecrementDesiredCapacity=True)
+    wait_until(lambda: spot_nodes() == before, 10, "the terminated instance's node to go")
+
+
+def test_worker_polls_the_sandbox_is_scraped_and_stops_on_sigterm(sandbox):
+    worker = subprocess.Popen([str(BIN / "tideplane"), "worker"], env={**os.environ, **sandbox.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        prom = PrometheusConnect(url=sandbox.urls["prometheus"], disable_ssl=True)
+        wait_until(lambda: prom.custom_query('up{job="tideplane-worker"} == 1'), 30, "Prometheus to scrape the worker")
+        pollers = subprocess.run(
+            [str(BIN / "temporal"), "task-queue", "describe", "--task-queue", "tideplane", "--address", sandbox.env["TEMPORAL_ADDRESS"], "-o", "json"],
+            capture_output=True, text=True, timeout=30,
+        )
+        assert pollers.returncode == 0 and "pollers" in pollers.stdout.lower(), pollers.stderr
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            output, _ = worker.communicate(timeout=40)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            raise
+    assert worker.returncode == 0, output
+    assert "stopping" in output
+
+
+@pytest.mark.parametrize("kind", [[], ["--rebalance"]], ids=["interruption", "rebalance"])
+def test_spot_interrupt_refuses_on_demand_and_unknown_nodes(sandbox, kind):
+    """Only spot instances get interruption notices; an on-demand node or a typo is refused in
+    one line (no traceback), and its instance keeps running."""
+    core = client.CoreV1Api(_kube(sandbox))
+    (node, *_) = core.list_node(label_selector=f"{NODE_CAPACITY_TYPE}=on-demand,{NODE_POOL}=gpu-on-demand").items
+    cli = [str(BIN / "tideplane"), "sandbox", "spot-interrupt", "--state-dir", str(sandbox.state_dir), *kind]
+    refused = subprocess.run([*cli, node.metadata.name], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert refused.stderr == (
+        f"tideplane: node '{node.metadata.name}' is on-demand capacity ({NODE_CAPACITY_TYPE}=on-demand): "
+        "EC2 sends interruption notices and rebalance recommendations to spot instances only\n"
+    )
+    instance = node.spec.provider_id.rsplit("/", 1)[1]
+    aws = {"endpoint_url": sandbox.env["AWS_ENDPOINT_URL"], "region_name": "us-east-1", "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+    (found,) = boto3.client("autoscaling", **aws).describe_auto_scaling_instances(InstanceIds=[instance])["AutoScalingInstances"]
+    assert found["LifecycleState"] == "InService"
+
+    unknown = subprocess.run([*cli, "ip-10-9-9-9.ec2.internal"], capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
+    assert unknown.stderr.startswith("tideplane: no node 'ip-10-9-9-9.ec2.internal' in the sandbox")
+
+
+def test_prometheus_loads_the_repository_rule_files(sandbox):
+    groups = httpx.get(sandbox.urls["prometheus"] + "/api/v1/rules", timeout=10).json()["data"]["groups"]
+    assert {Path(g["file"]).name for g in groups} == {f.name for f in RULES_DIR.glob("*.yml")}
+
+
+def test_the_readme_alerts_link_is_served_by_the_sandbox_prometheus(sandbox):
+    """Debian's Prometheus 2.42 has no React UI: /alerts is a 404, the README must link /classic/alerts."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (path,) = set(re.findall(r"http://localhost:19090(/\S*alerts)", readme))
+    page = httpx.get(sandbox.urls["prometheus"] + path, timeout=10)
+    assert page.status_code == 200 and "GPUUtilisationHigh" in page.text  # a rule of infra/prometheus/alerts.yml
+
+
+def test_status_reports_every_component_up(sandbox):
+    status = sandbox.sandbox.status()
+    assert set(status) >= {"temporal", "temporal-ui", "moto", "kubeapi", "nodes", "fleet", "prometheus"}
+    assert all(entry["up"] for entry in status.values()), status
+
+
+def test_second_up_is_refused_without_starting_anything(sandbox):
+    before = (sandbox.state_dir / "pids.json").read_text()
+    with pytest.raises(SandboxRunning, match="already running"):
+        Sandbox(sandbox.state_dir, Ports.free(), sandbox.sandbox.config_path).up()
+    cli = subprocess.run([str(BIN / "tideplane"), "sandbox", "up", "--state-dir", str(sandbox.state_dir)], capture_output=True, text=True, timeout=60)
+    assert cli.returncode != 0 and "already running" in cli.stderr
+    assert (sandbox.state_dir / "pids.json").read_text() == before
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [({"gpu_memory_gib": 0}, "node_pools.0.gpu_memory_gib"), ({"capacity_type": "reserved"}, "node_pools.0.capacity_type")],
+)
+def test_impossible_node_fails_naming_the_field(tmp_path, change, field):
+    bad = {**TEST_CONFIG, "node_pools": [{**TEST_CONFIG["node_pools"][0], **change}]}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    cli = subprocess.run([str(BIN / "tideplane"), "sandbox", "up", "--config", str(path), "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 2
+    assert field in cli.stderr
+    assert not (tmp_path / "state").exists()
+
+
+def _listen_addresses(port: int) -> set[str]:
+    """The IPv4 addresses something listens on at ``port`` (/proc/net/tcp, state 0A = LISTEN)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
+
+
+def start_foreground_worker(sandbox) -> subprocess.Popen:
+    """`tideplane worker` as the README restarts it: in the caller's process group, env file sourced."""
+    worker = subprocess.Popen([str(BIN / "tideplane"), "worker"], env={**os.environ, **sandbox.env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pid_file = Path(sandbox.env["TIDEPLANE_PID_FILE"])
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() == str(worker.pid), 60, "the worker to record its pid")
+    return worker
+
+
+def test_a_second_worker_is_refused_and_status_sees_a_restarted_worker(sandbox):
+    worker = start_foreground_worker(sandbox)
+    try:
+        port = sandbox.sandbox.ports.worker_metrics_port
+        assert _listen_addresses(port) == {"127.0.0.1"}  # loopback only in the sandbox
+        second = subprocess.run([str(BIN / "tideplane"), "worker"], env={**os.environ, **sandbox.env}, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1 and "Traceback" not in second.stderr
+        (line,) = [line for line in second.stderr.splitlines() if line.startswith("tideplane:")]
+        assert f"127.0.0.1:{port}" in line and "TIDEPLANE_METRICS_PORT" in line and "another worker" in line
+        assert Path(sandbox.env["TIDEPLANE_PID_FILE"]).read_text().strip() == str(worker.pid)
+
+        status = subprocess.run([str(BIN / "tideplane"), "sandbox", "status", "--state-dir", str(sandbox.state_dir)], capture_output=True, text=True, timeout=60)
+        (row,) = [r for r in status.stdout.splitlines() if r.startswith("worker ")]
+        assert row.split()[1] == "up", status.stdout
+    finally:
+        worker.terminate()
+        worker.wait(60)
+    assert not Path(sandbox.env["TIDEPLANE_PID_FILE"]).exists()  # removed on a graceful stop
+
+
+def test_down_leaves_nothing_listening_then_up_again(sandbox):
+    """Runs last in this module: stops the session sandbox, checks, and brings it back."""
+    box = sandbox.sandbox
+    pids = [p["pid"] for p in json.loads((sandbox.state_dir / "pids.json").read_text())["processes"].values()]
+    ports = list(box.ports.model_dump().values())
+    worker = start_foreground_worker(sandbox)  # not started by `up`: down stops it (only it, not our process group)
+    assert "worker" in box.down()
+    assert worker.wait(5) is not None
+    for port in ports:
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still listening"
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+    assert not box.running() and not (sandbox.state_dir / "pids.json").exists()
+    box.up()
+    assert len(client.CoreV1Api(_kube(sandbox)).list_node().items) == sum(p["count"] for p in TEST_CONFIG["node_pools"])

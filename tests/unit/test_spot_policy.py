@@ -1,0 +1,129 @@
+"""SpotHedge-style mix policy and the return-to-spot stabilisation rule."""
+
+import pytest
+
+from workflows.spot.policy import (
+    MIN_PREEMPTION_RATE,
+    ZoneMarket,
+    _survival,
+    fallback_on_demand,
+    plan_mix,
+    preemption_rate,
+    return_to_spot,
+    stabilisation_delay,
+)
+
+OD = 10.0  # on-demand $/replica-hour
+SPOT = 3.0
+
+
+def zones(*rates, price=SPOT):
+    return [ZoneMarket(f"z{i}", r, price) for i, r in enumerate(rates)]
+
+
+def test_reliable_spot_needs_no_hedge():
+    plan = plan_mix(4, 0.99, zones(0.0, 0.0), OD, min_preemption_rate=0.0)
+    assert plan.on_demand == 0 and plan.spot == 4 and plan.overprovision == 0
+    assert plan.availability == pytest.approx(1.0)
+    assert plan.cost_per_hour == pytest.approx(4 * SPOT)
+
+
+def test_a_zone_never_preempted_recently_is_not_certain():
+    # without the floor, one zone with no recent preemption would get every replica (no hedge)
+    plan = plan_mix(8, 0.99, zones(0.0, 0.0, 0.0, 0.0), OD)
+    assert MIN_PREEMPTION_RATE == 0.02
+    assert len(plan.spot_per_zone) >= 2 and max(plan.spot_per_zone.values()) < 8
+    assert plan.overprovision > 0 and plan.on_demand == 0
+    assert plan.availability >= 0.99  # computed at the floor rate, not at 0
+    assert _survival([(8, 0.02)])[8] < 0.99  # why one zone cannot do it
+
+
+def test_zones_chosen_by_expected_cost_per_available_replica():
+    # the never-preempted zone is 4.7x the price: a hedge over cheap, slightly shakier zones wins
+    markets = [ZoneMarket("reliable-pricey", 0.0, 8.74)] + [ZoneMarket(f"cheap{i}", 0.05, 1.86) for i in range(3)]
+    plan = plan_mix(8, 0.99, markets, OD)
+    assert "reliable-pricey" not in plan.spot_per_zone
+    assert plan.availability >= 0.99 and plan.on_demand == 0
+    assert plan.cost_per_hour < 8 * 8.74
+    # a cheap zone that is gone most of the time costs more per available replica than its price
+    flaky = [ZoneMarket("flaky", 0.6, 1.5), ZoneMarket("steady", 0.05, 2.0), ZoneMarket("steady2", 0.05, 2.0)]
+    assert "flaky" not in plan_mix(2, 0.9, flaky, OD).spot_per_zone
+
+
+def test_overprovisions_across_zones_instead_of_on_demand():
+    plan = plan_mix(4, 0.99, zones(0.05, 0.05, 0.05, 0.05), OD)
+    assert plan.on_demand == 0
+    assert plan.overprovision > 0, "one zone failing must not take the fleet below target"
+    assert len(plan.spot_per_zone) >= 2, "replicas spread over zones"
+    assert plan.availability >= 0.99
+    assert plan.cost_per_hour < 4 * OD
+
+
+def test_unreliable_spot_falls_back_to_on_demand():
+    plan = plan_mix(4, 0.999, zones(0.6, 0.7), OD)
+    assert plan.on_demand == 4 and plan.spot == 0 and plan.cost_per_hour == pytest.approx(4 * OD)
+
+
+def test_mixed_base_when_spot_is_cheap_but_shaky():
+    plan = plan_mix(4, 0.95, zones(0.2, 0.2, 0.2), OD, max_overprovision=2)
+    assert 0 < plan.on_demand < 4 and plan.spot > 0
+    assert plan.availability >= 0.95
+    assert plan.cost_per_hour < 4 * OD
+
+
+def test_preempted_zones_are_avoided_and_reliable_zones_preferred():
+    markets = [ZoneMarket("bad", 0.0, 1.0, available=False), ZoneMarket("shaky", 0.3, 1.0), ZoneMarket("good", 0.01, 1.0)]
+    plan = plan_mix(2, 0.9, markets, OD)
+    assert "bad" not in plan.spot_per_zone
+    assert plan.spot_per_zone.get("good", 0) >= plan.spot_per_zone.get("shaky", 0)
+
+
+def test_no_zones_or_zero_target():
+    assert plan_mix(3, 0.99, [], OD).on_demand == 3
+    zero = plan_mix(0, 0.99, zones(0.1), OD)
+    assert zero.on_demand == 0 and zero.spot == 0 and zero.cost_per_hour == 0
+
+
+def test_higher_target_never_cheaper():
+    markets = zones(0.1, 0.15, 0.2)
+    costs = [plan_mix(4, a, markets, OD).cost_per_hour for a in (0.5, 0.9, 0.99, 0.999)]
+    assert costs == sorted(costs)
+
+
+@pytest.mark.parametrize("bad", [(-1, 0.9, 0.02), (2, 1.5, 0.02), (2, -0.1, 0.02), (2, 0.9, 1.5)])
+def test_bad_input(bad):
+    with pytest.raises(ValueError):
+        plan_mix(bad[0], bad[1], zones(0.1), OD, min_preemption_rate=bad[2])
+
+
+def test_survival_matches_enumeration():
+    # two zones: 2 replicas at p=0.1, 1 replica at p=0.5
+    s = _survival([(2, 0.1), (1, 0.5)])
+    assert s[0] == pytest.approx(1.0)
+    assert s[1] == pytest.approx(1 - 0.1 * 0.5)
+    assert s[2] == pytest.approx(0.9)
+    assert s[3] == pytest.approx(0.9 * 0.5)
+
+
+def test_fallback_covers_the_spot_shortfall():
+    assert fallback_on_demand(4, 4) == 0
+    assert fallback_on_demand(4, 1) == 3
+    assert fallback_on_demand(4, 6, base=1) == 1
+
+
+def test_preemption_rate_window():
+    assert preemption_rate([0, 0, 1, 1], 2) == 1.0
+    assert preemption_rate([0, 0, 1, 1], 4) == 0.5
+    assert preemption_rate([], 5) == 0.0
+
+
+def test_stabilisation_doubles_with_flaps_and_caps():
+    assert stabilisation_delay(300, 0, 3600) == 300
+    assert stabilisation_delay(300, 2, 3600) == 1200
+    assert stabilisation_delay(300, 10, 3600) == 3600
+
+
+def test_return_to_spot_needs_the_whole_delay():
+    assert not return_to_spot(None, 1000, 300)
+    assert not return_to_spot(800, 1000, 300)
+    assert return_to_spot(700, 1000, 300)

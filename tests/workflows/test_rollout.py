@@ -1,0 +1,741 @@
+"""ModelRollout on Temporal's time-skipping server, with its activities stubbed under the real names.
+
+Metrics the workflow records on its metric meter are read back from a MetricBuffer on the test
+server's runtime. The stubs keep a tiny model of the cluster (route weights, replicas per version) and record every
+call in order, so tests assert what the workflow did to the cluster and in which order; gate values
+are scripted per canary weight. Operators' signals and updates are sent from inside the stubs at a
+precise point of the run (time is virtual, so polling from outside could not hit a given stage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from temporalio import activity
+from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.client import (
+    Client,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
+from temporalio.runtime import BufferedMetricUpdate, MetricBuffer, Runtime, TelemetryConfig
+from temporalio.worker import Replayer, Worker
+
+from tests.conftest import time_skipping
+from workflows import telemetry
+from workflows.rollout import gates as canary
+from workflows import search_attributes as sa
+from workflows.rollout.workflow import ModelRollout, start_rollout
+from workflows.naming import DeploymentRef
+from workflows.registry.activities import (
+    RecordRegistryBenchmarkInput,
+    RegistryStatusResult,
+    RegistryWeights,
+    RegistryWeightsInput,
+    SetRegistryStatusInput,
+)
+from workflows.rollout.activities import (
+    DESCRIBE_DEPLOYMENT,
+    ENSURE_VERSION,
+    QUERY_GATES,
+    SCALE_VERSION,
+    SET_ROUTE_WEIGHTS,
+    STAGE_WEIGHTS,
+    WAIT_READY,
+    WARM_UP,
+    Benchmark,
+    DeploymentState,
+    EnsureVersionInput,
+    GateQueriesInput,
+    GateQueriesResult,
+    ReadyResult,
+    RouteWeightsInput,
+    ScaleVersionInput,
+    StagedWeights,
+    StageWeightsInput,
+    VersionInfo,
+    WaitReadyInput,
+    WarmUpInput,
+    WeightFile,
+)
+from workflows.rollout.types import (
+    DEFAULT_STEPS,
+    AbortInput,
+    Outcome,
+    PauseInput,
+    PromoteInput,
+    ResumeInput,
+    RolloutInput,
+    Stage,
+)
+
+# The registry's activity names (RegistryActivities in workflows/registry/activities.py)
+RESOLVE_REGISTRY_WEIGHTS, SET_REGISTRY_STATUS, RECORD_REGISTRY_BENCHMARK = (
+    "resolve_registry_weights", "set_registry_status", "record_registry_benchmark",
+)
+METRICS = MetricBuffer(100_000)  # what the workflows of this module record on their metric meter
+_SEEN: list[BufferedMetricUpdate] = []
+STABLE, NEW = "1.2.0", "1.3.0"
+SHA = "ab" * 32
+CLUSTER_CHANGES = (ENSURE_VERSION, SCALE_VERSION, SET_ROUTE_WEIGHTS)
+GOOD = {
+    canary.REQUEST_COUNT: 600.0,
+    canary.ERROR_RATE: 0.001,
+    canary.P99_LATENCY: 1.05,
+    canary.STABLE_P99_LATENCY: 1.0,
+    canary.TTFT_P99: 0.3,
+    canary.TPOT_P99: 0.04,
+}
+BAD = {
+    canary.ERROR_RATE: 0.2,
+    canary.P99_LATENCY: 1.5,
+    canary.TTFT_P99: 3.0,
+    canary.TPOT_P99: 0.25,
+}
+SHORT = [
+    {"weight": 1, "window_seconds": 180},
+    {"weight": 5, "window_seconds": 180},
+    {"weight": 50, "window_seconds": 180},
+]
+
+# A hook runs inside a stub before it returns; returning True makes a long stub (staging, waits,
+# warm-up) keep heartbeating until the workflow cancels it, as a real download or wait would.
+Hook = Callable[["Fleet", str, Any], Awaitable[bool | None]]
+
+
+class Fleet:
+    """Stub activities over a tiny in-memory cluster; every call is recorded in order."""
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        stable: str | None = STABLE,
+        stable_replicas: int = 4,
+        gates: Callable[[int, int], dict[str, float | None] | Exception] = lambda weight, n: GOOD,
+        hook: Hook | None = None,
+        checksum_ok: bool = True,
+        warm_up_errors: int = 0,
+    ) -> None:
+        self.client = client
+        self.workflow_id = ""
+        self.deployment = ""  # the logical name, as the metrics label it
+        self.route: dict[str, int] = {stable: 100} if stable else {}
+        self.replicas: dict[str, int] = {stable: stable_replicas} if stable else {}
+        self.gates = gates
+        self.hook = hook
+        self.checksum_ok = checksum_ok
+        self.warm_up_errors = warm_up_errors
+        self.calls: list[tuple[str, Any]] = []
+        self.times: list[datetime] = []
+        self.gate_queries: dict[int, int] = {}
+        self.cancelled: list[str] = []
+        self.events: list[tuple[str, Any]] = []
+
+    @property
+    def handle(self) -> WorkflowHandle:
+        return self.client.get_workflow_handle(self.workflow_id)
+
+    async def _record(self, name: str, arg: Any) -> None:
+        self.calls.append((name, arg))
+        self.times.append(activity.info().current_attempt_scheduled_time)  # virtual time
+        if self.hook is not None and await self.hook(self, name, arg):
+            try:
+                for _ in range(500):
+                    activity.heartbeat()
+                    await asyncio.sleep(0.02)
+                raise AssertionError(f"{name} was never cancelled")
+            except asyncio.CancelledError:
+                self.cancelled.append(name)
+                raise
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.calls]
+
+    def routes(self) -> list[dict[str, int]]:
+        return [arg.weights for name, arg in self.calls if name == SET_ROUTE_WEIGHTS]
+
+    def scales(self) -> list[tuple[str, int]]:
+        return [(arg.version, arg.replicas) for name, arg in self.calls if name == SCALE_VERSION]
+
+    def activities(self) -> list[Callable]:
+        return [
+            self.set_registry_status,
+            self.record_registry_benchmark,
+            self.resolve_registry_weights,
+            self.stage_weights,
+            self.describe_deployment,
+            self.ensure_version,
+            self.scale_version,
+            self.wait_ready,
+            self.set_route_weights,
+            self.warm_up,
+            self.query_gates,
+        ]
+
+    # bookkeeping (registry, metrics): recorded apart from the cluster calls
+    @activity.defn(name=SET_REGISTRY_STATUS)
+    async def set_registry_status(self, input: SetRegistryStatusInput) -> RegistryStatusResult:
+        self.events.append((SET_REGISTRY_STATUS, input))
+        return RegistryStatusResult(status=input.status)
+
+    @activity.defn(name=RECORD_REGISTRY_BENCHMARK)
+    async def record_registry_benchmark(self, input: RecordRegistryBenchmarkInput) -> None:
+        self.events.append((RECORD_REGISTRY_BENCHMARK, input))
+
+    def recorded(self, name: str) -> list[Any]:
+        return [arg for n, arg in self.events if n == name]
+
+    def metric(self, metric: telemetry.Metric) -> list[tuple[dict[str, str], float]]:
+        """(labels, value) of every recording of ``metric`` for this fleet's deployment, in order."""
+        _SEEN.extend(METRICS.retrieve_updates())
+        return [
+            (dict(u.attributes), u.value)
+            for u in _SEEN
+            if u.metric.name == metric.name and u.attributes.get("deployment") == self.deployment
+        ]
+
+    def outcomes(self) -> list[tuple[str, str]]:
+        """(outcome, stage) of every rollout this fleet saw end."""
+        return [(labels["outcome"], labels["stage"]) for labels, _ in self.metric(telemetry.ROLLOUTS)]
+
+    def verdicts(self) -> list[dict[str, str]]:
+        return [labels for labels, _ in self.metric(telemetry.GATE_VERDICTS)]
+
+    @activity.defn(name=RESOLVE_REGISTRY_WEIGHTS)
+    async def resolve_registry_weights(self, input: RegistryWeightsInput) -> RegistryWeights:
+        await self._record(RESOLVE_REGISTRY_WEIGHTS, input)
+        return RegistryWeights(
+            files=[WeightFile(uri=f"s3://models/{input.model}/{input.version}/w.safetensors", sha256=SHA)]
+        )
+
+    @activity.defn(name=STAGE_WEIGHTS)
+    async def stage_weights(self, input: StageWeightsInput) -> StagedWeights:
+        await self._record(STAGE_WEIGHTS, input)
+        if not self.checksum_ok:
+            raise ApplicationError(
+                f"checksum mismatch for {input.files[0].uri}: expected {input.files[0].sha256}, actual {'cd' * 32}",
+                type="ChecksumMismatch",
+                non_retryable=True,
+            )
+        return StagedWeights(path=f"/models/{input.model}/{input.version}", size_bytes=10, seconds=1.0)
+
+    @activity.defn(name=DESCRIBE_DEPLOYMENT)
+    async def describe_deployment(self, input: DeploymentRef) -> DeploymentState:
+        await self._record(DESCRIBE_DEPLOYMENT, input)
+        versions = [
+            VersionInfo(version=v, model="llama", replicas=n, ready_replicas=n, route_weight=self.route.get(v, 0))
+            for v, n in self.replicas.items()
+        ]
+        return DeploymentState(route_exists=bool(self.route), versions=versions)
+
+    @activity.defn(name=ENSURE_VERSION)
+    async def ensure_version(self, input: EnsureVersionInput) -> None:
+        await self._record(ENSURE_VERSION, input)
+        self.replicas[input.version] = input.replicas
+
+    @activity.defn(name=SCALE_VERSION)
+    async def scale_version(self, input: ScaleVersionInput) -> None:
+        await self._record(SCALE_VERSION, input)
+        self.replicas[input.version] = input.replicas
+
+    @activity.defn(name=WAIT_READY)
+    async def wait_ready(self, input: WaitReadyInput) -> ReadyResult:
+        await self._record(WAIT_READY, input)
+        return ReadyResult(ready_replicas=input.replicas, seconds=42.0)
+
+    @activity.defn(name=SET_ROUTE_WEIGHTS)
+    async def set_route_weights(self, input: RouteWeightsInput) -> None:
+        await self._record(SET_ROUTE_WEIGHTS, input)
+        assert sum(input.weights.values()) == 100
+        self.route = dict(input.weights)
+
+    @activity.defn(name=WARM_UP)
+    async def warm_up(self, input: WarmUpInput) -> Benchmark:
+        await self._record(WARM_UP, input)
+        return Benchmark(
+            requests=input.requests,
+            errors=self.warm_up_errors,
+            tokens_per_second=850.0,
+            p50_latency_seconds=0.4,
+            p99_latency_seconds=0.9,
+        )
+
+    @activity.defn(name=QUERY_GATES)
+    async def query_gates(self, input: GateQueriesInput) -> GateQueriesResult:
+        weight = self.route.get(input.variables["version"], 0)
+        n = self.gate_queries[weight] = self.gate_queries.get(weight, 0) + 1
+        await self._record(QUERY_GATES, input)
+        values = self.gates(weight, n)
+        if isinstance(values, Exception):
+            raise values
+        return GateQueriesResult(values=values)
+
+
+@pytest.fixture(scope="module")
+async def metered_env():
+    """The time-skipping server, its runtime's metrics going to METRICS."""
+    async with time_skipping(Runtime(telemetry=TelemetryConfig(metrics=METRICS))) as env:
+        yield env
+
+
+@pytest.fixture
+async def client(metered_env) -> Client:
+    return metered_env.client
+
+
+def rollout_input(**overrides: Any) -> RolloutInput:
+    fields = {
+        "deployment": f"llm-serving/chat-{uuid.uuid4().hex[:8]}",
+        "model": "llama",
+        "version": NEW,
+        "image": "vllm/vllm-openai:v0.6.3",
+        "weights_uri": "s3://tideplane-models/llama/1.3.0/model.safetensors",
+        "sha256": SHA,
+        "steps": SHORT,
+    }
+    return RolloutInput.model_validate({**fields, **overrides})
+
+
+def worker(fleet: Fleet, queue: str) -> Worker:
+    return Worker(
+        fleet.client,
+        task_queue=queue,
+        workflows=[ModelRollout],
+        activities=fleet.activities(),
+        max_heartbeat_throttle_interval=timedelta(milliseconds=50),  # cancellation reaches stubs at once
+        graceful_shutdown_timeout=timedelta(seconds=1),
+    )
+
+
+async def run_rollout(fleet: Fleet, inp: RolloutInput, until: Callable[[WorkflowHandle], Awaitable[Any]] | None = None):
+    """Start the rollout with a worker running the stubs; return the result (or raise its failure)."""
+    queue = f"rollout-test-{uuid.uuid4().hex[:8]}"
+    async with worker(fleet, queue):
+        handle = await start_rollout(fleet.client, inp, task_queue=queue)
+        fleet.workflow_id = handle.id
+        fleet.deployment = inp.deployment.split("/")[1]
+        try:
+            if until is not None:
+                result = asyncio.ensure_future(handle.result())  # lets virtual time run meanwhile
+                await until(handle)
+                return await result
+            return await handle.result()
+        finally:
+            await _terminate_if_running(handle)
+
+
+async def _terminate_if_running(handle: WorkflowHandle) -> None:
+    desc = await handle.describe()
+    if desc.status is not None and desc.status.name == "RUNNING":
+        await handle.terminate("test over")
+
+
+async def wait_status(handle: WorkflowHandle, predicate: Callable[[Any], bool], timeout: float = 10.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        status = await handle.query(ModelRollout.status)
+        if predicate(status):
+            return status
+        assert asyncio.get_running_loop().time() < deadline, f"status never matched: {status}"
+        await asyncio.sleep(0.05)
+
+
+def assert_rolled_back_route_first(fleet: Fleet, canary_weight: int) -> None:
+    """The route went back to stable, then (last) the canary was scaled down; stable never scaled."""
+    names = fleet.names()
+    revert = len(names) - 1 - names[::-1].index(SET_ROUTE_WEIGHTS)
+    assert fleet.calls[revert][1].weights == {STABLE: 100, NEW: 0}
+    assert [(n, a.version, a.replicas) for n, a in fleet.calls[revert + 1 :]] == [(SCALE_VERSION, NEW, 0)]
+    assert fleet.scales().count((NEW, 0)) == 1
+    assert fleet.times[-1] - fleet.times[revert] >= timedelta(seconds=600), "canary kept warm for the delay"
+    assert all(v != STABLE for v, _ in fleet.scales()), "stable must stay at full size"
+    assert max(r.get(NEW, 0) for r in fleet.routes()) == canary_weight
+    assert fleet.route == {STABLE: 100, NEW: 0}
+
+
+# ---- happy paths ------------------------------------------------------------------------------
+
+
+async def test_happy_path_default_ladder_promotes(client):
+    fleet = Fleet(client, stable_replicas=4)
+    inp = rollout_input(steps=[s.model_dump() for s in DEFAULT_STEPS])
+    result = await run_rollout(fleet, inp)
+
+    assert result.outcome is Outcome.PROMOTED and result.previous_version == STABLE
+    assert fleet.routes() == [
+        {STABLE: 100, NEW: 0},
+        {STABLE: 99, NEW: 1},
+        {STABLE: 95, NEW: 5},
+        {STABLE: 50, NEW: 50},
+        {STABLE: 0, NEW: 100},
+    ]
+    # canary sized for its share of 4 replicas, full size before 100 %, old version down last
+    assert fleet.calls[fleet.names().index(ENSURE_VERSION)][1].replicas == 1
+    assert fleet.scales() == [(NEW, 2), (NEW, 4), (STABLE, 0)]
+    assert fleet.times[-1] - fleet.times[-2] >= timedelta(seconds=600), "old version kept warm for the delay"
+    assert fleet.names().index(SET_ROUTE_WEIGHTS, fleet.names().index(WARM_UP)) > fleet.names().index(WARM_UP)
+    # default windows 10/30/30 min at one gate per minute
+    assert fleet.gate_queries == {1: 10, 5: 30, 50: 30}
+    assert result.cold_start_seconds == 42.0 and result.benchmark.tokens_per_second == 850.0
+    assert result.weight_reached == 100 and result.staged.path == "/models/llama/1.3.0"
+    assert result.timings["canary"] >= 70 * 60
+
+    handle = client.get_workflow_handle(fleet.workflow_id)
+    desc = await handle.describe()
+    attrs = desc.typed_search_attributes
+    assert attrs.get(sa.STAGE) == Stage.PROMOTED.value and attrs.get(sa.CANARY_PERCENT) == 100
+    assert attrs.get(sa.DEPLOYMENT) == inp.deployment and attrs.get(sa.VERSION) == NEW
+    # the variables handed to the gate queries
+    gate_input = next(arg for name, arg in fleet.calls if name == QUERY_GATES)
+    assert gate_input.variables["stable_version"] == STABLE and gate_input.variables["window"] == "60s"
+    assert set(gate_input.queries) == set(canary.GATE_NAMES)
+    # control-plane metrics; no registry writes for weights given by URI
+    assert fleet.outcomes() == [("promoted", "promoted")]
+    assert {v["verdict"] for v in fleet.verdicts()} == {"pass"}
+    assert len(fleet.verdicts()) == 70
+    assert not fleet.recorded(SET_REGISTRY_STATUS)
+    # and the code replays its own history (no non-determinism)
+    replayer = Replayer(workflows=[ModelRollout], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(await handle.fetch_history())
+
+
+async def test_first_deploy_skips_the_ladder(client):
+    fleet = Fleet(client, stable=None)
+    result = await run_rollout(fleet, rollout_input(replicas=3))
+    assert result.outcome is Outcome.PROMOTED and result.previous_version is None
+    assert fleet.names() == [STAGE_WEIGHTS, DESCRIBE_DEPLOYMENT, ENSURE_VERSION, WAIT_READY, WARM_UP, SET_ROUTE_WEIGHTS]
+    assert fleet.calls[2][1].replicas == 3
+    assert fleet.routes() == [{NEW: 100}]
+
+
+async def test_registry_version_resolved_tracked_and_benchmarked(client):
+    fleet = Fleet(client)
+    result = await run_rollout(fleet, rollout_input(weights_uri=None, sha256=None))
+    assert result.outcome is Outcome.PROMOTED
+    assert fleet.names()[:2] == [RESOLVE_REGISTRY_WEIGHTS, STAGE_WEIGHTS]
+    assert fleet.calls[1][1].files[0].uri == "s3://models/llama/1.3.0/w.safetensors"
+    [bench] = fleet.recorded(RECORD_REGISTRY_BENCHMARK)
+    assert bench.benchmark.dataset == "warm-up" and bench.benchmark.tokens_per_second == 850.0
+    assert bench.benchmark.image == "vllm/vllm-openai:v0.6.3"
+    statuses = fleet.recorded(SET_REGISTRY_STATUS)
+    assert [(s.status.state, getattr(s.status, "percent", None)) for s in statuses] == [
+        ("canary", 1),
+        ("canary", 5),
+        ("canary", 50),
+        ("stable", None),
+    ]
+    assert statuses[0].status.since == statuses[2].status.since  # canary since the first step
+    assert statuses[-1].demote_previous
+
+
+async def test_registry_marks_a_failed_canary_deprecated_and_an_aborted_one_testing(client):
+    bad = Fleet(client, gates=lambda w, n: {**GOOD, canary.ERROR_RATE: 0.3} if w == 5 else GOOD)
+    await run_rollout(bad, rollout_input(weights_uri=None, sha256=None))
+    assert [s.status.state for s in bad.recorded(SET_REGISTRY_STATUS)] == ["canary", "canary", "deprecated"]
+    assert bad.outcomes() == [("rolled_back", "canary-5")]
+    assert len(bad.metric(telemetry.ROLLBACK_SECONDS)) == 1  # the rollback's duration was measured
+    fail = [v for v in bad.verdicts() if v["verdict"] == "fail"]
+    assert [v["gate"] for v in fail] == [canary.ERROR_RATE]
+
+    aborted = Fleet(client, hook=_abort_when(QUERY_GATES, 1))
+    await run_rollout(aborted, rollout_input(weights_uri=None, sha256=None))
+    assert [s.status.state for s in aborted.recorded(SET_REGISTRY_STATUS)] == ["canary", "testing"]
+
+
+async def test_current_details_show_every_fresh_verdict_and_the_list_reads_without_opening(client):
+    """Issue 16 item 8: at 5 % the details still said "last verdict at 1 %"."""
+    seen: list[str] = []
+
+    async def read_details(fleet: Fleet, name: str, arg: Any) -> None:
+        if name == QUERY_GATES and fleet.route.get(NEW) == 5 and fleet.gate_queries[5] == 3:
+            meta = await fleet.handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+            seen.append(meta.current_details)
+
+    fleet = Fleet(client, hook=read_details)
+    result = await run_rollout(fleet, rollout_input())
+    assert result.outcome is Outcome.PROMOTED
+    [details] = seen
+    # two verdicts at 5 % were taken before the third query: the details show the second, with numbers
+    assert "verdict 5 at 5 %" in details and "pass: requests 600" in details and "error_rate 0.001" in details
+    assert "step: 2 pass, 0 fail" in details and "at 1 %" not in details
+
+    desc = await fleet.handle.describe()
+    assert await desc.static_summary() == f"Roll out llama {NEW} to llm-serving/{fleet.deployment}"
+    static = await desc.static_details()
+    assert f"deployment llm-serving/{fleet.deployment}" in static and "model llama" in static
+    assert "ladder 1 % (180s) → 5 % (180s) → 50 % (180s) → 100 %" in static
+
+
+# ---- gates ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weight", [1, 5, 50])
+@pytest.mark.parametrize("gate", [canary.ERROR_RATE, canary.P99_LATENCY, canary.TTFT_P99, canary.TPOT_P99])
+async def test_failing_gate_rolls_back_route_first(client, gate, weight):
+    fleet = Fleet(client, gates=lambda w, n: {**GOOD, gate: BAD[gate]} if w == weight and n == 2 else GOOD)
+    result = await run_rollout(fleet, rollout_input())
+
+    assert result.outcome is Outcome.ROLLED_BACK
+    assert [c.gate for c in result.failed_gates] == [gate]
+    assert result.failed_gates[0].value == BAD[gate]
+    assert result.failing_verdict.weight == weight and gate in result.reason
+    assert 0 <= result.route_reverted_seconds < 60
+    assert fleet.gate_queries[weight] == 2
+    assert_rolled_back_route_first(fleet, weight)
+
+
+async def test_failure_limit_tolerates_configured_failures(client):
+    fleet = Fleet(client, gates=lambda w, n: {**GOOD, canary.ERROR_RATE: 0.5} if w == 5 and n == 1 else GOOD)
+    result = await run_rollout(fleet, rollout_input(analysis={"failure_limit": 1}))
+    assert result.outcome is Outcome.PROMOTED
+    assert fleet.gate_queries[5] == 4  # the failed observation does not count as a pass
+
+
+async def test_inconclusive_waits_longer_then_pauses_never_promotes(client):
+    few = {**GOOD, canary.REQUEST_COUNT: 7.0}
+    fleet = Fleet(client, gates=lambda w, n: few if w == 5 else GOOD)
+
+    async def operator(handle: WorkflowHandle) -> None:
+        status = await wait_status(handle, lambda s: s.paused)
+        assert status.stage is Stage.PAUSED and status.weight == 5
+        assert "too few samples" in status.pause_reason and "7 requests" in status.pause_reason
+        assert status.analysis.inconclusives == 3 and status.last_verdict.evaluation.verdict.value == "inconclusive"
+        await asyncio.sleep(0.3)  # virtual time runs: a paused rollout measures nothing more
+        assert fleet.gate_queries[5] == 3
+        await handle.signal(ModelRollout.abort, AbortInput(reason="not enough traffic to judge"))
+
+    result = await run_rollout(fleet, rollout_input(analysis={"inconclusive_limit": 2}), until=operator)
+    assert result.outcome is Outcome.ABORTED and result.reason == "not enough traffic to judge"
+    assert max(r[NEW] for r in fleet.routes()) == 5
+    assert_rolled_back_route_first(fleet, 5)
+
+
+async def test_metrics_unavailable_pauses_and_resume_continues(client):
+    prometheus_up = False
+
+    def gates(weight: int, n: int):
+        if weight == 50 and not prometheus_up:
+            return ApplicationError("connection refused: prometheus:9090", type="PrometheusUnavailable")
+        return GOOD
+
+    fleet = Fleet(client, gates=gates)
+
+    async def operator(handle: WorkflowHandle) -> None:
+        nonlocal prometheus_up
+        status = await wait_status(handle, lambda s: s.paused)
+        assert status.weight == 50 and "metrics unavailable" in status.pause_reason
+        assert "connection refused" in status.pause_reason
+        assert status.analysis.errors == 3 and status.analysis.consecutive_errors == 3
+        assert NEW not in fleet.route or fleet.route[NEW] == 50  # never promoted blind
+        prometheus_up = True
+        await handle.signal(ModelRollout.resume, ResumeInput())
+
+    result = await run_rollout(fleet, rollout_input(analysis={"metric_error_limit": 2}), until=operator)
+    assert result.outcome is Outcome.PROMOTED
+    assert fleet.gate_queries[50] == 3 * 3 + 3  # three retried measurements, then three good ones
+
+
+async def test_pause_resume(client):
+    async def pause_at_second_gate(fleet: Fleet, name: str, arg: Any) -> None:
+        if name == QUERY_GATES and fleet.gate_queries.get(1) == 2 and fleet.route.get(NEW) == 1:
+            await fleet.handle.signal(ModelRollout.pause, PauseInput(reason="looking at dashboards"))
+
+    fleet = Fleet(client, hook=pause_at_second_gate)
+
+    async def operator(handle: WorkflowHandle) -> None:
+        status = await wait_status(handle, lambda s: s.paused)
+        assert status.stage is Stage.PAUSED and status.pause_reason == "looking at dashboards"
+        await asyncio.sleep(0.3)
+        assert fleet.gate_queries == {1: 2} and fleet.route == {STABLE: 99, NEW: 1}
+        await handle.signal(ModelRollout.resume, ResumeInput())
+
+    result = await run_rollout(fleet, rollout_input(), until=operator)
+    assert result.outcome is Outcome.PROMOTED
+    assert fleet.gate_queries == {1: 3, 5: 3, 50: 3}
+    # paused, resumed, then cleared as the rollout ended promoted
+    assert [value for _, value in fleet.metric(telemetry.ROLLOUT_PAUSED)] == [1, 0, 0]
+    assert fleet.outcomes() == [("promoted", "promoted")]
+
+
+async def test_pause_longer_than_its_deadline_rolls_back(client):
+    async def pause_at_5(fleet: Fleet, name: str, arg: Any) -> None:
+        if name == QUERY_GATES and fleet.route.get(NEW) == 5:
+            await fleet.handle.signal(ModelRollout.pause, PauseInput(reason="gone to lunch"))
+
+    fleet = Fleet(client, hook=pause_at_5)
+    result = await run_rollout(fleet, rollout_input(deadlines={"pause_seconds": 5400}))
+    assert result.outcome is Outcome.ROLLED_BACK
+    assert "paused longer than 5400s" in result.reason and "gone to lunch" in result.reason
+    assert fleet.gate_queries == {1: 3, 5: 1}
+    assert_rolled_back_route_first(fleet, 5)
+
+
+async def test_new_version_that_cannot_serve_is_rolled_back_after_warm_up(client):
+    fleet = Fleet(client, warm_up_errors=20)
+    result = await run_rollout(fleet, rollout_input())
+    assert result.outcome is Outcome.ROLLED_BACK and "all 20 requests" in result.reason
+    assert QUERY_GATES not in fleet.names()
+    assert_rolled_back_route_first(fleet, 0)
+
+
+# ---- abort, cancel, promote -------------------------------------------------------------------
+
+
+def _abort_when(stage_call: str, weight: int | None = None) -> Hook:
+    async def hook(fleet: Fleet, name: str, arg: Any) -> None:
+        if name == stage_call and (weight is None or fleet.route.get(NEW) == weight):
+            await fleet.handle.signal(ModelRollout.abort, AbortInput(reason=f"abort at {stage_call}"))
+            return stage_call in (STAGE_WEIGHTS, WAIT_READY, WARM_UP)
+        return False
+
+    return hook
+
+
+async def test_abort_while_staging_touches_nothing(client):
+    fleet = Fleet(client, hook=_abort_when(STAGE_WEIGHTS))
+    result = await run_rollout(fleet, rollout_input())
+    assert result.outcome is Outcome.ABORTED and result.reason == f"abort at {STAGE_WEIGHTS}"
+    assert not set(fleet.names()) & set(CLUSTER_CHANGES)
+    assert fleet.cancelled == [STAGE_WEIGHTS]
+
+
+@pytest.mark.parametrize(
+    "stage_call, weight", [(WAIT_READY, None), (WARM_UP, None), (QUERY_GATES, 1), (QUERY_GATES, 50)]
+)
+async def test_abort_after_the_new_version_started_rolls_back(client, stage_call, weight):
+    fleet = Fleet(client, hook=_abort_when(stage_call, weight))
+    result = await run_rollout(fleet, rollout_input())
+    assert result.outcome is Outcome.ABORTED and result.reason == f"abort at {stage_call}"
+    assert_rolled_back_route_first(fleet, weight or 0)
+    if stage_call != QUERY_GATES:
+        assert fleet.cancelled == [stage_call]  # the long activity was cancelled, not waited out
+
+
+async def test_abort_while_paused(client):
+    async def pause_early(fleet: Fleet, name: str, arg: Any) -> None:
+        if name == QUERY_GATES and fleet.route.get(NEW) == 5:
+            await fleet.handle.signal(ModelRollout.pause, PauseInput())
+
+    fleet = Fleet(client, hook=pause_early)
+
+    async def operator(handle: WorkflowHandle) -> None:
+        await wait_status(handle, lambda s: s.paused)
+        await handle.signal(ModelRollout.abort, AbortInput(reason="bad vibes"))
+
+    result = await run_rollout(fleet, rollout_input(), until=operator)
+    assert result.outcome is Outcome.ABORTED and result.reason == "bad vibes"
+    assert_rolled_back_route_first(fleet, 5)
+
+
+async def test_cancellation_rolls_back_like_abort(client):
+    async def cancel_at_5(fleet: Fleet, name: str, arg: Any) -> None:
+        if name == QUERY_GATES and fleet.route.get(NEW) == 5:
+            await fleet.handle.cancel()
+
+    fleet = Fleet(client, hook=cancel_at_5)
+    with pytest.raises(WorkflowFailureError) as info:
+        await run_rollout(fleet, rollout_input())
+    assert isinstance(info.value.cause, CancelledError)
+    assert_rolled_back_route_first(fleet, 5)
+
+
+async def test_promote_ends_the_current_step(client):
+    async def promote_at_1(fleet: Fleet, name: str, arg: Any) -> None:
+        if name == QUERY_GATES and fleet.route.get(NEW) == 1:
+            ack = await fleet.handle.execute_update(ModelRollout.promote, PromoteInput())
+            assert ack.weight == 1 and "current step" in ack.accepted
+
+    fleet = Fleet(client, hook=promote_at_1)
+    result = await run_rollout(
+        fleet, rollout_input(steps=[{"weight": 1, "window_seconds": 3600}, {"weight": 5, "window_seconds": 120}])
+    )
+    assert result.outcome is Outcome.PROMOTED
+    assert fleet.gate_queries == {1: 1, 5: 2}
+    assert [r[NEW] for r in fleet.routes()] == [0, 1, 5, 100]
+
+
+async def test_promote_full_skips_remaining_steps(client):
+    async def promote_full_at_5(fleet: Fleet, name: str, arg: Any) -> None:
+        if name == QUERY_GATES and fleet.route.get(NEW) == 5:
+            await fleet.handle.execute_update(ModelRollout.promote, PromoteInput(full=True))
+
+    fleet = Fleet(client, hook=promote_full_at_5, stable_replicas=10)
+    result = await run_rollout(fleet, rollout_input())
+    assert result.outcome is Outcome.PROMOTED
+    assert [r[NEW] for r in fleet.routes()] == [0, 1, 5, 100]
+    assert fleet.gate_queries == {1: 3, 5: 1}
+    # scaled to full size before the route moved to 100 %, the old version after
+    assert fleet.scales() == [(NEW, 10), (STABLE, 0)]
+    assert fleet.names().index(SCALE_VERSION) < len(fleet.names()) - 1
+
+
+async def test_promote_refused_when_nothing_to_promote(client):
+    refusals: list[str] = []
+
+    async def try_promote(fleet: Fleet, name: str, arg: Any) -> None:
+        promoted_done = name == SCALE_VERSION and arg.version == STABLE
+        if name == WARM_UP or promoted_done:
+            with pytest.raises(WorkflowUpdateFailedError) as info:
+                await fleet.handle.execute_update(ModelRollout.promote, PromoteInput(full=True))
+            refusals.append(str(info.value.cause))
+
+    fleet = Fleet(client, hook=try_promote)
+    result = await run_rollout(fleet, rollout_input())
+    assert result.outcome is Outcome.PROMOTED
+    assert len(refusals) == 2
+    assert "nothing to promote" in refusals[0] and "warming_up" in refusals[0]
+    assert "nothing to promote" in refusals[1] and "promoted" in refusals[1]
+
+
+# ---- failures before the cluster changes, start rules -----------------------------------------
+
+
+async def test_checksum_mismatch_fails_before_any_cluster_change(client):
+    fleet = Fleet(client, checksum_ok=False)
+    with pytest.raises(WorkflowFailureError) as info:
+        await run_rollout(fleet, rollout_input())
+    message = str(info.value.cause)
+    assert "checksum mismatch" in message and f"expected {SHA}" in message and "actual" in message
+    assert fleet.names() == [STAGE_WEIGHTS]
+
+
+async def test_second_start_is_refused(client):
+    inp = rollout_input()
+    queue = f"nobody-{uuid.uuid4().hex[:8]}"  # no worker: the first run just stays open
+    handle = await start_rollout(client, inp, task_queue=queue)
+    try:
+        with pytest.raises(WorkflowAlreadyStartedError):
+            await start_rollout(client, inp.model_copy(update={"version": "1.4.0"}), task_queue=queue)
+    finally:
+        await handle.terminate("test over")
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"deployment": "no-namespace"}, "deployment"),
+        ({"steps": [{"weight": 50, "window_seconds": 60}, {"weight": 5, "window_seconds": 60}]}, "steps"),
+        ({"sha256": "not-a-digest"}, "sha256"),
+    ],
+)
+async def test_bad_input_fails_at_once_naming_the_field(client, bad, field):
+    raw = {**rollout_input().model_dump(mode="json"), **bad}
+    fleet = Fleet(client)
+    queue = f"rollout-test-{uuid.uuid4().hex[:8]}"
+    async with worker(fleet, queue):
+        handle = await client.start_workflow(
+            "ModelRollout", raw, id=f"rollout/bad/{uuid.uuid4().hex[:8]}", task_queue=queue
+        )
+        with pytest.raises(WorkflowFailureError) as info:
+            await asyncio.wait_for(handle.result(), 10)
+    assert field in str(info.value.cause)
+    assert fleet.calls == []

@@ -1,0 +1,240 @@
+"""ReactiveScaling, ScheduleFloor and PredictivePrewarm on Temporal's time-skipping server, with
+stub activities under the real names.
+
+The stubs play a deployment whose replicas follow what the loop sets and whose queue the test
+controls, so each test asserts what the loop did, not what a mock was told.
+"""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+
+import pytest
+from temporalio import activity
+from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.worker import Worker
+
+from workers.schedules import floor_spec
+from workflows import naming
+from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
+from workflows.scaling import activities as acts
+from workflows.scaling.decide import ScalingPolicy, Signals
+from workflows.scaling.floors import FloorEntry, ScheduleFloor, ScheduleFloorInput, SetFloor, floor_at
+from workflows.scaling.loop import PolicyPatch, ReactiveScaling, ScalingInput, ScalingStatus
+from workflows.scaling.prewarm import PredictivePrewarm, PrewarmInput
+
+
+class FakeDeployment:
+    """A deployment as the stub activities see it: replicas follow set_scale, the test sets load."""
+
+    def __init__(self, replicas: int = 2) -> None:
+        self.replicas = replicas
+        self.signals = Signals(queue_waiting=0, running=1, kv_cache_usage=0.1, ttft_p99_seconds=0.2, gpu_util_percent=10)
+        self.scale_calls: list[int] = []
+
+    def activities(self):
+        @activity.defn(name=acts.GET_SCALE)
+        async def get_scale(target: acts.ScaleTarget) -> acts.ScaleStatus:
+            return acts.ScaleStatus(version="1.0.0", replicas=self.replicas, ready_replicas=self.replicas)
+
+        @activity.defn(name=acts.READ_SCALING_SIGNALS)
+        async def read_signals(request: acts.ReadSignalsInput) -> Signals:
+            return self.signals
+
+        @activity.defn(name=SCALE_VERSION)
+        async def scale_version(request: ScaleVersionInput) -> None:
+            assert request.version == "1.0.0"
+            self.replicas = request.replicas
+            self.scale_calls.append(request.replicas)
+
+        @activity.defn(name=acts.READ_REPLICA_HISTORY)
+        async def read_history(request: acts.ReplicaHistoryInput) -> acts.ReplicaHistory:
+            return acts.ReplicaHistory(samples={"0:9": [6, 7, 8, 9], "0:10": [10, 10, 12, 11]}, weekday=0, minute_of_day=9 * 60 + 55)
+
+        return [get_scale, read_signals, scale_version, read_history]
+
+
+async def start_loop(env, fake: FakeDeployment, **overrides):
+    deployment = f"llm-serving/d{uuid.uuid4().hex[:8]}"
+    queue = f"q-{uuid.uuid4()}"
+    worker = Worker(
+        env.client,
+        task_queue=queue,
+        workflows=[ReactiveScaling, ScheduleFloor, PredictivePrewarm],
+        activities=fake.activities(),
+        activity_executor=ThreadPoolExecutor(4),
+    )
+    inp = ScalingInput(deployment=deployment, **overrides)
+    return worker, queue, inp
+
+
+async def status(handle) -> ScalingStatus:
+    return await handle.query(ReactiveScaling.status)
+
+
+async def test_scales_up_at_once_and_reports_decision(time_skipping_env):
+    env = time_skipping_env
+    fake = FakeDeployment(replicas=2)
+    worker, queue, inp = await start_loop(env, fake, policy=ScalingPolicy(max_replicas=20))
+    async with worker:
+        handle = await env.client.start_workflow(
+            ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue
+        )
+        await env.sleep(45)
+        fake.signals = Signals(queue_waiting=160, gpu_util_percent=60)
+        await env.sleep(30)
+        s = await status(handle)
+        assert fake.replicas == 2 + 8  # + ceil(160 / 20) in one decision
+        last = s.decisions[-1]
+        assert (last.current, last.desired, last.applied) == (2, 10, True)
+        assert last.signals.queue_waiting == 160 and "queue 160 > 10" in last.reason
+        meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+        assert "**2 → 10**" in meta.current_details and "| queue 🔺 | 160 | 10 | 10 |" in meta.current_details
+        await handle.terminate()
+
+
+async def test_pause_resume_and_policy_update(time_skipping_env):
+    env = time_skipping_env
+    fake = FakeDeployment(replicas=2)
+    worker, queue, inp = await start_loop(env, fake)
+    async with worker:
+        handle = await env.client.start_workflow(
+            ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue
+        )
+        await env.sleep(5)
+        await handle.signal(ReactiveScaling.pause)
+        await env.sleep(5)
+        fake.signals = Signals(queue_waiting=400, gpu_util_percent=95)
+        paused_at = len((await status(handle)).decisions)
+        await env.sleep(300)
+        s = await status(handle)
+        assert s.paused and len(s.decisions) == paused_at and fake.replicas == 2  # no decisions while paused
+
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(ReactiveScaling.update_policy, PolicyPatch(min_replicas=9, max_replicas=3))
+        assert r"min_replicas (9) > max_replicas (3)" in str(refused.value.cause)
+        policy = await handle.execute_update(ReactiveScaling.update_policy, PolicyPatch(max_replicas=5))
+        assert policy.max_replicas == 5 and policy.min_replicas == 1
+
+        await handle.signal(ReactiveScaling.resume)
+        await env.sleep(5)
+        s = await status(handle)
+        assert not s.paused and s.decisions[-1].desired == 5 and s.decisions[-1].capped_by == "max_replicas"
+        assert fake.replicas == 5
+        await handle.terminate()
+
+
+async def test_set_floor_with_expiry_and_schedule_floor_workflow(time_skipping_env):
+    env = time_skipping_env
+    fake = FakeDeployment(replicas=2)
+    policy = ScalingPolicy(max_replicas=20, stabilisation_seconds=60, cooldown_seconds=60)
+    worker, queue, inp = await start_loop(env, fake, policy=policy)
+    async with worker:
+        handle = await env.client.start_workflow(
+            ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue
+        )
+        await env.sleep(5)
+        await handle.signal(ReactiveScaling.set_floor, SetFloor(replicas=6, source="manual", ttl_seconds=600))
+        await env.sleep(5)
+        assert fake.replicas == 6
+        # a schedule's action: the ScheduleFloor workflow signals the loop
+        await env.client.execute_workflow(
+            ScheduleFloor.run, ScheduleFloorInput(deployment=inp.deployment, replicas=4), id=f"sf-{uuid.uuid4()}", task_queue=queue
+        )
+        s = await status(handle)
+        assert s.floors["schedule"].replicas == 4 and s.floor == 6
+        # the manual floor lapses; quiet load brings it down one step per cooldown, never below 4
+        await env.sleep(3600)
+        assert fake.replicas == 4
+        assert fake.scale_calls == [6, 5, 4]
+        await handle.terminate()
+
+
+async def test_predictive_prewarm_raises_floor(time_skipping_env):
+    env = time_skipping_env
+    fake = FakeDeployment(replicas=2)
+    worker, queue, inp = await start_loop(env, fake, policy=ScalingPolicy(max_replicas=20))
+    async with worker:
+        handle = await env.client.start_workflow(
+            ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue
+        )
+        reason = await env.client.execute_workflow(
+            PredictivePrewarm.run,
+            PrewarmInput(deployment=inp.deployment, startup_seconds=600),
+            id=f"pw-{uuid.uuid4()}",
+            task_queue=queue,
+        )
+        # 09:55 + 10 min start-up reaches the 10:00 slot: q0.75 of [10, 10, 11, 12] = 11.25 -> 12
+        assert "expected peak 12" in reason
+        await env.sleep(5)
+        s = await status(handle)
+        assert s.floors["prewarm"].replicas == 12 and fake.replicas == 12
+        await handle.terminate()
+
+
+async def test_continue_as_new_keeps_history_bounded_over_a_week(time_skipping_env):
+    env = time_skipping_env
+    fake = FakeDeployment(replicas=3)
+    worker, queue, inp = await start_loop(env, fake, interval_seconds=3600, iterations_per_run=12)
+    async with worker:
+        wid = naming.scaling_workflow_id(inp.deployment)
+        handle = await env.client.start_workflow(ReactiveScaling.run, inp, id=wid, task_queue=queue)
+        await env.sleep(5)
+        await handle.signal(ReactiveScaling.set_floor, SetFloor(replicas=3, source="schedule"))
+        await env.sleep(7 * 24 * 3600)
+        latest = env.client.get_workflow_handle(wid)
+        s = await status(latest)
+        assert s.runs >= 13  # 168 hourly decisions / 12 per run
+        assert s.floors["schedule"].replicas == 3  # floors survive continue-as-new
+        assert len(s.decisions) == 20
+        first = await env.client.get_workflow_handle(wid, run_id=handle.result_run_id).describe()
+        assert first.status == WorkflowExecutionStatus.CONTINUED_AS_NEW
+        events = [e async for e in latest.fetch_history_events()]
+        assert len(events) < 200  # one run's history, not a week's
+        assert fake.replicas == 3  # quiet week at the floor
+        await latest.terminate()
+
+
+@pytest.mark.parametrize(
+    ("utc", "expected"),
+    [
+        ("2026-03-27T07:49:00+00:00", 1),  # Fri 08:49 Paris (CET): still the 02:00 minimum
+        ("2026-03-27T07:50:00+00:00", 6),  # Fri 08:50 pre-warm
+        ("2026-03-30T06:55:00+00:00", 6),  # Mon 08:55 Paris (CEST, after the DST change)
+        ("2026-03-30T07:00:00+00:00", 8),  # Mon 09:00 peak
+        ("2026-03-28T08:30:00+00:00", 1),  # Saturday: weekday entries do not apply
+        ("2026-03-30T19:30:00+00:00", 4),  # Mon 21:30 scale-down starts
+        ("2026-03-30T23:59:00+00:00", 4),  # Tue 01:59 CEST: still the evening floor
+        ("2026-03-31T00:00:00+00:00", 1),  # Tue 02:00 CEST = 00:00 UTC: the night minimum
+    ],
+)
+def test_floor_at_local_time(utc, expected):
+    floors = [
+        FloorEntry(at="08:50", replicas=6, days=["weekdays"]),
+        FloorEntry(at="09:00", replicas=8, days=["weekdays"]),
+        FloorEntry(at="21:00", replicas=4),
+        FloorEntry(at="02:00", replicas=1),
+    ]
+    assert floor_at(floors, datetime.fromisoformat(utc), "Europe/Paris").replicas == expected
+
+
+def test_floor_spec_is_a_local_calendar():
+    spec = floor_spec(FloorEntry(at="08:50", replicas=6, days=["mon", "fri"]), "Europe/Paris")
+    assert spec.time_zone_name == "Europe/Paris"
+    (cal,) = spec.calendars
+    assert [r.start for r in cal.hour] == [8] and [r.start for r in cal.minute] == [50]
+    assert [r.start for r in cal.second] == [0]
+    assert sorted(r.start for r in cal.day_of_week) == [1, 5]  # Temporal counts Sunday = 0
+    daily = floor_spec(FloorEntry(at="02:00", replicas=1), "UTC").calendars[0]
+    assert [(r.start, r.end) for r in daily.day_of_week] == [(0, 6)]
+
+
+def test_bad_input_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="deployment must be NAMESPACE/NAME"):
+        ScalingInput(deployment="chat")
+    with pytest.raises(ValueError, match="unknown signal queries"):
+        ScalingInput(deployment="a/b", queries={"queue": "x"})
+    assert ScalingInput(deployment="a/b", queries={"running": "sum(x)"}).queries == {"running": "sum(x)"}

@@ -1,0 +1,96 @@
+"""``tideplane cost report``: the CostReport's Markdown table on the terminal.
+
+The report is a workflow (workflows/cost/report.py) whose result holds the table and its Markdown;
+this runs one now (a worker must be polling) and prints the Markdown, or with ``--latest`` prints
+the last completed run's (the daily schedule's or anyone's) without running anything.
+
+workers/cli.py wires it in with ``add_cost_commands(subparsers)``; the subcommand sets
+``func(args, settings=None) -> int`` (settings read from the environment once when not given).
+``python -m workers.cost_cli cost report`` runs it on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from datetime import datetime, timezone
+
+from temporalio.client import Client
+
+from workers.client import connect
+from workers.config import Settings, load_settings
+from workflows.cost.report import CostReport, CostReportInput, CostReportResult
+
+LATEST_QUERY = 'WorkflowType = "CostReport" AND ExecutionStatus = "Completed"'
+
+
+async def run_report(client: Client, task_queue: str, window_hours: float, timeout: float) -> CostReportResult:
+    """Start a CostReport over the last ``window_hours`` and wait for it; TimeoutError after ``timeout`` s."""
+    workflow_id = f"cost-report/cli-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%f}"
+    handle = await client.start_workflow(CostReport.run, CostReportInput(window_hours=window_hours), id=workflow_id, task_queue=task_queue)
+    try:
+        return await asyncio.wait_for(handle.result(), timeout)
+    except asyncio.TimeoutError:
+        raise TimeoutError(
+            f"no cost report after {timeout:g} s: is a worker polling task queue {task_queue!r}? ({workflow_id} keeps running)"
+        ) from None
+
+
+async def latest_report(client: Client) -> CostReportResult | None:
+    """The result of the most recently started CostReport that completed, None when there is none."""
+    async for execution in client.list_workflows(LATEST_QUERY, limit=1):
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id, result_type=CostReportResult)
+        return await handle.result()
+    return None
+
+
+def cmd_report(args, settings: Settings | None = None) -> int:
+    config = settings or load_settings()
+
+    async def run() -> CostReportResult | None:
+        client = await connect(config)
+        if args.latest:
+            return await latest_report(client)
+        return await run_report(client, config.task_queue, args.window_hours, args.timeout)
+
+    try:
+        result = asyncio.run(run())
+    except TimeoutError as exc:
+        print(f"tideplane: {exc}", file=sys.stderr)
+        return 1
+    if result is None:
+        print("tideplane: no completed CostReport yet (run `tideplane cost report`, or wait for the daily schedule)", file=sys.stderr)
+        return 1
+    print(result.markdown)
+    return 0
+
+
+def window_hours(text: str) -> float:
+    """--window-hours within what CostReportInput accepts (0 < h <= 744), said by argparse."""
+    hours = float(text)
+    if not 0 < hours <= 24 * 31:
+        raise ValueError(text)
+    return hours
+
+
+def add_cost_commands(subparsers) -> None:
+    """Add ``cost report`` to the tideplane CLI's subparsers."""
+    cost = subparsers.add_parser("cost", help="what the fleet cost (the CostReport workflow)")
+    sub = cost.add_subparsers(dest="cost_command", required=True)
+    p = sub.add_parser("report", help="run a CostReport now and print its Markdown table (or --latest: the last one's)")
+    p.add_argument("--window-hours", type=window_hours, default=24.0, help="the window ending now, in hours (0 < h <= 744; default 24)")
+    p.add_argument("--latest", action="store_true", help="print the last completed report instead of running one")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the report (default 300)")
+    p.set_defaults(func=cmd_report)
+
+
+def main(argv: list[str] | None = None, settings: Settings | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tideplane")
+    add_cost_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args, settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Cost: the daily CostReport workflow, the pure pricing arithmetic and the Prometheus activity contract."""

@@ -1,0 +1,65 @@
+"""What CostReport asks of Prometheus: the contract ``CostActivities`` (activities/cost.py) and its I/O.
+
+No I/O here, so the workflow references it deterministically
+(``workflow.execute_activity_method(CostActivities.collect_cost_inputs, ...)``). The activity name
+is a stable API (recorded histories refer to it).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+from temporalio import activity
+
+from workflows.cost.pricing import GpuSeconds, NodeInfo, PodInfo, TokenCount
+
+
+class CostQueries(BaseModel):
+    """PromQL templates (``${window}``; a literal $ is $$) and the labels each must return.
+
+    gpu_occupancy (GPUs a pod holds at an instant; run as a range query at ``step_seconds`` and
+    summed into GPU-seconds) -> namespace, pod, node; pods -> namespace, pod, deployment, version, model_name;
+    nodes -> node, pool, capacity_type (kube-state-metrics' kube_node_labels, with
+    ``--metric-labels-allowlist=nodes=[karpenter.sh/nodepool,karpenter.sh/capacity-type]``);
+    tokens -> namespace, deployment, version, model_name.
+    """
+
+    gpu_occupancy: str = (
+        'label_replace(count by (namespace, pod, Hostname) (DCGM_FI_DEV_GPU_UTIL{pod!=""}), "node", "$$1", "Hostname", "(.*)")'
+    )
+    pods: str = (
+        "group by (namespace, pod, deployment, version, model_name) (last_over_time(vllm:num_requests_running[${window}]))"
+    )
+    nodes: str = (
+        'label_replace(label_replace(group by (node, label_karpenter_sh_nodepool, label_karpenter_sh_capacity_type) '
+        '(last_over_time(kube_node_labels[${window}])), "pool", "$$1", "label_karpenter_sh_nodepool", "(.*)"), '
+        '"capacity_type", "$$1", "label_karpenter_sh_capacity_type", "(.*)")'
+    )
+    generation_tokens: str = (
+        "sum by (namespace, deployment, version, model_name) (increase(vllm:generation_tokens_total[${window}]))"
+    )
+    prompt_tokens: str = "sum by (namespace, deployment, version, model_name) (increase(vllm:prompt_tokens_total[${window}]))"
+
+
+class CollectCostInput(BaseModel):
+    end: datetime
+    window_seconds: int = Field(gt=0)
+    step_seconds: int = Field(gt=0, description="resolution of GPU occupancy; the window must be a multiple")
+    queries: CostQueries = Field(default_factory=CostQueries)
+
+
+class CostInputs(BaseModel):
+    gpu: list[GpuSeconds]
+    pods: list[PodInfo]
+    nodes: list[NodeInfo]
+    tokens: list[TokenCount]
+
+
+class CostActivities:
+    """Prometheus' view of GPU occupancy, pods, nodes and tokens over a window (activities/cost.py)."""
+
+    @activity.defn(name="collect_cost_inputs")
+    def collect_cost_inputs(self, req: CollectCostInput) -> CostInputs:
+        """Every query pinned to the window's end, so a retry reads the same numbers."""
+        raise NotImplementedError

@@ -1,0 +1,179 @@
+"""The contract between the ModelRollout workflow and the activities that act for it.
+
+The contract class ``RolloutActivities`` (implemented in activities/rollout.py), its activity
+names and pydantic inputs/outputs live here, in a module with no I/O imports, so the workflow
+references them deterministically: ``workflow.execute_activity_method(RolloutActivities.x, ...)``.
+Every activity is idempotent: calling it twice with the same input leaves the same state.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from temporalio import activity
+
+from workflows.naming import DeploymentRef
+
+# Activity names (stable API: histories refer to them).
+STAGE_WEIGHTS = "stage_weights"
+DESCRIBE_DEPLOYMENT = "describe_deployment"
+ENSURE_VERSION = "ensure_version"
+SCALE_VERSION = "scale_version"
+WAIT_READY = "wait_ready"
+SET_ROUTE_WEIGHTS = "set_route_weights"
+WARM_UP = "warm_up"
+QUERY_GATES = "query_gates"
+
+
+class WeightFile(BaseModel):
+    uri: str = Field(description="s3://bucket/key of one weights file")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class StageWeightsInput(BaseModel):
+    model: str
+    version: str
+    files: list[WeightFile] = Field(min_length=1)
+
+
+class StagedWeights(BaseModel):
+    path: str = Field(description="directory in the model cache that serving pods mount")
+    size_bytes: int
+    resumed_bytes: int = Field(0, description="bytes already verified by an earlier attempt, not fetched again")
+    seconds: float
+
+
+class VersionInfo(BaseModel):
+    version: str
+    model: str
+    replicas: int
+    ready_replicas: int
+    route_weight: int
+
+
+class DeploymentState(BaseModel):
+    """What is in the cluster now for one logical deployment."""
+
+    route_exists: bool
+    versions: list[VersionInfo] = Field(default_factory=list)
+
+    @property
+    def stable(self) -> VersionInfo | None:
+        """The version carrying the most traffic (None on a first deploy)."""
+        serving = [v for v in self.versions if v.route_weight > 0]
+        return max(serving, key=lambda v: v.route_weight) if serving else None
+
+
+class EnsureVersionInput(BaseModel):
+    deployment: DeploymentRef
+    model: str
+    version: str
+    image: str
+    gpus_per_replica: int = Field(ge=0)
+    replicas: int = Field(ge=0)
+    weights_path: str
+    port: int = 8000
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    priority_class: Literal["realtime", "batch"] = Field(
+        "realtime",
+        description="realtime: on-demand nodes; batch: spot nodes (labels the pods, selects their nodes)",
+    )
+
+
+class ScaleVersionInput(BaseModel):
+    deployment: DeploymentRef
+    version: str
+    replicas: int = Field(ge=0)
+
+
+class WaitReadyInput(BaseModel):
+    deployment: DeploymentRef
+    version: str
+    replicas: int = Field(ge=0)
+    poll_seconds: float = 2.0
+
+
+class ReadyResult(BaseModel):
+    ready_replicas: int
+    seconds: float = Field(description="from the call to all replicas Ready (cold start)")
+
+
+class RouteWeightsInput(BaseModel):
+    deployment: DeploymentRef
+    weights: dict[str, int] = Field(description="version -> weight; weights sum to 100")
+    port: int = Field(8000, description="the versions' Service port (EnsureVersionInput.port)")
+
+
+class WarmUpInput(BaseModel):
+    deployment: DeploymentRef
+    version: str
+    requests: int = Field(20, ge=1)
+    max_tokens: int = 64
+    prompt: str = "Summarise the plot of Hamlet in one paragraph."
+    model: str | None = Field(None, description="served model name sent as 'model' (ensure_version serves it under the model name)")
+
+
+class Benchmark(BaseModel):
+    requests: int
+    errors: int
+    tokens_per_second: float
+    p50_latency_seconds: float
+    p99_latency_seconds: float
+
+
+class GateQueriesInput(BaseModel):
+    """Rendered per observation: the activity substitutes ${...} and runs each query."""
+
+    queries: dict[str, str] = Field(description="gate name -> PromQL template")
+    variables: dict[str, str] = Field(description="template variables: namespace, deployment, version, stable_version, window")
+
+
+class GateQueriesResult(BaseModel):
+    values: dict[str, float | None] = Field(description="gate name -> scalar result (None: no data)")
+
+
+class RolloutActivities:
+    """What ModelRollout asks of S3, the cluster, the new version's endpoint and Prometheus
+    (implemented in activities/rollout.py)."""
+
+    @activity.defn(name=STAGE_WEIGHTS)
+    def stage_weights(self, req: StageWeightsInput) -> StagedWeights:
+        """Download and verify every weights file into the model cache that serving pods mount."""
+        raise NotImplementedError
+
+    @activity.defn(name=DESCRIBE_DEPLOYMENT)
+    def describe_deployment(self, ref: DeploymentRef) -> DeploymentState:
+        """The versions of a logical deployment in the cluster, their replicas and route weights."""
+        raise NotImplementedError
+
+    @activity.defn(name=ENSURE_VERSION)
+    def ensure_version(self, req: EnsureVersionInput) -> None:
+        """Create or update the Deployment and Service for one version (no route change)."""
+        raise NotImplementedError
+
+    @activity.defn(name=SCALE_VERSION)
+    def scale_version(self, req: ScaleVersionInput) -> None:
+        """Set one version's replicas."""
+        raise NotImplementedError
+
+    @activity.defn(name=WAIT_READY)
+    def wait_ready(self, req: WaitReadyInput) -> ReadyResult:
+        """Until ``replicas`` pods of the version are Ready (heartbeats; the caller bounds the wait)."""
+        raise NotImplementedError
+
+    @activity.defn(name=SET_ROUTE_WEIGHTS)
+    def set_route_weights(self, req: RouteWeightsInput) -> None:
+        """Make the HTTPRoute send exactly these weights to the versions' Services."""
+        raise NotImplementedError
+
+    @activity.defn(name=WARM_UP)
+    def warm_up(self, req: WarmUpInput) -> Benchmark:
+        """Warm the new version up through its own Service and benchmark it."""
+        raise NotImplementedError
+
+    @activity.defn(name=QUERY_GATES)
+    def query_gates(self, req: GateQueriesInput) -> GateQueriesResult:
+        """Each gate's PromQL template rendered and run as an instant query."""
+        raise NotImplementedError

@@ -1,0 +1,292 @@
+"""Public input, output, signal, update and query types of the ModelRollout workflow.
+
+These models are the API the ``temporal`` CLI speaks in JSON (``--input '{...}'``): fields are
+stable, unknown fields are refused (``extra="forbid"``) and every validation error names the field.
+"""
+
+from __future__ import annotations
+
+import string
+from datetime import datetime
+from enum import Enum
+from itertools import pairwise
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import to_json
+
+from workflows.rollout.gates import (
+    ERROR_RATE,
+    P99_LATENCY,
+    REQUEST_COUNT,
+    STABLE_P99_LATENCY,
+    TPOT_P99,
+    TTFT_P99,
+    AnalysisLimits,
+    Evaluation,
+    GateCheck,
+    Gates,
+    StepAnalysis,
+    required_passes,
+)
+from workflows.naming import DeploymentName, DeploymentRef
+from workflows.rollout.activities import Benchmark, StagedWeights
+
+MAX_OBSERVATIONS = 3000  # ~11 history events each: well under Temporal's 51,200-event limit
+# The input travels in the history, the status query and activity inputs (args/env): keep it far below
+# Temporal's 2 MiB payload limit, which fails a run late and confusingly (PayloadsTooLarge).
+MAX_INPUT_BYTES = 64 * 1024
+TEMPLATE_VARIABLES = frozenset({"namespace", "deployment", "model", "version", "stable_version", "window"})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _selector(version_var: str, extra: str = "") -> str:
+    return f'namespace="${{namespace}}",deployment="${{deployment}}",version="${{{version_var}}}"{extra}'
+
+
+_5XX = ',status=~"5.."'
+
+
+def _p99(metric: str, version_var: str = "version") -> str:
+    return f"histogram_quantile(0.99, sum by (le) (rate({metric}_bucket{{{_selector(version_var)}}}[${{window}}])))"
+
+
+class GateQueries(_Strict):
+    """PromQL templates (string.Template) for each gate, like an Argo Rollouts AnalysisTemplate.
+
+    Defaults read vLLM's histograms and the HTTP server's ``http_requests_total{status}``; a user with
+    another gateway edits a query here, not the code. Variables: ${namespace} ${deployment} ${model}
+    ${version} (the canary) ${stable_version} ${window} (a Prometheus duration, e.g. ``60s``).
+    """
+
+    request_count: str = f"sum(increase(http_requests_total{{{_selector('version')}}}[${{window}}]))"
+    error_rate: str = (
+        f"(sum(rate(http_requests_total{{{_selector('version', _5XX)}}}[${{window}}])) or vector(0))"
+        f" / sum(rate(http_requests_total{{{_selector('version')}}}[${{window}}]))"
+    )
+    p99_latency: str = _p99("vllm:e2e_request_latency_seconds")
+    stable_p99_latency: str = _p99("vllm:e2e_request_latency_seconds", "stable_version")
+    ttft_p99: str = _p99("vllm:time_to_first_token_seconds")
+    tpot_p99: str = _p99("vllm:time_per_output_token_seconds")
+
+    @field_validator("*")
+    @classmethod
+    def _known_variables(cls, template: str) -> str:
+        parsed = string.Template(template)
+        if not parsed.is_valid():
+            raise ValueError("invalid ${...} placeholder")
+        unknown = set(parsed.get_identifiers()) - TEMPLATE_VARIABLES
+        if unknown:
+            raise ValueError(f"unknown variables {sorted(unknown)}; allowed: {sorted(TEMPLATE_VARIABLES)}")
+        return template
+
+    def by_gate(self) -> dict[str, str]:
+        return {
+            REQUEST_COUNT: self.request_count,
+            ERROR_RATE: self.error_rate,
+            P99_LATENCY: self.p99_latency,
+            STABLE_P99_LATENCY: self.stable_p99_latency,
+            TTFT_P99: self.ttft_p99,
+            TPOT_P99: self.tpot_p99,
+        }
+
+
+class CanaryStep(_Strict):
+    weight: int = Field(ge=1, le=100, description="percent of traffic routed to the new version")
+    window_seconds: float = Field(gt=0, description="observation window (ignored for 100: that step promotes)")
+
+
+DEFAULT_STEPS = [
+    CanaryStep(weight=1, window_seconds=600),
+    CanaryStep(weight=5, window_seconds=1800),
+    CanaryStep(weight=50, window_seconds=1800),
+    CanaryStep(weight=100, window_seconds=1800),
+]
+
+
+class WarmUp(_Strict):
+    """Warm-up of the new version before it sees users; its deadline also covers waiting for Ready."""
+
+    requests: int = Field(20, ge=1)
+    max_tokens: int = Field(64, ge=1)
+    prompt: str = "Summarise the plot of Hamlet in one paragraph."
+    deadline_seconds: float = Field(900, gt=0, description="large models take 5-10 minutes to load")
+
+
+class Deadlines(_Strict):
+    stage_weights_seconds: float = Field(7200, gt=0, description="download and verification of the weights")
+    step_ready_seconds: float = Field(900, gt=0, description="canary scale-up per step, and scale-up at promotion")
+    pause_seconds: float | None = Field(
+        None, gt=0, description="a pause longer than this rolls back (never promotes); None waits for a human"
+    )
+
+
+class RolloutInput(_Strict):
+    """What to roll out where, and how carefully. Weights: ``weights_uri`` + ``sha256``, or neither:
+    then they are resolved from the model registry by model and version, and the rollout also
+    moves the version's registry status (testing -> canary -> stable, or back) and records its
+    warm-up benchmark there."""
+
+    deployment: DeploymentName = Field(description="NAMESPACE/NAME of the logical deployment (one HTTPRoute)")
+    model: str = Field(min_length=1)
+    version: str = Field(min_length=1)
+    image: str = Field(min_length=1, description="serving image, e.g. vllm/vllm-openai:v0.6.3")
+    weights_uri: str | None = Field(None, pattern=r"^s3://[^/]+/.+", description="s3://bucket/key")
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    gpus_per_replica: int = Field(1, ge=0)
+    replicas: int | None = Field(None, ge=1, description="size of the promoted version; default: the stable's size")
+    port: int = Field(8000, ge=1, le=65535)
+    priority_class: Literal["realtime", "batch"] = Field(
+        "realtime", description="realtime: on-demand nodes; batch: spot"
+    )
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    steps: list[CanaryStep] = Field(default_factory=lambda: list(DEFAULT_STEPS), min_length=1)
+    gate_interval_seconds: float = Field(60, gt=0)
+    query_window_seconds: float | None = Field(
+        None, gt=0, description="${window} of the queries; default: the gate interval"
+    )
+    gates: Gates = Field(default_factory=Gates)
+    analysis: AnalysisLimits = Field(default_factory=AnalysisLimits)
+    queries: GateQueries = Field(default_factory=GateQueries)
+    warm_up: WarmUp = Field(default_factory=WarmUp)
+    deadlines: Deadlines = Field(default_factory=Deadlines)
+    scale_down_delay_seconds: float = Field(600, ge=0, description="old (or failed) version kept warm this long")
+
+
+    @field_validator("sha256", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("steps")
+    @classmethod
+    def _ladder(cls, steps: list[CanaryStep]) -> list[CanaryStep]:
+        weights = [s.weight for s in steps]
+        if any(b <= a for a, b in pairwise(weights)):
+            raise ValueError(f"weights must be strictly increasing, got {weights}")
+        if weights[-1] != 100:  # 100 % is the promotion, implied when not written
+            steps = [*steps, CanaryStep(weight=100, window_seconds=steps[-1].window_seconds)]
+        return steps
+
+    @model_validator(mode="after")
+    def _bounded_history(self) -> RolloutInput:
+        observations = sum(
+            required_passes(s.window_seconds, self.gate_interval_seconds) for s in self.steps if s.weight < 100
+        )
+        if observations > MAX_OBSERVATIONS:
+            raise ValueError(
+                f"steps/gate_interval_seconds: {observations} gate observations exceed {MAX_OBSERVATIONS}"
+                " (workflow history limit); lengthen the interval or shorten the windows"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _bounded_size(self) -> RolloutInput:
+        sizes = {name: len(to_json(getattr(self, name))) for name in type(self).model_fields}
+        if sum(sizes.values()) > MAX_INPUT_BYTES:
+            largest = max(sizes, key=sizes.__getitem__)
+            raise ValueError(
+                f"input is {sum(sizes.values())} bytes, over the {MAX_INPUT_BYTES}-byte limit (largest field:"
+                f" {largest}, {sizes[largest]} bytes); pass large data by reference (S3, a ConfigMap)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _weights_pair(self) -> RolloutInput:
+        if (self.weights_uri is None) != (self.sha256 is None):
+            missing = "sha256" if self.sha256 is None else "weights_uri"
+            raise ValueError(f"{missing} is required when the other of weights_uri/sha256 is given")
+        return self
+
+    @property
+    def ref(self) -> DeploymentRef:
+        """``deployment`` as the activities take it."""
+        return DeploymentRef.from_name(self.deployment)
+
+    @property
+    def query_window(self) -> str:
+        return f"{round(self.query_window_seconds or self.gate_interval_seconds)}s"
+
+
+class Stage(str, Enum):
+    RESOLVING = "resolving"
+    STAGING = "staging"
+    STARTING = "starting"
+    WARMING_UP = "warming_up"
+    CANARY = "canary"
+    PAUSED = "paused"
+    PROMOTING = "promoting"
+    PROMOTED = "promoted"
+    ROLLING_BACK = "rolling_back"
+    ROLLED_BACK = "rolled_back"
+
+
+class Outcome(str, Enum):
+    PROMOTED = "promoted"
+    ROLLED_BACK = "rolled_back"  # a gate failed, or the new version could not start
+    ABORTED = "aborted"  # a human aborted (or cancelled); rolled back
+
+
+class VerdictRecord(BaseModel):
+    at: datetime
+    weight: int
+    evaluation: Evaluation
+
+
+class PauseInput(_Strict):
+    reason: str = "paused by operator"
+
+
+class ResumeInput(_Strict):
+    pass
+
+
+class AbortInput(_Strict):
+    reason: str = "aborted by operator"
+
+
+class PromoteInput(_Strict):
+    full: bool = Field(False, description="skip every remaining step and go to 100 %")
+
+
+class PromoteAck(BaseModel):
+    accepted: str
+    weight: int
+
+
+class RolloutStatus(BaseModel):
+    deployment: str
+    version: str
+    stable_version: str | None
+    stage: Stage
+    weight: int
+    step: int | None = Field(None, description="index into steps of the current canary step")
+    steps: list[int]
+    paused: bool
+    pause_reason: str | None
+    analysis: StepAnalysis
+    last_verdict: VerdictRecord | None
+    verdicts: list[VerdictRecord] = Field(description="most recent observations (bounded)")
+    timings: dict[str, float] = Field(description="seconds spent per stage, and cold start")
+
+
+class RolloutResult(BaseModel):
+    deployment: str
+    version: str
+    previous_version: str | None
+    outcome: Outcome
+    reason: str
+    weight_reached: int
+    failing_verdict: VerdictRecord | None = None
+    failed_gates: list[GateCheck] = Field(default_factory=list)
+    route_reverted_seconds: float | None = Field(
+        None, description="from the failing verdict to the route pointing back at stable"
+    )
+    cold_start_seconds: float | None = None
+    benchmark: Benchmark | None = None
+    staged: StagedWeights | None = None
+    timings: dict[str, float] = Field(default_factory=dict)

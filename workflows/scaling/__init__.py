@@ -1,0 +1,1 @@
+"""Scaling: the reactive loop, its pure decision, schedule floors, pre-warm, node pools and placement."""

@@ -1,0 +1,174 @@
+"""The contract between the scaling workflows and the activities that act for them.
+
+Pydantic inputs/outputs and one contract class per group of activities (``ScalingActivities``
+for the loop and pre-warm, ``NodePoolActivities`` for the node layer), with no I/O imports, so
+workflows call them by method reference (``workflow.execute_activity_method``) and
+activities/scaling.py implements exactly this. Scaling itself reuses the rollout's
+``RolloutActivities.scale_version`` (the Deployment's scale subresource). The activity names are
+an API: recorded histories refer to them.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+from temporalio import activity
+
+from workflows.scaling.decide import Signals
+from workflows.scaling.placement import Node
+
+# Activity names (stable API: histories refer to them).
+READ_SCALING_SIGNALS = "read_scaling_signals"  # Prometheus
+GET_SCALE = "get_scale"  # Kubernetes: replicas, ready, pending pods
+READ_REPLICA_HISTORY = "read_replica_history"  # Prometheus range query for pre-warm
+OBSERVE_NODE_POOL = "observe_node_pool"  # Kubernetes nodes and pods, the pool's Auto Scaling group
+SET_POOL_CAPACITY = "set_pool_capacity"
+REMOVE_POOL_NODE = "remove_pool_node"
+
+_SELECTOR = 'namespace="${namespace}",deployment="${deployment}"'
+
+# Defaults over vLLM's and DCGM's own metric names; users override single entries by name.
+DEFAULT_SIGNAL_QUERIES: dict[str, str] = {
+    "queue_waiting": f"sum(vllm:num_requests_waiting{{{_SELECTOR}}})",
+    "running": f"sum(vllm:num_requests_running{{{_SELECTOR}}})",
+    "kv_cache_usage": f"max(vllm:kv_cache_usage_perc{{{_SELECTOR}}})",
+    "ttft_p99_seconds": (
+        "histogram_quantile(0.99, sum by (le) "
+        f"(rate(vllm:time_to_first_token_seconds_bucket{{{_SELECTOR}}}[${{window}}])))"
+    ),
+    # GPUs held by the deployment's pods: DCGM series joined on the pods vLLM reports for.
+    "gpu_util_percent": (
+        f"avg(DCGM_FI_DEV_GPU_UTIL and on(namespace, pod) vllm:num_requests_running{{{_SELECTOR}}})"
+    ),
+}
+
+# Serving replicas of the deployment, one sample per hour: the peak of each hour. What the fleet
+# HAD, floors and over-provisioning included: not what pre-warm should predict from.
+DEFAULT_REPLICA_HISTORY_QUERY = f"max_over_time(count(vllm:num_requests_running{{{_SELECTOR}}})[1h:1m])"
+# Pre-warm's default: the replicas the load NEEDED, hourly peak: the demand the deployment's GPUs
+# served, in replicas busy at the loop's default 80 % utilisation target (idle replicas add ~0,
+# so a floor raised one week does not raise the next week's). With a request-rate capacity per
+# replica, override with e.g. sum(rate(vllm:request_success_total{...}[5m])) / <req/s per replica>.
+DEFAULT_DEMAND_HISTORY_QUERY = (
+    f"max_over_time((sum(DCGM_FI_DEV_GPU_UTIL and on(namespace, pod) vllm:num_requests_running{{{_SELECTOR}}}) / 80)[1h:1m])"
+)
+
+
+class ReadSignalsInput(BaseModel):
+    namespace: str
+    deployment: str = Field(description="logical deployment name, e.g. 'chat'")
+    queries: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_SIGNAL_QUERIES))
+    window: str = "1m"
+
+
+class ScaleTarget(BaseModel):
+    namespace: str
+    deployment: str = Field(description="logical deployment name")
+    version: str | None = Field(None, description="None: the version that carries the most traffic")
+
+
+class ScaleStatus(BaseModel):
+    version: str = Field(description="the version whose Deployment is scaled")
+    replicas: int = Field(description="spec.replicas")
+    ready_replicas: int
+    pending: int = Field(0, description="pods not yet Running")
+    unschedulable: int = Field(0, description="pending pods the scheduler could not place (no GPU capacity)")
+    priority_class: str | None = Field(
+        None, description="the class the Deployment declares (label tideplane.io/priority-class)"
+    )
+
+
+class ReplicaHistoryInput(BaseModel):
+    namespace: str
+    deployment: str
+    time_zone: str = "UTC"
+    weeks: int = Field(4, ge=1, le=12)
+    at: float = Field(description="epoch seconds of 'now' (the workflow's clock)")
+    query: str = DEFAULT_DEMAND_HISTORY_QUERY
+
+
+class ReplicaHistory(BaseModel):
+    """Hourly peaks keyed by local ``"<weekday>:<hour>"`` (Monday = 0), plus 'now' in local time."""
+
+    samples: dict[str, list[float]] = Field(default_factory=dict)
+    weekday: int = Field(ge=0, le=6)
+    minute_of_day: int = Field(ge=0, lt=1440)
+
+
+class ScalingActivities:
+    """What ReactiveScaling and PredictivePrewarm ask of Prometheus and Kubernetes (activities/scaling.py)."""
+
+    @activity.defn(name=READ_SCALING_SIGNALS)
+    def read_scaling_signals(self, req: ReadSignalsInput) -> Signals:
+        """The loop's signals from Prometheus; an unreachable Prometheus reads as ``Signals(error=...)``."""
+        raise NotImplementedError
+
+    @activity.defn(name=GET_SCALE)
+    def get_scale(self, req: ScaleTarget) -> ScaleStatus:
+        """The scaled version's replicas: spec, Ready, Pending, Unschedulable, declared class."""
+        raise NotImplementedError
+
+    @activity.defn(name=READ_REPLICA_HISTORY)
+    def read_replica_history(self, req: ReplicaHistoryInput) -> ReplicaHistory:
+        """Hourly peaks of past weeks for predictive pre-warm (a Prometheus range query)."""
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- node layer (activities/scaling.py)
+
+class PoolRef(BaseModel):
+    pool: str = Field(description="node pool = Auto Scaling group name = karpenter.sh/nodepool label")
+    capacity_type: str = Field("on-demand", pattern="^(on-demand|spot)$")
+    takes_unconstrained: bool = Field(
+        False, description="also count pending pods that do not ask for a capacity type (one pool per cluster should)"
+    )
+
+
+class PendingReplica(BaseModel):
+    pod: str = Field(description="NAMESPACE/NAME")
+    model: str
+    gpus: int = Field(ge=1)
+
+
+class PoolObservation(BaseModel):
+    nodes: list[Node] = Field(default_factory=list)
+    pending_gpus: int = Field(0, description="GPUs requested by Unschedulable model pods this pool can serve")
+    pending_pods: list[str] = Field(default_factory=list)
+    pending: list[PendingReplica] = Field(
+        default_factory=list, description="those pods that ask for GPUs, for the planner"
+    )
+    gpu_memory_gib: float = Field(
+        80, gt=0, description="memory of one of the pool's GPUs (node label nvidia.com/gpu.memory)"
+    )
+    desired_capacity: int = Field(description="the Auto Scaling group's desired capacity")
+    max_size: int
+
+
+class SetCapacityInput(BaseModel):
+    pool: str
+    desired: int = Field(ge=0)
+
+
+class RemoveNodeInput(BaseModel):
+    pool: str
+    node: str
+
+
+class RemoveNodeResult(BaseModel):
+    removed: bool
+    reason: str
+
+
+class NodePoolActivities:
+    """What NodePoolScaling asks of Kubernetes and the pool's Auto Scaling group (activities/scaling.py)."""
+
+    @activity.defn(name=OBSERVE_NODE_POOL)
+    def observe_node_pool(self, req: PoolRef) -> PoolObservation:
+        raise NotImplementedError
+
+    @activity.defn(name=SET_POOL_CAPACITY)
+    def set_pool_capacity(self, req: SetCapacityInput) -> None:
+        raise NotImplementedError
+
+    @activity.defn(name=REMOVE_POOL_NODE)
+    def remove_pool_node(self, req: RemoveNodeInput) -> RemoveNodeResult:
+        raise NotImplementedError

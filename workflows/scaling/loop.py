@@ -1,0 +1,407 @@
+"""ReactiveScaling: one durable loop per deployment.
+
+Every interval the loop reads the deployment's scale and its signals, asks the pure
+``decide`` for the desired replicas and scales through the Deployment's scale subresource.
+Floors come from Temporal Schedules (ScheduleFloor, workflows/scaling/floors.py) and predictive
+pre-warm (PredictivePrewarm, workflows/scaling/prewarm.py) as ``set_floor`` signals keyed by
+source, so a schedule raises or lowers the floor and never fights the loop. The loop
+continues-as-new every ``iterations_per_run`` decisions (or when Temporal suggests it), carrying
+its state, so its history stays bounded however long it runs.
+
+The policy's priority class says which capacity the replicas run on (realtime: on-demand, floor
+kept; batch: spot, may scale to zero). Replicas left Unschedulable are reported here and served
+by the NodePoolScaling loop of the matching pool, which reads the same pods. A batch policy may
+declare a CPU fallback that the loop scales up while GPU replicas stay unavailable past a
+deadline (workflows.scaling.cpu_fallback).
+
+Metrics go through the workflow metric meter (workflows/telemetry.py): decisions that change
+something, or hold for a reason worth alerting on; replicas desired and Ready; and each scale-up,
+from the decision to all its replicas Ready (its cold start, seen at the loop's interval) or
+given up (the loop scaled down first).
+
+API (stable): workflow type ReactiveScaling; ID ``scaling/<namespace>/<name>``; signals
+``pause``, ``resume``, ``set_floor``; update ``update_policy``; query ``status``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    # full dotted names: `from workflows import naming` would give the sandbox its own copy of naming
+    import workflows.naming as naming
+    import workflows.search_attributes as search_attributes
+    import workflows.telemetry as telemetry
+    from workflows.naming import DeploymentRef
+    from workflows.rollout.activities import RolloutActivities, ScaleVersionInput
+    import workflows.scaling.activities as acts
+    from workflows.scaling.activities import ScalingActivities
+    from workflows.scaling.cpu_fallback import CpuFallbackState, decide_fallback
+    from workflows.scaling.decide import NOTABLE_HOLDS, ScalerState, ScalingDecision, ScalingPolicy, Signals, Trigger, decide
+    from workflows.scaling.floors import SET_FLOOR_SIGNAL, FloorClaim, SetFloor
+    from workflows.scaling.placement import CAPACITY_FOR_CLASS
+    from workflows.steps import cause, wait_until
+
+DECISIONS_KEPT = 20
+
+
+class DecisionRecord(BaseModel):
+    at: datetime
+    current: int
+    desired: int
+    ready: int | None = None
+    unschedulable: int = 0
+    floor: int = 0
+    applied: bool = False
+    reason: str
+    capped_by: str | None = None
+    triggers: list[Trigger] = Field(default_factory=list)
+    signals: Signals | None = None
+    fallback_replicas: int | None = Field(None, description="CPU fallback replicas wanted (batch with cpu_fallback)")
+    fallback_reason: str | None = None
+
+
+class PendingScaleUp(BaseModel):
+    """A scale-up whose replicas are not all Ready yet: its cold start runs from ``decided_at``."""
+
+    decided_at: datetime
+    target: int = Field(ge=1, description="replicas that must be Ready")
+    pool: str = Field(description="the priority class the replicas run in")
+
+
+class ScalingCarry(BaseModel):
+    """What a run hands to the next one at continue-as-new."""
+
+    state: ScalerState = Field(default_factory=ScalerState)
+    floors: dict[str, FloorClaim] = Field(default_factory=dict, description="source -> floor")
+    paused: bool = False
+    pause_reason: str = ""
+    decisions: list[DecisionRecord] = Field(default_factory=list)
+    runs: int = Field(0, description="runs before this one")
+    fallback: CpuFallbackState = Field(default_factory=CpuFallbackState)
+    fallback_applied: int | None = Field(None, description="CPU fallback replicas last set (None: not yet)")
+    scale_up: PendingScaleUp | None = Field(None, description="the scale-up whose replicas are not all Ready yet")
+
+
+class ScalingInput(BaseModel):
+    deployment: naming.DeploymentName = Field(description="NAMESPACE/NAME of the logical deployment")
+    version: str | None = Field(None, description="version to scale; None: the one with the most traffic")
+    policy: ScalingPolicy = Field(default_factory=ScalingPolicy)
+    interval_seconds: float = Field(30, ge=1)
+    iterations_per_run: int = Field(240, ge=1, description="decisions per run before continue-as-new")
+    queries: dict[str, str] = Field(default_factory=dict, description="overrides of the default signal queries, by name")
+    window: str = Field("1m", description="rate window of the signal queries")
+    carry: ScalingCarry | None = None
+
+
+    @field_validator("queries")
+    @classmethod
+    def _known(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = set(value) - set(acts.DEFAULT_SIGNAL_QUERIES)
+        if unknown:
+            raise ValueError(f"unknown signal queries {sorted(unknown)}; known: {sorted(acts.DEFAULT_SIGNAL_QUERIES)}")
+        return value
+
+
+class OperatorNote(BaseModel):
+    reason: str = ""
+
+
+# Every field of ScalingPolicy, optional: `update_policy` changes only the fields given (null: unchanged).
+PolicyPatch = create_model(
+    "PolicyPatch",
+    __config__=ConfigDict(extra="forbid"),
+    **{name: (field.annotation | None, None) for name, field in ScalingPolicy.model_fields.items()},
+)
+
+
+class ScalingStatus(BaseModel):
+    deployment: str
+    paused: bool
+    pause_reason: str
+    policy: ScalingPolicy
+    floor: int
+    floors: dict[str, FloorClaim]
+    decisions: list[DecisionRecord]
+    runs: int
+    iteration: int
+
+
+_SHORT = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
+
+
+@workflow.defn(name="ReactiveScaling", failure_exception_types=[ValidationError])
+class ReactiveScaling:
+    """ValidationError fails the run: a bad input (e.g. min_replicas > max_replicas) is reported with
+    its field at once instead of retrying the workflow task forever."""
+
+    @workflow.init
+    def __init__(self, input: ScalingInput) -> None:
+        carry = input.carry or ScalingCarry()
+        self._input = input
+        self._policy = input.policy
+        self._state = carry.state
+        self._floors = dict(carry.floors)
+        self._paused = carry.paused
+        self._pause_reason = carry.pause_reason
+        self._decisions = list(carry.decisions)
+        self._runs = carry.runs
+        self._fallback = carry.fallback
+        self._fallback_applied = carry.fallback_applied
+        self._scale_up = carry.scale_up
+        self._iteration = 0
+        self._wake = False
+
+    @workflow.run
+    async def run(self, input: ScalingInput) -> None:
+        namespace, name = naming.split_deployment(input.deployment)
+        if workflow.info().typed_search_attributes.get(search_attributes.DEPLOYMENT) is None:
+            workflow.upsert_search_attributes([search_attributes.DEPLOYMENT.value_set(input.deployment)])
+        while True:
+            if self._iteration >= input.iterations_per_run or workflow.info().is_continue_as_new_suggested():
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(input.model_copy(update={"policy": self._policy, "carry": self._carry()}))
+            if self._paused:
+                self._details(f"paused: {self._pause_reason or 'by operator'}")
+                await workflow.wait_condition(lambda: not self._paused)
+            await self._decide_once(namespace, name)
+            self._iteration += 1
+            self._wake = False
+            await wait_until(lambda: self._wake, timedelta(seconds=input.interval_seconds), "next decision")
+
+    async def _decide_once(self, namespace: str, name: str) -> None:
+        now = workflow.now()
+        try:
+            scale = await workflow.execute_activity_method(
+                ScalingActivities.get_scale,
+                acts.ScaleTarget(namespace=namespace, deployment=name, version=self._input.version),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_SHORT,
+                summary="read replicas",
+            )
+        except ActivityError as err:
+            self._details(f"cannot read the deployment's scale: {cause(err)}")
+            return
+        try:
+            signals = await workflow.execute_activity_method(
+                ScalingActivities.read_scaling_signals,
+                acts.ReadSignalsInput(
+                    namespace=namespace,
+                    deployment=name,
+                    queries={**acts.DEFAULT_SIGNAL_QUERIES, **self._input.queries},
+                    window=self._input.window,
+                ),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_SHORT,
+                summary="read signals",
+            )
+        except ActivityError as err:
+            signals = Signals(error=cause(err))
+        floor = self._floor(now)
+        if workflow.patched("decide-on-ready"):
+            ready, policy = scale.ready_replicas, self._policy
+        else:  # a run that decided before this change replays the decisions it recorded: spec-only, -1 per step
+            ready, policy = None, self._policy.model_copy(update={"scale_down_step_percent": 0})
+        decision: ScalingDecision = decide(now.timestamp(), scale.replicas, signals, policy, self._state, floor, ready=ready)
+        self._state = decision.state
+        record = DecisionRecord(
+            at=now,
+            current=scale.replicas,
+            desired=decision.desired,
+            ready=scale.ready_replicas,
+            unschedulable=scale.unschedulable,
+            floor=floor,
+            reason=decision.reason,
+            capped_by=decision.capped_by,
+            triggers=decision.triggers,
+            signals=signals,
+        )
+        if scale.priority_class and scale.priority_class != self._policy.priority_class:
+            record.reason += (
+                f"; the Deployment declares class {scale.priority_class}, the policy {self._policy.priority_class}"
+            )
+        if decision.desired != scale.replicas:
+            try:
+                await workflow.execute_activity_method(
+                    RolloutActivities.scale_version,
+                    ScaleVersionInput(
+                        deployment=DeploymentRef(namespace=namespace, name=name), version=scale.version, replicas=decision.desired
+                    ),
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=_SHORT,
+                    summary=f"scale {name} {scale.version} {scale.replicas} -> {decision.desired}",
+                )
+                record.applied = True
+            except ActivityError as err:
+                record.reason += f"; scaling failed: {cause(err)}"
+        if self._policy.cpu_fallback is not None:
+            await self._cpu_fallback(now, decision.desired, scale, record)
+        self._decisions = [*self._decisions, record][-DECISIONS_KEPT:]
+        self._details()
+        self._record_metrics(namespace, name, scale, decision, record.applied, now)
+        await self._record_decision(namespace, name, scale.replicas, decision)
+
+    async def _cpu_fallback(self, now: datetime, desired: int, scale: acts.ScaleStatus, record: DecisionRecord) -> None:
+        """Batch only: scale the declared CPU deployment up while GPU replicas stay unavailable."""
+        fallback = self._policy.cpu_fallback
+        verdict = decide_fallback(
+            now.timestamp(), desired, scale.ready_replicas, scale.unschedulable, fallback, self._fallback
+        )
+        self._fallback = verdict.state
+        record.fallback_replicas, record.fallback_reason = verdict.replicas, verdict.reason
+        if verdict.replicas == self._fallback_applied:
+            return
+        namespace, name = naming.split_deployment(fallback.deployment)
+        try:
+            await workflow.execute_activity_method(
+                RolloutActivities.scale_version,
+                ScaleVersionInput(
+                    deployment=DeploymentRef(namespace=namespace, name=name),
+                    version=fallback.version,
+                    replicas=verdict.replicas,
+                ),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_SHORT,
+                summary=f"CPU fallback {fallback.deployment} -> {verdict.replicas}",
+            )
+            self._fallback_applied = verdict.replicas
+        except ActivityError as err:
+            record.fallback_reason += f"; scaling the fallback failed: {cause(err)}"
+
+    def _record_metrics(
+        self, namespace: str, name: str, scale: acts.ScaleStatus, decision: ScalingDecision, applied: bool, now: datetime
+    ) -> None:
+        """Replicas desired/Ready, and the scale-up in flight: finished when its replicas are all
+        Ready (cold start from its decision), given up when the loop scaled down first."""
+        meter = workflow.metric_meter()
+        pool = scale.priority_class or self._policy.priority_class
+        capacity = CAPACITY_FOR_CLASS.get(pool, "unknown")
+        telemetry.replicas(meter, namespace, name, pool, capacity, decision.desired, scale.ready_replicas)
+        pending = self._scale_up
+        if pending is not None:
+            if scale.ready_replicas >= pending.target:
+                seconds = (now - pending.decided_at).total_seconds()
+                telemetry.scale_up_finished(meter, namespace, name, pending.pool, ready=True, seconds=seconds)
+                self._scale_up = pending = None
+            elif applied and decision.desired < scale.replicas:
+                telemetry.scale_up_finished(meter, namespace, name, pending.pool, ready=False, seconds=0)
+                self._scale_up = pending = None
+        if applied and decision.desired > scale.replicas:
+            if pending is None:
+                telemetry.scale_up_started(meter, namespace, name, pool)
+                self._scale_up = PendingScaleUp(decided_at=now, target=decision.desired, pool=pool)
+            else:  # more replicas asked before the first ones were Ready: the same scale-up, grown
+                self._scale_up = pending.model_copy(update={"target": decision.desired})
+
+    async def _record_decision(self, namespace: str, name: str, current: int, decision: ScalingDecision) -> None:
+        """Count the decision in the control-plane metrics (best effort: metrics never block scaling)."""
+        direction = "up" if decision.desired > current else "down" if decision.desired < current else "hold"
+        if direction == "hold" and decision.cause not in NOTABLE_HOLDS:
+            return
+        if workflow.patched(telemetry.METER_PATCH):
+            telemetry.scaling_decision(workflow.metric_meter(), namespace, name, direction, decision.cause)
+            return
+        try:  # a run that recorded through an activity before replays the activity it scheduled
+            await workflow.execute_activity(
+                telemetry.LEGACY_SCALING_DECISION,
+                {"namespace": namespace, "deployment": name, "direction": direction, "reason": decision.cause},
+                start_to_close_timeout=timedelta(seconds=10),
+                retry_policy=RetryPolicy(maximum_attempts=2),
+                summary=f"metric: {direction} ({decision.cause})",
+            )
+        except ActivityError:
+            pass
+
+    def _floor(self, now: datetime) -> int:
+        self._floors = {k: c for k, c in self._floors.items() if c.expires_at is None or c.expires_at > now}
+        return max((c.replicas for c in self._floors.values()), default=0)
+
+    def _carry(self) -> ScalingCarry:
+        return ScalingCarry(
+            state=self._state,
+            floors=self._floors,
+            paused=self._paused,
+            pause_reason=self._pause_reason,
+            decisions=self._decisions,
+            runs=self._runs + 1,
+            fallback=self._fallback,
+            fallback_applied=self._fallback_applied,
+            scale_up=self._scale_up,
+        )
+
+    def _details(self, note: str = "") -> None:
+        p = self._policy
+        floors = ", ".join(f"{k} {c.replicas}" for k, c in self._floors.items()) or "none"
+        lines = [
+            f"**{self._input.deployment}** · {p.priority_class} ({CAPACITY_FOR_CLASS[p.priority_class]} GPUs)"
+            f" · policy min {p.min_replicas} / max {p.max_replicas} · floors: {floors}"
+        ]
+        if note:
+            lines.append(f"⚠ {note}")
+        if self._decisions:
+            d = self._decisions[-1]
+            lines.append(
+                f"last decision {d.at:%Y-%m-%d %H:%M:%S}Z: **{d.current} → {d.desired}**"
+                f" ({d.ready} ready{f', {d.unschedulable} Pending unschedulable' if d.unschedulable else ''}): {d.reason}"
+            )
+            if d.unschedulable:
+                lines.append(
+                    f"{d.unschedulable} replica(s) wait for {CAPACITY_FOR_CLASS[p.priority_class]} GPU capacity:"
+                    f" the NodePoolScaling loop of that pool grows it for them"
+                )
+            if d.fallback_reason:
+                lines.append(f"CPU fallback {p.cpu_fallback.deployment if p.cpu_fallback else ''}: {d.fallback_reason}")
+            if d.triggers:
+                lines.append(
+                    "| trigger | value | target | wants |\n|---|---|---|---|\n"
+                    + "\n".join(f"| {t.name}{' 🔺' if t.fired else ''} | {t.value:g} | {t.target:g} | {t.replicas} |" for t in d.triggers)
+                )
+        workflow.set_current_details("\n\n".join(lines))
+
+    @workflow.signal(name="pause")
+    def pause(self, note: OperatorNote = OperatorNote()) -> None:
+        self._paused, self._pause_reason = True, note.reason
+
+    @workflow.signal(name="resume")
+    def resume(self, note: OperatorNote = OperatorNote()) -> None:
+        self._paused, self._pause_reason = False, ""
+        self._wake = True
+
+    @workflow.signal(name=SET_FLOOR_SIGNAL)
+    def set_floor(self, request: SetFloor) -> None:
+        expires = workflow.now() + timedelta(seconds=request.ttl_seconds) if request.ttl_seconds else None
+        self._floors[request.source] = FloorClaim(replicas=request.replicas, expires_at=expires)
+        self._wake = True
+
+    @workflow.update(name="update_policy")
+    def update_policy(self, patch: PolicyPatch) -> ScalingPolicy:  # type: ignore[valid-type]
+        self._policy = self._patched(patch)
+        self._wake = True
+        return self._policy
+
+    @update_policy.validator
+    def _validate_policy(self, patch: PolicyPatch) -> None:  # type: ignore[valid-type]
+        self._patched(patch)
+
+    def _patched(self, patch: BaseModel) -> ScalingPolicy:
+        return ScalingPolicy.model_validate({**self._policy.model_dump(), **patch.model_dump(exclude_none=True)})
+
+    @workflow.query(name="status")
+    def status(self) -> ScalingStatus:
+        return ScalingStatus(
+            deployment=self._input.deployment,
+            paused=self._paused,
+            pause_reason=self._pause_reason,
+            policy=self._policy,
+            floor=max((c.replicas for c in self._floors.values()), default=0),
+            floors=self._floors,
+            decisions=self._decisions,
+            runs=self._runs,
+            iteration=self._iteration,
+        )
+
