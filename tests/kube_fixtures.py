@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
+from infra.sandbox.kubeclient import kubeconfig_yaml
 from infra.sandbox.ports import free_port, wait_for_port
+from tests.sandbox_fixtures import wait_until
 
-__all__ = ["kube_api", "kube_api_url", "kube_kubeconfig", "run_kube_api", "write_kubeconfig"]
+__all__ = ["EmulatedCluster", "emulated_cluster", "kube_api", "kube_api_url", "kube_kubeconfig", "kube_wait",
+           "namespace_for", "run_kube_api", "write_kubeconfig"]
 
 ROOT = Path(__file__).resolve().parents[1]
 TIME_SCALE = 100.0  # sandbox seconds per real second: a 30 s model load takes 0.3 s
@@ -41,14 +45,8 @@ def run_kube_api(time_scale: float = TIME_SCALE, *extra_args: str) -> Iterator[s
 
 
 def write_kubeconfig(url: str, path: Path) -> Path:
-    """A kubeconfig for kubectl (or `kubernetes.config.load_kube_config`) pointing at url."""
-    path.write_text(
-        "apiVersion: v1\nkind: Config\n"
-        f"clusters:\n- name: sandbox\n  cluster:\n    server: {url}\n"
-        "users:\n- name: sandbox\n  user:\n    token: sandbox\n"
-        "contexts:\n- name: sandbox\n  context:\n    cluster: sandbox\n    user: sandbox\n"
-        "current-context: sandbox\n"
-    )
+    """The admin's kubeconfig (no credentials) for kubectl or `kubernetes.config.load_kube_config`."""
+    path.write_text(kubeconfig_yaml(url))
     return path
 
 
@@ -72,3 +70,40 @@ def kube_api(kube_api_url: str) -> Iterator[client.ApiClient]:
 def kube_kubeconfig(kube_api_url: str, tmp_path: Path) -> Path:
     """Path of a kubeconfig for the same emulated cluster as `kube_api`."""
     return write_kubeconfig(kube_api_url, tmp_path / "kubeconfig")
+
+
+@dataclass
+class EmulatedCluster:
+    """One emulated cluster shared by a test module: its URL, an admin client, and kubectl."""
+
+    url: str
+    api: client.ApiClient
+    kubectl: Callable[..., subprocess.CompletedProcess]
+
+
+@contextmanager
+def emulated_cluster(home: Path) -> Iterator[EmulatedCluster]:
+    """A fresh emulator (time scale 100) with an admin ApiClient and a kubectl whose HOME is home."""
+    with run_kube_api() as url:
+        kubeconfig = write_kubeconfig(url, home / "kubeconfig")
+
+        def kubectl(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), *args], capture_output=True,
+                                  text=True, timeout=30, env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
+
+        config = client.Configuration()
+        config.host = url
+        with client.ApiClient(config) as api_client:
+            yield EmulatedCluster(url, api_client, kubectl)
+
+
+def namespace_for(api_client: client.ApiClient, request: pytest.FixtureRequest) -> str:
+    """A namespace named after the requesting test, created for it."""
+    name = request.node.name.removeprefix("test_").replace("_", "-")[:50].strip("-")
+    client.CoreV1Api(api_client).create_namespace({"metadata": {"name": name}})
+    return name
+
+
+def kube_wait(predicate, what: str, timeout: float = 10):
+    """wait_until, polling at the emulator's pace (it answers in milliseconds)."""
+    return wait_until(predicate, timeout, what, interval=0.05)

@@ -20,6 +20,7 @@ from activities.clients.kube import serving_namespace
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.kubeclient import api_client
 from infra.sandbox.launcher import Ports, Sandbox, SandboxError
+from infra.sandbox.worker_identity import WORKER_NAMESPACE
 from workers.config import settings
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, versioned_name
 
@@ -54,16 +55,18 @@ class RunningSandbox:
 
 
 _RUNNING: list[RunningSandbox] = []  # the session's sandbox once a test asked for it
-_BASE_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", SANDBOX_NAMESPACE}
+_BASE_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", SANDBOX_NAMESPACE, WORKER_NAMESPACE}
 
 
 def reset_cluster(box: RunningSandbox) -> None:
     """Give the next module the cluster as ``up`` left it: the namespaces tests created (and all
     their pods, so the GPUs they held are free again) deleted, and no demand offered."""
     core = client.CoreV1Api(api_client(box.urls["kubeapi"]))
-    for ns in core.list_namespace().items:
-        if ns.metadata.name not in _BASE_NAMESPACES:
-            core.delete_namespace(ns.metadata.name)
+    created = [ns.metadata.name for ns in core.list_namespace().items if ns.metadata.name not in _BASE_NAMESPACES]
+    for name in created:
+        core.delete_namespace(name)
+    wait_until(lambda: not {ns.metadata.name for ns in core.list_namespace().items} & set(created), 30,
+               "the deleted namespaces to finish Terminating")
     demand = core.read_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE)
     demand.data = {}
     core.replace_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, demand)

@@ -66,6 +66,11 @@ class Profile(_Strict):
         default_factory=list, description="prompts (case-insensitive substrings) this version answers wrongly"
     )
     drift: float = Field(0, ge=0, le=1, description="share of prompts answered differently from the reference")
+    # How a bad release fails (the emulator's kubelet acts on these; see infra/sandbox/kubeapi/kubelet.py).
+    crash_on_start: bool = Field(False, description="the server exits at once: CrashLoopBackOff")
+    never_ready: bool = Field(False, description="Running, the readiness probe never passes")
+    oom_after_requests: int | None = Field(None, ge=1, description="OOMKilled after serving this many requests")
+    shutdown_seconds: float = Field(5, ge=0, description="drain after SIGTERM: how long a deleted pod is Terminating")
 
 
 class Demand(_Strict):

@@ -39,6 +39,7 @@ from infra.sandbox.config import (
 )
 from infra.sandbox.answers import MirrorLog, answer
 from infra.sandbox.kubeclient import api_client, raw
+from infra.sandbox.oom import OomWatch
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 
 log = logging.getLogger("tideplane.fleet")
@@ -688,6 +689,7 @@ def run(kube_url: str, host: str, port: int, time_scale: float, tick_seconds: fl
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     log.info("fleet simulator on http://%s:%d reading %s (time scale %s)", host, port, kube_url, time_scale)
     api = api_client(kube_url)
+    oom = OomWatch(kube_url)
     last = time.monotonic()
     while True:
         try:
@@ -698,6 +700,7 @@ def run(kube_url: str, host: str, port: int, time_scale: float, tick_seconds: fl
         now = time.monotonic()
         if cluster is not None:
             fleet.update(cluster, now - last)
+            oom.check(fleet)
         last = now
         time.sleep(max(0.0, tick_seconds - (time.monotonic() - now)))
 

@@ -14,7 +14,7 @@ from kubernetes import client
 
 
 def api_client(url: str) -> client.ApiClient:
-    """An ApiClient for a plain-http API server at ``url`` (no credentials: loopback only)."""
+    """An ApiClient for a plain-http API server at ``url`` (no credentials: the loopback admin)."""
     config = client.Configuration()
     config.host = url.rstrip("/")
     return client.ApiClient(config)
@@ -25,15 +25,17 @@ def raw(response: Any) -> dict:
     return json.loads(response.data)
 
 
-def kubeconfig_yaml(url: str) -> str:
-    """A kubeconfig for kubectl and the kubernetes client, pointing at ``url``."""
+def kubeconfig_yaml(url: str, token: str | None = None) -> str:
+    """A kubeconfig for kubectl and the kubernetes client, pointing at ``url``: as the loopback
+    admin, or with ``token`` as the ServiceAccount it was issued for."""
+    user = f"{{token: {token}}}" if token else "{}"
     return (
         "apiVersion: v1\n"
         "kind: Config\n"
         "clusters:\n"
         f"- name: tideplane-sandbox\n  cluster:\n    server: {url}\n"
         "users:\n"
-        "- name: tideplane-sandbox\n  user: {}\n"
+        f"- name: tideplane-sandbox\n  user: {user}\n"
         "contexts:\n"
         "- name: tideplane-sandbox\n  context:\n    cluster: tideplane-sandbox\n    user: tideplane-sandbox\n"
         "current-context: tideplane-sandbox\n"

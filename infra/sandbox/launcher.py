@@ -36,6 +36,7 @@ from infra.sandbox.config import (
     load_config,
 )
 from infra.sandbox.kubeclient import api_client, kubeconfig_yaml, raw
+from infra.sandbox.worker_identity import install_worker_identity
 from infra.sandbox.ports import free_port
 from workflows.search_attributes import CLI_TYPES
 
@@ -141,7 +142,13 @@ class Sandbox:
 
     @property
     def kubeconfig(self) -> Path:
+        """The operator's (admin) kubeconfig: kubectl, the tests' own checks."""
         return self.state_dir / "kubeconfig"
+
+    @property
+    def worker_kubeconfig(self) -> Path:
+        """The worker's kubeconfig: its ServiceAccount's token, so RBAC is infra/k8s/base's."""
+        return self.state_dir / "worker-kubeconfig"
 
     @property
     def worker_pid_file(self) -> Path:
@@ -183,7 +190,7 @@ class Sandbox:
             "TEMPORAL_ADDRESS": u["temporal"],
             "TIDEPLANE_TEMPORAL_ADDRESS": u["temporal"],
             "KUBECONFIG": str(self.kubeconfig),
-            "TIDEPLANE_KUBECONFIG": str(self.kubeconfig),
+            "TIDEPLANE_KUBECONFIG": str(self.worker_kubeconfig),
             "AWS_ENDPOINT_URL": u["moto"],
             "TIDEPLANE_AWS_ENDPOINT_URL": u["moto"],
             **AWS_ENV,
@@ -355,7 +362,8 @@ class Sandbox:
         boto3.client("sqs", **kwargs).create_queue(QueueName=SPOT_QUEUE)
 
     def _seed_cluster(self, config: SandboxConfig) -> None:
-        """The sandbox namespace with the fleet's runtime knobs (profiles, demand) as ConfigMaps."""
+        """The sandbox namespace with the fleet's runtime knobs (profiles, demand) as ConfigMaps, and
+        the worker's ServiceAccount, RBAC and kubeconfig."""
         core = client.CoreV1Api(api_client(self.urls()["kubeapi"]))
         configmaps = {PROFILES_CONFIGMAP: config.profiles, DEMAND_CONFIGMAP: config.demand}
         creates = [lambda: core.create_namespace({"metadata": {"name": SANDBOX_NAMESPACE}})] + [
@@ -370,6 +378,8 @@ class Sandbox:
             except client.ApiException as exc:
                 if exc.status != 409:  # already there: leave what someone set
                     raise
+        token = install_worker_identity(core.api_client)
+        self.worker_kubeconfig.write_text(kubeconfig_yaml(self.urls()["kubeapi"], token))
 
     def _wait_nodes(self, expected: int, deadline: float) -> None:
         core = client.CoreV1Api(api_client(self.urls()["kubeapi"]))

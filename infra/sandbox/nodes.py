@@ -21,6 +21,7 @@ from kubernetes import client
 
 from infra.sandbox.config import DEFAULT_CONFIG, NodePool, SandboxConfig, load_config
 from infra.sandbox.fleet import GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL
+from infra.sandbox.kubeapi.resources import KUBERNETES_VERSION
 from infra.sandbox.kubeclient import api_client, raw
 from workflows.naming import GPU_RESOURCE, NODE_CAPACITY_TYPE, NODE_INSTANCE_TYPE, NODE_POOL, NODE_ZONE
 
@@ -122,8 +123,8 @@ def node_manifest(instance: Instance, pool: NodePool) -> dict:
                 "bootID": str(uuid.uuid5(uuid.NAMESPACE_OID, instance.instance_id)),
                 "containerRuntimeVersion": "containerd://1.7.11",
                 "kernelVersion": "6.1.102-111.182.amzn2023.x86_64",
-                "kubeProxyVersion": "v1.30.0-eks",
-                "kubeletVersion": "v1.30.0-eks",
+                "kubeProxyVersion": KUBERNETES_VERSION,  # the control plane's version, as on a fresh cluster
+                "kubeletVersion": KUBERNETES_VERSION,
                 "machineID": instance.instance_id.replace("i-", "ec2"),
                 "operatingSystem": "linux",
                 "osImage": "Amazon Linux 2023",

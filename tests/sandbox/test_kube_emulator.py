@@ -93,7 +93,7 @@ def test_gpu_deployment_is_scheduled_and_ready_after_its_load_time(cluster):
     pods = pods_of(core, "chat")
     assert not any(is_ready(p) for p in pods), "pods must not be Ready before the model loaded"
     assert {p.spec.node_name for p in pods} == {"gpu-a", "gpu-b"}  # never the CPU node, at most 2 x 2 GPUs per node
-    assert all(p.metadata.owner_references[0].kind == "Deployment" for p in pods)
+    assert all(p.metadata.owner_references[0].kind == "ReplicaSet" for p in pods)
     assert all(p.metadata.name.startswith("chat-") for p in pods)
 
     wait_for(lambda: ready_replicas(apps, "chat") == 3, what="3 ready replicas")
@@ -413,7 +413,7 @@ def test_patch_formats(cluster):
         {"op": "add", "path": "/metadata/labels/app.kubernetes.io~1version", "value": "2.0.0"},
     ])
     got = apps.read_namespaced_deployment("chat", NS)
-    assert got.metadata.annotations == {"tideplane.io/stage": "canary"}
+    assert got.metadata.annotations["tideplane.io/stage"] == "canary"  # (the controller adds its revision)
     assert got.metadata.labels["app.kubernetes.io/version"] == "2.0.0"
     with pytest.raises(ApiException) as err:
         apps.patch_namespaced_deployment("chat", NS, [{"op": "test", "path": "/spec/replicas", "value": 9}])
@@ -442,9 +442,15 @@ def test_rolling_update_replaces_pods_and_deletes_cascade(cluster):
     wait_for(lambda: not pods_of(core, "chat"), what="pods deleted with their deployment")
     core.create_namespaced_config_map(NS, {"metadata": {"name": "x"}})
     core.delete_namespace(NS)
-    with pytest.raises(ApiException) as err:
-        core.read_namespaced_config_map("x", NS)
-    assert err.value.status == 404
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_config_map("x", NS)
+        except ApiException as err:
+            return err.status == 404
+        return False
+
+    wait_for(gone, what="the namespace controller to empty the Terminating namespace")
 
 
 def test_httproute_crud_with_weights(kube_api, cluster):
@@ -522,7 +528,8 @@ def test_kubectl_works_unchanged(cluster, kube_kubeconfig, tmp_path):
     manifest = tmp_path / "deploy.yaml"
     manifest.write_text(json.dumps(gpu_deployment("web", 1)))
     assert "created" in kubectl("apply", "-f", str(manifest))
-    changed = gpu_deployment("web", 1, version="1.1.0")
+    changed = gpu_deployment("web", 1)  # a new image; the selector stays (it is immutable)
+    changed["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-openai:1.1.0"
     manifest.write_text(json.dumps(changed))
     assert "configured" in kubectl("apply", "-f", str(manifest))  # a three-way strategic merge patch
     kubectl("scale", "deployment/web", "-n", NS, "--replicas=2")

@@ -14,12 +14,12 @@ from . import errors, patch as patches
 from .errors import bad_request
 from .resources import BY_KEY, Resource
 from .selectors import label_selector_matcher, label_selector_string, parse_field_selector, parse_label_selector
-from .store import Store
-from .validation import check_replicas, check_status, prepare, reset_status_on_create
+from .store import Store, now_iso
+from .validation import check_replicas, check_status, check_update, prepare, reset_status_on_create
 
 PODS = BY_KEY["pods"]
-DEPLOYMENTS = BY_KEY["deployments.apps"]
 PDBS = BY_KEY["poddisruptionbudgets.policy"]
+NAMESPACES = BY_KEY["namespaces"]
 
 PATCH_TYPES = {
     "application/json-patch+json": patches.json_patch,
@@ -29,11 +29,16 @@ PATCH_TYPES = {
 }
 
 
-def decode_patch(content_type: str, raw: bytes) -> tuple[Any, Any]:
-    """(patch function, parsed patch document) for a PATCH request's body."""
+def decode_patch(res: Resource, content_type: str, raw: bytes) -> tuple[Any, Any]:
+    """(patch function, parsed patch document) for a PATCH request's body.
+
+    Custom resources have no Go struct to carry patch strategies, so, as on a real server, a
+    strategic-merge patch of one is 415 Unsupported Media Type.
+    """
     fn = PATCH_TYPES.get(content_type)
-    if fn is None:
-        raise errors.unsupported_media_type(content_type)
+    accepted = errors.CUSTOM_PATCH_TYPES if res.custom else errors.BUILTIN_PATCH_TYPES
+    if fn is None or content_type not in accepted:
+        raise errors.unsupported_media_type(content_type, accepted)
     try:
         doc = yaml.safe_load(raw) if content_type == "application/apply-patch+yaml" else json.loads(raw)
     except (ValueError, yaml.YAMLError) as exc:
@@ -80,6 +85,8 @@ class Api:
 
     # -- writes -----------------------------------------------------------------------------
     def create(self, res: Resource, ns: str, body: Any, dry_run: bool = False) -> dict[str, Any]:
+        if isinstance(body, dict) and isinstance(body.get("metadata"), dict):
+            body = {**body, "metadata": {k: v for k, v in body["metadata"].items() if k != "uid"}}  # the server's
         if isinstance(body, dict) and res.namespaced:
             meta = body.setdefault("metadata", {}) if isinstance(body.get("metadata", {}), dict) else None
             if meta is not None:
@@ -88,6 +95,10 @@ class Api:
                 meta["namespace"] = ns
         obj = prepare(res, copy.deepcopy(body), creating=True)
         reset_status_on_create(res, obj)
+        namespace = self.store.try_get(NAMESPACES, "", ns) if res.namespaced else None
+        if namespace and namespace["metadata"].get("deletionTimestamp"):
+            raise errors.forbidden(res.plural, obj["metadata"]["name"], res.group,
+                                   f"unable to create new content in namespace {ns} because it is being terminated")
         if dry_run:
             return obj
         return self.store.create(res, obj)
@@ -101,18 +112,21 @@ class Api:
             raise bad_request(f"the name of the object ({body_meta.get('name')}) does not match the name on the URL ({name})")
         if res.namespaced and body_meta.get("namespace") not in (None, "", ns):
             raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
+        body = copy.deepcopy(body)
+        if res.namespaced and isinstance(body.get("metadata"), dict):
+            body["metadata"]["namespace"] = ns
         with self.store.lock:
             old = self.store.get(res, ns, name)
             if sub == "scale":
-                return self._set_scale(old, body)
-            new = self._merge_sub(res, old, copy.deepcopy(body), sub)
+                return self._set_scale(res, old, body)
+            new = self._merge_sub(res, old, body, sub)
             if dry_run:
                 return new
-            return self.store.update(res, new, expect_rv=body_meta.get("resourceVersion"))
+            return self._finish_deletion(res, self.store.update(res, new, expect_rv=body_meta.get("resourceVersion")))
 
     def patch(self, res: Resource, ns: str, name: str, content_type: str, raw: bytes, sub: str | None = None,
               dry_run: bool = False) -> dict[str, Any]:
-        fn, doc = decode_patch(content_type, raw)
+        fn, doc = decode_patch(res, content_type, raw)
         with self.store.lock:
             old = self.store.try_get(res, ns, name)
             if old is None:
@@ -127,11 +141,11 @@ class Api:
             if meta.get("name") != name:
                 raise bad_request("the patch may not change metadata.name")
             if sub == "scale":
-                return self._set_scale(old, patched)
+                return self._set_scale(res, old, patched)
             new = self._merge_sub(res, old, patched, sub)
             if dry_run:
                 return new
-            return self.store.update(res, new, expect_rv=meta.get("resourceVersion"))
+            return self._finish_deletion(res, self.store.update(res, new, expect_rv=meta.get("resourceVersion")))
 
     def _merge_sub(self, res: Resource, old: dict[str, Any], new: dict[str, Any], sub: str | None) -> dict[str, Any]:
         """Main endpoint writes keep the old status; the status endpoint changes only status."""
@@ -144,6 +158,12 @@ class Api:
         if sub is not None:
             raise errors.method_not_allowed()
         new = prepare(res, new, creating=False)
+        new["metadata"]["deletionTimestamp"] = old["metadata"].get("deletionTimestamp")
+        new["metadata"]["deletionGracePeriodSeconds"] = old["metadata"].get("deletionGracePeriodSeconds")
+        for key in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+            if new["metadata"][key] is None:
+                del new["metadata"][key]
+        check_update(res, old, new)
         if res.has_status:
             if "status" in old:
                 new["status"] = copy.deepcopy(old["status"])
@@ -161,13 +181,13 @@ class Api:
                        "selector": label_selector_string(dep["spec"].get("selector"))},
         }
 
-    def _set_scale(self, dep: dict[str, Any], scale: dict[str, Any]) -> dict[str, Any]:
+    def _set_scale(self, res: Resource, dep: dict[str, Any], scale: dict[str, Any]) -> dict[str, Any]:
         name = dep["metadata"]["name"]
         replicas = check_replicas((scale.get("spec") or {}).get("replicas"), "Scale", name)
         new = copy.deepcopy(dep)
         new["spec"]["replicas"] = replicas
         expect = (scale.get("metadata") or {}).get("resourceVersion")
-        return self._scale_of(self.store.update(DEPLOYMENTS, new, expect_rv=expect))
+        return self._scale_of(self.store.update(res, new, expect_rv=expect))
 
     def delete(self, res: Resource, ns: str, name: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
         options = options or {}
@@ -180,8 +200,30 @@ class Api:
                 raise errors.conflict(res.plural, name, res.group, "Precondition failed: resourceVersion does not match")
             if options.get("dryRun"):
                 return obj
+            if obj["metadata"].get("finalizers") or res is NAMESPACES:
+                return self._mark_deleting(res, obj)
+            if res is PODS:
+                return self.store.delete_pod(obj, options.get("gracePeriodSeconds"))
             orphan = options.get("propagationPolicy") == "Orphan" or options.get("orphanDependents") is True
             return self.store.delete(res, ns, name, orphan=orphan)
+
+    def _mark_deleting(self, res: Resource, obj: dict[str, Any]) -> dict[str, Any]:
+        """An object with finalizers (or a namespace, which the namespace controller empties first)
+        gets a deletionTimestamp and stays until its finalizers are removed."""
+        if obj["metadata"].get("deletionTimestamp"):
+            return obj
+        new = copy.deepcopy(obj)
+        new["metadata"].update(deletionTimestamp=now_iso(), deletionGracePeriodSeconds=0)
+        if res is NAMESPACES:
+            new.setdefault("status", {})["phase"] = "Terminating"
+        return self.store.update(res, new)
+
+    def _finish_deletion(self, res: Resource, obj: dict[str, Any]) -> dict[str, Any]:
+        """The update that removes the last finalizer of a deleted object removes the object."""
+        meta = obj["metadata"]
+        if meta.get("deletionTimestamp") and not meta.get("finalizers") and res is not NAMESPACES:
+            self.store.delete(res, meta.get("namespace", ""), meta["name"])
+        return obj
 
     def delete_collection(self, res: Resource, ns: str | None, label_selector: str | None,
                           field_selector: str | None) -> dict[str, Any]:

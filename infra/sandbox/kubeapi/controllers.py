@@ -1,15 +1,15 @@
-"""Simulated control plane: deployment controller, scheduler, kubelet, node lifecycle and events.
+"""Simulated control plane: namespace and node lifecycle, scheduler, events; the deployment
+controllers (workloads.py) and the kubelet (kubelet.py) run in the same pass.
 
 One background thread reconciles everything while holding the store lock, woken by any write
-(or by the next kubelet readiness deadline), so an idle sandbox costs no CPU. Durations are
+(or by the next timer: a readiness, restart, termination or eviction deadline), so an idle
+sandbox costs no CPU. Durations are
 sandbox seconds divided by the time scale.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import logging
 import math
 import threading
@@ -18,61 +18,24 @@ import uuid
 from collections import Counter
 from typing import Any
 
-import yaml
+from workflows.naming import GPU_RESOURCE
 
-from infra.sandbox.config import PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
-from workflows.naming import GPU_RESOURCE, LABEL_MODEL, LABEL_VERSION
-
-from .api import pod_ready
+from .conditions import condition, node_ready, set_condition
+from .workloads import Workloads
+from .kubelet import Kubelet
+from .networking import Networking
+from .predicates import node_affinity_matches, term_matches, tolerates
 from .quantity import parse_quantity
 from .resources import BY_KEY
 from .store import Store, now_iso
-from .validation import prepare, random_suffix, reset_status_on_create
 
 log = logging.getLogger(__name__)
 
 PODS, NODES, EVENTS = BY_KEY["pods"], BY_KEY["nodes"], BY_KEY["events"]
-DEPLOYMENTS, CONFIGMAPS = BY_KEY["deployments.apps"], BY_KEY["configmaps"]
-DEFAULT_LOAD_SECONDS = 30.0
+NAMESPACES = BY_KEY["namespaces"]
 MAX_EVENTS = 2000
-HASH_LABEL = "pod-template-hash"
-
-
-def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == kind), None)
-
-
-def node_ready(node: dict[str, Any]) -> bool:
-    cond = condition(node, "Ready")
-    return bool(cond and cond.get("status") == "True")
-
-
-def set_condition(conditions: list[dict[str, Any]], kind: str, status: str, reason: str | None = None,
-                  message: str | None = None) -> None:
-    """Set a condition in place, keeping lastTransitionTime unless the status changes."""
-    old = next((c for c in conditions if c.get("type") == kind), None)
-    new: dict[str, Any] = {"type": kind, "status": status}
-    if reason:
-        new["reason"] = reason
-    if message:
-        new["message"] = message
-    if old and old.get("status") == status:
-        for k in ("lastProbeTime", "lastUpdateTime", "lastTransitionTime"):
-            if k in old:
-                new[k] = old[k]
-        if "lastUpdateTime" in old and (old.get("reason"), old.get("message")) != (reason, message):
-            new["lastUpdateTime"] = now_iso()
-    else:
-        ts = now_iso()
-        if kind in ("Available", "Progressing"):
-            new["lastUpdateTime"] = ts
-        else:
-            new["lastProbeTime"] = None
-        new["lastTransitionTime"] = ts
-    if old:
-        conditions[conditions.index(old)] = new
-    else:
-        conditions.append(new)
+NOT_READY_TAINT, UNREACHABLE_TAINT = "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"
+NAMESPACE_SYNC_SECONDS = 0.5  # real seconds a Terminating namespace lasts at least
 
 
 def pod_requests(spec: dict[str, Any]) -> Counter:
@@ -91,55 +54,6 @@ def pod_requests(spec: dict[str, Any]) -> Counter:
     return total
 
 
-def tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
-    for t in tolerations or []:
-        if t.get("effect") and t["effect"] != taint.get("effect"):
-            continue
-        if t.get("operator") == "Exists":
-            if not t.get("key") or t["key"] == taint.get("key"):
-                return True
-        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
-            return True
-    return False
-
-
-def _expression(labels: dict[str, str], expr: dict[str, Any]) -> bool:
-    key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-    if op == "In":
-        return labels.get(key) in values
-    if op == "NotIn":
-        return labels.get(key) not in values
-    if op == "Exists":
-        return key in labels
-    if op == "DoesNotExist":
-        return key not in labels
-    if op in ("Gt", "Lt") and key in labels:
-        try:
-            a, b = int(labels[key]), int(values[0])
-        except (ValueError, IndexError):
-            return False
-        return a > b if op == "Gt" else a < b
-    return False
-
-
-def term_matches(node: dict[str, Any], term: dict[str, Any]) -> bool:
-    labels = node["metadata"].get("labels") or {}
-    fields = {"metadata.name": node["metadata"]["name"]}
-    return (all(_expression(labels, e) for e in term.get("matchExpressions") or [])
-            and all(_expression(fields, e) for e in term.get("matchFields") or []))
-
-
-def node_affinity_matches(pod_spec: dict[str, Any], node: dict[str, Any]) -> bool:
-    labels = node["metadata"].get("labels") or {}
-    if any(labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
-        return False
-    required = (((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution"))
-    if required is None:
-        return True
-    return any(term_matches(node, t) for t in required.get("nodeSelectorTerms") or [])
-
-
 def preference_score(pod_spec: dict[str, Any], node: dict[str, Any]) -> int:
     preferred = (((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})
                  .get("preferredDuringSchedulingIgnoredDuringExecution")) or []
@@ -150,18 +64,6 @@ def _owners(pod: dict[str, Any]) -> list[str]:
     return [r["uid"] for r in pod["metadata"].get("ownerReferences") or [] if r.get("uid")]
 
 
-def template_hash(template: dict[str, Any]) -> str:
-    digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()
-    return "".join("bcdfghjklmnpqrstvwxz2456789"[int(digest[i:i + 2], 16) % 27] for i in range(0, 20, 2))
-
-
-def _int_or_percent(value: Any, total: int, round_up: bool) -> int:
-    if isinstance(value, str) and value.endswith("%"):
-        exact = total * int(value[:-1]) / 100
-        return math.ceil(exact) if round_up else math.floor(exact)
-    return int(value or 0)
-
-
 class Controllers(threading.Thread):
     """Reconciles deployments, schedules pods, runs the kubelet and node lifecycle."""
 
@@ -169,10 +71,15 @@ class Controllers(threading.Thread):
         super().__init__(name="kubeapi-controllers", daemon=True)
         self.store = store
         self.time_scale = time_scale
-        self.ready_at: dict[str, float] = {}  # pod uid -> monotonic time it becomes Ready
+        self.namespace_due: dict[str, float] = {}  # Terminating namespace uid -> when it is removed
         self.events: dict[tuple[str, str, str], str] = {}  # (uid, reason, message) -> Event name
         self.ip_counter = 0
         self.stopping = threading.Event()
+        self.workloads = Workloads(self)
+        self.kubelet = Kubelet(self)
+        self.networking = Networking(self)
+        self.taint_seen: dict[tuple[str, str], float] = {}  # (node, NoExecute taint key) -> when first seen
+        self.evict_at: list[float] = []  # when a tolerated NoExecute taint's window closes
 
     def stop(self) -> None:
         self.stopping.set()
@@ -181,7 +88,9 @@ class Controllers(threading.Thread):
     def run(self) -> None:
         while not self.stopping.is_set():
             now = time.monotonic()
-            upcoming = [t - now for t in self.ready_at.values() if t > now]
+            upcoming = [t - now for t in [*self.kubelet.due(), *self.namespace_due.values(),
+                                          *self.workloads.wake_at, *self.evict_at,
+                                          *self.networking.wake_at] if t > now]
             self.store.dirty.wait(min([1.0, *upcoming]) + 0.01)
             self.store.dirty.clear()
             try:
@@ -192,11 +101,12 @@ class Controllers(threading.Thread):
                 time.sleep(0.5)
 
     def reconcile(self) -> None:
+        self.namespace_lifecycle()
         self.node_lifecycle()
-        for dep in self.store.list(DEPLOYMENTS):
-            self.sync_deployment(dep)
+        self.workloads.reconcile()
         self.schedule()
-        self.kubelet()
+        self.kubelet.reconcile({n["metadata"]["name"]: n for n in self.store.list(NODES)})
+        self.networking.reconcile()
 
     # -- events -----------------------------------------------------------------------------
     def record(self, obj: dict[str, Any], kind: str, reason: str, message: str, component: str) -> None:
@@ -234,10 +144,40 @@ class Controllers(threading.Thread):
             live = {e["metadata"]["name"] for e in events.values()}
             self.events = {k: v for k, v in self.events.items() if v in live}
 
+    # -- namespace controller ---------------------------------------------------------------
+    def namespace_lifecycle(self) -> None:
+        """A Terminating namespace is emptied, then removed (its `kubernetes` finalizer done), a
+        moment after its deletion as the real namespace controller's work takes: until then its
+        objects can still be read and deleted (`kubectl delete -f` of a namespace and its content)."""
+        now = time.monotonic()
+        for ns in self.store.list(NAMESPACES):
+            meta = ns["metadata"]
+            if not meta.get("deletionTimestamp"):
+                continue
+            due = self.namespace_due.setdefault(meta["uid"], now + NAMESPACE_SYNC_SECONDS)
+            if now >= due and not meta.get("finalizers"):
+                self.store.delete(NAMESPACES, "", meta["name"])
+                del self.namespace_due[meta["uid"]]
+
     # -- node lifecycle ---------------------------------------------------------------------
     def node_lifecycle(self) -> None:
-        """Pods on a deleted node go away; NoExecute taints evict pods that do not tolerate them."""
-        nodes = {n["metadata"]["name"]: n for n in self.store.list(NODES)}
+        """Pods on a deleted node are garbage-collected at once; a node that is not Ready gets the
+        node.kubernetes.io/not-ready (Ready False) or unreachable (Unknown) NoExecute taint; a
+        NoExecute taint evicts the pods that do not tolerate it at once, and those that tolerate it
+        for tolerationSeconds (300 s by default admission) when that window has passed."""
+        now = time.monotonic()
+        self.evict_at = []
+        nodes = {}
+        for node in self.store.list(NODES):
+            nodes[node["metadata"]["name"]] = self._lifecycle_taints(node)
+        seen = set()
+        for node in nodes.values():
+            for taint in (node.get("spec") or {}).get("taints") or []:
+                if taint.get("effect") == "NoExecute":
+                    key = (node["metadata"]["name"], taint.get("key", ""))
+                    seen.add(key)
+                    self.taint_seen.setdefault(key, now)
+        self.taint_seen = {k: v for k, v in self.taint_seen.items() if k in seen}
         for pod in self.store.list(PODS):
             node_name = pod["spec"].get("nodeName")
             if not node_name:
@@ -248,120 +188,46 @@ class Controllers(threading.Thread):
                 self.record(pod, "Warning", "NodeNotFound", f"Node {node_name} was deleted; deleting pod", "node-controller")
                 self.store.delete(PODS, meta["namespace"], meta["name"])
                 continue
+            if meta.get("deletionTimestamp"):
+                continue
             taints = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("effect") == "NoExecute"]
-            if any(not tolerates(pod["spec"].get("tolerations"), t) for t in taints):
+            due = [self._eviction_due(pod, node_name, t) for t in taints]
+            if any(t <= now for t in due):
                 self.record(pod, "Normal", "TaintManagerEviction",
-                            f"Marking for deletion Pod {meta['namespace']}/{meta['name']}", "taint-controller")
-                self.store.delete(PODS, meta["namespace"], meta["name"])
-
-    # -- deployment controller ----------------------------------------------------------------
-    def sync_deployment(self, dep: dict[str, Any]) -> None:
-        spec, meta = dep["spec"], dep["metadata"]
-        ns, uid = meta["namespace"], meta["uid"]
-        pods = [p for p in self.store.list(PODS, ns)
-                if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])]
-        current = template_hash(spec["template"])
-        desired = spec.get("replicas", 1)
-        strategy = spec.get("strategy") or {}
-        rolling = strategy.get("rollingUpdate") or {}
-        surge = _int_or_percent(rolling.get("maxSurge", "25%"), desired, True)
-        unavailable = _int_or_percent(rolling.get("maxUnavailable", "25%"), desired, False)
-        if surge == 0 and unavailable == 0:
-            unavailable = 1
-        if strategy.get("type") == "Recreate":
-            surge, unavailable = 0, 0  # Available only when every replica is ready
-        if not spec.get("paused"):
-            new = [p for p in pods if p["metadata"].get("labels", {}).get(HASH_LABEL) == current]
-            old = [p for p in pods if p not in new]
-            if not old:
-                self._scale_pods(dep, new, desired, current)
-            elif strategy.get("type") == "Recreate":
-                for p in old:
-                    self._delete_pod(dep, p)
+                            f"Marking for deletion Pod {meta['namespace']}/{meta['name']}", "taint-eviction-controller")
+                self.delete_pod(pod)
             else:
-                self._roll(dep, new, old, desired, surge, unavailable, current)
-            pods = [p for p in self.store.list(PODS, ns)
-                    if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])]
-        self._deployment_status(dep, pods, current, desired, unavailable)
+                self.evict_at += [t for t in due if t != math.inf]
 
-    def _roll(self, dep, new, old, desired, surge, unavailable, current) -> None:
-        room = desired + surge - len(new) - len(old)
-        want_new = min(desired, len(new) + max(room, 0))
-        self._scale_pods(dep, new, want_new if want_new > len(new) else min(len(new), desired), current)
-        ready = sum(1 for p in new + old if pod_ready(p))
-        can_remove = ready - (desired - unavailable)
-        for p in sorted(old, key=pod_ready):
-            if not pod_ready(p):
-                self._delete_pod(dep, p)
-            elif can_remove > 0:
-                can_remove -= 1
-                self._delete_pod(dep, p)
+    def _lifecycle_taints(self, node: dict[str, Any]) -> dict[str, Any]:
+        """Keep the not-ready/unreachable NoExecute taint in step with the node's Ready condition."""
+        cond = condition(node, "Ready")
+        status = (cond or {}).get("status", "True")
+        wanted = {"False": NOT_READY_TAINT, "Unknown": UNREACHABLE_TAINT}.get(status)
+        taints = (node.get("spec") or {}).get("taints") or []
+        kept = [t for t in taints if t.get("key") not in (NOT_READY_TAINT, UNREACHABLE_TAINT)]
+        if wanted:
+            kept.append(next((t for t in taints if t.get("key") == wanted),
+                             {"key": wanted, "effect": "NoExecute", "timeAdded": now_iso()}))
+        if kept == taints:
+            return node
+        new = copy.deepcopy(node)
+        new.setdefault("spec", {})["taints"] = kept
+        return self.store.update(NODES, new)
 
-    def _scale_pods(self, dep: dict[str, Any], pods: list[dict[str, Any]], want: int, current: str) -> None:
-        for _ in range(want - len(pods)):
-            self._create_pod(dep, current)
-        if len(pods) > want:
-            # Remove unscheduled, then not-ready, then the newest pods first.
-            newest = sorted(pods, key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"]),
-                            reverse=True)
-            victims = sorted(newest, key=lambda p: (bool(p["spec"].get("nodeName")), pod_ready(p)))
-            for p in victims[: len(pods) - want]:
-                self._delete_pod(dep, p)
+    def _eviction_due(self, pod: dict[str, Any], node_name: str, taint: dict[str, Any]) -> float:
+        """When a NoExecute taint evicts the pod: now if not tolerated, never if tolerated for ever."""
+        matching = [t for t in pod["spec"].get("tolerations") or [] if tolerates([t], taint)]
+        if not matching:
+            return 0.0
+        windows = [t["tolerationSeconds"] for t in matching if t.get("tolerationSeconds") is not None]
+        if len(windows) < len(matching):
+            return math.inf
+        return self.taint_seen[(node_name, taint.get("key", ""))] + max(0, min(windows)) / self.time_scale
 
-    def _create_pod(self, dep: dict[str, Any], current: str) -> None:
-        meta = dep["metadata"]
-        template = copy.deepcopy(dep["spec"]["template"])
-        tmeta = template.get("metadata") or {}
-        pod = {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {
-                "name": f"{meta['name']}-{current}-{random_suffix()}", "namespace": meta["namespace"],
-                "labels": {**(tmeta.get("labels") or {}), HASH_LABEL: current},
-                "annotations": tmeta.get("annotations") or {},
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": meta["name"],
-                                     "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}],
-            },
-            "spec": template.get("spec") or {},
-        }
-        pod = prepare(PODS, pod, creating=True)
-        reset_status_on_create(PODS, pod)
-        created = self.store.create(PODS, pod)
-        self.record(dep, "Normal", "SuccessfulCreate", f"Created pod: {created['metadata']['name']}",
-                    "deployment-controller")
-
-    def _delete_pod(self, dep: dict[str, Any], pod: dict[str, Any]) -> None:
-        self.store.delete(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"])
-        self.record(dep, "Normal", "SuccessfulDelete", f"Deleted pod: {pod['metadata']['name']}",
-                    "deployment-controller")
-
-    def _deployment_status(self, dep, pods, current, desired, unavailable) -> None:
-        updated = sum(1 for p in pods if p["metadata"].get("labels", {}).get(HASH_LABEL) == current)
-        ready = sum(1 for p in pods if pod_ready(p))
-        old_status = dep.get("status") or {}
-        status: dict[str, Any] = {"observedGeneration": dep["metadata"].get("generation", 1)}
-        for key, value in (("replicas", len(pods)), ("updatedReplicas", updated), ("readyReplicas", ready),
-                           ("availableReplicas", ready), ("unavailableReplicas", max(len(pods), desired) - ready)):
-            if value > 0:
-                status[key] = value
-        conditions = copy.deepcopy(old_status.get("conditions") or [])
-        name = dep["metadata"]["name"]
-        if ready >= desired - unavailable:
-            set_condition(conditions, "Available", "True", "MinimumReplicasAvailable",
-                          "Deployment has minimum availability.")
-        else:
-            set_condition(conditions, "Available", "False", "MinimumReplicasUnavailable",
-                          "Deployment does not have minimum availability.")
-        if updated == desired == len(pods) and ready >= desired:
-            set_condition(conditions, "Progressing", "True", "NewReplicaSetAvailable",
-                          f'ReplicaSet "{name}-{current}" has successfully progressed.')
-        else:
-            set_condition(conditions, "Progressing", "True", "ReplicaSetUpdated",
-                          f'ReplicaSet "{name}-{current}" is progressing.')
-        status["conditions"] = conditions
-        if status != old_status:
-            new = copy.deepcopy(dep)
-            new["status"] = status
-            self.store.update(DEPLOYMENTS, new)
+    def delete_pod(self, pod: dict[str, Any]) -> None:
+        """Delete as a controller does, through the API: gracefully."""
+        self.store.delete_pod(pod)
 
     # -- scheduler ----------------------------------------------------------------------------
     def schedule(self) -> None:
@@ -448,82 +314,3 @@ class Controllers(threading.Thread):
         set_condition(new["status"].setdefault("conditions", []), "PodScheduled", "False", "Unschedulable", message)
         self.store.update(PODS, new)
         self.record(pod, "Warning", "FailedScheduling", message, "default-scheduler")
-
-    # -- kubelet ------------------------------------------------------------------------------
-    def load_seconds(self, pod: dict[str, Any]) -> float:
-        """The model's load time from the fleet-profiles ConfigMap, at least the readiness delay."""
-        labels = pod["metadata"].get("labels") or {}
-        model, version = labels.get(LABEL_MODEL), labels.get(LABEL_VERSION)
-        cm = self.store.try_get(CONFIGMAPS, SANDBOX_NAMESPACE, PROFILES_CONFIGMAP)
-        data = (cm or {}).get("data") or {}
-        seconds = DEFAULT_LOAD_SECONDS
-        for key in (f"{model}@{version}", model, "default"):
-            if key and key in data:
-                try:
-                    profile = yaml.safe_load(data[key])
-                    seconds = float(profile.get("load_seconds", DEFAULT_LOAD_SECONDS))
-                    break
-                except (yaml.YAMLError, AttributeError, TypeError, ValueError):
-                    log.warning("unreadable profile %s in %s/%s", key, SANDBOX_NAMESPACE, PROFILES_CONFIGMAP)
-        delays = [(c.get("readinessProbe") or {}).get("initialDelaySeconds", 0) for c in pod["spec"]["containers"]]
-        return max([seconds, *delays])
-
-    def kubelet(self) -> None:
-        nodes = {n["metadata"]["name"]: n for n in self.store.list(NODES)}
-        now = time.monotonic()
-        live = set()
-        for pod in self.store.list(PODS):
-            live.add(pod["metadata"]["uid"])
-            node = nodes.get(pod["spec"].get("nodeName") or "")
-            if node is None:
-                continue
-            phase = pod["status"].get("phase")
-            if phase == "Pending":
-                self._start(pod, node, now)
-            elif phase == "Running":
-                ready = node_ready(node) and now >= self.ready_at.get(pod["metadata"]["uid"], 0)
-                if ready != pod_ready(pod):
-                    self._set_ready(pod, ready)
-        for uid in [u for u in self.ready_at if u not in live]:
-            del self.ready_at[uid]
-
-    def _start(self, pod: dict[str, Any], node: dict[str, Any], now: float) -> None:
-        self.ip_counter += 1
-        ts = now_iso()
-        new = copy.deepcopy(pod)
-        addresses = (node.get("status") or {}).get("addresses") or []
-        host_ip = next((a["address"] for a in addresses if a.get("type") == "InternalIP"), "10.0.0.1")
-        status = new["status"]
-        status.update(phase="Running", startTime=ts, hostIP=host_ip,
-                      podIP=f"10.244.{self.ip_counter // 250 % 250}.{self.ip_counter % 250 + 1}")
-        status["podIPs"] = [{"ip": status["podIP"]}]
-        status["containerStatuses"] = [
-            {"name": c["name"], "image": c["image"], "imageID": f"docker-pullable://{c['image']}",
-             "containerID": f"containerd://{uuid.uuid4().hex}", "ready": False, "started": True,
-             "restartCount": 0, "state": {"running": {"startedAt": ts}}}
-            for c in pod["spec"]["containers"]
-        ]
-        conditions = status.setdefault("conditions", [])
-        set_condition(conditions, "PodScheduled", "True")
-        set_condition(conditions, "Initialized", "True")
-        set_condition(conditions, "ContainersReady", "False", "ContainersNotReady", "containers with unready status")
-        set_condition(conditions, "Ready", "False", "ContainersNotReady", "containers with unready status")
-        self.ready_at[pod["metadata"]["uid"]] = now + self.load_seconds(pod) / self.time_scale
-        self.store.update(PODS, new)
-        for c in pod["spec"]["containers"]:
-            self.record(pod, "Normal", "Pulled", f'Container image "{c["image"]}" already present on machine', "kubelet")
-            self.record(pod, "Normal", "Started", f"Started container {c['name']}", "kubelet")
-
-    def _set_ready(self, pod: dict[str, Any], ready: bool) -> None:
-        new = copy.deepcopy(pod)
-        status = new["status"]
-        for cs in status.get("containerStatuses") or []:
-            cs["ready"] = ready
-        conditions = status.setdefault("conditions", [])
-        if ready:
-            set_condition(conditions, "ContainersReady", "True")
-            set_condition(conditions, "Ready", "True")
-        else:
-            set_condition(conditions, "ContainersReady", "False", "ContainersNotReady", "containers with unready status")
-            set_condition(conditions, "Ready", "False", "ContainersNotReady", "containers with unready status")
-        self.store.update(PODS, new)

@@ -56,12 +56,33 @@ def conflict(plural: str, name: str, group: str = "", why: str | None = None) ->
                     _details(plural, name, group))
 
 
+def qualified_kind(kind: str, group: str = "") -> str:
+    """`Deployment.apps`, `Pod`: how the API server names a kind in its messages."""
+    return f"{kind}.{group}" if group else kind
+
+
 def invalid(kind: str, name: str | None, causes: list[tuple[str, str, str]], group: str = "") -> ApiError:
-    """422 Invalid; causes are (field, reason, message) like FieldValueRequired/FieldValueInvalid."""
-    text = "; ".join(f"{field}: {message}" for field, _, message in causes)
+    """422 Invalid; causes are (field, reason, message) like FieldValueRequired/FieldValueInvalid.
+
+    The message is the API server's: `Deployment.apps "x" is invalid: <field>: <message>`, the
+    field errors in brackets when there are several.
+    """
+    errs = [f"{field}: {message}" if field else message for field, _, message in causes]
+    text = errs[0] if len(errs) == 1 else f"[{', '.join(errs)}]"
     details = _details(kind, name, group)
     details["causes"] = [{"field": f, "reason": r, "message": f"{m}"} for f, r, m in causes]
-    return ApiError(422, "Invalid", f'{kind} "{name or ""}" is invalid: {text}', details)
+    return ApiError(422, "Invalid", f'{qualified_kind(kind, group)} "{name or ""}" is invalid: {text}', details)
+
+
+def forbidden(plural: str, name: str | None, group: str, why: str) -> ApiError:
+    """403 Forbidden as the API server words it: `pods "x" is forbidden: <why>`."""
+    what = f"{plural}.{group}" if group else plural
+    subject = f'{what} "{name}"' if name else what
+    return ApiError(403, "Forbidden", f"{subject} is forbidden: {why}", _details(plural, name, group))
+
+
+def unauthorized() -> ApiError:
+    return ApiError(401, "Unauthorized", "Unauthorized")
 
 
 def bad_request(message: str) -> ApiError:
@@ -72,8 +93,15 @@ def method_not_allowed(message: str = "the server does not allow this method on 
     return ApiError(405, "MethodNotAllowed", message)
 
 
-def unsupported_media_type(content_type: str) -> ApiError:
-    return ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - accepted media types include: application/json, application/merge-patch+json, application/strategic-merge-patch+json, application/json-patch+json (got {content_type})")
+BUILTIN_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
+                       "application/strategic-merge-patch+json", "application/apply-patch+yaml")
+BODY_TYPES = ("application/json", "application/yaml", "application/vnd.kubernetes.protobuf")
+CUSTOM_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml")
+
+
+def unsupported_media_type(content_type: str, accepted: tuple[str, ...] = BUILTIN_PATCH_TYPES) -> ApiError:
+    return ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
+                    f"accepted media types include: {', '.join(accepted)}")
 
 
 def too_many_requests(message: str) -> ApiError:

@@ -19,6 +19,7 @@ class Resource:
     short_names: tuple[str, ...] = ()
     subresources: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
+    verbs: tuple[str, ...] = tuple(ALL_VERBS)  # ("create",): a review, answered and never stored
 
     @property
     def key(self) -> str:
@@ -29,11 +30,18 @@ class Resource:
         return f"{self.group}/{self.version}" if self.group else self.version
 
     @property
+    def custom(self) -> bool:
+        """Served from a CustomResourceDefinition on a real cluster (no strategic merge, schema validation)."""
+        return self.group in CUSTOM_GROUPS
+
+    @property
     def has_status(self) -> bool:
         return "status" in self.subresources
 
 
 GATEWAY = "gateway.networking.k8s.io"
+CUSTOM_GROUPS = {GATEWAY}
+RBAC = "rbac.authorization.k8s.io"
 
 RESOURCES = [
     Resource("", "v1", "namespaces", "Namespace", False, ("ns",), ("status",)),
@@ -43,10 +51,23 @@ RESOURCES = [
     Resource("", "v1", "events", "Event", True, ("ev",)),
     Resource("", "v1", "configmaps", "ConfigMap", True, ("cm",)),
     Resource("apps", "v1", "deployments", "Deployment", True, ("deploy",), ("status", "scale"), ("all",)),
+    Resource("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), ("status",), ("all",)),
+    Resource("batch", "v1", "jobs", "Job", True, (), ("status",), ("all",)),
+    Resource("apps", "v1", "replicasets", "ReplicaSet", True, ("rs",), ("status", "scale"), ("all",)),
     Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ("pdb",), ("status",)),
     Resource("coordination.k8s.io", "v1", "leases", "Lease", True),
     Resource(GATEWAY, "v1", "httproutes", "HTTPRoute", True, (), ("status",), ("gateway-api",)),
     Resource(GATEWAY, "v1", "gateways", "Gateway", True, ("gtw",), ("status",), ("gateway-api",)),
+    Resource("", "v1", "endpoints", "Endpoints", True, ("ep",)),
+    Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True),
+    Resource("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",), ("token",)),
+    Resource(RBAC, "v1", "roles", "Role", True),
+    Resource(RBAC, "v1", "rolebindings", "RoleBinding", True),
+    Resource(RBAC, "v1", "clusterroles", "ClusterRole", False),
+    Resource(RBAC, "v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    Resource("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", False,
+             verbs=("create",)),
+    Resource("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", False, verbs=("create",)),
 ]
 
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
@@ -58,7 +79,8 @@ for _r in RESOURCES:
 
 # Subresources whose kind is not the parent's.
 SUBRESOURCE_KINDS = {"eviction": ("policy", "v1", "Eviction", ["create"]), "scale": ("autoscaling", "v1", "Scale", SUB_VERBS),
-                     "log": ("", "v1", "Pod", ["get"])}
+                     "log": ("", "v1", "Pod", ["get"]),
+                     "token": ("authentication.k8s.io", "v1", "TokenRequest", ["create"])}
 
 
 def resource_list(group: str, version: str) -> dict[str, Any]:
@@ -69,7 +91,7 @@ def resource_list(group: str, version: str) -> dict[str, Any]:
             continue
         entry: dict[str, Any] = {
             "name": r.plural, "singularName": r.kind.lower(), "namespaced": r.namespaced,
-            "kind": r.kind, "verbs": ALL_VERBS,
+            "kind": r.kind, "verbs": list(r.verbs),
         }
         if r.short_names:
             entry["shortNames"] = list(r.short_names)
@@ -107,8 +129,9 @@ def api_versions(server_address: str) -> dict[str, Any]:
             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}]}
 
 
+KUBERNETES_VERSION = "v1.32.0-tideplane-sandbox"  # the API server's, and every node's kubelet
 VERSION_INFO = {
-    "major": "1", "minor": "32", "gitVersion": "v1.32.0-tideplane-sandbox", "gitCommit": "sandbox",
+    "major": "1", "minor": "32", "gitVersion": KUBERNETES_VERSION, "gitCommit": "sandbox",
     "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.23",
     "compiler": "gc", "platform": "linux/amd64",
 }

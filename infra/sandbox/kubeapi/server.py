@@ -9,9 +9,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import yaml
+
 from infra.sandbox.config import SANDBOX_NAMESPACE
 
-from . import errors, openapi, resources, tables
+from . import auth, errors, openapi, protobuf, resources, tables
 from .api import Api
 from .controllers import Controllers
 from .errors import ApiError
@@ -45,9 +47,14 @@ class KubeApiServer(ThreadingHTTPServer):
         self.api = Api(self.store)
         self.faults = faults or Faults()
         self.controllers = Controllers(self.store, time_scale)
+        self.tokens = auth.Tokens(self.store)
         self.stopping = False
         for ns in BOOTSTRAP_NAMESPACES:
             self.api.create(resources.BY_KEY["namespaces"], "", {"metadata": {"name": ns}})
+        for role in auth.BOOTSTRAP_ROLES:
+            self.api.create(auth.CLUSTER_ROLES, "", role)
+        for binding in auth.BOOTSTRAP_BINDINGS:
+            self.api.create(auth.CLUSTER_ROLE_BINDINGS, "", binding)
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         self.controllers.start()
@@ -97,12 +104,14 @@ class Handler(BaseHTTPRequestHandler):
         if not raw.strip():
             return None
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-        if "protobuf" in content_type or "cbor" in content_type:  # kubectl's typed clients; no schemas here
-            raise errors.unsupported_media_type(content_type)
+        if content_type == protobuf.PROTOBUF:  # kubectl's typed clients
+            return protobuf.decode(raw)
+        if content_type not in ("", "application/json", "application/yaml", "*/*"):
+            raise errors.unsupported_media_type(content_type, errors.BODY_TYPES)
         try:
-            return json.loads(raw)
-        except ValueError as exc:
-            raise errors.bad_request(f"error decoding request body: invalid JSON: {exc}") from None
+            return yaml.safe_load(raw) if content_type == "application/yaml" else json.loads(raw)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise errors.bad_request(f"error decoding request body: {exc}") from None
 
     def _dispatch(self, method: str) -> None:
         try:
@@ -113,10 +122,15 @@ class Handler(BaseHTTPRequestHandler):
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             if path == "/sandbox/faults":
                 return self._faults(method, raw)
+            if path == "/sandbox/oom" and method == "POST":  # the fleet: this pod's server ran out of memory
+                body = self._json_body(raw) or {}
+                killed = self.server.controllers.kubelet.report_oom(body.get("namespace", ""), body.get("name", ""))
+                return self._send(200 if killed else 404, {"oomKilled": killed})
             self.server.faults.inject(method)
+            user = self._authorize(method, path, query)
             if method == "GET" and self._discovery(path):
                 return
-            self._resource(method, path, query, raw)
+            self._resource(method, path, query, raw, user)
         except ApiError as exc:
             self._send(exc.code, exc.status())
         except (BrokenPipeError, ConnectionResetError):
@@ -160,6 +174,38 @@ class Handler(BaseHTTPRequestHandler):
             return False
         return True
 
+    # -- authentication and authorization ---------------------------------------------------
+    def _authorize(self, method: str, path: str, query: dict[str, str]) -> auth.User:
+        """Who is asking (401 if the token is not ours) and whether RBAC lets them (403)."""
+        user = self.server.tokens.authenticate(self.headers.get("Authorization"))
+        if self.headers.get("Impersonate-User"):
+            user = auth.impersonate(self.server.store, user, self.headers["Impersonate-User"],
+                                    self.headers.get_all("Impersonate-Group") or [])
+        if auth.MASTERS in user.groups:
+            return user
+        attrs = self._attributes(method, path, query)
+        allowed, _ = auth.authorize(self.server.store, user, attrs)
+        if not allowed:
+            raise auth.forbidden(user, attrs)
+        return user
+
+    def _attributes(self, method: str, path: str, query: dict[str, str]) -> auth.Attributes:
+        """The request's authorizer attributes (the API server's RequestInfo)."""
+        try:
+            res, ns, name, sub, legacy_watch = self._route(path)
+        except ApiError:
+            return auth.Attributes(verb=method.lower(), path=path, is_resource=False)
+        if method == "GET":
+            verb = "watch" if legacy_watch or _flag(query.get("watch")) else ("get" if name else "list")
+        elif method == "DELETE":
+            verb = "delete" if name else "deletecollection"
+        else:
+            verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}[method]
+        if res.plural == "namespaces" and name:
+            ns = name  # as RequestInfo: a namespace's own namespace is itself
+        return auth.Attributes(verb=verb, path=path, resource=res.plural, subresource=sub or "", group=res.group,
+                               namespace=ns or "", name=name or "")
+
     # -- resources --------------------------------------------------------------------------
     def _route(self, path: str) -> tuple[Resource, str | None, str | None, str | None, bool]:
         """(resource, namespace, name, subresource, legacy watch path) for a REST path."""
@@ -189,9 +235,18 @@ class Handler(BaseHTTPRequestHandler):
     def _no_route() -> ApiError:
         return ApiError(404, "NotFound", "the server could not find the requested resource", {})
 
-    def _resource(self, method: str, path: str, query: dict[str, str], raw: bytes) -> None:
+    def _resource(self, method: str, path: str, query: dict[str, str], raw: bytes, user: auth.User) -> None:
         res, ns, name, sub, legacy_watch = self._route(path)
         api = self.server.api
+        if res.verbs == ("create",):
+            if method != "POST" or name is not None:
+                raise errors.method_not_allowed()
+            body = self._json_body(raw)
+            review = (auth.access_review(self.server.store, user, body) if res.kind == "SelfSubjectAccessReview"
+                      else auth.self_review(user))
+            return self._send(201, review)
+        if method == "POST" and sub == "token":
+            return self._send(201, self.server.tokens.request(ns or "", name, self._json_body(raw)))
         dry_run = query.get("dryRun") == "All"
         lsel, fsel = query.get("labelSelector"), query.get("fieldSelector")
         if method == "GET":
@@ -226,7 +281,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, api.patch(res, ns or "", name, content_type, raw, sub, dry_run))
         if method == "DELETE":
             options = self._json_body(raw) or {}
-            options.update({k: query[k] for k in ("propagationPolicy", "dryRun") if k in query})
+            options.update({k: query[k] for k in ("propagationPolicy", "dryRun", "gracePeriodSeconds") if k in query})
             if name is not None and sub is None:
                 return self._send(200, api.delete(res, ns or "", name, options))
             if name is None:

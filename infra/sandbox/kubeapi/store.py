@@ -11,7 +11,7 @@ import copy
 import threading
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from . import errors
@@ -87,7 +87,8 @@ class Store:
             if (ns, meta["name"]) in self.objects[res.key]:
                 raise errors.already_exists(res.plural, meta["name"], res.group)
             self.rv += 1
-            meta.update(uid=str(uuid.uuid4()), resourceVersion=str(self.rv), creationTimestamp=now_iso())
+            # The uid is the server's: one prepare() already chose (a Job's generated selector) or a new one.
+            meta.update(uid=meta.get("uid") or str(uuid.uuid4()), resourceVersion=str(self.rv), creationTimestamp=now_iso())
             if "spec" in obj:
                 meta["generation"] = 1
             for stale in ("deletionTimestamp", "deletionGracePeriodSeconds"):
@@ -143,5 +144,27 @@ class Store:
                 for key, objects in self.objects.items():
                     for obj in [o for o in objects.values()
                                 if any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])]:
-                        self.delete(BY_KEY[key], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+                        if key == "pods":  # the garbage collector deletes dependents through the API: gracefully
+                            self.delete_pod(obj)
+                        else:
+                            self.delete(BY_KEY[key], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
             return gone
+
+    def delete_pod(self, pod: dict[str, Any], grace: Any = None) -> dict[str, Any]:
+        """A pod on a node is Terminating for its grace period (the kubelet removes it when its
+        containers have stopped); an unscheduled pod, or a grace period of 0, goes at once."""
+        meta = pod["metadata"]
+        seconds = pod["spec"].get("terminationGracePeriodSeconds", 30) if grace is None else grace
+        try:
+            seconds = max(0, int(seconds))
+        except (TypeError, ValueError):
+            raise errors.bad_request(f"invalid gracePeriodSeconds {grace!r}") from None
+        if not pod["spec"].get("nodeName") or seconds == 0:
+            return self.delete(BY_KEY["pods"], meta["namespace"], meta["name"])
+        if meta.get("deletionTimestamp") and meta.get("deletionGracePeriodSeconds", 30) <= seconds:
+            return pod
+        new = copy.deepcopy(pod)
+        deadline = datetime.now(timezone.utc) + timedelta(seconds=seconds)
+        new["metadata"].update(deletionTimestamp=deadline.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                               deletionGracePeriodSeconds=seconds)
+        return self.update(BY_KEY["pods"], new)

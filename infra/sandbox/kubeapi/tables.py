@@ -47,6 +47,8 @@ def _roles(node: dict[str, Any]) -> str:
 
 def _pod_status(pod: dict[str, Any]) -> str:
     status = pod.get("status") or {}
+    if pod["metadata"].get("deletionTimestamp"):
+        return "Terminating"
     for cs in status.get("containerStatuses") or []:
         waiting = (cs.get("state") or {}).get("waiting")
         if waiting and waiting.get("reason"):
@@ -90,6 +92,13 @@ COLUMNS: dict[str, tuple[list[dict[str, Any]], Row]] = {
                               f"{(o.get('status') or {}).get('readyReplicas', 0)}/{o['spec'].get('replicas', 1)}",
                               (o.get("status") or {}).get("updatedReplicas", 0),
                               (o.get("status") or {}).get("availableReplicas", 0), age(o),
+                              ",".join(c["name"] for c in o["spec"]["template"]["spec"]["containers"]),
+                              ",".join(c["image"] for c in o["spec"]["template"]["spec"]["containers"])]),
+    "ReplicaSet": ([NAME, _col("Desired", "integer"), _col("Current", "integer"), _col("Ready", "integer"), AGE,
+                    _col("Containers", priority=1), _col("Images", priority=1)],
+                   lambda o: [o["metadata"]["name"], o["spec"].get("replicas", 1),
+                              (o.get("status") or {}).get("replicas", 0),
+                              (o.get("status") or {}).get("readyReplicas", 0), age(o),
                               ",".join(c["name"] for c in o["spec"]["template"]["spec"]["containers"]),
                               ",".join(c["image"] for c in o["spec"]["template"]["spec"]["containers"])]),
     "Service": ([NAME, _col("Type"), _col("Cluster-IP"), _col("External-IP"), _col("Port(s)"), AGE],

@@ -1,0 +1,287 @@
+"""The simulated kubelet: containers start, load, become Ready, crash, run out of memory, terminate.
+
+What a container does comes from its model version's fleet profile (ConfigMap
+`tideplane-sandbox/fleet-profiles`, keys `<model>@<version>`, `<model>`, `default`):
+
+- `load_seconds`: Running at once, Ready after it (at least the readiness probe's initial delay);
+  a run-to-completion container (restartPolicy Never/OnFailure, a Job's) exits 0 after it;
+- `crash_on_start: true`: the container exits with code 1 a moment after each start; the kubelet
+  restarts it with the real back-off (10 s doubling to 300 s): CrashLoopBackOff, restartCount;
+- `never_ready: true`: Running, the readiness probe never passes (an `Unhealthy` event);
+- `oom_after_requests: N`: the fleet simulator reports (POST /sandbox/oom) when a container has
+  served N requests; it is OOMKilled (exit 137, lastState.terminated.reason OOMKilled), restarted
+  with back-off and loads again;
+- `shutdown_seconds` (default 5): how long the server drains after SIGTERM. A deleted pod is
+  Terminating (deletionTimestamp) for that long, at most its grace period, then removed.
+
+Durations are sandbox seconds, divided by the time scale.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from infra.sandbox.config import PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
+from workflows.naming import LABEL_MODEL, LABEL_VERSION
+
+from .api import pod_ready
+from .conditions import node_ready, set_condition
+from .resources import BY_KEY
+from .store import now_iso
+
+if TYPE_CHECKING:
+    from .controllers import Controllers
+
+log = logging.getLogger(__name__)
+
+PODS, CONFIGMAPS = BY_KEY["pods"], BY_KEY["configmaps"]
+DEFAULT_LOAD_SECONDS = 30.0
+DEFAULT_SHUTDOWN_SECONDS = 5.0
+CRASH_AFTER_SECONDS = 1.0  # a crash_on_start container runs this long before it exits
+BACKOFF_SECONDS, MAX_BACKOFF_SECONDS = 10.0, 300.0  # the kubelet's container restart back-off
+NOT_READY = ("ContainersNotReady", "containers with unready status")
+
+
+def backoff(restarts: int) -> float:
+    """Sandbox seconds before the next restart after `restarts` failures (10 s, 20 s, ... 300 s)."""
+    return min(BACKOFF_SECONDS * 2 ** max(restarts - 1, 0), MAX_BACKOFF_SECONDS)
+
+
+class Kubelet:
+    """Every node's kubelet, one pass over the pods at a time (under the store lock)."""
+
+    def __init__(self, ctl: Controllers):
+        self.ctl = ctl
+        self.store = ctl.store
+        self.ready_at: dict[str, float] = {}  # pod uid -> when it becomes Ready (inf: never)
+        self.crash_at: dict[str, float] = {}  # pod uid -> when its crash_on_start container exits
+        self.restart_at: dict[str, float] = {}  # pod uid -> when its crashed container restarts
+        self.gone_at: dict[str, float] = {}  # Terminating pod uid -> when its containers have exited
+        self.oom: set[str] = set()  # pod uids the fleet reported out of memory
+
+    def due(self) -> list[float]:
+        return [t for t in (*self.ready_at.values(), *self.crash_at.values(), *self.restart_at.values(),
+                            *self.gone_at.values()) if t != math.inf]
+
+    def seconds(self, sandbox_seconds: float) -> float:
+        return sandbox_seconds / self.ctl.time_scale
+
+    def profile(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """The pod's model version's profile from the fleet-profiles ConfigMap ({} when none)."""
+        labels = pod["metadata"].get("labels") or {}
+        model, version = labels.get(LABEL_MODEL), labels.get(LABEL_VERSION)
+        cm = self.store.try_get(CONFIGMAPS, SANDBOX_NAMESPACE, PROFILES_CONFIGMAP)
+        data = (cm or {}).get("data") or {}
+        for key in (f"{model}@{version}", model, "default"):
+            if key and key in data:
+                try:
+                    profile = yaml.safe_load(data[key])
+                    if isinstance(profile, dict):
+                        return profile
+                except yaml.YAMLError:
+                    pass
+                log.warning("unreadable profile %s in %s/%s", key, SANDBOX_NAMESPACE, PROFILES_CONFIGMAP)
+        return {}
+
+    def load_seconds(self, pod: dict[str, Any], profile: dict[str, Any]) -> float:
+        """The model's load time, at least the readiness probe's initial delay."""
+        try:
+            seconds = float(profile.get("load_seconds", DEFAULT_LOAD_SECONDS))
+        except (TypeError, ValueError):
+            seconds = DEFAULT_LOAD_SECONDS
+        delays = [(c.get("readinessProbe") or {}).get("initialDelaySeconds", 0) for c in pod["spec"]["containers"]]
+        return max([seconds, *delays])
+
+    # -- the pass -------------------------------------------------------------------------------
+    def reconcile(self, nodes: dict[str, dict[str, Any]]) -> None:
+        now = time.monotonic()
+        live = set()
+        for pod in self.store.list(PODS):
+            uid = pod["metadata"]["uid"]
+            live.add(uid)
+            node = nodes.get(pod["spec"].get("nodeName") or "")
+            if node is None:
+                continue
+            if pod["metadata"].get("deletionTimestamp"):
+                self._terminate(pod, now)
+                continue
+            phase = pod["status"].get("phase")
+            if phase == "Pending":
+                self._start(pod, node, now)
+            elif phase == "Running":
+                self._run(pod, node, now)
+        for timers in (self.ready_at, self.crash_at, self.restart_at, self.gone_at):
+            for uid in [u for u in timers if u not in live]:
+                del timers[uid]
+        self.oom &= live
+
+    def _run(self, pod: dict[str, Any], node: dict[str, Any], now: float) -> None:
+        uid = pod["metadata"]["uid"]
+        if uid in self.oom:
+            self.oom.discard(uid)
+            return self._exit(pod, now, "OOMKilled", 137)
+        if now >= self.crash_at.get(uid, math.inf):
+            return self._exit(pod, now, "Error", 1)
+        if now >= self.restart_at.get(uid, math.inf):
+            return self._restart(pod, now)
+        running = uid not in self.restart_at
+        if running and pod["spec"].get("restartPolicy", "Always") != "Always" and now >= self.ready_at.get(uid, 0):
+            return self._complete(pod)
+        ready = running and node_ready(node) and now >= self.ready_at.get(uid, 0)
+        if ready != pod_ready(pod):
+            self._set_ready(pod, ready)
+
+    # -- container lifecycle --------------------------------------------------------------------
+    def _start(self, pod: dict[str, Any], node: dict[str, Any], now: float) -> None:
+        self.ctl.ip_counter += 1
+        ts = now_iso()
+        new = copy.deepcopy(pod)
+        addresses = (node.get("status") or {}).get("addresses") or []
+        host_ip = next((a["address"] for a in addresses if a.get("type") == "InternalIP"), "10.0.0.1")
+        status = new["status"]
+        counter = self.ctl.ip_counter
+        status.update(phase="Running", startTime=ts, hostIP=host_ip,
+                      podIP=f"10.244.{counter // 250 % 250}.{counter % 250 + 1}")
+        status["podIPs"] = [{"ip": status["podIP"]}]
+        status["containerStatuses"] = [
+            {"name": c["name"], "image": c["image"], "imageID": f"docker-pullable://{c['image']}",
+             "containerID": f"containerd://{uuid.uuid4().hex}", "ready": False, "started": True,
+             "restartCount": 0, "state": {"running": {"startedAt": ts}}}
+            for c in pod["spec"]["containers"]
+        ]
+        conditions = status.setdefault("conditions", [])
+        set_condition(conditions, "PodScheduled", "True")
+        set_condition(conditions, "Initialized", "True")
+        set_condition(conditions, "ContainersReady", "False", *NOT_READY)
+        set_condition(conditions, "Ready", "False", *NOT_READY)
+        self._schedule_run(pod, now)
+        self.store.update(PODS, new)
+        for c in pod["spec"]["containers"]:
+            self.ctl.record(pod, "Normal", "Pulled", f'Container image "{c["image"]}" already present on machine',
+                            "kubelet")
+            self.ctl.record(pod, "Normal", "Started", f"Started container {c['name']}", "kubelet")
+
+    def _schedule_run(self, pod: dict[str, Any], now: float) -> None:
+        """Timers of a freshly (re)started container: when it is Ready, or crashes."""
+        uid = pod["metadata"]["uid"]
+        profile = self.profile(pod)
+        if profile.get("crash_on_start"):
+            self.crash_at[uid] = now + self.seconds(CRASH_AFTER_SECONDS)
+            self.ready_at[uid] = math.inf
+        elif profile.get("never_ready"):
+            self.ready_at[uid] = math.inf
+            self.ctl.record(pod, "Warning", "Unhealthy",
+                            "Readiness probe failed: HTTP probe failed with statuscode: 503", "kubelet")
+        else:
+            self.ready_at[uid] = now + self.seconds(self.load_seconds(pod, profile))
+
+    def _complete(self, pod: dict[str, Any]) -> None:
+        """A run-to-completion container (a Job's) exits 0 after its load_seconds: Succeeded."""
+        self.ready_at.pop(pod["metadata"]["uid"], None)
+        self._finish(pod, "Succeeded", "Completed", 0)
+
+    def _finish(self, pod: dict[str, Any], phase: str, reason: str, code: int) -> None:
+        ts = now_iso()
+        new = copy.deepcopy(pod)
+        new["status"]["phase"] = phase
+        for cs in new["status"].get("containerStatuses") or []:
+            started = (cs.get("state") or {}).get("running", {}).get("startedAt", ts)
+            cs["state"] = {"terminated": {"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": ts,
+                                          "containerID": cs.get("containerID")}}
+            cs["ready"], cs["started"] = False, False
+        conditions = new["status"].setdefault("conditions", [])
+        set_condition(conditions, "ContainersReady", "False", "PodCompleted")
+        set_condition(conditions, "Ready", "False", "PodCompleted")
+        self.store.update(PODS, new)
+
+    def _exit(self, pod: dict[str, Any], now: float, reason: str, code: int) -> None:
+        """The container died: lastState terminated, restartCount up, CrashLoopBackOff until it
+        restarts; with restartPolicy Never the pod has Failed."""
+        uid = pod["metadata"]["uid"]
+        self.crash_at.pop(uid, None)
+        self.ready_at.pop(uid, None)
+        if pod["spec"].get("restartPolicy") == "Never":
+            return self._finish(pod, "Failed", reason, code)
+        ts = now_iso()
+        new = copy.deepcopy(pod)
+        meta = pod["metadata"]
+        for cs in new["status"].get("containerStatuses") or []:
+            started = (cs.get("state") or {}).get("running", {}).get("startedAt", ts)
+            cs["restartCount"] = cs.get("restartCount", 0) + 1
+            delay = backoff(cs["restartCount"])
+            cs["lastState"] = {"terminated": {"exitCode": code, "reason": reason, "startedAt": started,
+                                              "finishedAt": ts, "containerID": cs.get("containerID")}}
+            cs["state"] = {"waiting": {"reason": "CrashLoopBackOff", "message":
+                           f"back-off {delay:g}s restarting failed container={cs['name']} "
+                           f"pod={meta['name']}_{meta['namespace']}({uid})"}}
+            cs["ready"], cs["started"] = False, False
+            self.restart_at[uid] = now + self.seconds(delay)
+        conditions = new["status"].setdefault("conditions", [])
+        set_condition(conditions, "ContainersReady", "False", *NOT_READY)
+        set_condition(conditions, "Ready", "False", *NOT_READY)
+        self.store.update(PODS, new)
+        for c in pod["spec"]["containers"]:
+            self.ctl.record(pod, "Warning", "BackOff", f"Back-off restarting failed container {c['name']} in pod "
+                            f"{meta['name']}_{meta['namespace']}({uid})", "kubelet")
+
+    def _restart(self, pod: dict[str, Any], now: float) -> None:
+        uid = pod["metadata"]["uid"]
+        del self.restart_at[uid]
+        ts = now_iso()
+        new = copy.deepcopy(pod)
+        for cs in new["status"].get("containerStatuses") or []:
+            cs["state"] = {"running": {"startedAt": ts}}
+            cs["containerID"] = f"containerd://{uuid.uuid4().hex}"
+            cs["started"] = True
+        self._schedule_run(pod, now)
+        self.store.update(PODS, new)
+        for c in pod["spec"]["containers"]:
+            self.ctl.record(pod, "Normal", "Started", f"Started container {c['name']}", "kubelet")
+
+    def _set_ready(self, pod: dict[str, Any], ready: bool) -> None:
+        new = copy.deepcopy(pod)
+        status = new["status"]
+        for cs in status.get("containerStatuses") or []:
+            cs["ready"] = ready
+        conditions = status.setdefault("conditions", [])
+        if ready:
+            set_condition(conditions, "ContainersReady", "True")
+            set_condition(conditions, "Ready", "True")
+        else:
+            set_condition(conditions, "ContainersReady", "False", *NOT_READY)
+            set_condition(conditions, "Ready", "False", *NOT_READY)
+        self.store.update(PODS, new)
+
+    # -- termination ----------------------------------------------------------------------------
+    def _terminate(self, pod: dict[str, Any], now: float) -> None:
+        """A Terminating pod: SIGTERM, the server drains for shutdown_seconds (SIGKILL at the grace
+        period), then the kubelet removes it from the API."""
+        uid = pod["metadata"]["uid"]
+        if uid not in self.gone_at:
+            try:
+                shutdown = float(self.profile(pod).get("shutdown_seconds", DEFAULT_SHUTDOWN_SECONDS))
+            except (TypeError, ValueError):
+                shutdown = DEFAULT_SHUTDOWN_SECONDS
+            grace = pod["metadata"].get("deletionGracePeriodSeconds", 30)
+            self.gone_at[uid] = now + self.seconds(min(shutdown, grace))
+            for c in pod["spec"]["containers"]:
+                self.ctl.record(pod, "Normal", "Killing", f"Stopping container {c['name']}", "kubelet")
+        if now >= self.gone_at[uid]:
+            del self.gone_at[uid]
+            self.store.delete(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"])
+
+    def report_oom(self, namespace: str, name: str) -> bool:
+        """The fleet says this pod's server ran out of memory; False when there is no such running pod."""
+        pod = self.store.try_get(PODS, namespace, name)
+        if pod is None or pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+            return False
+        self.oom.add(pod["metadata"]["uid"])
+        self.store.dirty.set()
+        return True

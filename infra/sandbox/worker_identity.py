@@ -1,0 +1,53 @@
+"""The worker's identity in the sandbox: the ServiceAccount and RBAC of infra/k8s/base, and a token.
+
+The sandbox's worker talks to the API emulator as that ServiceAccount, so the end-to-end tests run
+with exactly the least-privilege RBAC a real cluster gives it; the operator and the tests keep the
+admin kubeconfig.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from kubernetes import client
+
+BASE = Path(__file__).resolve().parents[1] / "k8s" / "base"
+WORKER_MANIFESTS = (BASE / "serviceaccount.yaml", BASE / "rbac.yaml")
+WORKER_NAMESPACE = yaml.safe_load((BASE / "kustomization.yaml").read_text())["namespace"]
+TOKEN_SECONDS = 7 * 24 * 3600  # outlives any sandbox session
+
+
+def worker_manifests() -> list[dict]:
+    """The ServiceAccount, ClusterRole and ClusterRoleBinding, in the kustomization's namespace."""
+    docs = [d for path in WORKER_MANIFESTS for d in yaml.safe_load_all(path.read_text()) if d]
+    for doc in docs:
+        if doc["kind"] == "ServiceAccount":
+            doc["metadata"]["namespace"] = WORKER_NAMESPACE
+    return docs
+
+
+def service_account_name() -> str:
+    return next(d["metadata"]["name"] for d in worker_manifests() if d["kind"] == "ServiceAccount")
+
+
+def install_worker_identity(api: client.ApiClient) -> str:
+    """Create the worker's namespace, ServiceAccount and RBAC (as an admin); return a token for it."""
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    creates = {
+        "ServiceAccount": lambda d: core.create_namespaced_service_account(WORKER_NAMESPACE, d),
+        "ClusterRole": rbac.create_cluster_role,
+        "ClusterRoleBinding": rbac.create_cluster_role_binding,
+        "Role": lambda d: rbac.create_namespaced_role(WORKER_NAMESPACE, d),
+        "RoleBinding": lambda d: rbac.create_namespaced_role_binding(WORKER_NAMESPACE, d),
+    }
+    for create, doc in [(lambda d: core.create_namespace(d), {"metadata": {"name": WORKER_NAMESPACE}}),
+                        *[(creates[d["kind"]], d) for d in worker_manifests()]]:
+        try:
+            create(doc)
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+    request = core.create_namespaced_service_account_token(
+        service_account_name(), WORKER_NAMESPACE, {"spec": {"expirationSeconds": TOKEN_SECONDS}})
+    return request.status.token

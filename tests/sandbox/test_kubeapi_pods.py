@@ -1,0 +1,195 @@
+"""Pods that fail, terminate and get evicted, driven by fleet profiles, as a real kubelet reports them.
+
+One emulated cluster (time scale 100) for the module; each test in a namespace of its own, its
+model named after it so that its profile applies to its pods only.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+from kubernetes import client
+
+from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, Demand
+from infra.sandbox.fleet import Fleet, read_cluster
+from infra.sandbox.oom import OomWatch
+from tests.kube_fixtures import emulated_cluster, kube_wait as wait, namespace_for
+from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
+
+PROFILES = {
+    "crash": {"crash_on_start": True},
+    "never": {"never_ready": True, "load_seconds": 1},
+    "oom": {"load_seconds": 1, "oom_after_requests": 100},
+    "oom-fleet": {"load_seconds": 1, "oom_after_requests": 50, "capacity_rps": 1000, "error_rate": 0},
+    "draining": {"load_seconds": 1, "shutdown_seconds": 1000},
+    "default": {"load_seconds": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A cluster with one 8-GPU node and the profiles above."""
+    with emulated_cluster(tmp_path_factory.mktemp("kubectl")) as cluster:
+        core = client.CoreV1Api(cluster.api)
+        core.create_node({"metadata": {"name": "gpu-a"}, "status": {"allocatable": {GPU_RESOURCE: "8"}}})
+        core.create_namespaced_config_map("tideplane-sandbox", {
+            "metadata": {"name": "fleet-profiles"}, "data": {k: json.dumps(v) for k, v in PROFILES.items()}})
+        yield cluster
+
+
+@pytest.fixture
+def ns(cluster, request) -> str:
+    return namespace_for(cluster.api, request)
+
+
+def pod(name: str, model: str, **spec) -> dict:
+    return {"metadata": {"name": name, "labels": {LABEL_MODEL: model}},
+            "spec": {"containers": [{"name": "vllm", "image": "vllm:1"}], **spec}}
+
+
+def container(core: client.CoreV1Api, name: str, ns: str):
+    statuses = core.read_namespaced_pod(name, ns).status.container_statuses
+    return statuses[0] if statuses else None
+
+
+def ready(core: client.CoreV1Api, name: str, ns: str) -> bool:
+    conditions = core.read_namespaced_pod(name, ns).status.conditions or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def test_crash_on_start_is_crash_loop_back_off(cluster, ns):
+    core, kubectl = client.CoreV1Api(cluster.api), cluster.kubectl
+    core.create_namespaced_pod(ns, pod("chat", "crash"))
+    wait(lambda: (c := container(core, "chat", ns)) is not None and c.restart_count >= 1, "the first crash")
+    c = container(core, "chat", ns)
+    assert c.state.waiting.reason == "CrashLoopBackOff"
+    assert c.state.waiting.message.startswith("back-off 10s restarting failed container=vllm pod=chat_")
+    assert (c.last_state.terminated.reason, c.last_state.terminated.exit_code) == ("Error", 1)
+    assert core.read_namespaced_pod("chat", ns).status.phase == "Running" and not ready(core, "chat", ns)
+    wait(lambda: container(core, "chat", ns).restart_count >= 2, "the restart after 10 s of back-off, and a crash")
+    assert container(core, "chat", ns).state.waiting.message.startswith("back-off 20s")  # doubling
+    assert not ready(core, "chat", ns)
+    row = kubectl("get", "pod", "chat", "-n", ns, "--no-headers").stdout.split()
+    assert row[1:3] == ["0/1", "CrashLoopBackOff"] and int(row[3]) >= 2
+    reasons = {e.reason for e in core.list_namespaced_event(ns).items}
+    assert "BackOff" in reasons
+
+
+def test_never_ready(cluster, ns):
+    core = client.CoreV1Api(cluster.api)
+    core.create_namespaced_pod(ns, pod("chat", "never"))
+    core.create_namespaced_pod(ns, pod("good", "default"))
+    wait(lambda: ready(core, "good", ns), "the good pod Ready after its 1 s load")
+    time.sleep(0.1)
+    got = core.read_namespaced_pod("chat", ns)
+    assert got.status.phase == "Running" and not ready(core, "chat", ns)
+    assert got.status.container_statuses[0].restart_count == 0
+    events = [e for e in core.list_namespaced_event(ns).items if e.involved_object.name == "chat"]
+    assert any(e.reason == "Unhealthy" and e.message.startswith("Readiness probe failed") for e in events)
+
+
+def report_oom(url: str, ns: str, name: str) -> int:
+    request = urllib.request.Request(f"{url}/sandbox/oom", json.dumps({"namespace": ns, "name": name}).encode(),
+                                     {"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_oom_killed_and_restarted(cluster, ns):
+    """What the fleet reports after oom_after_requests: OOMKilled (137), restarted, loads again."""
+    url, api = cluster.url, cluster.api
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(ns, pod("chat", "oom"))
+    wait(lambda: ready(core, "chat", ns), "Ready")
+    assert report_oom(url, ns, "chat") == 200
+    wait(lambda: container(core, "chat", ns).restart_count == 1, "the OOM kill")
+    c = container(core, "chat", ns)
+    assert (c.last_state.terminated.reason, c.last_state.terminated.exit_code) == ("OOMKilled", 137)
+    assert not ready(core, "chat", ns)
+    wait(lambda: ready(core, "chat", ns), "Ready again after the 10 s back-off and the 1 s load")
+    assert report_oom(url, ns, "nope") == 404
+
+
+def test_the_fleet_reports_oom_after_the_profiles_requests(cluster, ns):
+    """The fleet simulator serves the pod's demand; past oom_after_requests the kubelet OOM-kills it."""
+    url, api = cluster.url, cluster.api
+    core = client.CoreV1Api(api)
+    labels = {LABEL_APP: "chat", LABEL_MODEL: "oom-fleet", LABEL_VERSION: "1"}
+    core.create_namespaced_pod(ns, {"metadata": {"name": "chat", "labels": labels},
+                                    "spec": {"containers": [{"name": "vllm", "image": "vllm:1"}]}})
+    core.create_namespaced_config_map(SANDBOX_NAMESPACE, {"metadata": {"name": DEMAND_CONFIGMAP},
+                                                          "data": {f"{ns}/chat": Demand(rps=40).model_dump_json()}})
+    wait(lambda: ready(core, "chat", ns), "Ready")
+    fleet, watch = Fleet(time_scale=1.0, seed=1), OomWatch(url)
+    fleet.update(read_cluster(api), 0.0)  # the replica appears
+    watch.check(fleet)  # as the fleet's loop does after every tick
+    fleet.update(read_cluster(api), 1.0)  # 40 requests: under the limit
+    watch.check(fleet)
+    time.sleep(0.2)
+    assert container(core, "chat", ns).restart_count == 0
+    fleet.update(read_cluster(api), 1.0)  # 80 requests
+    watch.check(fleet)
+    wait(lambda: container(core, "chat", ns).restart_count == 1, "the OOM kill")
+    assert container(core, "chat", ns).last_state.terminated.reason == "OOMKilled"
+    core.delete_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE)
+
+
+def test_graceful_deletion(cluster, ns):
+    """A deleted pod is Terminating while its server drains (at most its grace period), then gone;
+    gracePeriodSeconds=0 deletes at once."""
+    core, kubectl = client.CoreV1Api(cluster.api), cluster.kubectl
+    core.create_namespaced_pod(ns, pod("chat", "draining", terminationGracePeriodSeconds=100))
+    core.create_namespaced_pod(ns, pod("forced", "draining"))
+    wait(lambda: ready(core, "chat", ns) and ready(core, "forced", ns), "Ready")
+    deleted_at = time.monotonic()
+    core.delete_namespaced_pod("chat", ns)
+    got = core.read_namespaced_pod("chat", ns)
+    assert got.metadata.deletion_timestamp is not None and got.metadata.deletion_grace_period_seconds == 100
+    assert kubectl("get", "pod", "chat", "-n", ns, "--no-headers").stdout.split()[2] == "Terminating"
+    core.delete_namespaced_pod("forced", ns, grace_period_seconds=0)
+    assert [p.metadata.name for p in core.list_namespaced_pod(ns).items] == ["chat"]
+    wait(lambda: not core.list_namespaced_pod(ns).items, "the grace period (100 s: 1 s) to end", 5)
+    assert time.monotonic() - deleted_at >= 0.9  # shutdown_seconds 1000 > grace: killed at the grace period
+
+
+def test_not_ready_node_evicts_after_the_toleration_window(cluster, ns):
+    """A NotReady node is tainted not-ready:NoExecute; pods leave after their tolerationSeconds
+    (300 s by default admission, here 3 s), those tolerating it for ever stay."""
+    core = client.CoreV1Api(cluster.api)
+    core.create_node({"metadata": {"name": "gpu-b", "labels": {"pool": "b"}},
+                      "status": {"allocatable": {GPU_RESOURCE: "8"}}})
+    for name, tolerations in (("default", []), ("short", [{"key": "node.kubernetes.io/not-ready",
+                                                             "operator": "Exists", "effect": "NoExecute",
+                                                             "tolerationSeconds": 50}]),
+                              ("forever", [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                                            "effect": "NoExecute"}])):
+        core.create_namespaced_pod(ns, pod(name, "default", nodeSelector={"pool": "b"}, tolerations=tolerations))
+    wait(lambda: all(ready(core, p, ns) for p in ("default", "short", "forever")), "Ready")
+    defaults = [t for t in core.read_namespaced_pod("default", ns).spec.tolerations if t.toleration_seconds == 300]
+    assert {t.key for t in defaults} == {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
+
+    node = core.read_node_status("gpu-b")
+    for c in node.status.conditions:
+        if c.type == "Ready":
+            c.status, c.reason = "False", "KubeletNotReady"
+    core.replace_node_status("gpu-b", node)
+    started = time.monotonic()
+    wait(lambda: any(t.key == "node.kubernetes.io/not-ready" and t.effect == "NoExecute"
+                     for t in core.read_node("gpu-b").spec.taints or []), "the not-ready taint")
+
+    def names() -> set[str]:
+        return {p.metadata.name for p in core.list_namespaced_pod(ns).items if not p.metadata.deletion_timestamp}
+
+    wait(lambda: "short" not in names(), "the 50 s window")
+    assert "default" in names() and time.monotonic() - started >= 0.4
+    wait(lambda: "default" not in names(), "the default 300 s window", 8)
+    assert time.monotonic() - started >= 2.9
+    assert names() == {"forever"}
+    core.delete_node("gpu-b")
+    wait(lambda: not core.list_namespaced_pod(ns).items, "pods of a deleted node garbage-collected")
