@@ -144,6 +144,8 @@ class RolloutActivities(contract.RolloutActivities):
     def stage_weights(self, req: StageWeightsInput) -> StagedWeights:
         """Download and verify every weights file into ``<model_cache_dir>/<model>/<version>/``."""
         started = time.monotonic()
+        if req.image is not None:
+            self._require_allowed_image(req.image)
         directory = self.pods.model_cache_dir / _safe_component(req.model, "model") / _safe_component(req.version, "version")
         targets: dict[str, WeightFile] = {}
         for wf in req.files:
@@ -261,16 +263,21 @@ class RolloutActivities(contract.RolloutActivities):
                 f"weights_path {req.weights_path!r} is outside the model cache {str(cache)!r} that pods mount",
                 non_retryable=True,
             )
-        if self.image_prefixes is not None and not image_allowed(req.image, self.image_prefixes):
+        self._require_allowed_image(req.image)
+        self.kube.require_namespace(req.deployment.namespace)
+        self._create_or_replace_deployment(deployment_manifest(req, self.pods))
+        self._create_or_patch_service(service_manifest(req))
+
+    def _require_allowed_image(self, image: str) -> None:
+        """Serving images only from the allowed registries (checked at staging, before anything is
+        read, and again before a Deployment is written)."""
+        if self.image_prefixes is not None and not image_allowed(image, self.image_prefixes):
             raise ApplicationError(
-                f"image {req.image!r} is not from an allowed registry (TIDEPLANE_IMAGE_PREFIXES:"
+                f"image {image!r} is not from an allowed registry (TIDEPLANE_IMAGE_PREFIXES:"
                 f" {', '.join(self.image_prefixes) or 'none'})",
                 type="ImageNotAllowed",
                 non_retryable=True,
             )
-        self.kube.require_namespace(req.deployment.namespace)
-        self._create_or_replace_deployment(deployment_manifest(req, self.pods))
-        self._create_or_patch_service(service_manifest(req))
 
     @activity.defn(name=SCALE_VERSION)
     def scale_version(self, req: ScaleVersionInput) -> None:

@@ -210,3 +210,19 @@ def test_bad_uri_is_non_retryable(cache, rollout):
     with pytest.raises(ApplicationError) as err:
         _env([]).run(rollout.stage_weights, _input("https://example.com/w.bin", "0" * 64))
     assert err.value.non_retryable and "https://example.com/w.bin" in str(err.value)
+
+
+def test_an_image_not_allowed_is_refused_before_anything_is_read(weights, cache, moto_url, make_rollout):
+    """The rollout's first activity judges the serving image too: a refused image stages nothing."""
+    bucket, key, _, digest = weights
+    strict = make_rollout(s3_endpoint=moto_url, model_cache_dir=cache, image_prefixes=["docker.io/vllm/vllm-openai"])
+    log = GetObjectLog()
+    strict.s3.boto.meta.events.register("before-send.s3.GetObject", log)
+    refused = _input(f"s3://{bucket}/{key}", digest).model_copy(update={"image": "evil.example.com/miner:1"})
+    with pytest.raises(ApplicationError) as err:
+        _env([]).run(strict.stage_weights, refused)
+    assert err.value.non_retryable and err.value.type == "ImageNotAllowed"
+    assert "image 'evil.example.com/miner:1' is not from an allowed registry (TIDEPLANE_IMAGE_PREFIXES: docker.io/vllm/vllm-openai)" in str(err.value)
+    assert log.ranges == [] and not (cache / "llama").exists()
+    allowed = refused.model_copy(update={"image": "vllm/vllm-openai:v0.6.3"})
+    assert _env([]).run(strict.stage_weights, allowed).size_bytes == SIZE

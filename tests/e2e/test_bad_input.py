@@ -141,6 +141,8 @@ INVALID_ROLLOUTS = [
     ("checksum malformed", {"sha256": "abc123"}, ["sha256", "String should match pattern"]),
     ("oversized env", {"env": {f"VAR_{i}": "x" * 500 for i in range(2000)}},
      ["over the 65536-byte limit (largest field: env,", "pass large data by reference"]),
+    ("credential in clear", {"env": {"HF_TOKEN": "hf_abcdef", "VLLM_LOGGING_LEVEL": "INFO"}},
+     ["env", "HF_TOKEN looks like a credential", '{"valueFrom": {"secretKeyRef": {"name": SECRET, "key": KEY}}}']),
 ]
 
 
@@ -184,6 +186,12 @@ REFUSED_AT_RUN = [
                   "bucket 'other-bucket' is not an allowed weights bucket (TIDEPLANE_WEIGHTS_BUCKETS: "]),
     ("unknown namespace", lambda ctx: {"deployment": f"{MISSING_NAMESPACE}/chat"},
      lambda ctx: ["describe_deployment failed before any cluster change", f"namespace '{MISSING_NAMESPACE}' not found"]),
+    ("image not allowed", lambda ctx: {"image": "evil.example.com/miner:1"},
+     lambda ctx: ["stage_weights failed before any cluster change", "ImageNotAllowed: image 'evil.example.com/miner:1' is"
+                  " not from an allowed registry (TIDEPLANE_IMAGE_PREFIXES: docker.io/vllm/vllm-openai)"]),
+    ("namespace not enabled", lambda ctx: {"deployment": "kube-system/evil"},
+     lambda ctx: ["describe_deployment failed before any cluster change", "NamespaceNotEnabled: namespace 'kube-system' is not"
+                  " enabled for tideplane: label it tideplane.io/serving=true"]),
 ]
 
 

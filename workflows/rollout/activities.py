@@ -36,6 +36,7 @@ class StageWeightsInput(BaseModel):
     model: str
     version: str
     files: list[WeightFile] = Field(min_length=1)
+    image: str | None = Field(None, description="the serving image: refused before anything is read when not allowed")
 
 
 class StagedWeights(BaseModel):

@@ -296,7 +296,7 @@ class ModelRollout:
         self._set_stage(Stage.STAGING)
         self._staged = await self._act(
             RolloutActivities.stage_weights,
-            StageWeightsInput(model=inp.model, version=inp.version, files=files),
+            StageWeightsInput(model=inp.model, version=inp.version, files=files, image=inp.image),
             summary=f"stage {len(files)} weight file(s) of {inp.model} {inp.version} from S3, verifying SHA-256",
             schedule_to_close=inp.deadlines.stage_weights_seconds,
             heartbeat=60,
