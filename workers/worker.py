@@ -67,7 +67,6 @@ WORKFLOWS: list[type] = [
     SpotReclaim,
     ReturnToSpot,
 ]
-ACTIVITIES: list = []
 
 
 def activity_methods(instance: object, contract: type) -> list[Callable]:
@@ -77,7 +76,7 @@ def activity_methods(instance: object, contract: type) -> list[Callable]:
 
 def build_activities(config: Settings) -> list[Callable]:
     """Every activity this worker runs: the clients built once from ``config`` and passed into
-    the activity classes, whose bound methods are registered (plus the module-level ones)."""
+    the activity classes, whose bound methods are registered."""
     kube = KubeClient.connect(config.kubeconfig, config.kube_in_cluster)
     s3 = S3Client(config.aws_endpoint_url, config.aws_region)
     prometheus = PrometheusClient(config.prometheus_url)
@@ -97,7 +96,6 @@ def build_activities(config: Settings) -> list[Callable]:
         *activity_methods(NodePoolActivities(kube, aws), NodePoolContract),
         *activity_methods(SpotActivities(kube, aws, config.spot_queue_url), spot_contract.SpotActivities),
         *activity_methods(SpotWorkflowStarts(), spot_contract.SpotWorkflowStarts),
-        *ACTIVITIES,
     ]
 
 

@@ -41,8 +41,8 @@ from infra.sandbox.launcher import WEIGHTS_BUCKET
 from infra.sandbox.s3faults import S3Faults
 from tests.sandbox_fixtures import create_logical_deployment
 from workers.client import connect
-from workers.config import settings
-from workers.worker import ACTIVITIES, WORKFLOWS
+from workers.config import load_settings
+from workers.worker import WORKFLOWS, build_activities
 from workflows.naming import versioned_name
 from workflows.rollout.workflow import start_rollout
 from workflows.rollout.types import (
@@ -79,20 +79,19 @@ async def ctx(sandbox):
     with pytest.MonkeyPatch.context() as mp, S3Faults(sandbox.urls["moto"], seed=S3_SEED) as s3:
         for k, v in {**sandbox.env, "AWS_ENDPOINT_URL": s3.url, "TIDEPLANE_AWS_ENDPOINT_URL": s3.url}.items():
             mp.setenv(k, v)
-        settings.cache_clear()
+        config = load_settings()  # the worker's settings, read once from the sandbox's environment
         data = random.Random(11).randbytes(WEIGHTS_BYTES)
         key = f"faults/{uuid.uuid4().hex}/model.safetensors"
         boto3.client("s3", endpoint_url=sandbox.urls["moto"]).put_object(Bucket=WEIGHTS_BUCKET, Key=key, Body=data)
         api = api_client(sandbox.urls["kubeapi"])
         set_profile(api, MODEL, None, Profile(load_seconds=20, error_rate=0.0, ttft_seconds=0.15, tpot_seconds=0.025, capacity_rps=4))
-        temporal = await connect(settings())
+        temporal = await connect(config)
         task_queue = f"faults-{uuid.uuid4().hex[:8]}"
         with ThreadPoolExecutor(max_workers=16) as executor:
             async with Worker(
-                temporal, task_queue=task_queue, workflows=WORKFLOWS, activities=ACTIVITIES, activity_executor=executor
+                temporal, task_queue=task_queue, workflows=WORKFLOWS, activities=build_activities(config), activity_executor=executor
             ):
                 yield Ctx(temporal, api, sandbox.urls["kubeapi"], task_queue, s3, f"s3://{WEIGHTS_BUCKET}/{key}", hashlib.sha256(data).hexdigest())
-    settings.cache_clear()
 
 
 @pytest.fixture
