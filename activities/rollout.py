@@ -95,6 +95,7 @@ ROUTE_API = ("gateway.networking.k8s.io", "v1")
 CONTAINER = "server"
 CACHE_VOLUME = "model-cache"
 _CONFLICT_RETRIES = 5
+OWNED_ELSEWHERE = contract.DEPLOYMENT_OWNED
 MIRROR_FILTER = "RequestMirror"
 
 
@@ -265,6 +266,7 @@ class RolloutActivities(contract.RolloutActivities):
             )
         self._require_allowed_image(req.image)
         self.kube.require_namespace(req.deployment.namespace)
+        self._claim_route(req.deployment, req.owner)
         self._create_or_replace_deployment(deployment_manifest(req, self.pods))
         self._create_or_patch_service(service_manifest(req))
 
@@ -345,6 +347,7 @@ class RolloutActivities(contract.RolloutActivities):
             backends.append({"group": "", "kind": "Service", "name": service, "port": req.port, "weight": weight})
         mirror = mirror_filter(req)
 
+        self._claim_route(ref, req.owner)
         custom = self.kube.custom
         what = f"HTTPRoute {ref}"
         for _ in range(_CONFLICT_RETRIES):
@@ -386,6 +389,7 @@ class RolloutActivities(contract.RolloutActivities):
                     fail(exc, what)
         else:
             raise ApplicationError(f"{what} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+        self._claim_route(ref, req.owner, release=req.release)  # a route just created; or give it up
         telemetry.route_weights(activity.metric_meter(), ref.namespace, ref.name, req.weights)
 
     def _parent_ref(self, namespace: str) -> dict:
@@ -394,6 +398,36 @@ class RolloutActivities(contract.RolloutActivities):
         if gateway_ns and gateway_ns != namespace:
             ref["namespace"] = gateway_ns
         return ref
+
+    def _claim_route(self, ref: DeploymentRef, owner: str | None, release: bool = False) -> None:
+        """One rollout per deployment, whatever its workflow ID: the HTTPRoute carries its owner's ID
+        (compare-and-swap on the resourceVersion); another owner's route is refused, naming it."""
+        if owner is None:
+            return
+        for _ in range(_CONFLICT_RETRIES):
+            route = read_route(self.kube, ref)
+            if route is None:
+                return  # a first deploy: the route is claimed when created
+            annotations = route["metadata"].setdefault("annotations", {}) or {}
+            route["metadata"]["annotations"] = annotations
+            held = annotations.get(naming.ANNOTATION_OWNER)
+            if held not in (None, owner):
+                raise owned_elsewhere(f"HTTPRoute {ref}", held, owner)
+            if (held is None) == release:
+                return  # already ours, or already given up
+            if release:
+                del annotations[naming.ANNOTATION_OWNER]
+            else:
+                annotations[naming.ANNOTATION_OWNER] = owner
+            try:
+                self.kube.custom.replace_namespaced_custom_object(
+                    *ROUTE_API, ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
+                )
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    fail(exc, f"HTTPRoute {ref}")
+        raise ApplicationError(f"HTTPRoute {ref} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
 
     def _create_or_replace_deployment(self, body: dict) -> None:
         apps = self.kube.apps
@@ -696,6 +730,16 @@ def deployment_state(kube: KubeClient, ref: DeploymentRef) -> DeploymentState:
             )
         )
     return DeploymentState(route_exists=route is not None, versions=versions)
+
+
+def owned_elsewhere(what: str, held: str, owner: str) -> ApplicationError:
+    """The non-retryable refusal when another workflow owns a deployment's objects."""
+    return ApplicationError(
+        f"{what} is owned by {held} ({naming.ANNOTATION_OWNER}); {owner} refused: one rollout and one scaling loop"
+        f" per deployment. Stop {held}, or remove the annotation if that workflow is gone",
+        type=OWNED_ELSEWHERE,
+        non_retryable=True,
+    )
 
 
 def _require_same_version(current, body: dict) -> None:

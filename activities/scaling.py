@@ -39,7 +39,7 @@ from temporalio.exceptions import ApplicationError
 from activities.clients.aws import AwsClient
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
 from activities.clients.prometheus import PrometheusClient, render
-from activities.rollout import deployment_state
+from activities.rollout import deployment_state, owned_elsewhere
 from workflows import naming
 from workflows.naming import DeploymentRef
 from workflows.scaling import activities as contract
@@ -108,6 +108,8 @@ class ScalingActivities(contract.ScalingActivities):
                 non_retryable=True,
             )
         dep = read_or_none(self.kube.apps.read_namespaced_deployment, naming.versioned_name(req.deployment, info.version), req.namespace)
+        if dep is not None and req.owner is not None:
+            self._claim(dep, req.owner)
         pods = self.kube.core.list_namespaced_pod(
             req.namespace, label_selector=label_selector(selector(req.deployment, info.version)), _request_timeout=API_TIMEOUT
         ).items
@@ -120,6 +122,23 @@ class ScalingActivities(contract.ScalingActivities):
             unschedulable=sum(1 for p in live if unschedulable(p)),
             priority_class=((dep.metadata.labels if dep else None) or {}).get(naming.LABEL_CLASS),
         )
+
+    def _claim(self, dep: client.V1Deployment, owner: str) -> None:
+        """One scaling loop per deployment, whatever its workflow ID: the scaled Deployment carries
+        its loop's ID (replace with the resourceVersion read: compare-and-swap); another loop's is refused."""
+        held = (dep.metadata.annotations or {}).get(naming.ANNOTATION_OWNER)
+        what = f"Deployment {dep.metadata.namespace}/{dep.metadata.name}"
+        if held == owner:
+            return
+        if held is not None:
+            raise owned_elsewhere(what, held, owner)
+        dep.metadata.annotations = {**(dep.metadata.annotations or {}), naming.ANNOTATION_OWNER: owner}
+        try:
+            self.kube.apps.replace_namespaced_deployment(dep.metadata.name, dep.metadata.namespace, dep, _request_timeout=API_TIMEOUT)
+        except ApiException as exc:
+            if exc.status == 409:  # changed since read (maybe another loop claimed it): the next cycle decides
+                raise ApplicationError(f"{what} changed while claiming it for {owner}; retrying") from None
+            fail(exc, what)
 
     @activity.defn(name=contract.READ_REPLICA_HISTORY)
     def read_replica_history(self, req: ReplicaHistoryInput) -> ReplicaHistory:

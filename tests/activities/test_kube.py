@@ -344,3 +344,46 @@ def test_ensure_version_never_rewrites_another_versions_deployment(rollout):
     with pytest.raises(ApplicationError, match=r"version 2.0.0: Deployment llm-serving/taken-v2-0-0 already serves version 2-0-0") as err:
         _run(rollout.ensure_version, _version("taken", "2.0.0"))
     assert err.value.non_retryable
+
+
+def test_one_rollout_owns_the_route_until_it_releases_it(rollout):
+    """Issue 20: two rollouts under other workflow IDs both ran on one deployment. The route carries
+    its rollout's ID; another rollout is refused at once, naming it, until the first gives it up."""
+    ref = _ref("owned")
+    first, second = "rollout/llm-serving/owned", "rollout/elsewhere/x"
+    _run(rollout.ensure_version, _version("owned", "1.0.0").model_copy(update={"owner": first}))
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 100}, owner=first))
+    assert _route(rollout, "owned")["metadata"]["annotations"][naming.ANNOTATION_OWNER] == first
+    for refused in (
+        lambda: _run(rollout.ensure_version, _version("owned", "1.1.0").model_copy(update={"owner": second})),
+        lambda: _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 100}, owner=second)),
+    ):
+        with pytest.raises(ApplicationError, match=f"HTTPRoute llm-serving/owned is owned by {first}") as err:
+            refused()
+        assert err.value.non_retryable and err.value.type == "DeploymentOwned"
+    assert not rollout.kube.apps.list_namespaced_deployment(NS, label_selector=f"{naming.LABEL_VERSION}=1.1.0").items
+
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 100}, owner=first, release=True))
+    assert naming.ANNOTATION_OWNER not in (_route(rollout, "owned")["metadata"].get("annotations") or {})
+    _run(rollout.ensure_version, _version("owned", "1.1.0").model_copy(update={"owner": second}))
+    assert _route(rollout, "owned")["metadata"]["annotations"][naming.ANNOTATION_OWNER] == second
+
+
+def test_one_scaling_loop_owns_the_deployment_it_scales(rollout):
+    """Issue 20: two scaling loops fought (24 vs 8 replicas). The scaled Deployment carries its
+    loop's ID (kept across continue-as-new: the same workflow ID); a second loop is refused."""
+    from activities.scaling import ScalingActivities
+    from workflows.scaling.activities import ScaleTarget
+
+    ref = _ref("looped")
+    _run(rollout.ensure_version, _version("looped", "1.0.0"))
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 100}))
+    scaling = ScalingActivities(rollout.kube, rollout.prometheus)
+    target = ScaleTarget(namespace=NS, deployment="looped", owner="scaling/llm-serving/looped")
+    assert _run(scaling.get_scale, target).version == "1.0.0"
+    assert _run(scaling.get_scale, target).version == "1.0.0"  # its own claim: still fine
+    with pytest.raises(ApplicationError, match="Deployment llm-serving/looped-v1-0-0 is owned by scaling/llm-serving/looped") as err:
+        _run(scaling.get_scale, target.model_copy(update={"owner": "scaling/other/id"}))
+    assert err.value.non_retryable
+    held = rollout.kube.apps.read_namespaced_deployment("looped-v1-0-0", NS).metadata.annotations
+    assert held[naming.ANNOTATION_OWNER] == "scaling/llm-serving/looped"

@@ -26,6 +26,9 @@ SET_ROUTE_WEIGHTS = "set_route_weights"
 WARM_UP = "warm_up"
 QUERY_GATES = "query_gates"
 
+# ApplicationError type of a refusal: another workflow owns the deployment (naming.ANNOTATION_OWNER).
+DEPLOYMENT_OWNED = "DeploymentOwned"
+
 
 class WeightFile(BaseModel):
     uri: str = Field(description="s3://bucket/key of one weights file")
@@ -120,6 +123,7 @@ class EnsureVersionInput(BaseModel):
         "realtime",
         description="realtime: on-demand nodes; batch: spot nodes (labels the pods, selects their nodes)",
     )
+    owner: str | None = Field(None, description="the rollout's workflow ID: claims the deployment's HTTPRoute first")
 
 
 class ScaleVersionInput(BaseModel):
@@ -152,6 +156,8 @@ class RouteWeightsInput(BaseModel):
     deployment: DeploymentRef
     weights: dict[str, int] = Field(description="version -> weight; weights sum to 100")
     port: int = Field(8000, description="the versions' Service port (EnsureVersionInput.port)")
+    owner: str | None = Field(None, description="the rollout's workflow ID: the route is written only by its owner")
+    release: bool = Field(False, description="the rollout's last route change: give the route's ownership up")
     mirror: RouteMirror | None = Field(None, description="shadow traffic to a version; None removes tideplane's mirror")
 
 

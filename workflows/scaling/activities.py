@@ -65,6 +65,7 @@ class ScaleTarget(BaseModel):
     namespace: str
     deployment: str = Field(description="logical deployment name")
     version: str | None = Field(None, description="None: the version that carries the most traffic")
+    owner: str | None = Field(None, description="the loop's workflow ID: claims the scaled Deployment")
 
 
 class ScaleStatus(BaseModel):

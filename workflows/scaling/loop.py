@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     # full dotted names: `from workflows import naming` would give the sandbox its own copy of naming
@@ -39,7 +39,7 @@ with workflow.unsafe.imports_passed_through():
     import workflows.search_attributes as search_attributes
     import workflows.telemetry as telemetry
     from workflows.naming import DeploymentRef
-    from workflows.rollout.activities import RolloutActivities, ScaleVersionInput
+    from workflows.rollout.activities import DEPLOYMENT_OWNED, RolloutActivities, ScaleVersionInput
     import workflows.scaling.activities as acts
     from workflows.scaling.activities import ScalingActivities
     from workflows.scaling.cpu_fallback import CpuFallbackState, decide_fallback
@@ -180,12 +180,16 @@ class ReactiveScaling:
         try:
             scale = await workflow.execute_activity_method(
                 ScalingActivities.get_scale,
-                acts.ScaleTarget(namespace=namespace, deployment=name, version=self._input.version),
+                acts.ScaleTarget(
+                    namespace=namespace, deployment=name, version=self._input.version, owner=workflow.info().workflow_id
+                ),
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=_SHORT,
                 summary="read replicas",
             )
         except ActivityError as err:
+            if isinstance(err.cause, ApplicationError) and err.cause.type == DEPLOYMENT_OWNED:
+                raise ApplicationError(cause(err), type=DEPLOYMENT_OWNED, non_retryable=True) from err  # another loop scales it
             self._details(f"cannot read the deployment's scale: {cause(err)}")
             return
         try:
