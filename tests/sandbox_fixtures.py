@@ -16,11 +16,11 @@ import pytest
 import yaml
 from kubernetes import client
 
-from activities.clients.kube import serving_namespace
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.kubeclient import api_client
 from infra.sandbox.launcher import Ports, Sandbox, SandboxError
 from infra.sandbox.worker_identity import WORKER_NAMESPACE
+from infra.sandbox.worker_identity import enable_serving_namespace
 from workers.config import settings
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, versioned_name
 
@@ -142,7 +142,7 @@ def create_logical_deployment(
     core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
     labels = {LABEL_APP: name, LABEL_VERSION: version, LABEL_MODEL: model}
     versioned = versioned_name(name, version)
-    core.create_namespace(serving_namespace(namespace))
+    enable_serving_namespace(core.api_client, namespace)
     apps.create_namespaced_deployment(namespace, {
         "metadata": {"name": versioned, "labels": labels},
         "spec": {

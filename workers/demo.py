@@ -20,11 +20,11 @@ from kubernetes import client
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
-from activities.clients.kube import serving_namespace
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.launcher import Sandbox
+from infra.sandbox.worker_identity import enable_serving_namespace
 from workers import golden_cli, registry_cli
 from workers.client import connect
 from workers.config import settings
@@ -174,7 +174,7 @@ def _fresh_namespace(core: client.CoreV1Api, namespace: str) -> None:
     except client.ApiException as exc:
         if exc.status != 404:
             raise
-    core.create_namespace(serving_namespace(namespace))
+    enable_serving_namespace(core.api_client, namespace)
 
 
 def story(sandbox: Sandbox) -> None:

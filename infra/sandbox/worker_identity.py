@@ -12,7 +12,10 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
+from activities.clients.kube import serving_namespace
+
 BASE = Path(__file__).resolve().parents[1] / "k8s" / "base"
+SERVING_ROLE = BASE.parent / "serving-namespace" / "role.yaml"
 WORKER_MANIFESTS = (BASE / "serviceaccount.yaml", BASE / "rbac.yaml")
 WORKER_NAMESPACE = yaml.safe_load((BASE / "kustomization.yaml").read_text())["namespace"]
 TOKEN_SECONDS = 7 * 24 * 3600  # outlives any sandbox session
@@ -51,3 +54,25 @@ def install_worker_identity(api: client.ApiClient) -> str:
     request = core.create_namespaced_service_account_token(
         service_account_name(), WORKER_NAMESPACE, {"spec": {"expirationSeconds": TOKEN_SECONDS}})
     return request.status.token
+
+
+def enable_serving_namespace(api: client.ApiClient, namespace: str) -> None:
+    """What `kubectl apply -k` of infra/k8s/serving-namespace does for ``namespace`` (as an admin):
+    the namespace with the label the worker checks, and the Role of the worker's writes bound to
+    its ServiceAccount there. Without it the worker may not create anything in the namespace."""
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    docs = [d for d in yaml.safe_load_all(SERVING_ROLE.read_text()) if d]
+    for doc in docs:
+        doc["metadata"]["namespace"] = namespace
+        for subject in doc.get("subjects", []):
+            subject["namespace"] = WORKER_NAMESPACE
+    creates = {
+        "Role": lambda d: rbac.create_namespaced_role(namespace, d),
+        "RoleBinding": lambda d: rbac.create_namespaced_role_binding(namespace, d),
+    }
+    for create, doc in [(core.create_namespace, serving_namespace(namespace)), *[(creates[d["kind"]], d) for d in docs]]:
+        try:
+            create(doc)
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise

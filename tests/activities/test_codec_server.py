@@ -115,3 +115,12 @@ async def test_temporal_cli_shows_encrypted_history_in_clear_through_it(codec_ur
         assert (await client.data_converter.decode([payload]))[0] == {"env": {"HF_TOKEN": "started-by-the-cli"}}
     finally:
         await env.shutdown()
+
+
+def test_without_a_key_it_refuses_to_start_naming_the_setting():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEPLANE_PAYLOAD")}
+    done = subprocess.run([sys.executable, "-m", "workers.cli", "codec-server", "--port", str(free_port())],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "tideplane: TIDEPLANE_PAYLOAD_ENCRYPTION_KEY is not set: payloads are in clear, there is nothing to encode or decode")

@@ -23,9 +23,9 @@ from kubernetes import client
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
-from activities.clients.kube import serving_namespace
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.launcher import WEIGHTS_BUCKET
+from infra.sandbox.worker_identity import enable_serving_namespace
 from workers.client import connect
 from workers.config import settings
 from workers.worker import ACTIVITIES, WORKFLOWS
@@ -55,7 +55,7 @@ async def ctx(sandbox):
             mp.setenv(key, value)
         settings.cache_clear()
         api = api_client(sandbox.urls["kubeapi"])
-        client.CoreV1Api(api).create_namespace(serving_namespace(NAMESPACE))
+        enable_serving_namespace(api, NAMESPACE)
         data = random.Random(7).randbytes(64 * 1024)
         key = f"bad-input/{uuid.uuid4().hex}/model.safetensors"
         boto3.client("s3", endpoint_url=sandbox.urls["moto"]).put_object(Bucket=WEIGHTS_BUCKET, Key=key, Body=data)

@@ -15,7 +15,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from activities.clients.kube import serving_namespace
+from infra.sandbox.worker_identity import enable_serving_namespace
 from tests.e2e.test_scaling_layers import node_pool_activities
 from tests.sandbox_fixtures import wait_for
 from workflows.naming import (
@@ -44,7 +44,7 @@ async def test_pending_pods_grow_the_pool_and_idle_nodes_are_removed(sandbox):
 
     start_nodes = len(pool_nodes())
     labels = {LABEL_APP: "batch", LABEL_VERSION: "1.0.0", LABEL_MODEL: "llama-3-70b"}
-    core.create_namespace(serving_namespace(NAMESPACE))
+    enable_serving_namespace(core.api_client, NAMESPACE)
     apps.create_namespaced_deployment(NAMESPACE, {
         "metadata": {"name": "batch-v1-0-0", "labels": labels},
         "spec": {

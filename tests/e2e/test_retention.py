@@ -22,11 +22,12 @@ from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.clients.kube import KubeClient, serving_namespace
+from activities.clients.kube import KubeClient
 from activities.clients.s3 import S3Client
 from activities.registry import Registry, RegistryActivities
 from activities.rollout import ROUTE_API
 from infra.sandbox import kubeclient
+from infra.sandbox.worker_identity import enable_serving_namespace
 from tests.kube_fixtures import run_kube_api, write_kubeconfig
 from workers import registry_cli
 from workers.config import Settings
@@ -59,7 +60,7 @@ def kube_url():
         api = kubeclient.api_client(url)
         core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
         for ns in ("llm-serving", "batch"):
-            core.create_namespace(serving_namespace(ns))
+            enable_serving_namespace(core.api_client, ns)
         # What retired versions leave behind must not count: llama@1.1.0's Deployment has 0
         # replicas and weight 0 in the route. llama@1.0.0 has 0 replicas too, but the route still
         # sends it traffic; llama@1.3.0 runs a replica; the unlabelled one must not confuse the scan.

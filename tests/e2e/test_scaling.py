@@ -25,7 +25,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
-from activities.clients.kube import KubeClient, serving_namespace
+from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
 from activities.clients.vllm import VllmClient
@@ -34,6 +34,7 @@ from activities.scaling import ScalingActivities
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.launcher import AWS_ENV
 from infra.sandbox.ports import free_port
+from infra.sandbox.worker_identity import enable_serving_namespace
 from workflows import naming
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 from workflows.scaling.decide import ScalingPolicy
@@ -56,7 +57,7 @@ POLICY = ScalingPolicy(
 def deploy(api: client.ApiClient, replicas: int, namespace: str = NAMESPACE) -> None:
     core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
     labels = {LABEL_APP: "chat", LABEL_VERSION: "1.0.0", LABEL_MODEL: "llama-3-8b"}
-    core.create_namespace(serving_namespace(namespace))
+    enable_serving_namespace(core.api_client, namespace)
     apps.create_namespaced_deployment(namespace, {
         "metadata": {"name": "chat-v1-0-0", "labels": labels},
         "spec": {

@@ -20,12 +20,13 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
 from activities.clients.aws import AwsClient
-from activities.clients.kube import KubeClient, serving_namespace
+from activities.clients.kube import KubeClient
 from activities.scaling import NodePoolActivities
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, NodePool
 from infra.sandbox.launcher import AWS_ENV
 from infra.sandbox.nodes import Instance, node_manifest
 from infra.sandbox.ports import free_port
+from infra.sandbox.worker_identity import enable_serving_namespace
 from tests.e2e.test_scaling import MODEL_CACHE, rollout_activities, scaling_activities
 from tests.sandbox_fixtures import wait_for
 from tests.workflows.test_telemetry import ours, samples
@@ -102,7 +103,7 @@ async def test_batch_pods_land_on_spot_and_realtime_pods_on_on_demand(sandbox):
     extra = {"e2e-priority-spot": "spot", "e2e-priority-od": "on-demand"}
     for name, capacity_type in extra.items():
         register_node(core, name, capacity_type)
-    core.create_namespace(serving_namespace(namespace))
+    enable_serving_namespace(core.api_client, namespace)
     ensure(sandbox, namespace, "nightly", "batch", replicas=2, gpus=1)
     ensure(sandbox, namespace, "chat", "realtime", replicas=2, gpus=1)
 
@@ -133,7 +134,7 @@ async def test_loop_scale_up_grows_the_spot_pool_and_the_cpu_fallback_covers_the
 
     # Whatever earlier tests left on the spot nodes, three whole-node replicas need new spot nodes.
     start = len(spot_nodes())
-    core.create_namespace(serving_namespace(namespace))
+    enable_serving_namespace(core.api_client, namespace)
     ensure(sandbox, namespace, "digest", "batch", replicas=1, gpus=4, model="llama-3-70b")
     ensure(sandbox, namespace, "digest-cpu", "realtime", replicas=0, gpus=0, model="llama-3-70b-cpu")
     gpu_dep, cpu_dep = naming.versioned_name("digest", "1.0.0"), naming.versioned_name("digest-cpu", "1.0.0")

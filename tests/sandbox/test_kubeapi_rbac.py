@@ -16,7 +16,12 @@ from kubernetes import config as kube_config
 from kubernetes.client.rest import ApiException
 
 from infra.sandbox.kubeclient import kubeconfig_yaml
-from infra.sandbox.worker_identity import WORKER_NAMESPACE, install_worker_identity, service_account_name
+from infra.sandbox.worker_identity import (
+    WORKER_NAMESPACE,
+    enable_serving_namespace,
+    install_worker_identity,
+    service_account_name,
+)
 from tests.kube_fixtures import run_kube_api
 
 NS = "llm-serving"
@@ -29,7 +34,7 @@ def cluster():
         config = client.Configuration()
         config.host = url
         with client.ApiClient(config) as admin:
-            client.CoreV1Api(admin).create_namespace({"metadata": {"name": NS}})
+            enable_serving_namespace(admin, NS)  # as `kubectl apply -k infra/k8s/serving-namespace`
             yield url, admin, install_worker_identity(admin)
 
 
@@ -87,6 +92,23 @@ def test_a_call_outside_the_rbac_is_forbidden(worker, cluster):
     with pytest.raises(ApiException) as err:
         core.create_namespaced_pod_eviction("x", NS, {"metadata": {"name": "x"}})
     assert err.value.status == 404  # pods/eviction create is granted: the pod simply does not exist
+
+
+def test_writes_only_in_a_namespace_the_operator_enabled(worker, cluster):
+    """The ClusterRole reads across namespaces; creating, updating, scaling and evicting need the
+    Role that infra/k8s/serving-namespace binds in the namespace."""
+    _, admin, _ = cluster
+    client.CoreV1Api(admin).create_namespace({"metadata": {"name": "not-enabled"}})
+    apps, core = client.AppsV1Api(worker), client.CoreV1Api(worker)
+    for call in (lambda: apps.create_namespaced_deployment("not-enabled", deployment("chat")),
+                 lambda: apps.read_namespaced_deployment("chat", "not-enabled"),
+                 lambda: core.create_namespaced_pod_eviction("x", "not-enabled", {"metadata": {"name": "x"}})):
+        with pytest.raises(ApiException) as err:
+            call()
+        assert err.value.status == 403 and 'in the namespace "not-enabled"' in json.loads(err.value.body)["message"]
+    apps.list_deployment_for_all_namespaces()
+    core.list_pod_for_all_namespaces()
+    assert core.read_namespace(NS).metadata.labels["tideplane.io/serving"] == "true"
 
 
 def test_unknown_token_is_unauthorized(cluster):
