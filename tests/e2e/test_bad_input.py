@@ -143,6 +143,10 @@ INVALID_ROLLOUTS = [
      ["over the 65536-byte limit (largest field: env,", "pass large data by reference"]),
     ("credential in clear", {"env": {"HF_TOKEN": "hf_abcdef", "VLLM_LOGGING_LEVEL": "INFO"}},
      ["env", "HF_TOKEN looks like a credential", '{"valueFrom": {"secretKeyRef": {"name": SECRET, "key": KEY}}}']),
+    ("huge duration", {"gate_interval_seconds": 1e308}, ["gate_interval_seconds", "less than or equal to 2592000"]),
+    ("replicas past the bound", {"replicas": 2_147_483_648}, ["replicas", "less than or equal to 10000"]),
+    ("query window under 1 s", {"query_window_seconds": 0.4}, ["query_window_seconds", "greater than or equal to 1"]),
+    ("version not a label value", {"version": "1.3.0+build.5"}, ["version", "must be a Kubernetes label value"]),
 ]
 
 
