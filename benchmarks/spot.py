@@ -68,12 +68,13 @@ class Settings:
     window_s: float = 86400.0  # preemption-rate and launch-failure history
     stabilisation_s: float = 300.0
     max_stabilisation_s: float = 3600.0
+    survive_region_loss: bool = True  # only matters when the zones span regions
 
     @property
     def label(self) -> str:
         over = "2x" if self.max_overprovision is None else f"+{self.max_overprovision}"
         pre = "no pre-warm" if math.isinf(self.prewarm.preemption_rate) else f"pre-warm at rate>={self.prewarm.preemption_rate:g}"
-        return f"avail {self.availability:g}, over {over}, {pre}"
+        return f"avail {self.availability:g}, over {over}, {pre}" + ("" if self.survive_region_loss else ", no region hedge")
 
 
 @dataclass
@@ -239,9 +240,10 @@ def policy_mix(s: Scenario, model: Model, settings: Settings) -> Replay:
         plan = plan_mix(
             model.target,
             settings.availability,
-            [ZoneMarket(z.domain, rate[z.domain], z.spot_price, z.available[step], z.capacity(step)) for z in s.zones],
+            [ZoneMarket(z.domain, rate[z.domain], z.spot_price, z.available[step], z.capacity(step), z.region) for z in s.zones],
             s.on_demand_price,
             max_overprovision=settings.max_overprovision,
+            survive_group_loss=settings.survive_region_loss,
         )
         start = t0 if step > s.first_step else t0 - model.cold_start_s  # the first fleet serves at t=0
         for z in s.zones:  # make before break: grow now, shrink once the new placement serves

@@ -201,3 +201,18 @@ def test_a_domain_holds_no_more_than_its_capacity():
     assert plan.availability >= 0.99
     full = plan_mix(4, 0.99, [ZoneMarket("a", 0.05, SPOT, capacity=1)], OD)
     assert full.spot <= 1 and full.on_demand >= 3, "what spot cannot hold goes on demand"
+
+
+def test_across_regions_the_plan_survives_losing_the_region_holding_the_most():
+    # a cheap, steady zone would take all 4 (P = 0.98 >= 0.98): but its region can go in one minute
+    markets = [ZoneMarket("east-a", 0.0, 1.0, group="east"), ZoneMarket("east-b", 0.0, 1.2, group="east"),
+               ZoneMarket("west-a", 0.0, 1.5, group="west")]
+    alone = plan_mix(4, 0.98, markets, OD)
+    assert set(alone.spot_per_zone) <= {"east-a", "east-b"}, "without the hedge one region holds every replica"
+    hedged = plan_mix(4, 0.98, markets, OD, survive_group_loss=True)
+    east = sum(c for z, c in hedged.spot_per_zone.items() if z.startswith("east"))
+    west = hedged.spot_per_zone.get("west-a", 0)
+    assert min(east, west) + hedged.on_demand >= 4, "either region can go and the target still holds"
+    # one region only: nothing to hedge across, the plan is the independent-domain one
+    one = [ZoneMarket(z.zone, z.preemption_rate, z.spot_price, group="east") for z in markets[:2]]
+    assert plan_mix(4, 0.98, one, OD, survive_group_loss=True) == plan_mix(4, 0.98, one, OD)

@@ -25,7 +25,9 @@ over the ``k`` domains available now with the lowest expected cost per available
 (``price / (1 - p)``), at most a domain's launchable ``capacity`` in each, and keeps ``b``
 on-demand replicas as a base, such that P(Ready replicas >= target) >= the availability target
 at the lowest hourly cost. Over-provisioning (``S > target - b``) buys availability with cheap
-spot replicas instead of expensive on-demand ones.
+spot replicas instead of expensive on-demand ones. Domains of one region are often lost in the
+same minute: across regions, ``survive_group_loss`` keeps the target without the region holding
+the most.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class ZoneMarket:
     spot_price: float  # per replica-hour
     available: bool = True  # spot capacity obtainable right now (not preempted)
     capacity: int | None = None  # spot replicas the domain can hold now (launch counts); None: no limit known
+    group: str | None = None  # domains that tend to fail together (a region's zones); None: its own
 
 
 @dataclass(frozen=True)
@@ -80,11 +83,16 @@ def plan_mix(
     on_demand_price: float,
     max_overprovision: int | None = None,
     min_preemption_rate: float = MIN_PREEMPTION_RATE,
+    survive_group_loss: bool = False,
 ) -> MixPlan:
     """Cheapest (spot per zone, on-demand base) meeting ``availability_target`` for ``target`` replicas.
 
     ``max_overprovision`` bounds the extra spot replicas (default: ``target``, i.e. at most 2x);
     ``min_preemption_rate`` is the rate a zone with no recent preemption is given.
+    ``survive_group_loss``: when the plan spans several groups (regions), spot counts only up to
+    what is left after losing the group holding the most, whatever the independent-domain
+    probabilities say: zones of one region are often lost in the same minute, and a replacement
+    takes longer to start than the notice lasts.
     All on-demand (availability 1) is always a candidate, so a plan always exists.
     """
     if target < 0:
@@ -97,6 +105,7 @@ def plan_mix(
     best = MixPlan(target, {}, target, 1.0, target * on_demand_price)
     rated = [(z, min(1.0, max(min_preemption_rate, z.preemption_rate))) for z in zones if z.available]
     usable = sorted(rated, key=lambda zr: (_cost_per_available(zr[0].spot_price, zr[1]), zr[1], zr[0].zone))
+    hedge_groups = survive_group_loss and len({z.group or z.zone for z, _ in usable}) > 1
     for k in range(1, len(usable) + 1):
         chosen = [z for z, _ in usable[:k]]
         rates = [r for _, r in usable[:k]]
@@ -108,6 +117,8 @@ def plan_mix(
             survival = _survival(list(zip(counts, rates)))
             # largest q with P(X >= q) >= availability_target: spot covers q, on-demand the rest
             covered = max((q for q, p in enumerate(survival) if p >= availability_target - 1e-12), default=0)
+            if hedge_groups:
+                covered = min(covered, _left_after_group_loss(counts, chosen))
             base = max(0, target - covered)
             availability = survival[target - base] if target - base < len(survival) else 0.0
             cost = base * on_demand_price + sum(c * z.spot_price for c, z in zip(counts, chosen))
@@ -233,6 +244,15 @@ def _spread(total: int, caps: list[int | None]) -> list[int] | None:
             return None
         counts[i] += 1
     return counts
+
+
+def _left_after_group_loss(counts: list[int], zones: list[ZoneMarket]) -> int:
+    """Spot replicas left when the group holding the most of them is lost."""
+    per_group: dict[str, int] = {}
+    for count, zone in zip(counts, zones):
+        key = zone.group or zone.zone
+        per_group[key] = per_group.get(key, 0) + count
+    return sum(counts) - max(per_group.values())
 
 
 def _survival(zones: list[tuple[int, float]]) -> list[float]:
