@@ -54,6 +54,7 @@ from activities.clients.s3 import (
 from activities.clients.shadow import ShadowPairsClient
 from activities.clients.vllm import VllmClient
 from workflows import naming, telemetry
+from workflows.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
 from workflows.naming import DeploymentRef
 from workflows.rollout import activities as contract
 from workflows.rollout.activities import (
@@ -124,11 +125,15 @@ class RolloutActivities(contract.RolloutActivities):
         weights_buckets: Collection[str] | None = None,
         shadow: ShadowPairsClient | None = None,
         image_prefixes: Collection[str] | None = None,
+        max_replicas: int = MAX_REPLICAS,
+        max_gpus_per_replica: int = MAX_GPUS_PER_REPLICA,
     ) -> None:
         """``weights_buckets``: the buckets weights may be staged from (None: any); ``shadow``: where
         mirrored answers are recorded (None: the shadow gate cannot run); ``image_prefixes``: the
         registries/repositories serving images may come from (None: any)."""
         self.image_prefixes = image_prefixes
+        self.max_replicas = max_replicas  # the cluster's maxima (TIDEPLANE_MAX_REPLICAS, ..._GPUS_PER_REPLICA)
+        self.max_gpus_per_replica = max_gpus_per_replica
         self.shadow = shadow or ShadowPairsClient(None)
         self.weights_buckets = weights_buckets
         self.kube = kube
@@ -265,6 +270,7 @@ class RolloutActivities(contract.RolloutActivities):
                 non_retryable=True,
             )
         self._require_allowed_image(req.image)
+        self._require_within_cluster(req.replicas, req.gpus_per_replica)
         self.kube.require_namespace(req.deployment.namespace)
         self._claim_route(req.deployment, req.owner)
         self._create_or_replace_deployment(deployment_manifest(req, self.pods))
@@ -284,6 +290,7 @@ class RolloutActivities(contract.RolloutActivities):
     @activity.defn(name=SCALE_VERSION)
     def scale_version(self, req: ScaleVersionInput) -> None:
         """Set one version's replicas through the Deployment's scale subresource."""
+        self._require_within_cluster(req.replicas)
         self.kube.require_namespace(req.deployment.namespace)
         name = req.deployment.versioned(req.version)
         try:
@@ -398,6 +405,17 @@ class RolloutActivities(contract.RolloutActivities):
         if gateway_ns and gateway_ns != namespace:
             ref["namespace"] = gateway_ns
         return ref
+
+    def _require_within_cluster(self, replicas: int, gpus_per_replica: int = 0) -> None:
+        """Refuse, naming the field and the setting, what the cluster was configured never to run."""
+        for field, value, limit, setting in (
+            ("replicas", replicas, self.max_replicas, "TIDEPLANE_MAX_REPLICAS"),
+            ("gpus_per_replica", gpus_per_replica, self.max_gpus_per_replica, "TIDEPLANE_MAX_GPUS_PER_REPLICA"),
+        ):
+            if value > limit:
+                raise ApplicationError(
+                    f"{field}: {value} exceeds the cluster's maximum {limit} ({setting})", type="OverClusterMaximum", non_retryable=True
+                )
 
     def _claim_route(self, ref: DeploymentRef, owner: str | None, release: bool = False) -> None:
         """One rollout per deployment, whatever its workflow ID: the HTTPRoute carries its owner's ID

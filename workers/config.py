@@ -17,6 +17,8 @@ from typing import Annotated
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from workflows.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
+
 
 def _env(name: str, *fallbacks: str) -> AliasChoices:
     return AliasChoices(f"TIDEPLANE_{name}", *fallbacks)
@@ -69,6 +71,11 @@ class Settings(BaseSettings):
     image_prefixes: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["docker.io/vllm/vllm-openai"], validation_alias=_env("IMAGE_PREFIXES")
     )
+
+    # The most replicas of one version and GPUs per replica this cluster runs: a rollout or a
+    # scaling decision above them is refused (non-retryable, naming the field and the setting).
+    max_replicas: int = Field(MAX_REPLICAS, ge=1, le=MAX_REPLICAS, validation_alias=_env("MAX_REPLICAS"))
+    max_gpus_per_replica: int = Field(8, ge=0, le=MAX_GPUS_PER_REPLICA, validation_alias=_env("MAX_GPUS_PER_REPLICA"))
 
     # Prometheus
     prometheus_url: str = Field("http://127.0.0.1:9090", validation_alias=_env("PROMETHEUS_URL", "PROMETHEUS_URL"))

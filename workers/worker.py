@@ -84,6 +84,7 @@ def build_activities(config: Settings) -> list[Callable]:
     rollout = RolloutActivities(
         kube, s3, prometheus, VllmClient(), pods, config.gateway, config.service_url_template, config.weights_buckets,
         ShadowPairsClient(config.shadow_pairs_url), image_prefixes=config.image_prefixes,
+        max_replicas=config.max_replicas, max_gpus_per_replica=config.max_gpus_per_replica,
     )
     registry = RegistryActivities(s3, kube, config.weights_bucket, config.weights_buckets)
     cost = CostActivities(prometheus)

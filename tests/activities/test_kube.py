@@ -387,3 +387,23 @@ def test_one_scaling_loop_owns_the_deployment_it_scales(rollout):
     assert err.value.non_retryable
     held = rollout.kube.apps.read_namespaced_deployment("looped-v1-0-0", NS).metadata.annotations
     assert held[naming.ANNOTATION_OWNER] == "scaling/llm-serving/looped"
+
+
+def test_replicas_and_gpus_past_the_clusters_maximum_are_refused(rollout):
+    """Issue 20 defect 5: 2,147,483,648 replicas were accepted. The worker's configured maxima
+    (TIDEPLANE_MAX_REPLICAS, TIDEPLANE_MAX_GPUS_PER_REPLICA) bound what it ever asks the cluster for."""
+    import copy
+
+    limited = copy.copy(rollout)
+    limited.max_replicas, limited.max_gpus_per_replica = 4, 2
+    ref = _ref("capped")
+    for call, match in (
+        (lambda: _run(limited.ensure_version, _version("capped", "1.0.0", replicas=5)), r"replicas: 5 exceeds the cluster's maximum 4 \(TIDEPLANE_MAX_REPLICAS\)"),
+        (lambda: _run(limited.ensure_version, _version("capped", "1.0.0", gpus=3)), r"gpus_per_replica: 3 exceeds the cluster's maximum 2 \(TIDEPLANE_MAX_GPUS_PER_REPLICA\)"),
+        (lambda: _run(limited.scale_version, ScaleVersionInput(deployment=ref, version="1.0.0", replicas=5)), "replicas: 5 exceeds"),
+    ):
+        with pytest.raises(ApplicationError, match=match) as err:
+            call()
+        assert err.value.non_retryable
+    assert not rollout.kube.apps.list_namespaced_deployment(NS, label_selector=f"{naming.LABEL_APP}=capped").items
+    _run(limited.ensure_version, _version("capped", "1.0.0", replicas=4, gpus=1))
