@@ -719,6 +719,27 @@ async def test_another_model_replaces_the_stable_only_when_asked(client):
     assert result.outcome is Outcome.PROMOTED
 
 
+async def test_a_deployment_owned_by_another_rollout_fails_at_once_without_rollback(client):
+    """Issue 20: a second rollout under another workflow ID ran beside the first. ensure_version
+    claims the route for this workflow's ID; refused, the run fails at once, naming the owner,
+    and touches nothing (no rollback of what another rollout owns)."""
+
+    async def owned(fleet: Fleet, name: str, arg: Any) -> bool:
+        if name == ENSURE_VERSION:
+            assert arg.owner == fleet.workflow_id
+            raise ApplicationError(
+                "HTTPRoute llm-serving/chat is owned by rollout/other (tideplane.io/owner)", type="DeploymentOwned", non_retryable=True
+            )
+        return False
+
+    fleet = Fleet(client, hook=owned)
+    with pytest.raises(WorkflowFailureError) as info:
+        await run_rollout(fleet, rollout_input())
+    message = str(info.value.cause)
+    assert "ensure_version failed before any cluster change" in message and "owned by rollout/other" in message
+    assert fleet.names() == [STAGE_WEIGHTS, DESCRIBE_DEPLOYMENT, ENSURE_VERSION]
+
+
 async def test_checksum_mismatch_fails_before_any_cluster_change(client):
     fleet = Fleet(client, checksum_ok=False)
     with pytest.raises(WorkflowFailureError) as info:
