@@ -51,7 +51,6 @@ with workflow.unsafe.imports_passed_through():
         SetRegistryStatusInput,
     )
     from workflows.rollout.activities import (
-        DEPLOYMENT_OWNED,
         Benchmark,
         EnsureVersionInput,
         GateQueriesInput,
@@ -146,11 +145,6 @@ async def _shielded(cleanup: Coroutine[Any, Any, RolloutResult]) -> RolloutResul
         raise
 
 
-def _owned_elsewhere(err: ActivityError) -> bool:
-    """Another rollout owns the deployment: nothing of ours is in the cluster to roll back."""
-    return isinstance(err.cause, ApplicationError) and err.cause.type == DEPLOYMENT_OWNED
-
-
 async def _stop(task: asyncio.Future) -> None:
     """Cancel an activity and wait until it stopped (or was abandoned)."""
     task.cancel()
@@ -197,6 +191,7 @@ class ModelRollout:
         self._mirror: RouteMirror | None = None  # set once the shadow comparison starts
         self._shadow_after = 0  # last mirrored pair read
         self._shadow_pairs: list[ShadowPair] = []  # the current window's pairs
+        self._shadow_passed = False  # some window's comparison passed
 
     @workflow.run
     async def run(self, input: RolloutInput) -> RolloutResult:
@@ -223,7 +218,7 @@ class ModelRollout:
         except _RollBack as failed:
             back = self._roll_back(Outcome.ROLLED_BACK, failed.reason, failed.verdict)
         except ActivityError as err:
-            if not self._cluster_changed or _owned_elsewhere(err):
+            if not self._cluster_changed:
                 raise ApplicationError(
                     f"{err.activity_type} failed before any cluster change: {cause(err)}",
                     type="RolloutFailed",
@@ -302,7 +297,7 @@ class ModelRollout:
         self._set_stage(Stage.STAGING)
         self._staged = await self._act(
             RolloutActivities.stage_weights,
-            StageWeightsInput(model=inp.model, version=inp.version, files=files, image=inp.image),
+            StageWeightsInput(model=inp.model, version=inp.version, files=files),
             summary=f"stage {len(files)} weight file(s) of {inp.model} {inp.version} from S3, verifying SHA-256",
             schedule_to_close=inp.deadlines.stage_weights_seconds,
             heartbeat=60,
@@ -346,7 +341,6 @@ class ModelRollout:
                 args=inp.args,
                 env=inp.env,
                 priority_class=inp.priority_class,
-                owner=workflow.info().workflow_id,
             ),
             summary=f"start {inp.version} beside {self._stable.version if self._stable else 'nothing'}: {first} replica(s)",
             interruptible=False,
@@ -381,7 +375,7 @@ class ModelRollout:
         await self._checkpoint()
 
         if self._stable is None:
-            await self._route({inp.version: 100}, f"first deploy: route 100 % to {inp.version}", release=True)
+            await self._route({inp.version: 100}, f"first deploy: route 100 % to {inp.version}")
             self._set_stage(Stage.PROMOTED)
             await self._registry_status(Stable(since=workflow.now()), "first deploy")
             return self._result(Outcome.PROMOTED, "first deploy: no stable version, promoted after warm-up")
@@ -394,6 +388,7 @@ class ModelRollout:
             self._show()
             await self._shift(step.weight)
             await self._observe(step.weight, step.window_seconds)
+        await self._shadow_before_promotion()
         return await self._promote_new()
 
     async def _weight_files(self) -> list[WeightFile]:
@@ -551,7 +546,7 @@ class ModelRollout:
             except ActivityError as err:
                 raise _RollBack(f"new version not Ready at full size: {cause(err)}") from err
         await self._checkpoint()
-        await self._route({stable.version: 0, inp.version: 100}, f"promote: route 100 % to {inp.version}", release=True)
+        await self._route({stable.version: 0, inp.version: 100}, f"promote: route 100 % to {inp.version}")
         self._set_stage(Stage.PROMOTED)
         await self._registry_status(Stable(since=workflow.now()), f"promoted over {stable.version}")
         await workflow.sleep(inp.scale_down_delay_seconds, summary=f"keep {stable.version} warm before scaling it down")
@@ -574,7 +569,6 @@ class ModelRollout:
                     {self._stable.version: 100, inp.version: 0},
                     f"roll back: route 100 % to {self._stable.version}",
                     _BACK,
-                    release=True,
                 )
                 if verdict is not None:
                     reverted = (workflow.now() - verdict.at).total_seconds()
@@ -682,7 +676,19 @@ class ModelRollout:
             examples = "; ".join(describe_pair(p) for p in verdict.examples)
             raise _RollBack(f"shadow comparison failed at {weight} %: {'; '.join(verdict.failed)}; e.g. {examples}")
         if verdict.verdict == "pass":
+            self._shadow_passed = True
             self._shadow_pairs = []  # the next window is judged on its own pairs
+
+    async def _shadow_before_promotion(self) -> None:
+        """Never promote on no shadow evidence: if the comparison never passed (too few mirrored
+        pairs in every window), pause for a human — resume promotes without it, abort rolls back.
+        A full promote by an operator has decided already."""
+        if self._mirror is None or self._shadow_passed or (self._promote is not None and self._promote.full):
+            return
+        seen = self._shadow.describe() if self._shadow else "no mirrored pairs read"
+        self._paused = True
+        self._pause_reason = f"shadow comparison never conclusive before promotion ({seen}); resume promotes without it"
+        await self._checkpoint()
 
     def _mirror_for(self, weights: dict[str, int]) -> RouteMirror | None:
         """Mirror only while the new version is a canary: not once promoted, never on the way back."""
@@ -772,20 +778,10 @@ class ModelRollout:
             raise _Abort(self._abort_reason or "aborted")
         return task.result()
 
-    async def _route(
-        self, weights: dict[str, int], summary: str, retry: RetryPolicy = _FORWARD, release: bool = False
-    ) -> None:
-        """Set the route's weights as the route's owner (this workflow); ``release``: its last change."""
+    async def _route(self, weights: dict[str, int], summary: str, retry: RetryPolicy = _FORWARD) -> None:
         await self._act(
             RolloutActivities.set_route_weights,
-            RouteWeightsInput(
-                deployment=self._ref,
-                weights=weights,
-                port=self._in.port,
-                mirror=self._mirror_for(weights),
-                owner=workflow.info().workflow_id,
-                release=release,
-            ),
+            RouteWeightsInput(deployment=self._ref, weights=weights, port=self._in.port, mirror=self._mirror_for(weights)),
             summary=summary,
             retry=retry,
             interruptible=False,
