@@ -116,7 +116,12 @@ async def start_rollout(env: WorkflowEnvironment, model: str, version: str) -> s
             SearchAttributePair(search_attributes.MODEL, model), SearchAttributePair(search_attributes.VERSION, version),
         ]),
     )
-    return workflow_id
+    # Visibility records a start asynchronously (milliseconds, longer on a busy machine): wait for it.
+    for _ in range(100):
+        if [w async for w in env.client.list_workflows(f'WorkflowId = "{workflow_id}" AND ExecutionStatus = "Running"')]:
+            return workflow_id
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{workflow_id} never listed as running")
 
 
 @pytest.fixture
