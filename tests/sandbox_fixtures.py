@@ -1,8 +1,8 @@
 """The whole sandbox (Temporal, moto, Kubernetes API emulator, cloud, fleet simulator, Prometheus)
 on free ports, once per test session.
 
-Use ``sandbox`` for URLs and paths, ``sandbox_env`` to also point ``workers.config.settings()``
-(and boto3) at it for one test.
+Use ``sandbox`` for URLs and paths, ``sandbox_env`` to also point this test's environment (boto3,
+the temporal CLI, ``load_settings()``) at it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from infra.sandbox.kubeclient import api_client
 from infra.sandbox.launcher import Ports, Sandbox, SandboxError
 from infra.sandbox.worker_identity import WORKER_NAMESPACE
 from infra.sandbox.worker_identity import enable_serving_namespace
-from workers.config import settings
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, versioned_name
 
 # Fast enough for tests: a replica is Ready 1 s (real) after it is scheduled, a new node joins in ~4 s.
@@ -103,12 +102,10 @@ def sandbox(tmp_path_factory):
 
 @pytest.fixture
 def sandbox_env(sandbox, monkeypatch):
-    """The sandbox, with this test's environment (and settings()) pointing at it."""
+    """The sandbox, with this test's environment pointing at it."""
     for key, value in sandbox.env.items():
         monkeypatch.setenv(key, value)
-    settings.cache_clear()
-    yield sandbox
-    settings.cache_clear()
+    return sandbox
 
 
 async def wait_for(predicate, timeout: float, what: str, interval: float = 0.3):

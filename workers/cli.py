@@ -19,7 +19,7 @@ from typing import NoReturn
 import temporalio.runtime
 
 from workers.codec_server import add_codec_server_command
-from workers.config import SettingsError
+from workers.config import SettingsError, load_settings
 from workers.cost_cli import add_cost_commands
 from workers.registry_cli import add_registry_commands
 from workers.schedules import add_schedules_commands
@@ -184,12 +184,13 @@ def _dispatch(args: argparse.Namespace, unknown: list[str]) -> int:
             return _with_sandbox(args)
         if args.command == "bench":
             return _bench(unknown + args.bench_args)  # `bench -h` leaves -h in unknown
+        config = load_settings()  # once, passed down: nothing reads settings from a global
         if args.command == "worker":
             from workers.worker import run_worker
 
-            asyncio.run(run_worker())
+            asyncio.run(run_worker(config))
             return 0
-        return args.func(args)
+        return args.func(args, config)
     except SettingsError as exc:
         print(f"tideplane: {exc}", file=sys.stderr)
         return 2

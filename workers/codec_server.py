@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError
 from temporalio.api.common.v1 import Payloads
 
 from workers.codec import AesGcmCodec, PayloadDecryptionError, codec_from_keys
-from workers.config import Settings, SettingsError, load_settings
+from workers.config import Settings, SettingsError
 
 log = logging.getLogger("tideplane.codec")
 
@@ -106,8 +106,8 @@ def serve(config: Settings, host: str, port: int, allowed_origins: list[str]) ->
     return CodecServer((host, port), codec, allowed_origins)
 
 
-def cmd_codec_server(args: argparse.Namespace) -> int:
-    server = serve(load_settings(), args.host, args.port, args.allow_origin or [UI_ORIGIN])
+def cmd_codec_server(args: argparse.Namespace, config: Settings) -> int:
+    server = serve(config, args.host, args.port, args.allow_origin or [UI_ORIGIN])
     print(f"codec server on http://{args.host}:{server.server_port} (temporal --codec-endpoint; web UI origins: "
           f"{', '.join(sorted(server.allowed_origins))})", file=sys.stderr, flush=True)
     try:

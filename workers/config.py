@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -197,9 +196,3 @@ def load_settings() -> Settings:
                 name = f"TIDEPLANE_{name.upper()}"
             problems.append(f"{name}: {err['msg']}")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from None
-
-
-@functools.cache
-def settings() -> Settings:
-    """The process-wide settings (activities call this; tests set the environment first)."""
-    return load_settings()

@@ -5,7 +5,7 @@ this runs one now (a worker must be polling) and prints the Markdown, or with ``
 the last completed run's (the daily schedule's or anyone's) without running anything.
 
 workers/cli.py wires it in with ``add_cost_commands(subparsers)``; the subcommand sets
-``func(args, settings=None) -> int`` (settings read from the environment once when not given).
+``func(args, settings) -> int``: the CLI builds the Settings once and passes them.
 ``python -m workers.cost_cli cost report`` runs it on its own.
 """
 
@@ -45,8 +45,7 @@ async def latest_report(client: Client) -> CostReportResult | None:
     return None
 
 
-def cmd_report(args, settings: Settings | None = None) -> int:
-    config = settings or load_settings()
+def cmd_report(args, config: Settings) -> int:
 
     async def run() -> CostReportResult | None:
         client = await connect(config)
@@ -89,7 +88,7 @@ def main(argv: list[str] | None = None, settings: Settings | None = None) -> int
     parser = argparse.ArgumentParser(prog="tideplane")
     add_cost_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args, settings)
+    return args.func(args, settings or load_settings())
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from infra.sandbox.launcher import Sandbox
 from infra.sandbox.worker_identity import enable_serving_namespace
 from workers import golden_cli, registry_cli
 from workers.client import connect
-from workers.config import settings
+from workers.config import Settings, load_settings
 from workflows.naming import (
     GPU_RESOURCE,
     NODE_CAPACITY_TYPE,
@@ -155,8 +155,8 @@ def _outcome(result: RolloutResult) -> str:
     return text
 
 
-async def _rollouts(sandbox: Sandbox) -> None:
-    client = await connect(settings())
+async def _rollouts(sandbox: Sandbox, config: Settings) -> None:
+    client = await connect(config)
     for version, _, what in RELEASES:
         print(f"\nRolling out {DEMO_MODEL} {version} ({what}) to {DEMO_DEPLOYMENT}")
         _start_with_cli(sandbox, version)
@@ -181,8 +181,8 @@ def story(sandbox: Sandbox) -> None:
     """The headline: five rollouts of one deployment: a first deploy, a good release, then three
     stopped by their gates: errors (at 1 %), a wrong must-pass answer (at warm-up, no traffic) and
     drifting answers (at 1 %, by the shadow comparison)."""
-    os.environ.update(sandbox.env())
-    settings.cache_clear()
+    os.environ.update(sandbox.env())  # for the temporal CLI and boto3 the story runs too
+    config = load_settings()
     api = api_client(sandbox.urls()["kubeapi"])
     core = client.CoreV1Api(api)
     nodes = raw(core.list_node(_preload_content=False))["items"]
@@ -194,7 +194,7 @@ def story(sandbox: Sandbox) -> None:
 
     namespace, _ = split_deployment(DEMO_DEPLOYMENT)
     _fresh_namespace(core, namespace)
-    registry = registry_cli.open_registry(settings())
+    registry = registry_cli.open_registry(config)
     print(f"\nRegistering {DEMO_MODEL} {', '.join(v for v, _, _ in RELEASES)} in the model registry (S3) and declaring how each behaves")
     for version, profile, _ in RELEASES:
         registry.register(DEMO_MODEL, version, str(_weights(sandbox, version)), image=DEMO_IMAGE)
@@ -202,10 +202,10 @@ def story(sandbox: Sandbox) -> None:
     print(f"$ tideplane registry golden set {DEMO_MODEL} {GOLDEN_SET.relative_to(GOLDEN_SET.parents[2])}")
     print(f"  {golden_cli.store_golden(registry, DEMO_MODEL, str(GOLDEN_SET))}")
     set_demand(api, DEMO_DEPLOYMENT, Demand(rps=DEMO_RPS))
-    asyncio.run(_rollouts(sandbox))
+    asyncio.run(_rollouts(sandbox, config))
 
     print(f"\nThe registry now says:\n$ tideplane registry list {DEMO_MODEL}")
-    registry_cli.main(["registry", "list", DEMO_MODEL])
+    registry_cli.main(["registry", "list", DEMO_MODEL], config)
     print(f"\nkubectl --kubeconfig {sandbox.kubeconfig} get deploy,pods -n {namespace}   # what is left in the cluster")
     print(f"temporal workflow show --workflow-id {rollout_workflow_id(DEMO_DEPLOYMENT)}   # the last rollout's history")
 

@@ -1,7 +1,7 @@
 """``tideplane registry ...``: register, list, show, deprecate, run or schedule retention.
 
 workers/cli.py wires these in with ``add_registry_commands(subparsers)``; every subcommand sets
-``func(args, settings=None) -> int`` (settings read from the environment once when not given).
+``func(args, settings) -> int``: the CLI builds the Settings once and passes them.
 ``python -m workers.registry_cli ...`` runs them on their own. The registry itself is
 ``activities.registry.Registry``, the same store the worker's activities use.
 """
@@ -170,12 +170,11 @@ def cmd_retention(args, settings: Settings) -> int:
 
 
 def _guard(func):
-    """Settings read once (unless given); registry errors (unknown version, checksum mismatch...)
-    exit 1 with the message."""
+    """Registry errors (unknown version, checksum mismatch...) exit 1 with the message."""
 
-    def run(args, settings: Settings | None = None) -> int:
+    def run(args, settings: Settings) -> int:
         try:
-            return func(args, settings or load_settings())
+            return func(args, settings)
         except RegistryError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -227,7 +226,7 @@ def main(argv: list[str] | None = None, settings: Settings | None = None) -> int
     parser = argparse.ArgumentParser(prog="tideplane")
     add_registry_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args, settings)
+    return args.func(args, settings or load_settings())
 
 
 if __name__ == "__main__":

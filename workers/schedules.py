@@ -9,7 +9,7 @@ declares rides in the action's memo), and tideplane's schedules the file does no
 deleted. ``tideplane schedules delete DEPLOYMENT`` removes one deployment's.
 
 workers/cli.py wires these in with ``add_schedules_commands(subparsers)``; each subcommand sets
-``func(args, settings=None) -> int`` (settings read from the environment once when not given).
+``func(args, settings) -> int``: the CLI builds the Settings once and passes them.
 ``python -m workers.schedules ...`` runs them on their own.
 """
 
@@ -231,13 +231,12 @@ async def describe_all(client: Client) -> list[dict]:
     return rows
 
 
-def cmd_apply(args, settings: Settings | None = None) -> int:
+def cmd_apply(args, config: Settings) -> int:
     try:
         file = load_schedule_file(args.file)
     except ScheduleFileError as exc:
         print(f"tideplane: {exc}", file=sys.stderr)
         return 2
-    config = settings or load_settings()
 
     async def run():
         return await apply(await connect(config), file, config.task_queue)
@@ -247,8 +246,7 @@ def cmd_apply(args, settings: Settings | None = None) -> int:
     return 0
 
 
-def cmd_list(args, settings: Settings | None = None) -> int:
-    config = settings or load_settings()
+def cmd_list(args, config: Settings) -> int:
 
     async def run():
         return await describe_all(await connect(config))
@@ -263,13 +261,12 @@ def cmd_list(args, settings: Settings | None = None) -> int:
     return 0
 
 
-def cmd_delete(args, settings: Settings | None = None) -> int:
+def cmd_delete(args, config: Settings) -> int:
     try:
         naming.split_deployment(args.deployment)
     except ValueError as exc:
         print(f"tideplane: {exc}", file=sys.stderr)
         return 2
-    config = settings or load_settings()
 
     async def run():
         return await delete_deployment(await connect(config), args.deployment)
@@ -301,7 +298,7 @@ def main(argv: list[str] | None = None, settings: Settings | None = None) -> int
     parser = argparse.ArgumentParser(prog="tideplane")
     add_schedules_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args, settings)
+    return args.func(args, settings or load_settings())
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The tideplane Temporal worker: every workflow and activity, on task queue ``settings().task_queue``.
+"""The tideplane Temporal worker: every workflow and activity, on the task queue its Settings name.
 
 Activities are mostly synchronous (kubernetes, boto3 and prometheus-api-client are blocking
 clients), so they run on a thread pool. SIGTERM or SIGINT stops polling, lets running activities
@@ -35,7 +35,7 @@ from activities.scaling import NodePoolActivities, ScalingActivities
 from activities.spot import SpotActivities, SpotWorkflowStarts
 from workers import telemetry
 from workers.client import connect
-from workers.config import Settings, settings
+from workers.config import Settings
 from workflows.spot.reclaim import SpotReclaim
 from workflows.spot.return_to_spot import ReturnToSpot
 from workflows.spot.watcher import SpotInterruptionWatcher
@@ -138,9 +138,8 @@ MAX_CONCURRENT_ACTIVITIES = 32
 SHUTDOWN_GRACE = timedelta(seconds=30)  # running activities get this long to finish on SIGTERM
 
 
-async def run_worker(stop: asyncio.Event | None = None) -> None:
+async def run_worker(config: Settings, stop: asyncio.Event | None = None) -> None:
     """Poll until ``stop`` is set (or SIGTERM/SIGINT arrives), then shut down gracefully."""
-    config = settings()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
