@@ -1,6 +1,6 @@
 """infra/k8s renders offline, runs the worker safely, and grants exactly the API calls the code makes.
 
-The RBAC check reads activities/*.py: every attribute named like a method of the official
+The RBAC check reads every module under activities/ (activities/clients/ included): every attribute named like a method of the official
 kubernetes client's API classes is a call the worker makes (custom-object calls are resolved to
 their group and plural from the arguments). METHOD_RBAC maps each to what it needs; a call
 missing from the table, a call not granted, or a grant no call needs fails the test.
