@@ -138,9 +138,10 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
     window: deque = deque(maxlen=max(1, round(cfg.rate_window_s / scrape)))
     ready = policy.initial()  # a fleet that exists at t=0 is already warm
     booting: deque[float] = deque()  # ready-at times, oldest first
-    signals = Signals(error="no scrape yet")
+    last: Scrape | None = None
     replicas_out, ready_out, minute_hist, minute_exact = [], [], [], []
     minute_points: list[tuple[float, float]] = []
+    minute_buckets = [0.0] * (len(TTFT_BUCKETS) + 1)
     all_buckets = [0.0] * (len(TTFT_BUCKETS) + 1)
     all_points: list[tuple[float, float]] = []
     events = preemptions = 0
@@ -153,6 +154,7 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
             ready += 1
         if i and i % decide_every == 0:
             current = ready + len(booting)
+            signals = signals_of(window, last) if last is not None else Signals(error="no scrape yet")
             want = max(0, policy.desired(now, current, ready, signals))
             events += want != current
             while want > ready + len(booting):
@@ -168,14 +170,15 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
         ready_out.append(ready)
         counts = bucket_counts(TTFT_BUCKETS, out.ttft)
         window.append(counts)
-        signals = signals_of(window, out)
+        last = out
         minute_points.extend(out.ttft)
-        all_buckets = [a + b for a, b in zip(all_buckets, counts)]
+        minute_buckets = [a + b for a, b in zip(minute_buckets, counts)]
         if (i + 1) % per_minute == 0 or i == steps - 1:
-            minute_hist.append(histogram_quantile(0.99, TTFT_BUCKETS, bucket_counts(TTFT_BUCKETS, minute_points)))
+            minute_hist.append(histogram_quantile(0.99, TTFT_BUCKETS, minute_buckets))
             minute_exact.append(exact_quantile(minute_points, 0.99))
             all_points.extend(_tail(minute_points))
-            minute_points = []
+            all_buckets = [a + b for a, b in zip(all_buckets, minute_buckets)]
+            minute_points, minute_buckets = [], [0.0] * (len(TTFT_BUCKETS) + 1)
     return Result(
         policy=policy.name, mode=mode, scrape_s=scrape, gpus_per_replica=engine.gpus, arrivals=list(arrivals),
         replicas=replicas_out, ready=ready_out, minute_p99_hist=minute_hist, minute_p99_exact=minute_exact,
@@ -273,7 +276,10 @@ def requests_from_counts(counts: list[float], step_s: float, sizes: SizeMix, see
 
 # Prompt-size quantiles (centre, share of requests) whose TTFTs stand for a step's requests: the
 # body as one point, the top decile finely, since only the tail decides a p99.
-_PROMPT_POINTS = ((0.45, 0.9), *((0.905 + 0.01 * k, 0.01) for k in range(10)))
+# body as one point, the top decile in five, the 1 % that decides a p99 centred on 0.99.
+_PROMPT_POINTS = ((0.45, 0.9), (0.925, 0.05), (0.9625, 0.025), (0.98, 0.01), (0.99, 0.01), (0.9975, 0.005))
+_QUARTILES = (0.25, 0.75)  # where in a step the arrivals standing for it come
+_FIFTHS = (0.1, 0.3, 0.5, 0.7, 0.9)  # where in a burst (its tail decides the p99)
 
 
 @dataclass
@@ -290,14 +296,17 @@ class _Window:
 class Aggregate:
     """Mean-field replicas and a fleet-wide fluid backlog.
 
-    ``counts`` are arrivals per ``base_s`` (1 s: the resolution of the arrival data). A step of
-    ``step_s`` is computed as one when the fleet is far from saturation (no backlog, arrivals under
-    half the capacity: bursts inside it cannot queue), else second by second, so sub-step bursts
-    queue as they would and the answer does not depend on ``step_s``.
+    ``counts`` are arrivals per ``base_s`` (1 s: the resolution of the arrival data). The backlog
+    is kept second by second; the seconds of a ``step_s`` step that cannot queue (no backlog, fewer
+    arrivals than the fleet admits in a second) are merged into one mean-field step, and each
+    second that queues is a step of its own, so bursts queue as they would and the answer hardly
+    depends on ``step_s`` (only on where merged stretches are cut). ``bursts``: the requests of
+    one second arrive together (real timestamps such as Azure's, 67 in one second) rather than
+    spread over it (arrivals drawn from rates).
     """
 
-    def __init__(self, counts: list[float], step_s: float, sizes: SizeMix, engine: Engine, base_s: float = 1.0):
-        self.counts, self.base_s, self.sizes, self.engine = counts, base_s, sizes, engine
+    def __init__(self, counts: list[float], step_s: float, sizes: SizeMix, engine: Engine, base_s: float = 1.0, bursts: bool = False):
+        self.counts, self.base_s, self.sizes, self.engine, self.bursts = counts, base_s, sizes, engine, bursts
         self.per_step = max(1, round(step_s / base_s))
         self.backlog = 0.0
         self.windows: dict[int, _Window] = {}
@@ -338,17 +347,25 @@ class Aggregate:
     def serve(self, t0: float, t1: float, ready: int) -> Scrape:
         acc = [0.0, 0.0, 0.0, 0]  # util, running, kv max, steps
         points: list[tuple[float, float]] = []
-        i, end = round(t0 / self.base_s), round(t1 / self.base_s)
+        counts, base = self.counts, self.base_s
+        i, end = round(t0 / base), round(t1 / base)
         while i < end:
             j = min(end, i + self.per_step)
-            arriving = sum(self.counts[i:j])
-            w = self.window(i * self.base_s)
-            span = (j - i) * self.base_s
-            if self.backlog == 0 and arriving <= 0.5 * ready * w.capacity_rps * span:
-                self._step(arriving, span, ready, w, points, acc)
-            else:
-                for k in range(i, j):
-                    self._step(self.counts[k] if k < len(self.counts) else 0.0, self.base_s, ready, w, points, acc)
+            w = self.window(i * base)
+            quiet = 1.0 if self.bursts else ready * w.capacity_rps * base  # a second this busy cannot queue
+            calm, calm_n = 0.0, 0
+            for k in range(i, j):
+                arriving = counts[k] if k < len(counts) else 0.0
+                if self.backlog == 0 and arriving <= quiet:
+                    calm += arriving
+                    calm_n += 1
+                    continue
+                if calm_n:
+                    self._step(calm, calm_n * base, ready, w, points, acc)
+                    calm, calm_n = 0.0, 0
+                self._step(arriving, base, ready, w, points, acc)
+            if calm_n:
+                self._step(calm, calm_n * base, ready, w, points, acc)
             i = j
         util, running, kv, n = acc
         return Scrape(ttft=points, waiting=self.backlog, running=running / max(1, n), kv_usage_max=kv,
@@ -364,19 +381,24 @@ class Aggregate:
         state = self._state(x, w) or self._state(w.capacity_rps, w)
         tau, in_batch = state if state else (e.overhead_s + e.weight_read_s, 0.0)
         if served > 0:
-            if span <= self.base_s and arriving > 1:
-                # a second's arrivals come in bursts (the Azure trace has 67 in one second): FIFO behind
-                # the backlog and the burst's earlier requests, served at the fleet's admission rate
-                waits = [(before + u * arriving) / rate for u in (0.125, 0.375, 0.625, 0.875)]
+            if self.bursts and span <= self.base_s and arriving > 1:
+                # the second's requests arrive together: FIFO behind the backlog and the burst's
+                # earlier requests, admitted at the fleet's saturated rate
+                waits = [(before + u * arriving) / rate for u in _FIFTHS]
+            elif before or self.backlog:  # spread over the step: one arriving at fraction u waits backlog(u) / rate
+                waits = [max(0.0, before + u * (arriving - rate * span)) / rate for u in _QUARTILES]
             else:
-                waits = [before / rate if before else 0.0]
+                waits = [0.0]
             others = x * tau * (w.prompt_mean + w.output_mean)
             kv_read = x * tau * w.kv_per_request
             share_of_wait = served / len(waits)
+            budget = e.max_num_batched_tokens
             for prompt, share in w.prompts:
-                chunks = max(1, math.ceil(prompt / e.max_num_batched_tokens))
+                chunks = -(-prompt // budget)
                 own = 0.5 * tau + e.step_seconds(others + prompt / chunks, kv_read) * chunks
-                points.extend((wait + own, share_of_wait * share) for wait in waits)
+                weight = share_of_wait * share
+                for wait in waits:
+                    points.append((wait + own, weight))
         busy = 1.0 if self.backlog > 0 else 1 - math.exp(-in_batch)
         acc[0] += dcgm_gpu_util(busy, e.busy_duty) if ready else 0.0
         acc[1] += ready * min(e.max_num_seqs, in_batch)

@@ -79,14 +79,14 @@ def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float
 
 def exact_quantile(values: Iterable[tuple[float, float]], q: float) -> float:
     """Nearest-rank quantile of (value, weight) pairs; NaN when the weights sum to zero."""
-    pairs = sorted(p for p in values if p[1] > 0)
+    pairs = sorted(values)
     total = sum(w for _, w in pairs)
     if total <= 0:
         return math.nan
-    acc = 0.0
+    acc, target = 0.0, q * total - 1e-9
     for value, weight in pairs:
         acc += weight
-        if acc >= q * total - 1e-9:
+        if acc >= target and weight > 0:
             return value
     return pairs[-1][0]
 
@@ -94,8 +94,9 @@ def exact_quantile(values: Iterable[tuple[float, float]], q: float) -> float:
 def bucket_counts(bounds: Sequence[float], values: Iterable[tuple[float, float]]) -> list[float]:
     """Per-bucket counts of (value, weight) pairs, as a histogram of ``bounds`` would count them."""
     counts = [0.0] * (len(bounds) + 1)
+    where = bisect.bisect_left
     for value, weight in values:
-        counts[bisect.bisect_left(bounds, value)] += weight
+        counts[where(bounds, value)] += weight
     return counts
 
 
