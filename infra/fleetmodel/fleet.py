@@ -164,6 +164,9 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
                     booting.pop()  # cancel the newest order first: it is furthest from serving
                 else:
                     ready -= 1
+            while booting and booting[0] <= now:  # zero cold start: serving at once
+                booting.popleft()
+                ready += 1
         out = backend.serve(now, min(now + scrape, duration_s), ready)
         preemptions += out.preemptions
         replicas_out.append(ready + len(booting))
@@ -261,7 +264,7 @@ def requests_from_counts(counts: list[float], step_s: float, sizes: SizeMix, see
     samplers: dict[int, tuple] = {}
     for i, n in enumerate(counts):
         whole = int(n) + (rng.random() < n - int(n))
-        w = int(i * step_s // sizes.window_s) if sizes.window_s < 1e17 else 0
+        w = sizes.index(i * step_s)
         if w not in samplers:
             prompt, output = sizes.at(i * step_s)
             samplers[w] = (prompt.sampler(rng), output.sampler(rng))
@@ -312,7 +315,7 @@ class Aggregate:
         self.windows: dict[int, _Window] = {}
 
     def window(self, t: float) -> _Window:
-        key = int(t // self.sizes.window_s) if self.sizes.window_s < 1e17 else 0
+        key = self.sizes.index(t)
         if key not in self.windows:
             prompt, output = self.sizes.at(t)
             mp, mo = prompt.mean(), output.mean()

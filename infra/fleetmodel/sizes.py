@@ -18,7 +18,7 @@ import json
 import random
 import re
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 MAX_POINTS = 256  # a distribution is kept as at most this many (tokens, probability) points
@@ -86,15 +86,24 @@ class SizeMix:
     source: str
     missing: tuple[str, ...] = ()  # clients without their own distribution (pooled fallback)
     missing_share: float = 0.0  # their share of the requests
+    offset_s: float = 0.0  # trace time of this mix's t = 0 (a slice that starts later)
+
+    def index(self, t_s: float) -> int:
+        """The window holding ``t_s`` (seconds since the slice's start)."""
+        return min(len(self.prompt) - 1, max(0, int((t_s + self.offset_s) // self.window_s)))
 
     def at(self, t_s: float) -> tuple[TokenDist, TokenDist]:
-        i = min(len(self.prompt) - 1, max(0, int(t_s // self.window_s)))
+        i = self.index(t_s)
         return self.prompt[i], self.output[i]
+
+    def from_time(self, offset_s: float) -> SizeMix:
+        """The same mix for a slice of the trace starting ``offset_s`` later."""
+        return replace(self, offset_s=self.offset_s + offset_s)
 
 
 def fixed(prompt_tokens: int, output_tokens: int) -> SizeMix:
     """Every request the same size (a sandbox profile's prompt/output tokens)."""
-    return SizeMix(1e18, (TokenDist(((prompt_tokens, 1.0),)),), (TokenDist(((output_tokens, 1.0),)),), "fixed")
+    return SizeMix(86400.0, (TokenDist(((prompt_tokens, 1.0),)),), (TokenDist(((output_tokens, 1.0),)),), "fixed")
 
 
 def from_requests(requests, window_s: float, source: str) -> SizeMix:

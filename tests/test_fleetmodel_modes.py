@@ -1,0 +1,80 @@
+"""The aggregate mode against the request-level mode, and the answer against the step size."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import traces
+from benchmarks.baselines import HpaPolicy, StaticPolicy
+from infra.fleetmodel.fleet import Aggregate, FleetConfig, RequestLevel, requests_from_counts, simulate
+from infra.fleetmodel.replica import Request
+from infra.fleetmodel.sizes import from_requests, load_servegen_sizes
+
+CFG = FleetConfig()
+HOUR = 3600
+
+
+@pytest.fixture(scope="module")
+def azure():
+    requests = traces.load_azure()
+    return requests, from_requests(requests, 600, "azure")
+
+
+@pytest.fixture(scope="module")
+def servegen():
+    """The first 12 m-large clients, 1 s arrivals (seed 0) and their token mix."""
+    rate = traces.load_servegen("m-large", clients=12)
+    mix = load_servegen_sizes("m-large", traces.SERVEGEN, traces.SERVEGEN_DATASETS, clients=12)
+    return rate.arrivals(1.0, seed=0), mix
+
+
+def _agree(request_level, aggregate):
+    assert aggregate.ttft_p99_exact == pytest.approx(request_level.ttft_p99_exact, rel=0.10)
+    assert abs(aggregate.slo_minutes_percent - request_level.slo_minutes_percent) <= 2.0
+    assert abs(aggregate.slo_minutes_percent_exact - request_level.slo_minutes_percent_exact) <= 2.0
+
+
+def test_modes_agree_on_an_hour_of_azure(azure):
+    """The fleet the hour needs to hold its p99 near the 2 s SLO (3 replicas of 8B on H200)."""
+    requests, mix = azure
+    fleet = StaticPolicy("three", 3)
+    exact = simulate(RequestLevel([Request(r.t_s, r.prompt_tokens, r.output_tokens) for r in requests], CFG.load()), fleet, HOUR, CFG, [], "request")
+    counts = traces.bin_requests(requests, 1.0)
+    fast = simulate(Aggregate(counts, CFG.step_s, mix, CFG.load(), bursts=True), fleet, HOUR, CFG, [], "aggregate")
+    assert 1.0 < exact.ttft_p99_exact < 3.0  # the slice is near the SLO, where the modes must agree
+    _agree(exact, fast)
+
+
+def test_modes_agree_on_an_hour_of_servegen(servegen):
+    counts, mix = servegen
+    noon = 12 * HOUR
+    hour, mix = counts[noon : noon + HOUR], mix.from_time(noon)
+    fleet = StaticPolicy("two", 2)
+    exact = simulate(RequestLevel(requests_from_counts(hour, 1.0, mix, seed=1), CFG.load()), fleet, HOUR, CFG, [], "request")
+    fast = simulate(Aggregate(hour, CFG.step_s, mix, CFG.load()), fleet, HOUR, CFG, [], "aggregate")
+    assert 0.2 < exact.ttft_p99_exact < 2.0
+    _agree(exact, fast)
+
+
+@pytest.mark.parametrize("policy", [lambda: StaticPolicy("two", 2), lambda: HpaPolicy(start=2, target_percent=90)])
+def test_aggregate_results_do_not_depend_on_the_step(servegen, policy):
+    counts, mix = servegen
+    day = counts[: 24 * HOUR]
+    runs = [
+        simulate(Aggregate(day, step, mix, CFG.load()), policy(), len(day), FleetConfig(step_s=step), [], "aggregate")
+        for step in (1.0, 5.0, 15.0)
+    ]
+    base = runs[0]
+    for r in runs[1:]:
+        assert r.ttft_p99_exact == pytest.approx(base.ttft_p99_exact, rel=0.10)
+        assert abs(r.slo_minutes_percent - base.slo_minutes_percent) <= 2.0
+        assert r.gpu_hours == pytest.approx(base.gpu_hours, rel=0.05)
+
+
+def test_servegen_sizes_fall_back_to_the_pool_and_say_which_clients(servegen):
+    _, mix = servegen
+    missing = (traces.TRACES_DIR / "servegen" / "datasets-missing.txt").read_text()
+    assert mix.missing and all(f"/m-large/{client}-dataset.json" in missing for client in mix.missing)
+    assert 0 < mix.missing_share < 1
+    prompt, output = mix.at(12 * HOUR)
+    assert 50 < prompt.mean() < 5000 and 10 < output.mean() < 2000
