@@ -7,6 +7,7 @@ so a new GPU or model is a new entry in the data file, not new code.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,3 +89,34 @@ def measurements(name: str) -> list[dict]:
 
 def engine_names() -> list[str]:
     return sorted(_table()["engines"])
+
+
+def engine_for_service(ttft_s: float, tpot_s: float, prompt_tokens: int, output_tokens: int, capacity_rps: float, memory_gib: float) -> Engine:
+    """An uncalibrated engine with given service figures, for sandbox profiles that state them.
+
+    Idle, a prompt of ``prompt_tokens`` gets its first token after about ``ttft_s`` and each further
+    token takes ``tpot_s``; ``max_num_seqs`` is set so that the replica saturates at
+    ``capacity_rps`` requests of that size: each second then spends ``capacity * prefill`` on
+    prompts, the rest in steps of ``tpot_s``, and Little's law gives the batch that keeps up.
+    """
+    prefill_s = max(0.0, ttft_s - tpot_s)
+    per_token = prefill_s / max(1, prompt_tokens)  # a decode token costs the compute of a prompt token
+    # N in flight keep up when capacity * output = steps/s * N, with steps of tpot + N * per_token
+    # sharing the second with capacity * prefill_s of prompts: N = k tpot / (1 - k per_token)
+    k = capacity_rps * output_tokens / max(0.05, 1 - capacity_rps * prefill_s)
+    in_flight = k * tpot_s / max(0.05, 1 - k * per_token)
+    return Engine(
+        name=f"service(ttft={ttft_s:g}s, tpot={tpot_s:g}s, {capacity_rps:g} req/s)",
+        gpus=1,
+        max_num_seqs=max(1, math.ceil(in_flight)),
+        max_num_batched_tokens=8192,
+        block_size=16,
+        kv_capacity_tokens=10**8,
+        kv_bytes_per_token=0,
+        weight_bytes=memory_gib * GIB,
+        overhead_s=tpot_s,
+        flop_s_per_token=per_token,
+        weight_read_s=0.0,
+        kv_read_s_per_token=0.0,
+        busy_duty=float(_table()["engine_defaults"]["busy_duty"]),
+    )

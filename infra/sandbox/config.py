@@ -50,8 +50,23 @@ class Profile(_Strict):
     tpot_seconds: float = Field(0.025, gt=0)
     output_tokens: int = Field(200, gt=0)
     prompt_tokens: int = Field(500, gt=0)
-    capacity_rps: float = Field(4, gt=0, description="requests/s one replica serves at its SLO")
+    capacity_rps: float = Field(4, gt=0, description="requests/s of prompt_tokens/output_tokens one replica saturates at")
     gpu_memory_gib: float = Field(40, gt=0)
+    engine: str | None = Field(
+        None,
+        description="a calibrated engine of infra/fleetmodel/calibration.yaml (e.g. llama-3.1-8b/H200x1): its step"
+        " times and KV cache replace ttft_seconds, tpot_seconds and capacity_rps",
+    )
+
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, name: str | None) -> str | None:
+        from infra.fleetmodel.engine import engine_names
+
+        if name is not None and name not in engine_names():
+            raise ValueError(f"unknown engine {name!r}; calibrated: {engine_names()}")
+        return name
 
 
 class Demand(_Strict):
