@@ -79,6 +79,8 @@ class Replica:
         self.engine = ModelReplica(engine_of(profile), clock=clock)
         self.success = 0
         self.errors = 0
+        self.prompt_tokens = 0  # of finished requests (vLLM counts per step; per request keeps totals exact)
+        self.generation_tokens = 0
         self.busy_fraction = 0.0  # of the last tick: what DCGM samples
 
     def set_profile(self, profile: Profile) -> None:
@@ -112,14 +114,6 @@ class Replica:
         return self.engine.histograms
 
     @property
-    def prompt_tokens(self) -> int:
-        return self.engine.prompt_tokens
-
-    @property
-    def generation_tokens(self) -> int:
-        return self.engine.generation_tokens
-
-    @property
     def preemptions(self) -> int:
         return self.engine.preemptions
 
@@ -139,6 +133,8 @@ class Replica:
         self.engine.finished = []
         self.engine.first_tokens.clear()
         for request in done:
+            self.prompt_tokens += request.prompt_tokens
+            self.generation_tokens += request.output_tokens
             request.failed = self.rng.random() < self.profile.error_rate
             self.errors += request.failed
             self.success += not request.failed
