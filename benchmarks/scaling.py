@@ -390,10 +390,14 @@ def run(
         work = load_workload(trace, seed, category, clients)
         if days:
             work = work.slice(0, round(days * 86400), f"first {days:g} days")
-        parts = [(work.slice(0, WEEK, "week 1"), True), (work.slice(WEEK, 2 * WEEK, "week 2"), False)] if is_tuning_trace else [(work, False)]
-        for part, in_sample in parts:
-            report = reports.setdefault(part.name, Report(part.name, in_sample, []))
-            report.runs.append(suite(part, cfg, overrides, floors=floors))
+        runs = suite(work, cfg, overrides, floors=floors)
+        # the tuning trace is scored per week (the policies run all 14 days: week 2 starts warm, with history)
+        week_h = WEEK // 3600
+        parts = [("week 1", True, 0, week_h), ("week 2", False, week_h, 2 * week_h)] if is_tuning_trace else [("", False, 0, None)]
+        for label, in_sample, start_h, end_h in parts:
+            name = f"{work.name} {label}".strip()
+            report = reports.setdefault(name, Report(name, in_sample, []))
+            report.runs.append([r.hours(start_h, end_h if end_h is not None else len(r.hour_buckets)) for r in runs])
     out = list(reports.values())
     if out_dir is not None:
         write(out, out_dir, cfg, trace, seeds, overrides, tuning)

@@ -19,11 +19,10 @@ Modes (``Backend``):
 
 from __future__ import annotations
 
-import bisect
 import math
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from infra.fleetmodel.engine import Engine, load_engine
@@ -87,8 +86,8 @@ class Result:
     ready: list[int]
     minute_p99_hist: list[float]  # histogram_quantile(0.99) of each minute's TTFT (nan: no request)
     minute_p99_exact: list[float]
-    ttft_p99_exact: float  # over the whole run
-    ttft_p99_hist: float
+    hour_buckets: list[list[float]]  # TTFT bucket counts of each hour
+    hour_tails: list[list[tuple[float, float]]]  # (TTFT, requests) of each hour: its 64 largest kept, the rest merged at their max
     scale_events: int
     preemptions: int
     config: FleetConfig
@@ -113,6 +112,25 @@ class Result:
     @property
     def slo_minutes_percent_exact(self) -> float:
         return self._ok(self.minute_p99_exact)
+
+    @property
+    def ttft_p99_hist(self) -> float:
+        """histogram_quantile(0.99) over the whole run's TTFT buckets."""
+        return histogram_quantile(0.99, TTFT_BUCKETS, [sum(c) for c in zip(*self.hour_buckets)]) if self.hour_buckets else math.nan
+
+    @property
+    def ttft_p99_exact(self) -> float:
+        return exact_quantile([p for tail in self.hour_tails for p in tail], 0.99)
+
+    def hours(self, start_h: int, end_h: int) -> Result:
+        """The same run scored over hours [start_h, end_h) only (the policy ran all along)."""
+        per_hour = round(3600 / self.scrape_s)
+        scrapes = slice(start_h * per_hour, end_h * per_hour)
+        return replace(
+            self, arrivals=self.arrivals[scrapes], replicas=self.replicas[scrapes], ready=self.ready[scrapes],
+            minute_p99_hist=self.minute_p99_hist[start_h * 60 : end_h * 60], minute_p99_exact=self.minute_p99_exact[start_h * 60 : end_h * 60],
+            hour_buckets=self.hour_buckets[start_h:end_h], hour_tails=self.hour_tails[start_h:end_h],
+        )
 
 
 def signals_of(window: deque, last: Scrape) -> Signals:
@@ -142,8 +160,9 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
     replicas_out, ready_out, minute_hist, minute_exact = [], [], [], []
     minute_points: list[tuple[float, float]] = []
     minute_buckets = [0.0] * (len(TTFT_BUCKETS) + 1)
-    all_buckets = [0.0] * (len(TTFT_BUCKETS) + 1)
-    all_points: list[tuple[float, float]] = []
+    hour_buckets: list[list[float]] = []
+    hour_tails: list[list[tuple[float, float]]] = []
+    hour_points: list[tuple[float, float]] = []
     events = preemptions = 0
     per_minute = round(60 / scrape)
     steps = math.ceil(duration_s / scrape - 1e-9)
@@ -179,14 +198,19 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
         if (i + 1) % per_minute == 0 or i == steps - 1:
             minute_hist.append(histogram_quantile(0.99, TTFT_BUCKETS, minute_buckets))
             minute_exact.append(exact_quantile(minute_points, 0.99))
-            all_points.extend(_tail(minute_points))
-            all_buckets = [a + b for a, b in zip(all_buckets, minute_buckets)]
+            hour_points.extend(_tail(minute_points))
+            if len(minute_hist) % 60 == 1:
+                hour_buckets.append(minute_buckets)
+            else:
+                hour_buckets[-1] = [a + b for a, b in zip(hour_buckets[-1], minute_buckets)]
+            if len(minute_hist) % 60 == 0 or i == steps - 1:
+                hour_tails.append(_tail(hour_points, 64))
+                hour_points = []
             minute_points, minute_buckets = [], [0.0] * (len(TTFT_BUCKETS) + 1)
     return Result(
         policy=policy.name, mode=mode, scrape_s=scrape, gpus_per_replica=engine.gpus, arrivals=list(arrivals),
         replicas=replicas_out, ready=ready_out, minute_p99_hist=minute_hist, minute_p99_exact=minute_exact,
-        ttft_p99_exact=exact_quantile(all_points, 0.99), ttft_p99_hist=histogram_quantile(0.99, TTFT_BUCKETS, all_buckets),
-        scale_events=events, preemptions=preemptions, config=cfg,
+        hour_buckets=hour_buckets, hour_tails=hour_tails, scale_events=events, preemptions=preemptions, config=cfg,
     )
 
 
