@@ -190,7 +190,8 @@ def suite(work: Workload, cfg: FleetConfig, overrides: dict | None, families: tu
     if want("oracle"):
         policies.append(oracle)
     if want("static"):
-        policies += [StaticPolicy(f"static-{n}", n) for n in sorted({quantile(needs, q) for q in STATIC_QUANTILES})]
+        # one per quantile even when two coincide: every seed's suite lists the same policies in the same order
+        policies += [StaticPolicy(f"static-{quantile(needs, q)}", quantile(needs, q)) for q in STATIC_QUANTILES]
     if want("hpa"):
         policies += [HpaPolicy(start, t, HpaRule(max_replicas=cap)) for t in HPA_TARGETS]
     if want("keda"):
@@ -237,6 +238,12 @@ def _spread(values: list[float], digits: int = 1) -> str:
     return f"{statistics.mean(values):,.{digits}f} ({min(values):,.{digits}f}–{max(values):,.{digits}f})"
 
 
+def _gpu_hour_digits(values) -> int:
+    """Whole GPU-hours for days of trace, tenths for an hour of it."""
+    hours = [v.gpu_hours if isinstance(v, Result) else v for v in values]
+    return 1 if hours and max(hours) < 100 else 0
+
+
 COLUMNS = ["policy", "gpu_hours", "slo_minutes_hist", "slo_minutes_exact", "ttft_p99_hist_s", "ttft_p99_exact_s", "vs_oracle", "max_replicas", "scale_events"]
 COMPARE_COLUMNS = ["tideplane", "baseline", "baseline_gpu_hours_at_same_slo", "tideplane_gpu_hours", "tideplane_vs_baseline"]
 
@@ -245,11 +252,13 @@ def rows(runs: list[list[Result]]) -> list[dict]:
     """One row per policy: mean (min–max) over the seeds' runs."""
     table = []
     for i, first in enumerate(runs[0]):
+        if i and first.policy == runs[0][i - 1].policy:
+            continue  # static sizes that coincide (a short trace)
         same = [seed_runs[i] for seed_runs in runs]
         oracle = [next(r.gpu_hours for r in seed_runs if r.policy == "oracle") for seed_runs in runs]
         table.append({
             "policy": first.policy,
-            "gpu_hours": _spread([r.gpu_hours for r in same], 0),
+            "gpu_hours": _spread([r.gpu_hours for r in same], _gpu_hour_digits(same)),
             "slo_minutes_hist": _spread([r.slo_minutes_percent for r in same], 2),
             "slo_minutes_exact": _spread([r.slo_minutes_percent_exact for r in same], 2),
             "ttft_p99_hist_s": _spread([r.ttft_p99_hist for r in same], 2),
@@ -278,8 +287,8 @@ def compare(runs: list[list[Result]]) -> list[dict]:
             out.append({
                 "tideplane": mine,
                 "baseline": fam,
-                "baseline_gpu_hours_at_same_slo": _spread(theirs, 0) if theirs else "outside the curve",
-                "tideplane_gpu_hours": _spread(ours, 0) if ours else "",
+                "baseline_gpu_hours_at_same_slo": _spread(theirs, _gpu_hour_digits(ours)) if theirs else "outside the curve",
+                "tideplane_gpu_hours": _spread(ours, _gpu_hour_digits(ours)) if ours else "",
                 "tideplane_vs_baseline": (_spread([o / t for o, t in zip(ours, theirs)], 2) + "×") if theirs else "",
             })
     return out
