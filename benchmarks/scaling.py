@@ -40,8 +40,8 @@ from workflows.schedule_floors import DeploymentFloors, PrewarmSpec, floor_at
 DEFAULT_START = "2025-01-06T00:00:00+00:00"  # ServeGen gives offsets only: t=0 is taken as a Monday 00:00 UTC
 T0 = datetime.fromisoformat(DEFAULT_START)
 WEEK = 7 * 86400
-# DCGM util %: a vLLM GPU reads ~97 % whenever a request runs, so the targets that matter are
-# high ones (util ~ 97 * (1 - exp(-requests in flight)): 90 % is ~2.6 requests per replica).
+# DCGM util %: a vLLM GPU reads 100 % whenever a request runs, so the targets that matter are
+# high ones (util ~ 100 * (1 - exp(-requests in flight)): 90 % is ~2.3 requests per replica).
 HPA_TARGETS = (50.0, 80.0, 85.0, 88.0, 90.0, 92.0, 95.0)
 KEDA_WAITING = (1.0, 20.0)  # waiting requests per replica
 KEDA_IN_FLIGHT = (4.0, 8.0, 16.0, 64.0)  # waiting + running requests per replica

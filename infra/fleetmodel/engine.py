@@ -34,6 +34,7 @@ class Engine:
     weight_read_s: float  # seconds to stream the weights once (per GPU, at the effective bandwidth)
     kv_read_s_per_token: float  # seconds to read one token's KV (per GPU)
     busy_duty: float
+    frontend_s: float = 0.0  # arrival -> schedulable: API server, tokenizer, network (holds no GPU)
 
     def step_seconds(self, batched_tokens: float, kv_tokens: float) -> float:
         """One step over ``batched_tokens`` (prefill chunks + one per decoding sequence) reading ``kv_tokens``."""
@@ -94,13 +95,15 @@ def engine_names() -> list[str]:
 def engine_for_service(ttft_s: float, tpot_s: float, prompt_tokens: int, output_tokens: int, capacity_rps: float, memory_gib: float) -> Engine:
     """An uncalibrated engine with given service figures, for sandbox profiles that state them.
 
-    Idle, a prompt of ``prompt_tokens`` gets its first token after about ``ttft_s`` and each further
-    token takes ``tpot_s``; ``max_num_seqs`` is set so that the replica saturates at
-    ``capacity_rps`` requests of that size: each second then spends ``capacity * prefill`` on
-    prompts, the rest in steps of ``tpot_s``, and Little's law gives the batch that keeps up.
+    Idle, a prompt of ``prompt_tokens`` gets its first token after ``ttft_s`` and each further
+    token takes ``tpot_s`` (one decode step). The prompt's compute is the default engine's per
+    token; the rest of ``ttft_s`` is front-end time that holds no GPU. ``max_num_seqs`` is set so
+    that the replica saturates at ``capacity_rps`` requests of that size: each second spends
+    ``capacity * prefill`` on prompts, the rest in steps of ``tpot_s``, and Little's law gives the
+    batch that keeps up.
     """
-    prefill_s = max(0.0, ttft_s - tpot_s)
-    per_token = prefill_s / max(1, prompt_tokens)  # a decode token costs the compute of a prompt token
+    per_token = load_engine().flop_s_per_token
+    prefill_s = min(max(0.0, ttft_s - tpot_s), per_token * prompt_tokens)
     # N in flight keep up when capacity * output = steps/s * N, with steps of tpot + N * per_token
     # sharing the second with capacity * prefill_s of prompts: N = k tpot / (1 - k per_token)
     k = capacity_rps * output_tokens / max(0.05, 1 - capacity_rps * prefill_s)
@@ -119,4 +122,5 @@ def engine_for_service(ttft_s: float, tpot_s: float, prompt_tokens: int, output_
         weight_read_s=0.0,
         kv_read_s_per_token=0.0,
         busy_duty=float(_table()["engine_defaults"]["busy_duty"]),
+        frontend_s=max(0.0, ttft_s - tpot_s - prefill_s),
     )

@@ -255,7 +255,7 @@ class RequestLevel:
         while len(self.replicas) > ready:
             gone = min(self.replicas, key=lambda r: len(r.running) + len(r.waiting))
             self.replicas.remove(gone)
-            for r in [*gone.running, *gone.waiting]:
+            for r in [*gone.running, *gone.waiting, *gone.inbound]:
                 self.orphans.append(Request(r.arrival_s, r.prompt_tokens, r.output_tokens))
         arriving = list(self.orphans)
         self.orphans = []
@@ -345,6 +345,7 @@ class Aggregate:
         self.counts, self.base_s, self.sizes, self.engine, self.bursts = counts, base_s, sizes, engine, bursts
         self.per_step = max(1, round(step_s / base_s))
         self.backlog = 0.0
+        self.in_flight_rate = 0.0  # admitted req/s per replica, smoothed over a request's residence
         self.windows: dict[int, _Window] = {}
 
     def window(self, t: float) -> _Window:
@@ -381,7 +382,7 @@ class Aggregate:
         return low
 
     def serve(self, t0: float, t1: float, ready: int) -> Scrape:
-        acc = [0.0, 0.0, 0.0, 0]  # util, running, kv max, steps
+        acc = [0.0, 0.0, 0.0, 0.0]  # util x seconds, running x seconds, kv max, seconds
         points: list[tuple[float, float]] = []
         counts, base = self.counts, self.base_s
         i, end = round(t0 / base), round(t1 / base)
@@ -433,12 +434,18 @@ class Aggregate:
                 chunks = -(-prompt // budget)
                 # its own prefill step(s), shared with the others' tokens; adding the step in progress
                 # (mean tau / 2) made the p99 worse against the request-level mode near the SLO
-                own = e.step_seconds(others + prompt / chunks, kv_read) * chunks
+                own = e.frontend_s + e.step_seconds(others + prompt / chunks, kv_read) * chunks
                 weight = share_of_wait * share
                 for wait in waits:
                     points.append((wait + own, weight))
+        # Gauges see the requests in flight, which outlive a one-second step: the admitted rate is
+        # smoothed over a request's time in the engine, so they do not depend on the step either.
+        residence = tau * (w.output_mean + 1) + e.frontend_s
+        self.in_flight_rate += (x - self.in_flight_rate) * (1 - math.exp(-span / residence))
+        smooth = self._state(self.in_flight_rate, w) or self._state(w.capacity_rps, w)
+        in_batch = smooth[1] if smooth else in_batch
         busy = 1.0 if self.backlog > 0 else 1 - math.exp(-in_batch)
-        acc[0] += dcgm_gpu_util(busy, e.busy_duty) if ready else 0.0
-        acc[1] += ready * min(e.max_num_seqs, in_batch)
-        acc[2] = max(acc[2], min(1.0, x * tau * w.kv_per_request / e.kv_capacity_tokens) if ready else 0.0)
-        acc[3] += 1
+        acc[0] += span * dcgm_gpu_util(busy, e.busy_duty) if ready else 0.0  # time-weighted means
+        acc[1] += span * ready * min(e.max_num_seqs, in_batch)
+        acc[2] = max(acc[2], min(1.0, self.in_flight_rate * tau * w.kv_per_request / e.kv_capacity_tokens) if ready else 0.0)
+        acc[3] += span

@@ -54,6 +54,7 @@ class Replica:
 
     engine: Engine
     clock: float = 0.0
+    inbound: deque = field(default_factory=deque)  # arrived, not yet past the front end (``frontend_s``)
     waiting: deque = field(default_factory=deque)
     running: list = field(default_factory=list)
     kv_used: int = 0
@@ -74,12 +75,17 @@ class Replica:
 
     def advance_to(self, t_end: float, arrivals: list[Request] | None = None) -> None:
         """Run steps until ``t_end``; ``arrivals`` (sorted by arrival) join the queue when they arrive."""
-        pending = deque(arrivals or ())
+        pending = self.inbound
+        if arrivals:
+            pending.extend(arrivals)
+            if len(pending) > len(arrivals) and pending[-len(arrivals) - 1].arrival_s > arrivals[0].arrival_s:
+                self.inbound = pending = deque(sorted(pending, key=lambda r: r.arrival_s))
+        late = self.engine.frontend_s  # a request reaches the scheduler this long after it arrives
         while True:
-            while pending and pending[0].arrival_s <= self.clock:
+            while pending and pending[0].arrival_s + late <= self.clock:
                 self.waiting.append(pending.popleft())
             if not self.running and not self.waiting:
-                nxt = pending[0].arrival_s if pending else t_end
+                nxt = pending[0].arrival_s + late if pending else t_end
                 if nxt >= t_end:
                     self.clock = max(self.clock, t_end)
                     return
@@ -87,7 +93,7 @@ class Replica:
                 continue
             if self.clock >= t_end:
                 return
-            next_arrival = pending[0].arrival_s if pending else math.inf
+            next_arrival = pending[0].arrival_s + late if pending else math.inf
             if not self._decode_stretch(min(next_arrival, t_end)):
                 self._step()
 

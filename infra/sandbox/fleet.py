@@ -82,6 +82,7 @@ class Replica:
         self.prompt_tokens = 0  # of finished requests (vLLM counts per step; per request keeps totals exact)
         self.generation_tokens = 0
         self.busy_fraction = 0.0  # of the last tick: what DCGM samples
+        self._proxied: list[Request] = []  # arrived through the proxy since the last tick
 
     def set_profile(self, profile: Profile) -> None:
         if profile != self.profile:
@@ -126,6 +127,8 @@ class Replica:
             if t >= end:
                 break
             arrivals.append(Request(t, self.profile.prompt_tokens, self.profile.output_tokens))
+        arrivals = sorted(arrivals + self._proxied, key=lambda r: r.arrival_s)
+        self._proxied = []
         busy = self.engine.busy_s
         self.engine.advance_to(end, arrivals)
         self.busy_fraction = (self.engine.busy_s - busy) / dt if dt > 0 else 0.0
@@ -143,7 +146,7 @@ class Replica:
     def submit(self, prompt_tokens: int, max_tokens: int) -> Request:
         """A proxied request joins the queue now; it is done when its ``finished_s`` is set."""
         request = Request(self.engine.clock, max(1, prompt_tokens), max(1, min(max_tokens, self.profile.output_tokens)))
-        self.engine.submit(request)
+        self._proxied.append(request)
         return request
 
 
