@@ -92,18 +92,22 @@ def engine_names() -> list[str]:
     return sorted(_table()["engines"])
 
 
+SERVICE_HEADROOM = 1.25  # a profile's replica saturates this much above the capacity it serves within its SLO
+
+
 def engine_for_service(ttft_s: float, tpot_s: float, prompt_tokens: int, output_tokens: int, capacity_rps: float, memory_gib: float) -> Engine:
     """An uncalibrated engine with given service figures, for sandbox profiles that state them.
 
     Idle, a prompt of ``prompt_tokens`` gets its first token after ``ttft_s`` and each further
     token takes ``tpot_s`` (one decode step). The prompt's compute is the default engine's per
-    token; the rest of ``ttft_s`` is front-end time that holds no GPU. ``max_num_seqs`` is set so
-    that the replica saturates at ``capacity_rps`` requests of that size: each second spends
-    ``capacity * prefill`` on prompts, the rest in steps of ``tpot_s``, and Little's law gives the
-    batch that keeps up.
+    token; the rest of ``ttft_s`` is front-end time that holds no GPU. ``capacity_rps`` is what the
+    replica serves within its SLO, so ``max_num_seqs`` is set for it to saturate ``SERVICE_HEADROOM``
+    above: each second spends ``rate * prefill`` on prompts, the rest in steps of ``tpot_s``, and
+    Little's law gives the batch that keeps up.
     """
     per_token = load_engine().flop_s_per_token
     prefill_s = min(max(0.0, ttft_s - tpot_s), per_token * prompt_tokens)
+    capacity_rps *= SERVICE_HEADROOM
     # N in flight keep up when capacity * output = steps/s * N, with steps of tpot + N * per_token
     # sharing the second with capacity * prefill_s of prompts: N = k tpot / (1 - k per_token)
     k = capacity_rps * output_tokens / max(0.05, 1 - capacity_rps * prefill_s)
