@@ -50,7 +50,7 @@ class Profile(_Strict):
     tpot_seconds: float = Field(0.025, gt=0)
     output_tokens: int = Field(200, gt=0)
     prompt_tokens: int = Field(500, gt=0)
-    capacity_rps: float = Field(4, gt=0, description="requests/s one replica serves at its SLO (it saturates a quarter above)")
+    capacity_rps: float = Field(4, gt=0, description="requests/s one replica serves at its SLO (it saturates half as much again)")
     gpu_memory_gib: float = Field(40, gt=0)
     engine: str | None = Field(
         None,
