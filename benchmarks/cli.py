@@ -17,25 +17,19 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def _scaling(args: argparse.Namespace) -> int:
     from benchmarks import scaling
-    from benchmarks.fleet_sim import FleetConfig
+    from infra.fleetmodel.fleet import FleetConfig
 
-    cfg = FleetConfig(
-        step_s=args.step,
-        capacity_rps=args.capacity,
-        cold_start_s=args.cold_start,
-        ttft_base_s=args.ttft_base,
-        ttft_slo_s=args.slo,
-        scrape_s=args.scrape,
-        gpu_hour_price=args.gpu_price,
-    )
-    floors, zone = scaling.floors_from_file(args.schedule) if args.schedule else (None, "UTC")
+    cfg = FleetConfig(engine=args.engine, cold_start_s=args.cold_start, ttft_slo_s=args.slo, scrape_s=args.scrape,
+                      step_s=args.step, gpu_hour_price=args.gpu_price)
+    floors = scaling.floors_from_file(args.schedule, args.start or scaling.DEFAULT_START) if args.schedule else scaling.Floors()
     overrides = json.loads(args.policy) if args.policy else None
-    table, _, demand = scaling.run(
-        args.trace, args.out, cfg, seed=args.seed, category=args.category, clients=args.clients,
-        days=args.days, floors=floors, time_zone=zone, start=args.start or scaling.DEFAULT_START, overrides=overrides,
-    )
-    print(f"{demand.name} ({demand.source})")
-    print(scaling.markdown_table(table, scaling.COLUMNS))
+    reports = scaling.run(args.trace, args.out, cfg, seeds=tuple(args.seeds), category=args.category, clients=args.clients,
+                          days=args.days, overrides=overrides, tuned=not args.no_tune, floors=floors)
+    for report in reports:
+        print(f"\n## {report.label} ({'IN-SAMPLE: tideplane tuned here' if report.in_sample else 'out-of-sample'})")
+        print(scaling.markdown_table(report.table, scaling.COLUMNS))
+        print("\nAt equal SLO minutes (histogram_quantile), interpolated on each baseline's curve:")
+        print(scaling.markdown_table(report.comparison, scaling.COMPARE_COLUMNS))
     return 0
 
 
@@ -76,22 +70,22 @@ def add_bench_commands(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks on real traces (results under benchmarks/results/)")
     kinds = bench.add_subparsers(dest="bench", required=True)
 
-    s = kinds.add_parser("scaling", help="GPU-hours vs TTFT SLO: static, HPA, seed and tideplane policies on a trace")
+    s = kinds.add_parser("scaling", help="GPU-hours vs TTFT SLO minutes: oracle, static/HPA/KEDA curves and tideplane on the fleet model")
     s.add_argument("--trace", type=Path, default=traces.SERVEGEN, help="ServeGen .tar.gz or the Azure 2023 .csv (default %(default)s)")
     s.add_argument("--category", default="m-large", help="ServeGen model category (m-large, m-mid)")
     s.add_argument("--clients", type=int, default=None, help="read only the first N ServeGen clients")
     s.add_argument("--days", type=float, default=None, help="simulate only the first N days")
-    s.add_argument("--step", type=float, default=15.0, help="simulation step and scrape interval, s")
+    s.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="arrival draws of the ServeGen traces")
+    s.add_argument("--engine", default=None, help="calibrated engine of infra/fleetmodel/calibration.yaml (default: its default_engine)")
+    s.add_argument("--step", type=float, default=15.0, help="aggregate-mode step, s (the backlog is kept per second regardless)")
     s.add_argument("--scrape", type=float, default=15.0, help="Prometheus scrape interval, s")
-    s.add_argument("--capacity", type=float, default=8.0, help="requests/s one replica serves within the SLO")
     s.add_argument("--cold-start", type=float, default=240.0, help="node boot + weight load + warm-up, s")
-    s.add_argument("--ttft-base", type=float, default=0.4, help="TTFT of a request that does not queue, s")
     s.add_argument("--slo", type=float, default=2.0, help="p99 TTFT SLO, s")
     s.add_argument("--gpu-price", type=float, default=10.32, help="$ per GPU-hour")
     s.add_argument("--schedule", type=Path, default=None, help="a `tideplane schedules apply` file: floors + prewarm for tideplane")
-    s.add_argument("--policy", default=None, help='JSON overrides of ScalingPolicy for tideplane, e.g. \'{"cooldown_seconds": 300}\'')
+    s.add_argument("--policy", default=None, help='JSON overrides of ScalingPolicy for tideplane (skips tuning), e.g. \'{"cooldown_seconds": 300}\'')
+    s.add_argument("--no-tune", action="store_true", help="tideplane with the bench's derived policy, no overrides")
     s.add_argument("--start", default=None, help="wall-clock time of the trace's t=0 (ISO, default a Monday 00:00 UTC)")
-    s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", type=Path, default=RESULTS)
     s.set_defaults(func=_scaling)
 

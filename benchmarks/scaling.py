@@ -1,113 +1,57 @@
-"""Scaling benchmark: GPU-hours and cost against TTFT SLO for six policies on one real trace.
+"""Scaling benchmark: GPU-hours against minutes within the TTFT SLO, on the fleet model.
 
-Every policy drives the same simulated fleet (benchmarks.fleet_sim) over the same arrivals:
+Every policy drives the same model of vLLM replicas (``infra.fleetmodel``, aggregate mode, the
+one the sandbox also runs) over the same arrivals and request sizes from a real trace:
 
-- static-peak / static-p95: a fixed fleet sized for the peak / the 95th percentile step rate;
-- hpa: Kubernetes HPA's rule on GPU utilisation (``ceil(current * util / target)``, 10 %
-  tolerance, 15 s sync, scale-up limit max(+100 %, +4) per sync, 300 s down stabilisation);
-- seed: the seed's loop (queue > 50 -> +ceil(queue / 20); utilisation < 30 % for 10 min -> -1);
-- tideplane-reactive: ``workflows.scaling.decide`` alone, exactly as ReactiveScaling calls it
-  (the Deployment's spec replicas as ``current``, the Ready ones as ``ready``);
-- tideplane: the same plus the floors the schedules would set: ``floor_at`` of a schedule file
-  and ``prewarm_floor`` over the hourly peaks of the replicas the load needed (Ready replicas x
-  GPU utilisation / target: what PredictivePrewarm's default query reads from Prometheus),
-  recomputed every ``every_minutes``;
+- oracle: knows each second's arrivals ahead, zero cold start: the floor;
+- static-N: a fixed fleet, swept over N (a curve), so it is compared at equal SLO minutes;
+- hpa-gpu-util-T: Kubernetes HPA on ``DCGM_FI_DEV_GPU_UTIL``, swept over the target T;
+- keda-waiting-T / keda-in_flight-T: KEDA's Prometheus scaler on ``vllm:num_requests_waiting``
+  (and on waiting + running), swept over the per-replica target T;
+- tideplane-reactive: ``workflows.scaling.decide`` alone, exactly as ReactiveScaling calls it;
+- tideplane: the same plus PredictivePrewarm's floor over the hourly peaks of the replicas the
+  load needed, as its default demand query reads them (Ready x GPU utilisation / target).
+
+Each curve is interpolated at tideplane's SLO minutes (histogram_quantile p99, as Prometheus
+shows them); several arrival seeds give the spread. Tideplane's ``ScalingPolicy`` overrides are
+tuned on the first week of m-large (in-sample) and scored on the second week and the other traces.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from benchmarks import traces
-from benchmarks.fleet_sim import FleetConfig, Result, quantile, replicas_for, simulate
+from benchmarks.baselines import HpaPolicy, HpaRule, KedaPolicy, OraclePolicy, StaticPolicy
+from infra.fleetmodel.fleet import Aggregate, FleetConfig, Result, simulate
+from infra.fleetmodel.sizes import SizeMix, from_requests, load_servegen_sizes
 from workflows.scaling.prewarm import prewarm_floor, slot_key
 from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide
 from workflows.scaling.floors import DeploymentFloors, PrewarmSpec, floor_at
 
 DEFAULT_START = "2025-01-06T00:00:00+00:00"  # ServeGen gives offsets only: t=0 is taken as a Monday 00:00 UTC
 T0 = datetime.fromisoformat(DEFAULT_START)
-
-
-@dataclass
-class StaticPolicy:
-    name: str
-    replicas: int
-    interval_s: float = 3600.0
-
-    def initial(self) -> int:
-        return self.replicas
-
-    def desired(self, now_s: float, current: int, ready: int, signals: Signals) -> int:
-        return self.replicas
-
-
-@dataclass
-class HpaPolicy:
-    """Kubernetes HPA v2 defaults on a utilisation metric (the GPU utilisation gauge, 1 min rate)."""
-
-    start: int
-    target_percent: float = 70.0
-    min_replicas: int = 1
-    max_replicas: int = 1000
-    name: str = "hpa"
-    interval_s: float = 15.0
-    tolerance: float = 0.1
-    down_stabilisation_s: float = 300.0
-    _recent: list[tuple[float, int]] = field(default_factory=list)
-
-    def initial(self) -> int:
-        return self.start
-
-    def desired(self, now_s: float, current: int, ready: int, signals: Signals) -> int:
-        util = signals.gpu_util_percent
-        if util is None or ready == 0:
-            rec = current
-        else:
-            ratio = util / self.target_percent
-            rec = current if abs(ratio - 1) <= self.tolerance else math.ceil(ready * ratio)
-        rec = min(self.max_replicas, max(self.min_replicas, rec))
-        self._recent = [(t, r) for t, r in self._recent if now_s - t < self.down_stabilisation_s] + [(now_s, rec)]
-        if rec > current:
-            return min(rec, max(2 * current, current + 4))
-        return min(current, max(r for _, r in self._recent))
-
-
-@dataclass
-class SeedPolicy:
-    """The seed project's loop, as written in its README."""
-
-    start: int
-    name: str = "seed"
-    interval_s: float = 30.0
-    queue_threshold: float = 50
-    queue_per_replica: float = 20
-    low_util_percent: float = 30
-    low_for_s: float = 600
-    min_replicas: int = 1
-    _low_since: float | None = None
-
-    def initial(self) -> int:
-        return self.start
-
-    def desired(self, now_s: float, current: int, ready: int, signals: Signals) -> int:
-        queue, util = signals.queue_waiting, signals.gpu_util_percent
-        if queue is not None and queue > self.queue_threshold:
-            self._low_since = None
-            return current + math.ceil(queue / self.queue_per_replica)
-        if util is not None and util < self.low_util_percent:
-            self._low_since = now_s if self._low_since is None else self._low_since
-            if now_s - self._low_since >= self.low_for_s and current > self.min_replicas:
-                self._low_since = None
-                return current - 1
-        else:
-            self._low_since = None
-        return current
+WEEK = 7 * 86400
+# DCGM util %: a vLLM GPU reads 100 % whenever a request runs, so the targets that matter are
+# high ones (util ~ 100 * (1 - exp(-requests in flight)): 90 % is ~2.3 requests per replica).
+HPA_TARGETS = (50.0, 80.0, 85.0, 88.0, 90.0, 92.0, 95.0)
+KEDA_WAITING = (1.0, 20.0)  # waiting requests per replica
+KEDA_IN_FLIGHT = (4.0, 8.0, 16.0, 64.0)  # waiting + running requests per replica
+STATIC_QUANTILES = (0.5, 0.8, 0.95, 0.98, 0.99, 0.995, 1.0)  # of the oracle's per-interval need
+TUNING_GRID = (  # ScalingPolicy overrides tried on the first week of m-large
+    {},
+    {"gpu_util_target_percent": 100},
+    {"gpu_util_target_percent": 100, "queue_per_replica": 0.5, "scale_down_step_percent": 25},
+)
+TUNED_FILE = "scaling-tideplane-tuned.json"
 
 
 @dataclass
@@ -161,78 +105,192 @@ class TideplanePolicy:
 
 
 @dataclass(frozen=True)
-class Demand:
+class Workload:
+    """Arrivals per second and request sizes of one trace (or a slice of it)."""
+
     name: str
-    arrivals: list[float]  # requests per step
-    source: str  # citation of the trace
+    source: str
+    counts: list[float]  # requests per second
+    sizes: SizeMix
+    bursts: bool  # requests of a second arrive together (real timestamps) rather than spread
+
+    def slice(self, start_s: int, end_s: int, label: str) -> Workload:
+        return Workload(f"{self.name} {label}", self.source, self.counts[start_s:end_s], self.sizes.from_time(start_s), self.bursts)
 
 
-def load_demand(trace: Path, step_s: float, seed: int, category: str = "m-large", clients: int | None = None) -> Demand:
-    """Per-step arrivals from a ServeGen archive (``*.tar.gz``) or the Azure 2023 CSV."""
+SERVEGEN_SOURCE = "ServeGen (Alibaba Cloud Model Studio), Xiang et al., arXiv 2505.09999, Apache-2.0"
+AZURE_SOURCE = "Azure LLM inference trace 2023, Patel et al., Splitwise, ISCA 2024, CC-BY 4.0"
+
+
+@functools.cache
+def _servegen(category: str, clients: int | None, path: Path, datasets: Path) -> tuple[traces.RateTrace, SizeMix]:
+    return traces.load_servegen(category, path=path, clients=clients), load_servegen_sizes(category, path, datasets, clients)
+
+
+def load_workload(trace: Path, seed: int, category: str = "m-large", clients: int | None = None) -> Workload:
+    """A ServeGen archive (``*.tar.gz``: arrivals drawn for ``seed``) or the Azure 2023 CSV (fixed)."""
     if trace.name.endswith(".tar.gz"):
-        rate = traces.load_servegen(category, path=trace, clients=clients)
-        return Demand(rate.name, rate.arrivals(step_s, seed), "ServeGen (Alibaba Cloud Model Studio), Xiang et al., arXiv 2505.09999, Apache-2.0")
+        rate, mix = _servegen(category, clients, trace, trace.with_name(traces.SERVEGEN_DATASETS.name))
+        return Workload(rate.name, SERVEGEN_SOURCE, rate.arrivals(1.0, seed), mix, bursts=False)
     if trace.suffix == ".csv":
-        return Demand(
-            f"azure-2023/{trace.stem}",
-            traces.bin_requests(traces.load_azure(trace), step_s),
-            "Azure LLM inference trace 2023, Patel et al., Splitwise, ISCA 2024, CC-BY 4.0",
-        )
+        requests = traces.load_azure(trace)
+        return Workload(f"azure-2023/{trace.stem}", AZURE_SOURCE, traces.bin_requests(requests, 1.0), from_requests(requests, 600, "azure"), bursts=True)
     raise ValueError(f"unknown trace format: {trace} (expected a ServeGen .tar.gz or the Azure .csv)")
 
 
-def tideplane_policy(cfg: FleetConfig, start: int, max_replicas: int, overrides: dict | None = None) -> ScalingPolicy:
+def run_policy(work: Workload, policy, cfg: FleetConfig) -> Result:
+    backend = Aggregate(work.counts, cfg.step_s, work.sizes, cfg.load(), bursts=work.bursts)
+    return simulate(backend, policy, len(work.counts), cfg, _per_scrape(work.counts, cfg.scrape_s), "aggregate")
+
+
+def _per_scrape(counts: list[float], scrape_s: float) -> list[float]:
+    n = round(scrape_s)
+    return [sum(counts[i : i + n]) for i in range(0, len(counts), n)]
+
+
+def tideplane_policy(capacity_rps: float, max_replicas: int, overrides: dict | None = None) -> ScalingPolicy:
     """The loop's policy for this fleet: one second of work queued per replica fires the queue trigger,
     and one added replica absorbs what it drains in one decision interval."""
     fields = {
         "min_replicas": 1,
         "max_replicas": max_replicas,
-        "queue_per_replica": cfg.capacity_rps * 1.0,
-        "queue_capacity_per_replica": cfg.capacity_rps * 30.0,
-        "ttft_p99_slo_seconds": cfg.ttft_slo_s,
+        "queue_per_replica": capacity_rps * 1.0,
+        "queue_capacity_per_replica": capacity_rps * 30.0,
     }
     fields.update(overrides or {})
+    if "queue_per_replica" in (overrides or {}):  # overrides give it in seconds of one replica's work
+        fields["queue_per_replica"] = capacity_rps * overrides["queue_per_replica"]
     return ScalingPolicy(**fields)
 
 
-def policies(demand: list[float], cfg: FleetConfig, floors: DeploymentFloors | None, time_zone: str, t0: datetime, overrides: dict | None = None) -> list:
-    rates = [a / cfg.step_s for a in demand]
-    peak = replicas_for(max(rates), cfg)
-    p95 = replicas_for(quantile(rates, 0.95), cfg)
-    start = replicas_for(sum(rates[: max(1, round(600 / cfg.step_s))]) / max(1, round(600 / cfg.step_s)), cfg)
-    cap = max(peak * 2, 4)
-    policy = tideplane_policy(cfg, start, cap, overrides)
-    prewarm_only = floors or DeploymentFloors(deployment="bench/fleet", prewarm=PrewarmSpec(startup_seconds=cfg.cold_start_s + 300))
-    return [
-        StaticPolicy("static-peak", peak),
-        StaticPolicy("static-p95", p95),
-        HpaPolicy(start, max_replicas=cap),
-        SeedPolicy(start),
-        TideplanePolicy(policy, start, name="tideplane-reactive", time_zone=time_zone, t0=t0),
-        TideplanePolicy(policy, start, name="tideplane", floors=prewarm_only, time_zone=time_zone, t0=t0),
-    ]
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-COLUMNS = ["policy", "gpu_hours", "cost_usd", "vs_static_peak_percent", "slo_minutes_percent", "p99_queue_delay_s", "scale_events", "mean_replicas", "max_replicas"]
+@dataclass(frozen=True)
+class Floors:
+    """Tideplane's schedule floors (a ``tideplane schedules apply`` file) and where t=0 falls."""
+
+    floors: DeploymentFloors | None = None
+    time_zone: str = "UTC"
+    t0: datetime = T0
 
 
-def rows(results: list[Result]) -> list[dict]:
-    base = next((r.gpu_hours for r in results if r.policy == "static-peak"), None)
+def suite(work: Workload, cfg: FleetConfig, overrides: dict | None, families: tuple[str, ...] | None = None, floors: Floors = Floors()) -> list[Result]:
+    """Every policy once over ``work``: oracle, the curves, tideplane (reactive and with pre-warm)."""
+    probe = Aggregate(work.counts, cfg.step_s, work.sizes, cfg.load())
+    capacity = lambda t: probe.window(t).capacity_rps  # noqa: E731
+    oracle = OraclePolicy(work.counts, capacity, interval_s=cfg.scrape_s)
+    needs = [oracle.need(t) for t in range(0, len(work.counts), round(cfg.scrape_s))]
+    start, cap = needs[0], max(4, math.ceil(1.5 * max(needs)))
+    typical = statistics.median(capacity(t) for t in range(0, len(work.counts), 3600))
+    want = lambda family: families is None or family in families  # noqa: E731
+    policies: list = []
+    if want("oracle"):
+        policies.append(oracle)
+    if want("static"):
+        # one per quantile even when two coincide: every seed's suite lists the same policies in the same order
+        policies += [StaticPolicy(f"static-{quantile(needs, q)}", quantile(needs, q)) for q in STATIC_QUANTILES]
+    if want("hpa"):
+        policies += [HpaPolicy(start, t, HpaRule(max_replicas=cap)) for t in HPA_TARGETS]
+    if want("keda"):
+        policies += [KedaPolicy(start, t, "waiting", HpaRule(max_replicas=cap)) for t in KEDA_WAITING]
+        policies += [KedaPolicy(start, t, "in_flight", HpaRule(max_replicas=cap)) for t in KEDA_IN_FLIGHT]
+    if want("tideplane"):
+        policy = tideplane_policy(typical, cap, overrides)
+        prewarm = floors.floors or DeploymentFloors(deployment="bench/fleet", prewarm=PrewarmSpec(startup_seconds=cfg.cold_start_s + 300))
+        policies += [
+            TideplanePolicy(policy, start, name="tideplane-reactive", time_zone=floors.time_zone, t0=floors.t0),
+            TideplanePolicy(policy, start, name="tideplane", floors=prewarm, time_zone=floors.time_zone, t0=floors.t0),
+        ]
+    zero_start = FleetConfig(**{**cfg.__dict__, "cold_start_s": 0.0})
+    return [run_policy(work, p, zero_start if p is oracle else cfg) for p in policies]
+
+
+def family(name: str) -> str:
+    return name.split("-")[0] if not name.startswith("keda") else "-".join(name.split("-")[:2])
+
+
+def frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(SLO minutes %, GPU-hours) points reduced to the cheapest fleet for each SLO level, by SLO."""
+    best: list[tuple[float, float]] = []
+    for slo, gpuh in sorted(points, key=lambda p: (-p[0], p[1])):
+        if not best or gpuh < best[-1][1]:
+            best.append((slo, gpuh))
+    return sorted(best)
+
+
+def at_slo(points: list[tuple[float, float]], slo: float) -> float | None:
+    """GPU-hours a curve needs for ``slo`` % of minutes, linear between its frontier points (None: outside)."""
+    front = frontier(points)
+    if not front or slo < front[0][0] - 1e-9 or slo > front[-1][0] + 1e-9:
+        return None
+    for (s0, g0), (s1, g1) in zip(front, front[1:]):
+        if s0 <= slo <= s1:
+            return g0 if s1 == s0 else g0 + (g1 - g0) * (slo - s0) / (s1 - s0)
+    return front[-1][1] if abs(slo - front[-1][0]) < 1e-9 else front[0][1]
+
+
+def _spread(values: list[float], digits: int = 1) -> str:
+    if len(values) == 1:
+        return f"{values[0]:,.{digits}f}"
+    return f"{statistics.mean(values):,.{digits}f} ({min(values):,.{digits}f}–{max(values):,.{digits}f})"
+
+
+def _gpu_hour_digits(values) -> int:
+    """Whole GPU-hours for days of trace, tenths for an hour of it."""
+    hours = [v.gpu_hours if isinstance(v, Result) else v for v in values]
+    return 1 if hours and max(hours) < 100 else 0
+
+
+COLUMNS = ["policy", "gpu_hours", "slo_minutes_hist", "slo_minutes_exact", "ttft_p99_hist_s", "ttft_p99_exact_s", "vs_oracle", "max_replicas", "scale_events"]
+COMPARE_COLUMNS = ["tideplane", "baseline", "baseline_gpu_hours_at_same_slo", "tideplane_gpu_hours", "tideplane_vs_baseline"]
+
+
+def rows(runs: list[list[Result]]) -> list[dict]:
+    """One row per policy: mean (min–max) over the seeds' runs."""
+    table = []
+    for i, first in enumerate(runs[0]):
+        if i and first.policy == runs[0][i - 1].policy:
+            continue  # static sizes that coincide (a short trace)
+        same = [seed_runs[i] for seed_runs in runs]
+        oracle = [next(r.gpu_hours for r in seed_runs if r.policy == "oracle") for seed_runs in runs]
+        table.append({
+            "policy": first.policy,
+            "gpu_hours": _spread([r.gpu_hours for r in same], _gpu_hour_digits(same)),
+            "slo_minutes_hist": _spread([r.slo_minutes_percent for r in same], 2),
+            "slo_minutes_exact": _spread([r.slo_minutes_percent_exact for r in same], 2),
+            "ttft_p99_hist_s": _spread([r.ttft_p99_hist for r in same], 2),
+            "ttft_p99_exact_s": _spread([r.ttft_p99_exact for r in same], 2),
+            "vs_oracle": _spread([r.gpu_hours / o for r, o in zip(same, oracle)], 2) + "×",
+            "max_replicas": max(max(r.replicas) for r in same),
+            "scale_events": _spread([r.scale_events for r in same], 0),
+        })
+    return table
+
+
+def compare(runs: list[list[Result]]) -> list[dict]:
+    """Each tideplane variant against each baseline curve at the same SLO minutes, per seed."""
     out = []
-    for r in results:
-        out.append(
-            {
-                "policy": r.policy,
-                "gpu_hours": round(r.gpu_hours, 1),
-                "cost_usd": round(r.cost, 0),
-                "vs_static_peak_percent": round(100 * (r.gpu_hours / base - 1), 1) if base else "",
-                "slo_minutes_percent": round(r.slo_minutes_percent, 2),
-                "p99_queue_delay_s": round(r.p99_delay_s, 2) if math.isfinite(r.p99_delay_s) else "inf",
-                "scale_events": r.scale_events,
-                "mean_replicas": round(sum(r.replicas) / len(r.replicas), 1),
-                "max_replicas": max(r.replicas),
-            }
-        )
+    names = [r.policy for r in runs[0]]
+    for mine in (n for n in names if n.startswith("tideplane")):
+        for fam in sorted({family(n) for n in names if family(n) not in ("tideplane", "oracle")}):
+            theirs, ours = [], []
+            for seed_runs in runs:
+                me = next(r for r in seed_runs if r.policy == mine)
+                curve = [(r.slo_minutes_percent, r.gpu_hours) for r in seed_runs if family(r.policy) == fam]
+                g = at_slo(curve, me.slo_minutes_percent)
+                if g is not None:
+                    theirs.append(g)
+                    ours.append(me.gpu_hours)
+            out.append({
+                "tideplane": mine,
+                "baseline": fam,
+                "baseline_gpu_hours_at_same_slo": _spread(theirs, _gpu_hour_digits(ours)) if theirs else "outside the curve",
+                "tideplane_gpu_hours": _spread(ours, _gpu_hour_digits(ours)) if ours else "",
+                "tideplane_vs_baseline": (_spread([o / t for o, t in zip(ours, theirs)], 2) + "×") if theirs else "",
+            })
     return out
 
 
@@ -249,78 +307,133 @@ def write_csv(path: Path, table: list[dict], columns: list[str]) -> None:
         writer.writerows(table)
 
 
-def plot(results: list[Result], cfg: FleetConfig, path: Path, title: str) -> None:
-    """Demand, replicas per policy, and SLO-violating minutes per hour, on one time axis (days)."""
+def plot(runs: list[list[Result]], path: Path, title: str) -> None:
+    """GPU-hours vs minutes within the SLO: each baseline's curve, tideplane's points, the oracle; every seed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    bucket = max(1, round(600 / cfg.step_s))  # 10-minute means keep the plot readable
-    days = lambda n: [i * bucket * cfg.step_s / 86400 for i in range(n)]
-    mean = lambda xs: [sum(xs[i : i + bucket]) / len(xs[i : i + bucket]) for i in range(0, len(xs), bucket)]
-    fig, axes = plt.subplots(3, 1, figsize=(14, 10), sharex=True)
-    demand = mean([a / cfg.step_s for a in results[0].demand])
-    axes[0].plot(days(len(demand)), demand, lw=0.7, color="black")
-    axes[0].set_ylabel("demand (req/s, 10-min mean)")
-    axes[0].set_title(title)
-    means = {r.policy: mean(r.replicas) for r in results}
-    p95 = max(next((r.replicas for r in results if r.policy == "static-p95"), [1]))
-    shown = [max(m) for m in means.values() if max(m) <= 8 * p95]  # a runaway policy would flatten the rest
-    top = 1.3 * max(shown or [max(max(m) for m in means.values())])
-    for r in results:
-        reps = means[r.policy]
-        axes[1].plot(days(len(reps)), reps, lw=0.8, label=r.policy)
-        hours = [sum(not ok for ok in r.minute_ok[h : h + 60]) for h in range(0, len(r.minute_ok), 60)]
-        axes[2].plot([h / 24 for h in range(len(hours))], hours, lw=0.8, label=r.policy)
-    need = mean([math.ceil(a / cfg.step_s / cfg.capacity_rps) for a in results[0].demand])
-    axes[1].plot(days(len(need)), need, lw=0.6, color="black", ls=":", label="needed (demand / capacity)")
-    axes[1].set_ylim(0, top)
-    off = [name for name, m in means.items() if max(m) > top]
-    axes[1].set_ylabel("replicas (10-min mean)" + (f"\n(off scale: {', '.join(off)})" if off else ""))
-    axes[1].legend(ncol=4, fontsize=8)
-    axes[2].set_ylabel("minutes over TTFT SLO per hour")
-    axes[2].set_xlabel("day of trace")
-    axes[2].legend(ncol=3, fontsize=8)
+    fig, ax = plt.subplots(figsize=(10, 6.5))
+    colours = {"static": "tab:gray", "hpa": "tab:blue", "keda-waiting": "tab:green", "keda-in_flight": "tab:olive", "tideplane": "tab:red", "oracle": "black"}
+    for k, seed_runs in enumerate(runs):
+        for fam, colour in colours.items():
+            members = sorted((r for r in seed_runs if family(r.policy) == fam), key=lambda r: r.gpu_hours)
+            if not members:
+                continue
+            style = dict(color=colour, alpha=0.9 if k == 0 else 0.35, label=fam if k == 0 else None)
+            xs, ys = [r.slo_minutes_percent for r in members], [r.gpu_hours for r in members]
+            if fam in ("tideplane", "oracle"):
+                ax.scatter(xs, ys, marker="*" if fam == "tideplane" else "D", s=120, **style)
+                if k == 0:
+                    for r in members:
+                        ax.annotate(r.policy, (r.slo_minutes_percent, r.gpu_hours), fontsize=7, xytext=(4, 4), textcoords="offset points")
+            else:
+                ax.plot(xs, ys, marker="o", lw=1, **style)
+    ax.set_yscale("log")
+    ax.set_xlabel("minutes with p99 TTFT within the SLO, % (histogram_quantile over vLLM's buckets)")
+    ax.set_ylabel("GPU-hours (log)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def tune(trace: Path, cfg: FleetConfig, seed: int, category: str, clients: int | None) -> tuple[dict, list[dict]]:
+    """Tideplane's overrides chosen on the first week: the cheapest with the most SLO minutes reached by any."""
+    week = load_workload(trace, seed, category, clients).slice(0, WEEK, "week 1")
+    tried = []
+    for overrides in TUNING_GRID:
+        (reactive, prewarm) = suite(week, cfg, overrides, families=("tideplane",))
+        tried.append({"overrides": overrides, "gpu_hours": round(prewarm.gpu_hours), "slo_minutes_hist": round(prewarm.slo_minutes_percent, 2)})
+    best_slo = max(t["slo_minutes_hist"] for t in tried)
+    good = [t for t in tried if t["slo_minutes_hist"] >= min(99.0, best_slo)]
+    return min(good, key=lambda t: t["gpu_hours"])["overrides"], tried
+
+
+@dataclass
+class Report:
+    label: str
+    in_sample: bool
+    runs: list[list[Result]]  # per seed, per policy
+
+    @property
+    def table(self) -> list[dict]:
+        return rows(self.runs)
+
+    @property
+    def comparison(self) -> list[dict]:
+        return compare(self.runs)
 
 
 def run(
     trace: Path,
     out_dir: Path | None,
     cfg: FleetConfig,
-    seed: int = 0,
+    seeds: tuple[int, ...] = (0, 1, 2),
     category: str = "m-large",
     clients: int | None = None,
     days: float | None = None,
-    floors: DeploymentFloors | None = None,
-    time_zone: str = "UTC",
-    start: str = DEFAULT_START,
     overrides: dict | None = None,
-) -> tuple[list[dict], list[Result], Demand]:
-    demand = load_demand(trace, cfg.step_s, seed, category, clients)
-    arrivals = demand.arrivals[: round(days * 86400 / cfg.step_s)] if days else demand.arrivals
-    results = [simulate(arrivals, p, cfg) for p in policies(arrivals, cfg, floors, time_zone, datetime.fromisoformat(start), overrides)]
-    table = rows(results)
+    tuned: bool = True,
+    floors: Floors = Floors(),
+) -> list[Report]:
+    """The benchmark on one trace. ServeGen m-large is split into week 1 (where tideplane is tuned:
+    in-sample) and week 2 (out-of-sample); other traces run whole with the overrides tuned there."""
+    is_tuning_trace = trace.name.endswith(".tar.gz") and category == "m-large" and days is None
+    tuning: list[dict] = []
+    if overrides is None and tuned:
+        saved = (out_dir or Path(".")) / TUNED_FILE
+        if is_tuning_trace:
+            overrides, tuning = tune(trace, cfg, seeds[0], category, clients)
+            if out_dir is not None:
+                out_dir.mkdir(parents=True, exist_ok=True)
+                saved.write_text(json.dumps({"overrides": overrides, "tried_on_week_1_seed": seeds[0], "tried": tuning}, indent=1) + "\n")
+        elif saved.exists():
+            overrides = json.loads(saved.read_text())["overrides"]
+    seeds = seeds if trace.name.endswith(".tar.gz") else (0,)  # the Azure trace's arrivals are fixed
+    reports: dict[str, Report] = {}
+    for seed in seeds:
+        work = load_workload(trace, seed, category, clients)
+        if days:
+            work = work.slice(0, round(days * 86400), f"first {days:g} days")
+        runs = suite(work, cfg, overrides, floors=floors)
+        # the tuning trace is scored per week (the policies run all 14 days: week 2 starts warm, with history)
+        week_h = WEEK // 3600
+        parts = [("week 1", True, 0, week_h), ("week 2", False, week_h, 2 * week_h)] if is_tuning_trace else [("", False, 0, None)]
+        for label, in_sample, start_h, end_h in parts:
+            name = f"{work.name} {label}".strip()
+            report = reports.setdefault(name, Report(name, in_sample, []))
+            report.runs.append([r.hours(start_h, end_h if end_h is not None else len(r.hour_buckets)) for r in runs])
+    out = list(reports.values())
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        stem = f"scaling-{demand.name.replace('/', '-')}"
-        write_csv(out_dir / f"{stem}.csv", table, COLUMNS)
+        write(out, out_dir, cfg, trace, seeds, overrides, tuning)
+    return out
+
+
+def write(reports: list[Report], out_dir: Path, cfg: FleetConfig, trace: Path, seeds, overrides, tuning) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for report in reports:
+        stem = "scaling-" + report.label.replace("/", "-").replace(" ", "-")
+        write_csv(out_dir / f"{stem}.csv", report.table, COLUMNS)
+        sample = "IN-SAMPLE (tideplane tuned here)" if report.in_sample else "out-of-sample"
         (out_dir / f"{stem}.md").write_text(
-            f"Trace: {demand.name} ({demand.source}), {len(arrivals) * cfg.step_s / 86400:.2f} days, step {cfg.step_s:g}s, seed {seed}\n"
-            f"Fleet: {json.dumps(cfg.__dict__)}\n\n" + markdown_table(table, COLUMNS) + "\n"
+            f"Trace: {report.label} ({trace.name}), {sample}; seeds {list(seeds)} (mean (min–max))\n"
+            f"Fleet: {json.dumps(cfg.__dict__)}; engine {cfg.load().name}\n"
+            f"Tideplane overrides: {json.dumps(overrides or {})}\n\n"
+            + markdown_table(report.table, COLUMNS) + "\n\nAt equal SLO minutes (histogram), GPU-hours of each baseline's curve:\n\n"
+            + markdown_table(report.comparison, COMPARE_COLUMNS) + "\n"
+            + (f"\nTuning on week 1: {json.dumps(tuning)}\n" if tuning else "")
         )
-        plot(results, cfg, out_dir / f"{stem}.png", f"{demand.name}: demand, replicas and SLO violations")
-    return table, results, demand
+        plot(report.runs, out_dir / f"{stem}.png", f"{report.label} ({sample}): GPU-hours vs SLO minutes")
 
 
-def floors_from_file(path: Path) -> tuple[DeploymentFloors, str]:
+def floors_from_file(path: Path, start: str = DEFAULT_START) -> Floors:
     """The first deployment of a ``tideplane schedules apply`` file, with its time zone."""
     from workers.schedules import load_schedule_file
 
     file = load_schedule_file(path)
     item = file.schedules[0]
-    return item, file.zone_of(item)
-
+    return Floors(item, file.zone_of(item), datetime.fromisoformat(start))

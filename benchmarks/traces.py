@@ -24,6 +24,7 @@ from pathlib import Path
 # ../shared/traces beside the checkout (as CI lays it out); TIDEPLANE_TRACES_DIR for a checkout elsewhere.
 TRACES_DIR = Path(os.environ.get("TIDEPLANE_TRACES_DIR") or Path(__file__).resolve().parents[2] / "shared" / "traces")
 SERVEGEN = TRACES_DIR / "servegen" / "servegen-language-m-large-m-mid.tar.gz"
+SERVEGEN_DATASETS = TRACES_DIR / "servegen" / "servegen-language-m-large-m-mid-datasets.tar.gz"  # token distributions
 PARTIAL_GAP_FRACTION = 0.05  # a window below this fraction of the median total is missing data
 AZURE_CODE = TRACES_DIR / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
 SKYNOMAD = TRACES_DIR / "skynomad-h100"

@@ -60,7 +60,7 @@ class Profile(_Strict):
     tpot_seconds: float = Field(0.025, gt=0)
     output_tokens: int = Field(200, gt=0)
     prompt_tokens: int = Field(500, gt=0)
-    capacity_rps: float = Field(4, gt=0, description="requests/s one replica serves at its SLO")
+    capacity_rps: float = Field(4, gt=0, description="requests/s one replica serves at its SLO (it saturates half as much again)")
     gpu_memory_gib: float = Field(40, gt=0)
     golden_failures: list[str] = Field(
         default_factory=list, description="prompts (case-insensitive substrings) this version answers wrongly"
@@ -71,6 +71,20 @@ class Profile(_Strict):
     never_ready: bool = Field(False, description="Running, the readiness probe never passes")
     oom_after_requests: int | None = Field(None, ge=1, description="OOMKilled after serving this many requests")
     shutdown_seconds: float = Field(5, ge=0, description="drain after SIGTERM: how long a deleted pod is Terminating")
+    engine: str | None = Field(
+        None,
+        description="a calibrated engine of infra/fleetmodel/calibration.yaml (e.g. llama-3.1-8b/H200x1): its step"
+        " times and KV cache replace ttft_seconds, tpot_seconds and capacity_rps",
+    )
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, name: str | None) -> str | None:
+        from infra.fleetmodel.engine import engine_names
+
+        if name is not None and name not in engine_names():
+            raise ValueError(f"unknown engine {name!r}; calibrated: {engine_names()}")
+        return name
 
 
 class Demand(_Strict):

@@ -3,13 +3,15 @@
 Every tick it reads pods, services, HTTPRoutes, nodes and the ``fleet-profiles`` /
 ``fleet-demand`` ConfigMaps from the Kubernetes API emulator over HTTP (official client), splits
 each logical deployment's demand between versions by the HTTPRoute's backend weights and between
-the Ready pods of a version, and advances a queue model per pod: arrivals beyond a replica's
-``capacity_rps`` wait, so waiting requests, TTFT and GPU utilisation rise when replicas are short.
+the Ready pods of a version, and runs each pod's vLLM engine with the fleet model the benchmarks
+score (``infra.fleetmodel``: continuous batching, KV cache, preemption, calibrated step times),
+so waiting requests, TTFT and GPU utilisation behave here as the benchmark says they do.
 It serves what gates and scaling loops read in production — vLLM's and DCGM's metric names on
-``GET /metrics`` — and an OpenAI-compatible ``POST /proxy/{namespace}/{service}/v1/completions``.
+``GET /metrics`` — and an OpenAI-compatible ``POST /proxy/{namespace}/{service}/v1/completions``
+whose requests join the pod's engine and are answered when it has generated them.
 
 Time is scaled: with ``--time-scale 10`` one real second is ten sandbox seconds, so counters grow
-ten times faster and proxied requests sleep a tenth of their simulated latency. Latency values
+ten times faster and a proxied request waits a tenth of its simulated latency. Latency values
 themselves are in sandbox seconds.
 """
 
@@ -18,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import random
 import re
 import threading
@@ -30,6 +31,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from kubernetes import client
 from pydantic import ValidationError
 
+from infra.fleetmodel.engine import Engine, engine_for_service, load_engine
+from infra.fleetmodel.metrics import HISTOGRAMS, Histogram, dcgm_gpu_util
+from infra.fleetmodel.replica import Replica as ModelReplica
+from infra.fleetmodel.replica import Request
 from infra.sandbox.config import (
     DEMAND_CONFIGMAP,
     PROFILES_CONFIGMAP,
@@ -44,180 +49,107 @@ from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 
 log = logging.getLogger("tideplane.fleet")
 
-# vLLM's own bucket boundaries, so dashboards and quantiles behave as on a real fleet.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-
 DEFAULT_GPU_MEMORY_MIB = 81920
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as GPU feature discovery labels nodes
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-SAMPLES_PER_TICK = 16  # latency samples drawn per replica per tick; counts are exact
+PROXY_TIMEOUT_S = 120.0  # real seconds a proxied request waits for its engine
 
 
 # ---------------------------------------------------------------------------------------------
-# Pure model
+# Pure model: the benchmarks' vLLM replica (infra.fleetmodel), fed in sandbox time
 
 
-class Histogram:
-    """A cumulative Prometheus histogram that accepts weighted observations."""
-
-    def __init__(self, bounds: tuple[float, ...]):
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # last slot: +Inf
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float, n: int = 1) -> None:
-        if n <= 0:
-            return
-        index = next((i for i, bound in enumerate(self.bounds) if value <= bound), len(self.bounds))
-        self.counts[index] += n
-        self.sum += value * n
-        self.count += n
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        out, running = [], 0
-        for bound, count in zip((*self.bounds, math.inf), self.counts):
-            running += count
-            out.append(("+Inf" if bound == math.inf else repr(float(bound)), running))
-        return out
-
-
-@dataclass
-class Latency:
-    """One request's time split the way vLLM reports it (sandbox seconds)."""
-
-    queue: float
-    prefill: float
-    decode: float
-    tokens: int
-
-    @property
-    def ttft(self) -> float:
-        return self.queue + self.prefill
-
-    @property
-    def tpot(self) -> float:
-        return self.decode / max(1, self.tokens - 1)
-
-    @property
-    def e2e(self) -> float:
-        return self.queue + self.prefill + self.decode
-
-
-HISTOGRAMS = {
-    "vllm:time_to_first_token_seconds": (TTFT_BUCKETS, "Time to first token in seconds.", lambda l: l.ttft),
-    "vllm:time_per_output_token_seconds": (TPOT_BUCKETS, "Time per output token in seconds.", lambda l: l.tpot),
-    "vllm:inter_token_latency_seconds": (TPOT_BUCKETS, "Inter-token latency in seconds.", lambda l: l.tpot),
-    "vllm:e2e_request_latency_seconds": (REQUEST_BUCKETS, "End-to-end request latency in seconds.", lambda l: l.e2e),
-    "vllm:request_queue_time_seconds": (REQUEST_BUCKETS, "Time spent waiting in the queue in seconds.", lambda l: l.queue),
-    "vllm:request_prefill_time_seconds": (REQUEST_BUCKETS, "Time spent in prefill in seconds.", lambda l: l.prefill),
-    "vllm:request_decode_time_seconds": (REQUEST_BUCKETS, "Time spent in decode in seconds.", lambda l: l.decode),
-}
+def engine_of(profile: Profile) -> Engine:
+    """The profile's calibrated engine, or one with its stated TTFT, TPOT and capacity."""
+    if profile.engine:
+        return load_engine(profile.engine)
+    return engine_for_service(profile.ttft_seconds, profile.tpot_seconds, profile.prompt_tokens, profile.output_tokens,
+                              profile.capacity_rps, profile.gpu_memory_gib)
 
 
 class Replica:
-    """One vLLM replica as a fluid queue: ``capacity_rps`` served per second, the rest waits.
+    """One pod's vLLM engine: continuous batching, KV cache and preemption as in ``infra.fleetmodel``.
 
-    Counts are exact (fractional arrivals carry over between ticks); latencies are drawn around
-    the load-dependent mean so histograms have a realistic spread.
+    The demand arrives as a Poisson stream of requests of the profile's sizes; proxied requests
+    join the same engine. Each completed request fails with the profile's ``error_rate``, drawn
+    per request (HTTP 500), as a flaky release would.
     """
 
-    def __init__(self, profile: Profile, rng: random.Random | None = None):
-        self.profile = profile
+    def __init__(self, profile: Profile, rng: random.Random | None = None, clock: float = 0.0):
         self.rng = rng or random.Random()
-        self.waiting = 0.0  # requests queued (fluid)
-        self.running = 0.0  # requests in the batch
-        self.utilisation = 0.0  # offered load / capacity, capped at 1
-        self.histograms = {name: Histogram(spec[0]) for name, spec in HISTOGRAMS.items()}
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
+        self.profile = profile
+        self.engine = ModelReplica(engine_of(profile), clock=clock)
         self.success = 0
         self.errors = 0
-        self._served_carry = 0.0
-        self._error_carry = 0.0
-        self._extra_arrivals = 0  # proxied requests since the last tick, already observed
+        self.prompt_tokens = 0  # of finished requests (vLLM counts per step; per request keeps totals exact)
+        self.generation_tokens = 0
+        self.busy_fraction = 0.0  # of the last tick: what DCGM samples
+        self._proxied: list[Request] = []  # arrived through the proxy since the last tick
 
-    # -- load-dependent means
+    def set_profile(self, profile: Profile) -> None:
+        if profile != self.profile:
+            self.profile = profile
+            self.engine.engine = engine_of(profile)
 
-    def queue_wait(self) -> float:
-        """Seconds a request arriving now waits before its prefill starts."""
-        return self.waiting / self.profile.capacity_rps
+    @property
+    def clock(self) -> float:
+        return self.engine.clock
 
-    def prefill_seconds(self) -> float:
-        return self.profile.ttft_seconds * (1 + 0.2 * self.utilisation)
+    @property
+    def waiting(self) -> int:
+        return len(self.engine.waiting)
 
-    def token_seconds(self) -> float:
-        return self.profile.tpot_seconds * (1 + 0.3 * self.utilisation)
-
-    def mean_latency(self, tokens: int | None = None) -> Latency:
-        tokens = tokens or self.profile.output_tokens
-        return Latency(self.queue_wait(), self.prefill_seconds(), self.token_seconds() * max(0, tokens - 1), tokens)
+    @property
+    def running(self) -> int:
+        return len(self.engine.running)
 
     @property
     def kv_cache_usage(self) -> float:
-        return min(1.0, 0.9 * self.utilisation + (0.1 if self.waiting >= 1 else 0.0))
+        return min(1.0, self.engine.kv_usage)
 
     @property
     def gpu_utilisation(self) -> float:
-        """Percent, as DCGM_FI_DEV_GPU_UTIL reports it."""
-        return 100.0 if self.waiting >= 1 else round(5 + 95 * self.utilisation, 1)
+        """Percent, as DCGM_FI_DEV_GPU_UTIL reports it: near full whenever a batch runs."""
+        return dcgm_gpu_util(self.busy_fraction, self.engine.engine.busy_duty)
 
-    # -- time
+    @property
+    def histograms(self) -> dict[str, Histogram]:
+        return self.engine.histograms
+
+    @property
+    def preemptions(self) -> int:
+        return self.engine.preemptions
 
     def advance(self, rps: float, dt: float) -> int:
         """Offer ``rps`` for ``dt`` sandbox seconds; returns the requests completed (incl. errors)."""
-        capacity = self.profile.capacity_rps * dt
-        before = self.waiting
-        arrivals = rps * dt + self._extra_arrivals
-        self.waiting = max(0.0, before + arrivals - capacity)
-        served = before + arrivals - self.waiting
-        self.utilisation = min(1.0, (arrivals / dt) / self.profile.capacity_rps) if dt > 0 else 0.0
-        if self.waiting >= 1:
-            self.utilisation = 1.0
-        mean = self.mean_latency()
-        self.running = (served / dt) * (mean.prefill + mean.decode) if dt > 0 else 0.0
+        start, end = self.engine.clock, self.engine.clock + dt
+        arrivals, t = [], start
+        while rps > 0:
+            t += self.rng.expovariate(rps)
+            if t >= end:
+                break
+            arrivals.append(Request(t, self.profile.prompt_tokens, self.profile.output_tokens))
+        arrivals = sorted(arrivals + self._proxied, key=lambda r: r.arrival_s)
+        self._proxied = []
+        busy = self.engine.busy_s
+        self.engine.advance_to(end, arrivals)
+        self.busy_fraction = (self.engine.busy_s - busy) / dt if dt > 0 else 0.0
+        done = self.engine.finished
+        self.engine.finished = []
+        self.engine.first_tokens.clear()
+        for request in done:
+            self.prompt_tokens += request.prompt_tokens
+            self.generation_tokens += request.output_tokens
+            request.failed = self.rng.random() < self.profile.error_rate
+            self.errors += request.failed
+            self.success += not request.failed
+        return len(done)
 
-        self._served_carry += served
-        completed = int(self._served_carry)
-        self._served_carry -= completed
-        synthetic = max(0, completed - self._extra_arrivals)
-        self._extra_arrivals = max(0, self._extra_arrivals - completed)
-
-        self._error_carry += synthetic * self.profile.error_rate
-        errors = int(self._error_carry)
-        self._error_carry -= errors
-        self.errors += errors
-        self._observe(synthetic - errors, (before + self.waiting) / 2 / self.profile.capacity_rps)
-        return completed
-
-    def _observe(self, n: int, queue: float) -> None:
-        if n <= 0:
-            return
-        mean = self.mean_latency()
-        groups = min(n, SAMPLES_PER_TICK)
-        for i in range(groups):
-            weight = n // groups + (1 if i < n % groups else 0)
-            jitter = self.rng.lognormvariate(0, 0.15)
-            self._record(Latency(queue, mean.prefill * jitter, mean.decode * self.rng.lognormvariate(0, 0.1), mean.tokens), weight)
-
-    def _record(self, latency: Latency, n: int = 1) -> None:
-        for name, (_, _, value) in HISTOGRAMS.items():
-            self.histograms[name].observe(value(latency), n)
-        self.success += n
-        self.prompt_tokens += n * self.profile.prompt_tokens
-        self.generation_tokens += n * latency.tokens
-
-    def serve(self, max_tokens: int) -> Latency | None:
-        """A proxied request: joins the queue; returns its latency, or None when it fails (500)."""
-        self._extra_arrivals += 1
-        if self.rng.random() < self.profile.error_rate:
-            self.errors += 1
-            return None
-        latency = self.mean_latency(max(1, min(max_tokens, self.profile.output_tokens)))
-        self._record(latency)
-        return latency
+    def submit(self, prompt_tokens: int, max_tokens: int) -> Request:
+        """A proxied request joins the queue now; it is done when its ``finished_s`` is set."""
+        request = Request(self.engine.clock, max(1, prompt_tokens), max(1, min(max_tokens, self.profile.output_tokens)))
+        self._proxied.append(request)
+        return request
 
 
 def demand_rps(demand: Demand, t: float) -> float:
@@ -461,7 +393,7 @@ class Fleet:
                 if key not in self.replicas and is_ready(pod):
                     info = PodInfo(key[0], key[1], labels[LABEL_APP], labels.get(LABEL_VERSION, ""), labels.get(LABEL_MODEL, ""), pod["spec"]["nodeName"])
                     profile = profile_for(cluster.profiles, info.model, info.version)
-                    self.replicas[key] = (info, Replica(profile, random.Random(self.rng.random())))
+                    self.replicas[key] = (info, Replica(profile, random.Random(self.rng.random()), clock=self.clock))
             for key in [k for k in self.replicas if k not in present]:
                 del self.replicas[key]
             dt = real_dt * self.time_scale
@@ -469,7 +401,7 @@ class Fleet:
             demand = self._current_demand(cluster.demand)
             rates = pod_rates(demand, cluster.routes, cluster.services, cluster.pods)
             for key, (info, replica) in self.replicas.items():
-                replica.profile = profile_for(cluster.profiles, info.model, info.version)
+                replica.set_profile(profile_for(cluster.profiles, info.model, info.version))
                 replica.advance(rates.get(key, 0.0) if is_ready(present[key]) else 0.0, dt)
             self._assign_gpus(present)
             self.mirrors.advance(demand, cluster.routes, self._serving_version, dt)
@@ -525,15 +457,29 @@ class Fleet:
             self._round_robin += 1
             return self.replicas[ready[self._round_robin % len(ready)]]
 
+    def wait_for(self, info: PodInfo, request: Request) -> str | None:
+        """Block (real time) until the engine has answered a proxied request: "done", "timeout", or
+        None when its pod is gone."""
+        deadline = time.monotonic() + PROXY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with self.lock:
+                if (info.namespace, info.name) not in self.replicas:
+                    return None
+                if hasattr(request, "failed"):
+                    return "done"
+            time.sleep(0.02)
+        return "timeout"
+
     def metrics(self) -> str:
         with self.lock:
             out = Exposition()
             for info, replica in self.replicas.values():
                 labels = info.labels()
-                out.sample("vllm:num_requests_waiting", "gauge", "Requests waiting to be processed.", labels, math.floor(replica.waiting))
-                out.sample("vllm:num_requests_running", "gauge", "Requests in the running batch.", labels, round(replica.running, 2))
+                out.sample("vllm:num_requests_waiting", "gauge", "Requests waiting to be processed.", labels, replica.waiting)
+                out.sample("vllm:num_requests_running", "gauge", "Requests in the running batch.", labels, replica.running)
                 out.sample("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 1 means 100 percent.", labels, round(replica.kv_cache_usage, 4))
-                for name, (_, help_text, _) in HISTOGRAMS.items():
+                out.sample("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions from the engine.", labels, replica.preemptions)
+                for name, (_, help_text) in HISTOGRAMS.items():
                     out.histogram(name, help_text, labels, replica.histograms[name])
                 out.sample("vllm:prompt_tokens_total", "counter", "Prefill tokens processed.", labels, replica.prompt_tokens)
                 out.sample("vllm:generation_tokens_total", "counter", "Generation tokens processed.", labels, replica.generation_tokens)
@@ -586,17 +532,18 @@ class Fleet:
 _PROXY = re.compile(r"^/proxy/([a-z0-9-]+)/([a-z0-9-]+)(/.*)$")
 
 
-def completion_body(info: PodInfo, latency: Latency, prompt_tokens: int, max_tokens: int) -> dict:
+def completion_body(info: PodInfo, request: Request, max_tokens: int) -> dict:
     """An OpenAI text_completion response as vLLM returns it."""
     words = ("the", "tide", "rises", "and", "falls", "over", "the", "plane")
-    text = " ".join(words[i % len(words)] for i in range(latency.tokens))
+    text = " ".join(words[i % len(words)] for i in range(request.output_tokens))
+    prompt_tokens = request.prompt_tokens
     return {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "object": "text_completion",
         "created": int(time.time()),
         "model": info.model,
-        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": "length" if latency.tokens >= max_tokens else "stop"}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": latency.tokens, "total_tokens": prompt_tokens + latency.tokens},
+        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": "length" if request.output_tokens >= max_tokens else "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": request.output_tokens, "total_tokens": prompt_tokens + request.output_tokens},
     }
 
 
@@ -668,15 +615,18 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
                 return
             info, replica = target
             with fleet.lock:
-                latency = replica.serve(max_tokens)
-            time.sleep((latency.e2e if latency else replica.profile.ttft_seconds) / fleet.time_scale)
-            if latency is None:
+                submitted = replica.submit(max(1, len(str(prompt)) // 4), max_tokens)
+            outcome = fleet.wait_for(info, submitted)
+            if outcome is None:
+                self._error(503, f"pod {info.name} went away before answering")
+            elif outcome == "timeout":
+                self._error(504, f"pod {info.name} did not answer within {PROXY_TIMEOUT_S:g}s")
+            elif submitted.failed:
                 self._error(500, f"simulated failure of {info.model}@{info.version} in pod {info.name}")
-                return
-            prompt_tokens = max(1, len(str(prompt)) // 4)
-            body = completion_body(info, latency, prompt_tokens, max_tokens)
-            body["choices"][0]["text"] = answer(str(prompt), info.version, replica.profile)  # infra/sandbox/answers.py
-            self._send(200, json.dumps(body).encode())
+            else:
+                body = completion_body(info, submitted, max_tokens)
+                body["choices"][0]["text"] = answer(str(prompt), info.version, replica.profile)  # infra/sandbox/answers.py
+                self._send(200, json.dumps(body).encode())
 
     return Handler
 

@@ -1,6 +1,7 @@
-"""The fleet simulator's pure parts: queue model, traffic split, GPU assignment, exposition."""
+"""The fleet simulator's pure parts: the fleet model's replicas per pod, traffic split, GPU assignment, exposition."""
 
 import random
+import re
 
 import pytest
 
@@ -8,10 +9,10 @@ from infra.sandbox.config import Demand, Profile
 from infra.sandbox.fleet import (
     Cluster,
     Fleet,
-    Histogram,
     Replica,
     assign_gpus,
     demand_rps,
+    engine_of,
     pod_rates,
     profile_for,
 )
@@ -36,52 +37,62 @@ def route(weights, namespace="llm-serving"):
     return {"metadata": {"name": "chat", "namespace": namespace}, "spec": {"rules": [{"backendRefs": [{"name": n, "port": 8000, "weight": w} for n, w in weights.items()]}]}}
 
 
-def test_replica_under_capacity_has_no_queue():
-    replica = Replica(PROFILE, random.Random(1))
-    served = sum(replica.advance(2.0, 1.0) for _ in range(100))
-    assert served == 200
-    assert replica.waiting == 0
-    assert replica.utilisation == pytest.approx(0.5)
-    assert replica.gpu_utilisation < 100
+def _ttft_mean(replica):
     ttft = replica.histograms["vllm:time_to_first_token_seconds"]
-    assert ttft.count == 200
-    assert 0.15 < ttft.sum / ttft.count < 0.35  # prefill only, no queueing
-    assert replica.generation_tokens == 200 * 101
-    assert replica.prompt_tokens == 200 * 300
+    return ttft.sum / ttft.count
+
+
+def test_replica_under_capacity_has_no_queue_but_a_busy_gpu():
+    replica = Replica(PROFILE, random.Random(1))
+    served = sum(replica.advance(2.0, 1.0) for _ in range(300))
+    assert 540 < served < 660  # Poisson arrivals at 2/s
+    assert replica.waiting == 0
+    assert 0.15 < _ttft_mean(replica) < 0.4  # a prefill step and some sharing, no queueing
+    assert replica.gpu_utilisation > 90  # DCGM: a request is always running at half the capacity
+    assert replica.generation_tokens == 101 * served and replica.prompt_tokens == 300 * served
 
 
 def test_replica_short_of_capacity_queues_and_ttft_rises():
     replica = Replica(PROFILE, random.Random(1))
-    for _ in range(10):
+    for _ in range(300):
         replica.advance(8.0, 1.0)  # twice the capacity
-    assert replica.waiting == pytest.approx(40)
-    assert replica.queue_wait() == pytest.approx(10)
-    assert replica.gpu_utilisation == 100
-    assert replica.kv_cache_usage == 1.0
+    assert replica.running >= 0.9 * engine_of(PROFILE).max_num_seqs  # the batch is full ...
+    assert replica.waiting > 300  # ... and what it cannot serve queues behind it (it saturates at 1.5 x 4 req/s)
+    assert replica.gpu_utilisation >= 95
     queue = replica.histograms["vllm:request_queue_time_seconds"]
     assert queue.sum / queue.count > 2
-    assert replica.success == 40  # only capacity is served
-    # demand drops: the backlog drains at capacity
-    replica.advance(0.0, 10.0)
-    assert replica.waiting == 0
+    assert 4.5 < replica.success / 300 < 7.0  # served at about 1.5 x capacity_rps (engine_for_service is a mean-field fit)
+    for _ in range(1000):  # demand drops: the backlog drains
+        replica.advance(0.0, 1.0)
+    assert replica.waiting == 0 and replica.running == 0 and replica.gpu_utilisation == 0
 
 
-def test_errors_follow_the_profile_rate_exactly_over_time():
+def test_calibrated_engine_profile_uses_the_fleet_model_table():
+    fast = Replica(Profile(engine="llama-3.1-8b/H200x1", error_rate=0.0, prompt_tokens=500, output_tokens=200), random.Random(1))
+    for _ in range(60):
+        fast.advance(20.0, 1.0)  # what the 4 req/s profile could never serve
+    assert fast.waiting == 0 and 1000 < fast.success < 1400
+    with pytest.raises(ValueError, match="unknown engine"):
+        Profile(engine="gpt-5/TPU")
+
+
+def test_errors_are_drawn_per_request_at_the_profile_rate():
     replica = Replica(PROFILE.model_copy(update={"error_rate": 0.1}), random.Random(1))
-    for _ in range(100):
+    for _ in range(300):
         replica.advance(3.0, 1.0)
-    assert replica.errors + replica.success == 300
-    assert replica.errors == 30
+    total = replica.errors + replica.success
+    assert 800 < total < 1000
+    assert 0.07 < replica.errors / total < 0.13
 
 
-def test_proxied_requests_count_once():
+def test_proxied_request_joins_the_engine_and_counts_once():
     replica = Replica(PROFILE, random.Random(1))
-    latency = replica.serve(max_tokens=16)
-    assert latency is not None and latency.tokens == 16
-    assert latency.e2e == pytest.approx(latency.queue + latency.prefill + latency.decode)
-    assert replica.success == 1
-    replica.advance(0.0, 1.0)  # the tick completes it without observing it again
-    assert replica.success == 1
+    request = replica.submit(prompt_tokens=40, max_tokens=16)
+    assert request.finished_s is None
+    assert replica.advance(0.0, 5.0) == 1
+    assert request.output_tokens == 16 and request.ttft > 0 and request.finished_s > request.first_token_s
+    assert replica.success == 1 and request.failed is False
+    replica.advance(0.0, 1.0)
     assert replica.histograms["vllm:e2e_request_latency_seconds"].count == 1
 
 
@@ -119,15 +130,6 @@ def test_gpu_assignment_keeps_holders_and_frees_departed():
     assert second == {"n": ["ns/c", "ns/c", "ns/b", None]}
 
 
-def test_histogram_is_cumulative():
-    hist = Histogram((0.1, 1.0))
-    hist.observe(0.05, 3)
-    hist.observe(0.5)
-    hist.observe(5)
-    assert hist.cumulative() == [("0.1", 3), ("1.0", 4), ("+Inf", 5)]
-    assert hist.count == 5 and hist.sum == pytest.approx(5.65)
-
-
 def test_fleet_exposes_vllm_and_dcgm_series_per_pod():
     fleet = Fleet(time_scale=10, seed=1)
     node = {"metadata": {"name": "node-a", "labels": {"nvidia.com/gpu.memory": "81920"}}, "status": {"allocatable": {GPU_RESOURCE: "2"}}}
@@ -136,9 +138,11 @@ def test_fleet_exposes_vllm_and_dcgm_series_per_pod():
     fleet.update(cluster, 0.5)  # 10 sandbox seconds at 2 rps
     text = fleet.metrics()
     labels = 'namespace="llm-serving",pod="v1-a",deployment="chat",version="1",model_name="llama",node="node-a"'
-    assert f'vllm:request_success_total{{{labels},finished_reason="length"}} 20.0' in text
-    assert f'vllm:time_to_first_token_seconds_count{{{labels}}} 20.0' in text
-    assert f'http_requests_total{{{labels},status="200",handler="/v1/completions"}} 20.0' in text
+    served = int(re.search(rf'vllm:request_success_total{{{re.escape(labels)},finished_reason="length"}} (\d+)\.0', text).group(1))
+    assert 8 <= served <= 32  # Poisson at 2 rps for 10 s, minus the few still in the batch
+    assert f'vllm:e2e_request_latency_seconds_count{{{labels}}} {float(served)!r}' in text
+    assert f'http_requests_total{{{labels},status="200",handler="/v1/completions"}} {float(served)!r}' in text
+    assert f'vllm:num_preemptions_total{{{labels}}} 0.0' in text
     assert "# TYPE vllm:e2e_request_latency_seconds histogram" in text
     assert 'DCGM_FI_DEV_FB_USED{gpu="0",' in text and 'Hostname="node-a",namespace="llm-serving",pod="v1-a"' in text
     assert 'DCGM_FI_DEV_FB_FREE{gpu="1",' in text

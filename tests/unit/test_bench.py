@@ -1,4 +1,4 @@
-"""The benchmarks' bookkeeping, on small slices of the real traces and hand-built cases."""
+"""The benchmarks' bookkeeping and the baselines' rules, on hand-built cases and small trace slices."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import boto3
 import pytest
 
 from benchmarks import scaling, spot, staging, traces
-from benchmarks.fleet_sim import FleetConfig, simulate
-from benchmarks.scaling import SeedPolicy, StaticPolicy, TideplanePolicy
+from benchmarks.baselines import HpaPolicy, HpaRule, KedaPolicy, OraclePolicy, StaticPolicy
+from benchmarks.scaling import TideplanePolicy
+from infra.fleetmodel.fleet import Aggregate, FleetConfig, simulate
+from infra.fleetmodel.sizes import fixed
 from workflows.scaling.decide import ScalingPolicy, Signals
 from workflows.scaling.floors import DeploymentFloors, FloorEntry, PrewarmSpec
 
@@ -20,45 +22,19 @@ CFG = FleetConfig()
 T0 = datetime.fromisoformat(scaling.DEFAULT_START)
 
 
-@pytest.fixture(scope="module")
-def day():
-    """One day of the first 12 m-large clients at a 15 s step."""
-    rate = traces.load_servegen("m-large", clients=12)
-    return rate.arrivals(CFG.step_s, seed=0)[: round(86400 / CFG.step_s)]
+def _run(counts: list[float], policy, cfg: FleetConfig = CFG):
+    """``policy`` over per-second arrivals of 500-token prompts and 200-token answers."""
+    return simulate(Aggregate(counts, cfg.step_s, fixed(500, 200), cfg.load()), policy, len(counts), cfg, [], "aggregate")
 
 
-@pytest.fixture(scope="module")
-def results(day):
-    return {p.name: simulate(day, p, CFG) for p in scaling.policies(day, CFG, None, "UTC", T0)}
-
-
-def test_gpu_hours_are_the_integral_of_replicas(results):
-    for r in results.values():
-        assert r.gpu_hours == pytest.approx(sum(r.replicas) * CFG.step_s / 3600)
-        assert r.cost == pytest.approx(r.gpu_hours * CFG.gpu_hour_price)
-    hour = simulate([0.0] * 240, StaticPolicy("three", 3), CFG)  # 240 steps of 15 s
+def test_gpu_hours_are_the_integral_of_replicas():
+    hour = _run([0.0] * 3600, StaticPolicy("three", 3))
     assert hour.gpu_hours == pytest.approx(3.0)
-
-
-def test_static_peak_never_violates_the_slo(day, results):
-    peak = results["static-peak"]
-    assert peak.slo_minutes_percent == 100.0
-    assert peak.p99_delay_s == 0 and max(peak.delay_s) == 0
-    assert peak.replicas[0] == math.ceil(max(day) / CFG.step_s / CFG.capacity_rps)
-    assert peak.scale_events == 0
-
-
-def test_a_fleet_of_one_violates_under_the_peak(day):
-    one = simulate(day, StaticPolicy("one", 1), CFG)
-    peak_minute = max(range(len(one.minute_ok)), key=lambda m: sum(day[m * 4 : m * 4 + 4]))
-    assert not one.minute_ok[peak_minute]
-    assert one.slo_minutes_percent < 100
-    assert one.p99_delay_s > CFG.ttft_slo_s
+    assert hour.cost == pytest.approx(3.0 * CFG.gpu_hour_price)
+    assert hour.slo_minutes_percent == 100.0  # minutes without requests are not violations
 
 
 def test_cold_start_delays_service_as_configured():
-    cfg = FleetConfig(step_s=15, capacity_rps=1, cold_start_s=240)
-
     class StepUp:
         name, interval_s = "step-up", 30.0
 
@@ -68,29 +44,59 @@ def test_cold_start_delays_service_as_configured():
         def desired(self, now_s, current, ready, signals) -> int:
             return 3
 
-    r = simulate([30.0] * 80, StepUp(), cfg)  # 2 req/s of demand, 1 req/s per replica
-    first = 2  # the first decision runs at t = 30 s (step 2)
+    capacity = Aggregate([0.0], 15, fixed(500, 200), CFG.load()).window(0).capacity_rps
+    r = _run([2.5 * capacity] * 1200, StepUp())  # 2.5 replicas of demand on one
+    first = 2  # the first decision runs at t = 30 s (scrape 2)
     assert r.replicas[first - 1] == 1 and r.replicas[first] == 3  # paid from the order on
-    ready_at = first + round(240 / 15)
+    ready_at = first + round(CFG.cold_start_s / CFG.scrape_s)
     assert r.ready[ready_at - 1] == 1 and r.ready[ready_at] == 3  # serving only after the cold start
-    assert r.delay_s[ready_at - 1] > 0 and r.delay_s[-1] == 0  # the queue drains once they serve
+    assert r.minute_p99_exact[2] > CFG.ttft_slo_s and r.minute_p99_exact[-1] < CFG.ttft_slo_s  # the backlog drains
 
 
-def test_seed_policy_rules():
-    from workflows.scaling.decide import Signals
+def test_hpa_rule_tolerance_scale_up_limit_and_down_stabilisation():
+    hpa = HpaPolicy(start=4, target_percent=50)
+    assert hpa.desired(0, 4, 4, Signals(gpu_util_percent=53)) == 4  # within 10 % of target
+    assert hpa.desired(15, 4, 4, Signals(gpu_util_percent=100)) == 8  # ceil(4 * 100 / 50)
+    assert HpaPolicy(start=10, target_percent=10).desired(0, 10, 10, Signals(gpu_util_percent=100)) == 20  # +100 % per sync at most
+    assert HpaPolicy(start=2, target_percent=10).desired(0, 2, 2, Signals(gpu_util_percent=100)) == 6  # or +4 pods
+    assert hpa.desired(30, 8, 8, Signals(gpu_util_percent=10)) == 8  # 2 wanted, but 8 was recommended < 300 s ago
+    assert hpa.desired(316, 8, 8, Signals(gpu_util_percent=10)) == 2  # the window has passed
+    assert hpa.desired(330, 2, 2, Signals()) == 2  # no metric: hold
+    capped = HpaPolicy(start=4, target_percent=50, rule=HpaRule(max_replicas=5))
+    assert capped.desired(0, 4, 4, Signals(gpu_util_percent=100)) == 5
 
-    seed = SeedPolicy(start=4)
-    assert seed.desired(0, 4, 4, Signals(queue_waiting=120, gpu_util_percent=99)) == 4 + 6
-    assert seed.desired(30, 4, 4, Signals(queue_waiting=0, gpu_util_percent=10)) == 4
-    assert seed.desired(629, 4, 4, Signals(queue_waiting=0, gpu_util_percent=10)) == 4
-    assert seed.desired(630, 4, 4, Signals(queue_waiting=0, gpu_util_percent=10)) == 3
+
+def test_keda_rule_sizes_on_the_total_per_replica():
+    waiting = KedaPolicy(start=2, target_per_replica=10)
+    assert waiting.desired(0, 2, 2, Signals(queue_waiting=95, running=400)) == 6  # ceil(95 / 10), +4 pods at most
+    assert waiting.desired(15, 6, 6, Signals(queue_waiting=0, running=400)) == 6  # stabilising
+    assert waiting.desired(400, 6, 6, Signals(queue_waiting=0, running=400)) == 1  # min replicas: waiting alone says nothing is needed
+    in_flight = KedaPolicy(start=2, target_per_replica=100, metric="in_flight")
+    assert in_flight.desired(0, 2, 2, Signals(queue_waiting=95, running=400)) == 5  # ceil(495 / 100)
+    assert in_flight.desired(15, 5, 5, Signals(queue_waiting=0, running=480)) == 5  # 480 / (100 x 5): within tolerance
+    assert in_flight.desired(30, 5, 5, Signals(error="prometheus down")) == 5
+
+
+def test_oracle_sizes_each_interval_for_its_busiest_second():
+    counts = [10.0] * 15 + [95.0] + [10.0] * 14
+    oracle = OraclePolicy(counts, lambda t: 20.0)
+    assert oracle.initial() == 1  # seconds 0-14: ceil(10 / 20)
+    assert oracle.need(15) == 5  # seconds 15-29 hold the burst: ceil(95 / 20)
+
+
+def test_curves_are_compared_at_equal_slo_on_their_frontier():
+    curve = [(90.0, 100.0), (99.0, 300.0), (95.0, 500.0), (100.0, 400.0)]  # (95, 500) is dominated by (99, 300)
+    assert scaling.frontier(curve) == [(90.0, 100.0), (99.0, 300.0), (100.0, 400.0)]
+    assert scaling.at_slo(curve, 94.5) == pytest.approx(200.0)
+    assert scaling.at_slo(curve, 99.5) == pytest.approx(350.0)
+    assert scaling.at_slo(curve, 80.0) is None
 
 
 def test_tideplane_policy_applies_schedule_floor_at_local_time():
     floors = DeploymentFloors(deployment="bench/fleet", floors=[FloorEntry(at="09:00", replicas=12), FloorEntry(at="18:00", replicas=0)])
     p = TideplanePolicy(ScalingPolicy(min_replicas=1, max_replicas=50), start=2, floors=floors, time_zone="Europe/Paris", t0=T0)
     # t0 is Monday 00:00 UTC = 01:00 in Paris; 08:00 UTC = 09:00 local
-    r = simulate([0.0] * round(86400 / 15), p, CFG)
+    r = _run([0.0] * 86400, p)
     nine = round(8 * 3600 / 15)
     assert max(r.replicas[: nine - 2]) == 2
     assert r.replicas[nine + 2] == 12
@@ -108,6 +114,19 @@ def test_prewarm_learns_from_demand_not_from_its_own_floors():
     week = 7 * 86400
     assert p.floor(week + 8 * 3600 + 55 * 60) == 12  # Monday 08:55: the 09h demand is 10 minutes ahead
     assert p.floor(week + 14 * 3600) == 0  # Monday 14h: 12 replicas stood idle, the load needed none
+
+
+def test_scaling_bench_on_a_day_of_servegen(tmp_path):
+    """Every family runs, the oracle is the cheapest fleet within the SLO, files are written."""
+    (report,) = scaling.run(traces.SERVEGEN, tmp_path, CFG, seeds=(0,), clients=12, days=0.5, tuned=False)
+    (runs,) = report.runs
+    by = {r.policy: r for r in runs}
+    assert {scaling.family(n) for n in by} == {"oracle", "static", "hpa", "keda-waiting", "keda-in_flight", "tideplane"}
+    oracle = by["oracle"]
+    assert oracle.slo_minutes_percent >= 99.0
+    within = [r for r in runs if r.slo_minutes_percent >= oracle.slo_minutes_percent]
+    assert min(within, key=lambda r: r.gpu_hours) is oracle
+    assert {p.suffix for p in tmp_path.iterdir()} == {".csv", ".md", ".png"}
 
 
 def _scenario(*availability: list[bool], spot_prices=(10.0, 20.0), launched=None) -> spot.Scenario:

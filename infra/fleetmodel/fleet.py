@@ -1,0 +1,451 @@
+"""A fleet of vLLM replicas under a scaling policy, in simulated time; two interchangeable modes.
+
+The control loop is shared: Prometheus scrapes every ``scrape_s``; a policy sees what the product's
+signal queries would read (``workflows.scaling.activities.DEFAULT_SIGNAL_QUERIES``: waiting and
+running requests summed, KV-cache usage max, TTFT p99 as ``histogram_quantile`` over the rate of
+vLLM's buckets in a 1-minute window, DCGM utilisation averaged over the serving pods) and is asked
+for replicas every ``interval_s``; a replica ordered at t serves from ``t + cold_start_s`` and is
+paid for from t. Each minute is within the SLO when the p99 TTFT of the requests whose first token
+came in that minute is at most ``ttft_slo_s``: by ``histogram_quantile`` over vLLM's buckets
+(what an alert or a dashboard shows) and exactly (reported beside it).
+
+Modes (``Backend``):
+- ``RequestLevel``: every request through ``infra.fleetmodel.replica.Replica`` (continuous
+  batching, KV cache, preemption), round-robin over the Ready replicas. For slices of hours.
+- ``Aggregate``: the same engine as mean-field steady state per step: per-replica step time from
+  the batch the load keeps in flight, a fleet-wide FIFO backlog once the replicas saturate
+  (step-time blow-up, ``max_num_seqs`` or KV cache), TTFT per prompt-size quantile. For 14 days.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from infra.fleetmodel.engine import Engine, load_engine
+from infra.fleetmodel.metrics import TTFT_BUCKETS, bucket_counts, dcgm_gpu_util, exact_quantile, histogram_quantile
+from infra.fleetmodel.replica import Replica, Request
+from infra.fleetmodel.sizes import SizeMix
+from workflows.scaling.decide import Signals
+
+SATURATION = 0.97  # a replica's step time diverges as its token load -> 1; it stops admitting more here
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    engine: str | None = None  # calibration.yaml engine (None: its default_engine)
+    cold_start_s: float = 240.0  # node boot + image pull + weight load + warm-up
+    ttft_slo_s: float = 2.0  # p99 TTFT target of a minute
+    scrape_s: float = 15.0
+    rate_window_s: float = 60.0
+    step_s: float = 5.0  # aggregate mode's step (the request-level mode has none)
+    gpu_hour_price: float = 10.32  # $/GPU-hour: a3-highgpu-8g on demand / 8 (SkyNomad trace metadata, us-central1)
+
+    def load(self) -> Engine:
+        return load_engine(self.engine)
+
+
+class Policy(Protocol):
+    """A controller: called every ``interval_s`` with what Prometheus shows, returns desired replicas."""
+
+    name: str
+    interval_s: float
+
+    def initial(self) -> int: ...
+
+    def desired(self, now_s: float, current: int, ready: int, signals: Signals) -> int: ...
+
+
+@dataclass
+class Scrape:
+    """What one scrape interval produced, as the exporters would show it at its end."""
+
+    ttft: list[tuple[float, float]]  # (seconds, requests) of the first tokens emitted in the interval
+    waiting: float
+    running: float
+    kv_usage_max: float
+    gpu_util: float | None  # mean DCGM_FI_DEV_GPU_UTIL over the serving replicas (None: none serve)
+    preemptions: int = 0
+
+
+class Backend(Protocol):
+    def serve(self, t0: float, t1: float, ready: int) -> Scrape: ...
+
+
+@dataclass
+class Result:
+    policy: str
+    mode: str
+    scrape_s: float
+    gpus_per_replica: int
+    arrivals: list[float]  # requests arriving per scrape interval
+    replicas: list[int]  # replicas paid for in each scrape interval (starting + ready)
+    ready: list[int]
+    minute_p99_hist: list[float]  # histogram_quantile(0.99) of each minute's TTFT (nan: no request)
+    minute_p99_exact: list[float]
+    hour_buckets: list[list[float]]  # TTFT bucket counts of each hour
+    hour_fine: list[dict[int, float]]  # each hour's TTFTs in 2 %-wide bins (``fine_bin``): the "exact" p99 of a span
+    scale_events: int
+    preemptions: int
+    config: FleetConfig
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(self.replicas) * self.scrape_s / 3600 * self.gpus_per_replica
+
+    @property
+    def cost(self) -> float:
+        return self.gpu_hours * self.config.gpu_hour_price
+
+    def _ok(self, values: list[float]) -> float:
+        ok = sum(1 for v in values if not v > self.config.ttft_slo_s)  # nan (no request) counts as within
+        return 100.0 * ok / len(values) if values else 100.0
+
+    @property
+    def slo_minutes_percent(self) -> float:
+        """Minutes whose histogram_quantile p99 TTFT is within the SLO, percent."""
+        return self._ok(self.minute_p99_hist)
+
+    @property
+    def slo_minutes_percent_exact(self) -> float:
+        return self._ok(self.minute_p99_exact)
+
+    @property
+    def ttft_p99_hist(self) -> float:
+        """histogram_quantile(0.99) over the whole run's TTFT buckets."""
+        return histogram_quantile(0.99, TTFT_BUCKETS, [sum(c) for c in zip(*self.hour_buckets)]) if self.hour_buckets else math.nan
+
+    @property
+    def ttft_p99_exact(self) -> float:
+        """p99 of the TTFTs themselves (to 2 %), not interpolated inside vLLM's buckets."""
+        merged: dict[int, float] = {}
+        for hour in self.hour_fine:
+            for k, w in hour.items():
+                merged[k] = merged.get(k, 0.0) + w
+        return exact_quantile([(fine_value(k), w) for k, w in merged.items()], 0.99)
+
+    def hours(self, start_h: int, end_h: int) -> Result:
+        """The same run scored over hours [start_h, end_h) only (the policy ran all along)."""
+        per_hour = round(3600 / self.scrape_s)
+        scrapes = slice(start_h * per_hour, end_h * per_hour)
+        return replace(
+            self, arrivals=self.arrivals[scrapes], replicas=self.replicas[scrapes], ready=self.ready[scrapes],
+            minute_p99_hist=self.minute_p99_hist[start_h * 60 : end_h * 60], minute_p99_exact=self.minute_p99_exact[start_h * 60 : end_h * 60],
+            hour_buckets=self.hour_buckets[start_h:end_h], hour_fine=self.hour_fine[start_h:end_h],
+        )
+
+
+def signals_of(window: deque, last: Scrape) -> Signals:
+    """What the loop's default queries return after a scrape (``window``: bucket counts of the rate window)."""
+    buckets = [sum(c) for c in zip(*window)] if window else []
+    p99 = histogram_quantile(0.99, TTFT_BUCKETS, buckets) if buckets else math.nan
+    return Signals(
+        queue_waiting=last.waiting,
+        running=last.running,
+        kv_cache_usage=last.kv_usage_max,
+        ttft_p99_seconds=None if math.isnan(p99) else p99,
+        gpu_util_percent=last.gpu_util,
+    )
+
+
+def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConfig, arrivals: list[float], mode: str) -> Result:
+    """Run ``policy`` over ``duration_s`` of the backend's demand; ``arrivals`` per scrape, for the report."""
+    engine = cfg.load()
+    scrape = cfg.scrape_s
+    if 60 % scrape:
+        raise ValueError(f"scrape_s must divide a minute, got {scrape}")
+    decide_every = max(1, round(policy.interval_s / scrape))
+    window: deque = deque(maxlen=max(1, round(cfg.rate_window_s / scrape)))
+    ready = policy.initial()  # a fleet that exists at t=0 is already warm
+    booting: deque[float] = deque()  # ready-at times, oldest first
+    last: Scrape | None = None
+    replicas_out, ready_out, minute_hist, minute_exact = [], [], [], []
+    minute_points: list[tuple[float, float]] = []
+    minute_buckets = [0.0] * (len(TTFT_BUCKETS) + 1)
+    hour_buckets: list[list[float]] = []
+    hour_fine: list[dict[int, float]] = []
+    events = preemptions = 0
+    per_minute = round(60 / scrape)
+    steps = math.ceil(duration_s / scrape - 1e-9)
+    for i in range(steps):
+        now = i * scrape
+        while booting and booting[0] <= now:
+            booting.popleft()
+            ready += 1
+        if i and i % decide_every == 0:
+            current = ready + len(booting)
+            signals = signals_of(window, last) if last is not None else Signals(error="no scrape yet")
+            want = max(0, policy.desired(now, current, ready, signals))
+            events += want != current
+            while want > ready + len(booting):
+                booting.append(now + cfg.cold_start_s)
+            while want < ready + len(booting):
+                if booting:
+                    booting.pop()  # cancel the newest order first: it is furthest from serving
+                else:
+                    ready -= 1
+            while booting and booting[0] <= now:  # zero cold start: serving at once
+                booting.popleft()
+                ready += 1
+        out = backend.serve(now, min(now + scrape, duration_s), ready)
+        preemptions += out.preemptions
+        replicas_out.append(ready + len(booting))
+        ready_out.append(ready)
+        counts = bucket_counts(TTFT_BUCKETS, out.ttft)
+        window.append(counts)
+        last = out
+        minute_points.extend(out.ttft)
+        minute_buckets = [a + b for a, b in zip(minute_buckets, counts)]
+        if (i + 1) % per_minute == 0 or i == steps - 1:
+            minute_hist.append(histogram_quantile(0.99, TTFT_BUCKETS, minute_buckets))
+            minute_exact.append(exact_quantile(minute_points, 0.99))
+            if len(minute_hist) % 60 == 1:
+                hour_buckets.append(minute_buckets)
+                hour_fine.append({})
+            else:
+                hour_buckets[-1] = [a + b for a, b in zip(hour_buckets[-1], minute_buckets)]
+            fine = hour_fine[-1]
+            for value, weight in minute_points:
+                k = fine_bin(value)
+                fine[k] = fine.get(k, 0.0) + weight
+            minute_points, minute_buckets = [], [0.0] * (len(TTFT_BUCKETS) + 1)
+    return Result(
+        policy=policy.name, mode=mode, scrape_s=scrape, gpus_per_replica=engine.gpus, arrivals=list(arrivals),
+        replicas=replicas_out, ready=ready_out, minute_p99_hist=minute_hist, minute_p99_exact=minute_exact,
+        hour_buckets=hour_buckets, hour_fine=hour_fine, scale_events=events, preemptions=preemptions, config=cfg,
+    )
+
+
+_FINE = math.log(1.02)
+
+
+def fine_bin(seconds: float) -> int:
+    """A 2 %-wide bin of a latency (bins grow geometrically from 1 ms)."""
+    return max(0, int(math.log(max(seconds, 1e-3) / 1e-3) / _FINE))
+
+
+def fine_value(k: int) -> float:
+    """The middle of ``fine_bin`` k."""
+    return 1e-3 * math.exp((k + 0.5) * _FINE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Request-level mode
+
+
+class RequestLevel:
+    """Every request through a ``Replica``; replicas are independent between scrapes, so each is
+    advanced on its own. A replica taken away hands its unfinished requests back to the others
+    (as clients retry them), keeping their arrival times."""
+
+    def __init__(self, requests: list[Request], engine: Engine):
+        self.engine = engine
+        self.requests = sorted((Request(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests), key=lambda r: r.arrival_s)
+        self.next = 0
+        self.replicas: list[Replica] = []
+        self.orphans: list[Request] = []  # arrived while no replica served
+        self.rr = 0
+
+    def serve(self, t0: float, t1: float, ready: int) -> Scrape:
+        while len(self.replicas) < ready:
+            self.replicas.append(Replica(self.engine, clock=t0))
+        while len(self.replicas) > ready:
+            gone = min(self.replicas, key=lambda r: len(r.running) + len(r.waiting))
+            self.replicas.remove(gone)
+            for r in [*gone.running, *gone.waiting, *gone.inbound]:
+                self.orphans.append(Request(r.arrival_s, r.prompt_tokens, r.output_tokens))
+        arriving = list(self.orphans)
+        self.orphans = []
+        while self.next < len(self.requests) and self.requests[self.next].arrival_s < t1:
+            arriving.append(self.requests[self.next])
+            self.next += 1
+        if not self.replicas:
+            self.orphans = arriving
+            return Scrape([], float(len(arriving)), 0.0, 0.0, None)
+        routed: list[list[Request]] = [[] for _ in self.replicas]
+        for r in arriving:
+            routed[self.rr % len(self.replicas)].append(r)
+            self.rr += 1
+        points, busy = [], []
+        preempted = 0
+        for replica, mine in zip(self.replicas, routed):
+            before_busy, before_pre = replica.busy_s, replica.preemptions
+            replica.advance_to(t1, mine)
+            busy.append((replica.busy_s - before_busy) / (t1 - t0))
+            preempted += replica.preemptions - before_pre
+            points.extend((r.ttft, 1.0) for r in replica.first_tokens)
+            replica.first_tokens.clear()
+            replica.finished.clear()
+        return Scrape(
+            ttft=points,
+            waiting=float(sum(len(r.waiting) for r in self.replicas)),
+            running=float(sum(len(r.running) for r in self.replicas)),
+            kv_usage_max=max(r.kv_usage for r in self.replicas),
+            gpu_util=sum(dcgm_gpu_util(b, self.engine.busy_duty) for b in busy) / len(busy),
+            preemptions=preempted,
+        )
+
+
+def requests_from_counts(counts: list[float], step_s: float, sizes: SizeMix, seed: int) -> list[Request]:
+    """Requests for per-step arrival counts: fractional counts rounded stochastically, times uniform
+    inside the step, sizes drawn from the window's distributions (deterministic for a seed)."""
+    rng = random.Random(seed)
+    out: list[Request] = []
+    samplers: dict[int, tuple] = {}
+    for i, n in enumerate(counts):
+        whole = int(n) + (rng.random() < n - int(n))
+        w = sizes.index(i * step_s)
+        if w not in samplers:
+            prompt, output = sizes.at(i * step_s)
+            samplers[w] = (prompt.sampler(rng), output.sampler(rng))
+        draw_p, draw_o = samplers[w]
+        out.extend(Request((i + rng.random()) * step_s, draw_p(), draw_o()) for _ in range(whole))
+    out.sort(key=lambda r: r.arrival_s)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Aggregate mode
+
+# Prompt-size quantiles (centre, share of requests) whose TTFTs stand for a step's requests: the
+# body as one point, the top decile finely, since only the tail decides a p99.
+# body as one point, the top decile in five, the 1 % that decides a p99 centred on 0.99.
+_PROMPT_POINTS = ((0.45, 0.9), (0.925, 0.05), (0.9625, 0.025), (0.98, 0.01), (0.99, 0.01), (0.9975, 0.005))
+_QUARTILES = (0.25, 0.75)  # where in a step the arrivals standing for it come
+_FIFTHS = (0.1, 0.3, 0.5, 0.7, 0.9)  # where in a burst (its tail decides the p99)
+
+
+@dataclass
+class _Window:
+    """A size window's per-replica constants (means over the mix, saturation throughput)."""
+
+    prompt_mean: float
+    output_mean: float
+    kv_per_request: float  # E[decode steps x context read]: KV tokens one request keeps read per step, integrated
+    prompts: list[tuple[int, float]]
+    capacity_rps: float
+
+
+class Aggregate:
+    """Mean-field replicas and a fleet-wide fluid backlog.
+
+    ``counts`` are arrivals per ``base_s`` (1 s: the resolution of the arrival data). The backlog
+    is kept second by second; the seconds of a ``step_s`` step that cannot queue (no backlog, fewer
+    arrivals than the fleet admits in a second) are merged into one mean-field step, and each
+    second that queues is a step of its own, so bursts queue as they would and the answer hardly
+    depends on ``step_s`` (only on where merged stretches are cut). ``bursts``: the requests of
+    one second arrive together (real timestamps such as Azure's, 67 in one second) rather than
+    spread over it (arrivals drawn from rates).
+    """
+
+    def __init__(self, counts: list[float], step_s: float, sizes: SizeMix, engine: Engine, base_s: float = 1.0, bursts: bool = False):
+        self.counts, self.base_s, self.sizes, self.engine, self.bursts = counts, base_s, sizes, engine, bursts
+        self.per_step = max(1, round(step_s / base_s))
+        self.backlog = 0.0
+        self.in_flight_rate = 0.0  # admitted req/s per replica, smoothed over a request's residence
+        self.windows: dict[int, _Window] = {}
+
+    def window(self, t: float) -> _Window:
+        key = self.sizes.index(t)
+        if key not in self.windows:
+            prompt, output = self.sizes.at(t)
+            mp, mo = prompt.mean(), output.mean()
+            kv = mo * mp + output.second_moment() / 2
+            pts = [(prompt.quantile(q), w) for q, w in _PROMPT_POINTS]
+            self.windows[key] = _Window(mp, mo, kv, pts, 0.0)
+            self.windows[key].capacity_rps = self._capacity(self.windows[key])
+        return self.windows[key]
+
+    def _state(self, x: float, w: _Window) -> tuple[float, float] | None:
+        """(step time, requests in the batch) of a replica serving ``x`` req/s; None when saturated."""
+        e = self.engine
+        alpha = e.flop_s_per_token * x * (w.prompt_mean + w.output_mean)
+        beta = e.kv_read_s_per_token * x * w.kv_per_request
+        if alpha >= SATURATION or beta >= SATURATION:
+            return None
+        tau = max(e.overhead_s / (1 - alpha), (e.overhead_s + e.weight_read_s) / (1 - beta))
+        in_batch = x * tau * (w.output_mean + max(1.0, w.prompt_mean / e.max_num_batched_tokens))
+        if in_batch > e.max_num_seqs or x * tau * w.kv_per_request > e.kv_capacity_tokens:
+            return None
+        return tau, in_batch
+
+    def _capacity(self, w: _Window) -> float:
+        low, high = 0.0, 1.0
+        while self._state(high, w) is not None:
+            high *= 2
+        for _ in range(40):
+            mid = (low + high) / 2
+            low, high = (mid, high) if self._state(mid, w) is not None else (low, mid)
+        return low
+
+    def serve(self, t0: float, t1: float, ready: int) -> Scrape:
+        acc = [0.0, 0.0, 0.0, 0.0]  # util x seconds, running x seconds, kv max, seconds
+        points: list[tuple[float, float]] = []
+        counts, base = self.counts, self.base_s
+        i, end = round(t0 / base), round(t1 / base)
+        while i < end:
+            j = min(end, i + self.per_step)
+            w = self.window(i * base)
+            quiet = 1.0 if self.bursts else ready * w.capacity_rps * base  # a second this busy cannot queue
+            calm, calm_n = 0.0, 0
+            for k in range(i, j):
+                arriving = counts[k] if k < len(counts) else 0.0
+                if self.backlog == 0 and arriving <= quiet:
+                    calm += arriving
+                    calm_n += 1
+                    continue
+                if calm_n:
+                    self._step(calm, calm_n * base, ready, w, points, acc)
+                    calm, calm_n = 0.0, 0
+                self._step(arriving, base, ready, w, points, acc)
+            if calm_n:
+                self._step(calm, calm_n * base, ready, w, points, acc)
+            i = j
+        util, running, kv, n = acc
+        return Scrape(ttft=points, waiting=self.backlog, running=running / max(1, n), kv_usage_max=kv,
+                      gpu_util=util / n if ready and n else None)
+
+    def _step(self, arriving: float, span: float, ready: int, w: _Window, points: list, acc: list) -> None:
+        e = self.engine
+        before = self.backlog
+        rate = ready * w.capacity_rps  # requests/s the fleet admits when saturated
+        served = min(before + arriving, rate * span)
+        self.backlog = before + arriving - served
+        x = served / (ready * span) if ready else 0.0
+        state = self._state(x, w) or self._state(w.capacity_rps, w)
+        tau, in_batch = state if state else (e.overhead_s + e.weight_read_s, 0.0)
+        if served > 0:
+            if self.bursts and span <= self.base_s and arriving > 1:
+                # the second's requests arrive together: FIFO behind the backlog and the burst's
+                # earlier requests, admitted at the fleet's saturated rate
+                waits = [(before + u * arriving) / rate for u in _FIFTHS]
+            elif before or self.backlog:  # spread over the step: one arriving at fraction u waits backlog(u) / rate
+                waits = [max(0.0, before + u * (arriving - rate * span)) / rate for u in _QUARTILES]
+            else:
+                waits = [0.0]
+            others = x * tau * (w.prompt_mean + w.output_mean)
+            kv_read = x * tau * w.kv_per_request
+            share_of_wait = served / len(waits)
+            budget = e.max_num_batched_tokens
+            for prompt, share in w.prompts:
+                chunks = -(-prompt // budget)
+                # its own prefill step(s), shared with the others' tokens; adding the step in progress
+                # (mean tau / 2) made the p99 worse against the request-level mode near the SLO
+                own = e.frontend_s + e.step_seconds(others + prompt / chunks, kv_read) * chunks
+                weight = share_of_wait * share
+                for wait in waits:
+                    points.append((wait + own, weight))
+        # Gauges see the requests in flight, which outlive a one-second step: the admitted rate is
+        # smoothed over a request's time in the engine, so they do not depend on the step either.
+        residence = tau * (w.output_mean + 1) + e.frontend_s
+        self.in_flight_rate += (x - self.in_flight_rate) * (1 - math.exp(-span / residence))
+        smooth = self._state(self.in_flight_rate, w) or self._state(w.capacity_rps, w)
+        in_batch = smooth[1] if smooth else in_batch
+        busy = 1.0 if self.backlog > 0 else 1 - math.exp(-in_batch)
+        acc[0] += span * dcgm_gpu_util(busy, e.busy_duty) if ready else 0.0  # time-weighted means
+        acc[1] += span * ready * min(e.max_num_seqs, in_batch)
+        acc[2] = max(acc[2], min(1.0, self.in_flight_rate * tau * w.kv_per_request / e.kv_capacity_tokens) if ready else 0.0)
+        acc[3] += span

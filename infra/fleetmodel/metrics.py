@@ -1,0 +1,109 @@
+"""Metrics as the real exporters expose them, and quantiles as Prometheus computes them.
+
+vLLM's histogram bucket boundaries (vllm/v1/metrics/loggers.py) so that ``histogram_quantile``
+over them behaves as on a real fleet: the 1.0-2.5 s TTFT bucket straddles a 2 s SLO, and
+Prometheus interpolates linearly inside it. DCGM's GPU utilisation is a duty cycle (time with
+any kernel running), not a share of the GPU's capacity.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Sequence
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+# name -> (buckets, HELP text); the latency families vLLM exports per request.
+HISTOGRAMS = {
+    "vllm:time_to_first_token_seconds": (TTFT_BUCKETS, "Time to first token in seconds."),
+    "vllm:time_per_output_token_seconds": (ITL_BUCKETS, "Time per output token in seconds."),
+    "vllm:inter_token_latency_seconds": (ITL_BUCKETS, "Inter-token latency in seconds."),
+    "vllm:e2e_request_latency_seconds": (REQUEST_BUCKETS, "End-to-end request latency in seconds."),
+    "vllm:request_queue_time_seconds": (REQUEST_BUCKETS, "Time spent waiting in the queue in seconds."),
+    "vllm:request_prefill_time_seconds": (REQUEST_BUCKETS, "Time spent in prefill in seconds."),
+    "vllm:request_decode_time_seconds": (REQUEST_BUCKETS, "Time spent in decode in seconds."),
+}
+
+
+class Histogram:
+    """A Prometheus histogram; weights may be fractional (the aggregate mode observes expected counts)."""
+
+    def __init__(self, bounds: Sequence[float]):
+        self.bounds = tuple(bounds)
+        self.counts = [0.0] * (len(self.bounds) + 1)  # last slot: +Inf
+        self.sum = 0.0
+        self.count = 0.0
+
+    def observe(self, value: float, n: float = 1) -> None:
+        if n <= 0:
+            return
+        self.counts[bisect.bisect_left(self.bounds, value)] += n
+        self.sum += value * n
+        self.count += n
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """(le label, cumulative count), as the text exposition writes them."""
+        out, running = [], 0.0
+        for bound, count in zip((*self.bounds, math.inf), self.counts):
+            running += count
+            out.append(("+Inf" if bound == math.inf else repr(float(bound)), running))
+        return out
+
+    def snapshot(self) -> list[float]:
+        return list(self.counts)
+
+
+def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float:
+    """Prometheus' ``histogram_quantile`` over per-bucket counts (not cumulative; last = +Inf bucket).
+
+    Linear interpolation inside the bucket holding the rank; the first bucket starts at 0; a rank
+    in the +Inf bucket answers the highest finite bound. NaN when there are no observations.
+    """
+    total = sum(counts)
+    if total <= 0:
+        return math.nan
+    rank = q * total
+    below = 0.0
+    for i, count in enumerate(counts):
+        if below + count >= rank and count > 0:
+            if i == len(bounds):
+                return bounds[-1]
+            start = 0.0 if i == 0 else bounds[i - 1]
+            return start + (bounds[i] - start) * (rank - below) / count
+        below += count
+    return bounds[-1]
+
+
+def exact_quantile(values: Iterable[tuple[float, float]], q: float) -> float:
+    """Nearest-rank quantile of (value, weight) pairs; NaN when the weights sum to zero."""
+    pairs = sorted(values)
+    total = sum(w for _, w in pairs)
+    if total <= 0:
+        return math.nan
+    acc, target = 0.0, q * total - 1e-9
+    for value, weight in pairs:
+        acc += weight
+        if acc >= target and weight > 0:
+            return value
+    return pairs[-1][0]
+
+
+def bucket_counts(bounds: Sequence[float], values: Iterable[tuple[float, float]]) -> list[float]:
+    """Per-bucket counts of (value, weight) pairs, as a histogram of ``bounds`` would count them."""
+    counts = [0.0] * (len(bounds) + 1)
+    where = bisect.bisect_left
+    for value, weight in values:
+        counts[where(bounds, value)] += weight
+    return counts
+
+
+def dcgm_gpu_util(busy_fraction: float, duty: float) -> float:
+    """``DCGM_FI_DEV_GPU_UTIL`` of a vLLM GPU: percent of the sample period with a kernel running.
+
+    A replica with any request in its batch runs steps back to back, so this sits near
+    ``100 * duty`` whatever the batch size: it says "busy", not "how full".
+    """
+    return round(100.0 * max(0.0, min(1.0, busy_fraction)) * duty, 1)

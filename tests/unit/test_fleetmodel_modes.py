@@ -1,0 +1,109 @@
+"""The aggregate mode against the request-level mode, and the answer against the step size."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import traces
+from benchmarks.baselines import KedaPolicy, StaticPolicy
+from infra.fleetmodel.fleet import Aggregate, FleetConfig, RequestLevel, requests_from_counts, simulate
+from infra.fleetmodel.replica import Request
+from infra.fleetmodel.sizes import from_requests, load_servegen_sizes
+
+CFG = FleetConfig()
+HOUR = 3600
+
+
+@pytest.fixture(scope="module")
+def azure():
+    requests = traces.load_azure()
+    return requests, from_requests(requests, 600, "azure")
+
+
+@pytest.fixture(scope="module")
+def servegen():
+    """The first 12 m-large clients, 1 s arrivals (seed 0) and their token mix."""
+    rate = traces.load_servegen("m-large", clients=12)
+    mix = load_servegen_sizes("m-large", traces.SERVEGEN, traces.SERVEGEN_DATASETS, clients=12)
+    return rate.arrivals(1.0, seed=0), mix
+
+
+def _agree_on_slo_minutes(request_level, aggregate):
+    assert abs(aggregate.slo_minutes_percent - request_level.slo_minutes_percent) <= 2.0
+    assert abs(aggregate.slo_minutes_percent_exact - request_level.slo_minutes_percent_exact) <= 2.0
+
+
+def test_modes_agree_on_an_hour_of_azure(azure):
+    """The fleet the hour needs to hold its p99 near the 2 s SLO (3 replicas of 8B on H200)."""
+    requests, mix = azure
+    fleet = StaticPolicy("three", 3)
+    exact = simulate(RequestLevel([Request(r.t_s, r.prompt_tokens, r.output_tokens) for r in requests], CFG.load()), fleet, HOUR, CFG, [], "request")
+    counts = traces.bin_requests(requests, 1.0)
+    fast = simulate(Aggregate(counts, CFG.step_s, mix, CFG.load(), bursts=True), fleet, HOUR, CFG, [], "aggregate")
+    assert 1.0 < exact.ttft_p99_exact < 3.0  # the slice is near the SLO, where the modes must agree
+    assert fast.ttft_p99_exact == pytest.approx(exact.ttft_p99_exact, rel=0.10)
+    _agree_on_slo_minutes(exact, fast)
+
+
+@pytest.fixture(scope="module")
+def servegen_hour(servegen):
+    """Noon of day 1, on one replica (p99 near the SLO) and on two, in both modes."""
+    counts, mix = servegen
+    noon = 12 * HOUR
+    hour, mix = counts[noon : noon + HOUR], mix.from_time(noon)
+    requests = requests_from_counts(hour, 1.0, mix, seed=1)
+    runs = {}
+    for n in (1, 2):
+        fleet = StaticPolicy(f"static-{n}", n)
+        runs[n] = (
+            simulate(RequestLevel(requests, CFG.load()), fleet, HOUR, CFG, [], "request"),
+            simulate(Aggregate(hour, CFG.step_s, mix, CFG.load()), fleet, HOUR, CFG, [], "aggregate"),
+        )
+    return runs
+
+
+def test_modes_agree_on_slo_minutes_of_an_hour_of_servegen(servegen_hour):
+    for exact, fast in servegen_hour.values():
+        _agree_on_slo_minutes(exact, fast)
+    one = servegen_hour[1][0]
+    assert 1.0 < one.ttft_p99_exact < 3.0 and one.slo_minutes_percent < 95  # a slice where the SLO is at stake
+
+
+@pytest.mark.xfail(strict=True, reason="issue 13 target not met on ServeGen: the aggregate mode over-estimates the p99 TTFT of bursts by 13-15 %")
+def test_modes_agree_within_10_percent_on_p99_of_an_hour_of_servegen(servegen_hour):
+    for exact, fast in servegen_hour.values():
+        assert fast.ttft_p99_exact == pytest.approx(exact.ttft_p99_exact, rel=0.10)
+
+
+DYNAMIC_STEP_GAP = (
+    "issue 13 target not met under a scaling policy: a merged calm stretch reads its gauges at the stretch's mean load, "
+    "so when arrivals are sparser than a request's ~1 s in the engine, KEDA's in-flight total differs and GPU-hours move "
+    "~16 % between 1 s and 15 s steps (SLO minutes stay within 1 point)"
+)
+
+
+@pytest.mark.parametrize("policy", [
+    lambda: StaticPolicy("two", 2),
+    pytest.param(lambda: KedaPolicy(start=2, target_per_replica=8, metric="in_flight"), marks=pytest.mark.xfail(strict=True, reason=DYNAMIC_STEP_GAP)),
+])
+def test_aggregate_results_do_not_depend_on_the_step(servegen, policy):
+    counts, mix = servegen
+    day = counts[: 24 * HOUR]
+    runs = [
+        simulate(Aggregate(day, step, mix, CFG.load()), policy(), len(day), FleetConfig(step_s=step), [], "aggregate")
+        for step in (1.0, 5.0, 15.0)
+    ]
+    base = runs[0]
+    for r in runs[1:]:
+        assert r.ttft_p99_exact == pytest.approx(base.ttft_p99_exact, rel=0.10)
+        assert abs(r.slo_minutes_percent - base.slo_minutes_percent) <= 2.0
+        assert r.gpu_hours == pytest.approx(base.gpu_hours, rel=0.05)
+
+
+def test_servegen_sizes_fall_back_to_the_pool_and_say_which_clients(servegen):
+    _, mix = servegen
+    missing = (traces.TRACES_DIR / "servegen" / "datasets-missing.txt").read_text()
+    assert mix.missing and all(f"/m-large/{client}-dataset.json" in missing for client in mix.missing)
+    assert 0 < mix.missing_share < 1
+    prompt, output = mix.at(12 * HOUR)
+    assert 50 < prompt.mean() < 5000 and 10 < output.mean() < 2000
