@@ -218,17 +218,20 @@ def test_route_keeps_its_matches_and_rejects_bad_weights(rollout):
     assert _backends(rollout, "rag") == {"rag-v1-0-0": 100}
 
 
+def _calls_in(rollout: RolloutActivities, ref: DeploymentRef) -> list[tuple]:
+    """Every rollout activity that reads or changes ``ref``'s namespace, with a valid input."""
+    return [
+        (rollout.describe_deployment, ref),
+        (rollout.ensure_version, _version(ref.name, "1.0.0").model_copy(update={"deployment": ref})),
+        (rollout.scale_version, ScaleVersionInput(deployment=ref, version="1.0.0", replicas=1)),
+        (rollout.wait_ready, WaitReadyInput(deployment=ref, version="1.0.0", replicas=1)),
+        (rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 100})),
+    ]
+
+
 def test_a_namespace_the_operator_did_not_enable_is_refused(rollout):
     """kube-system exists but lacks the tideplane.io/serving label: nothing is read or written there."""
-    system = DeploymentRef(namespace="kube-system", name="evil")
-    calls = [
-        (rollout.describe_deployment, system),
-        (rollout.ensure_version, _version("evil", "1.0.0").model_copy(update={"deployment": system})),
-        (rollout.scale_version, ScaleVersionInput(deployment=system, version="1.0.0", replicas=1)),
-        (rollout.wait_ready, WaitReadyInput(deployment=system, version="1.0.0", replicas=1)),
-        (rollout.set_route_weights, RouteWeightsInput(deployment=system, weights={"1.0.0": 100})),
-    ]
-    for fn, arg in calls:
+    for fn, arg in _calls_in(rollout, DeploymentRef(namespace="kube-system", name="evil")):
         with pytest.raises(ApplicationError) as err:
             _run(fn, arg)
         assert err.value.non_retryable and err.value.type == "NamespaceNotEnabled", fn.__name__
@@ -247,15 +250,7 @@ def test_an_image_from_another_registry_is_refused_before_anything_is_created(cl
 
 
 def test_unknown_namespace_and_missing_version_are_non_retryable(rollout):
-    ghost = DeploymentRef(namespace="no-such-ns", name="chat")
-    calls = [
-        (rollout.describe_deployment, ghost),
-        (rollout.ensure_version, _version("chat", "1.0.0").model_copy(update={"deployment": ghost})),
-        (rollout.scale_version, ScaleVersionInput(deployment=ghost, version="1.0.0", replicas=1)),
-        (rollout.wait_ready, WaitReadyInput(deployment=ghost, version="1.0.0", replicas=1)),
-        (rollout.set_route_weights, RouteWeightsInput(deployment=ghost, weights={"1.0.0": 100})),
-    ]
-    for fn, arg in calls:
+    for fn, arg in _calls_in(rollout, DeploymentRef(namespace="no-such-ns", name="chat")):
         with pytest.raises(ApplicationError) as err:
             _run(fn, arg)
         assert err.value.non_retryable and "no-such-ns" in str(err.value), fn.__name__
