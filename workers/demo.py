@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from kubernetes import client
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
@@ -38,7 +39,8 @@ from workflows.naming import (
     split_deployment,
 )
 from workflows.rollout.quality import describe_pair
-from workflows.rollout.types import RolloutResult, RolloutStatus
+from workflows.rollout.types import RolloutInput, RolloutResult, RolloutStatus
+from workflows.rollout.workflow import static_details, static_summary
 
 WORKER_GRACE_SECONDS = 3.0
 
@@ -104,6 +106,9 @@ def _start_with_cli(sandbox: Sandbox, version: str) -> None:
         "--type", "ModelRollout", "--task-queue", TASK_QUEUE,
         "--workflow-id", rollout_workflow_id(DEMO_DEPLOYMENT),
         "--input", json.dumps(rollout_input(version)),
+        # what the web UI's workflow list shows without opening the run
+        "--static-summary", static_summary(RolloutInput.model_validate(rollout_input(version))),
+        "--static-details", static_details(RolloutInput.model_validate(rollout_input(version))),
     ]
     print("  $ temporal workflow start --type ModelRollout --task-queue tideplane \\\n"
           f"      --workflow-id {rollout_workflow_id(DEMO_DEPLOYMENT)} --input '{{\"version\": \"{version}\", ...}}'")
@@ -124,15 +129,22 @@ def _progress(status: RolloutStatus) -> str:
 async def _follow(client: Client) -> RolloutResult:
     """Print a line whenever the stage, the weight or the last gate verdict changes."""
     handle = client.get_workflow_handle(rollout_workflow_id(DEMO_DEPLOYMENT), result_type=RolloutResult)
-    started, shown = time.monotonic(), ""
+    started, shown, details_shown = time.monotonic(), "", False
     while (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
         try:
-            line = _progress(await handle.query("status", result_type=RolloutStatus))
+            status = await handle.query("status", result_type=RolloutStatus)
+            line = _progress(status)
         except RPCError:
-            line = shown  # no workflow task has run yet
+            status, line = None, shown  # no workflow task has run yet
         if line != shown:
             print(f"  [{time.monotonic() - started:4.0f}s] {line}", flush=True)
             shown = line
+        verdict = status.last_verdict if status else None
+        if not details_shown and verdict is not None and verdict.weight >= 5:
+            # what the web UI shows as the run's current details: the fresh verdict, read back
+            meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+            print("  the web UI's current details now read:\n    " + meta.current_details.replace("\n\n", "\n    "), flush=True)
+            details_shown = True
         await asyncio.sleep(POLL_SECONDS)
     return await handle.result()
 
