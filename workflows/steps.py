@@ -12,7 +12,8 @@ from datetime import timedelta
 from typing import Callable
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ChildWorkflowError
+from pydantic import BaseModel, ValidationError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 
@@ -33,3 +34,13 @@ async def wait_until(condition: Callable[[], bool], timeout: timedelta | None = 
     except asyncio.TimeoutError:
         return False
     return True
+
+
+def validated(model: type[BaseModel], raw: object, what: str) -> BaseModel:
+    """``raw`` (an update's JSON input) as ``model``; invalid input is refused non-retryably with
+    every field named, like a start-time error, not as raw pydantic text marked retryable."""
+    try:
+        return model.model_validate({} if raw is None else raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(input)'}: {e['msg']}" for e in exc.errors())
+        raise ApplicationError(f"invalid {what} input: {problems}", type="InvalidInput", non_retryable=True) from None

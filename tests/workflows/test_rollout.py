@@ -703,6 +703,25 @@ async def test_promote_refused_when_nothing_to_promote(client):
     assert "nothing to promote" in refusals[1] and "promoted" in refusals[1]
 
 
+async def test_invalid_promote_input_is_refused_naming_the_field(client):
+    """Issue 16 item 13: it came out as raw pydantic text with 'retryable: true'."""
+    refusals: list[BaseException] = []
+
+    async def bad_promote(fleet: Fleet, name: str, arg: Any) -> None:
+        if name == QUERY_GATES and fleet.route.get(NEW) == 1 and not refusals:
+            with pytest.raises(WorkflowUpdateFailedError) as info:
+                await fleet.handle.execute_update("promote", {"full": "yes please", "fast": True})
+            refusals.append(info.value.cause)
+
+    fleet = Fleet(client, hook=bad_promote)
+    result = await run_rollout(fleet, rollout_input())
+    assert result.outcome is Outcome.PROMOTED  # the refused update changed nothing
+    [refusal] = refusals
+    assert isinstance(refusal, ApplicationError) and refusal.non_retryable and refusal.type == "InvalidInput"
+    assert refusal.message.startswith("invalid promote input: full: Input should be a valid boolean")
+    assert "fast: Extra inputs are not permitted" in str(refusal)
+
+
 # ---- failures before the cluster changes, start rules -----------------------------------------
 
 

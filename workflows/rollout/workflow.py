@@ -89,7 +89,7 @@ with workflow.unsafe.imports_passed_through():
         VerdictRecord,
     )
     from workflows.search_attributes import CANARY_PERCENT, DEPLOYMENT, MODEL, STAGE, VERSION
-    from workflows.steps import cause, wait_until
+    from workflows.steps import cause, validated, wait_until
     from workflows.telemetry import (
         LEGACY_GATE_VERDICT,
         LEGACY_ROLLOUT,
@@ -254,19 +254,23 @@ class ModelRollout:
         elif self._abort_reason is None:
             self._abort_reason = (input or AbortInput()).reason
 
+    # The input arrives as plain JSON and is validated here, so a bad field is refused naming it
+    # (non-retryable), not as the converter's raw ValidationError marked retryable (issue 16).
     @workflow.update
-    def promote(self, input: PromoteInput) -> PromoteAck:
-        self._promote = input
-        what = "skip to 100 %" if input.full else "end the current step"
+    def promote(self, input: dict[str, Any] | None = None) -> PromoteAck:
+        promote = validated(PromoteInput, input, "promote")
+        self._promote = promote
+        what = "skip to 100 %" if promote.full else "end the current step"
         return PromoteAck(accepted=f"promote accepted: {what}", weight=self._weight)
 
     @promote.validator
-    def _promote_allowed(self, input: PromoteInput) -> None:
+    def _promote_allowed(self, input: dict[str, Any] | None = None) -> None:
+        promote = validated(PromoteInput, input, "promote")
         if self._step is None or self._stage not in (Stage.CANARY, Stage.PAUSED):
             raise ValueError(f"nothing to promote: rollout is in stage {self._stage.value}, not in the canary ladder")
         if self._abort_reason is not None:
             raise ValueError("nothing to promote: the rollout is being aborted")
-        if self._promote is not None and (self._promote.full or not input.full):
+        if self._promote is not None and (self._promote.full or not promote.full):
             raise ValueError("a promote is already pending")
 
     @workflow.query
