@@ -703,6 +703,30 @@ async def test_promote_refused_when_nothing_to_promote(client):
     assert "nothing to promote" in refusals[1] and "promoted" in refusals[1]
 
 
+async def test_promote_does_not_silently_clear_a_pause(client):
+    """Issue 16 item 14: promote used to end a pause without a word; now it needs force."""
+    async def pause_at_5(fleet: Fleet, name: str, arg: Any) -> None:
+        if name == QUERY_GATES and fleet.route.get(NEW) == 5 and fleet.gate_queries[5] == 1:
+            await fleet.handle.signal(ModelRollout.pause, PauseInput(reason="looking at dashboards"))
+
+    fleet = Fleet(client, hook=pause_at_5)
+
+    async def operator(handle: WorkflowHandle) -> None:
+        await wait_status(handle, lambda s: s.stage is Stage.PAUSED)
+        with pytest.raises(WorkflowUpdateFailedError) as info:
+            await handle.execute_update(ModelRollout.promote, PromoteInput(full=True))
+        refusal = info.value.cause
+        assert isinstance(refusal, ApplicationError) and refusal.non_retryable and refusal.type == "RolloutPaused"
+        assert "looking at dashboards" in refusal.message and '"force": true' in refusal.message
+        assert (await handle.query(ModelRollout.status)).paused  # still held
+        ack = await handle.execute_update(ModelRollout.promote, PromoteInput(full=True, force=True))
+        assert ack.weight == 5
+
+    result = await run_rollout(fleet, rollout_input(), until=operator)
+    assert result.outcome is Outcome.PROMOTED
+    assert [r[NEW] for r in fleet.routes()] == [0, 1, 5, 100]
+
+
 async def test_invalid_promote_input_is_refused_naming_the_field(client):
     """Issue 16 item 13: it came out as raw pydantic text with 'retryable: true'."""
     refusals: list[BaseException] = []

@@ -287,6 +287,7 @@ class AbortInput(_Strict):
 
 class PromoteInput(_Strict):
     full: bool = Field(False, description="skip every remaining step and go to 100 %")
+    force: bool = Field(False, description="promote a paused rollout (ends the pause); refused without it")
 
 
 class PromoteAck(BaseModel):

@@ -270,6 +270,13 @@ class ModelRollout:
             raise ValueError(f"nothing to promote: rollout is in stage {self._stage.value}, not in the canary ladder")
         if self._abort_reason is not None:
             raise ValueError("nothing to promote: the rollout is being aborted")
+        if self._paused and not promote.force:  # a pause is a human's hold: promote must not clear it silently
+            raise ApplicationError(
+                f"force: the rollout is paused ({self._pause_reason}); promote with"
+                ' {"force": true} to end the pause and promote, or signal resume',
+                type="RolloutPaused",
+                non_retryable=True,
+            )
         if self._promote is not None and (self._promote.full or not promote.full):
             raise ValueError("a promote is already pending")
 
