@@ -1,0 +1,64 @@
+"""warm_up against a local OpenAI-compatible stand-in: a benchmark is made of clean answers only."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.clients.vllm import VllmClient
+from activities.rollout import RolloutActivities, ServingPods
+from workflows.naming import DeploymentRef
+from workflows.rollout.activities import WarmUpInput
+
+
+def _server(failures: int):
+    """Answers the first ``failures`` completions 503 (no Ready pod yet), then 200 with usage."""
+    lock, seen = threading.Lock(), [0]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            with lock:
+                seen[0] += 1
+                fail = seen[0] <= failures
+            body = b"no Ready pod behind service" if fail else json.dumps({"usage": {"completion_tokens": 16}}).encode()
+            self.send_response(503 if fail else 200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _warm_up(server) -> object:
+    acts = RolloutActivities(
+        None, None, None, VllmClient(), ServingPods(model_cache_dir=Path("/tmp")), "gw",
+        f"http://127.0.0.1:{server.server_address[1]}",
+    )
+    req = WarmUpInput(deployment=DeploymentRef.from_name("llm-serving/chat"), version="1.3.0", requests=20)
+    return ActivityEnvironment().run(acts.warm_up, req)
+
+
+def test_some_errors_fail_the_attempt_instead_of_a_benchmark_made_of_them():
+    """Issue 16 item 4: 6 of 20 answered 503 and the benchmark was recorded with them."""
+    server = _server(failures=6)
+    try:
+        with pytest.raises(ApplicationError) as info:
+            _warm_up(server)
+        assert not info.value.non_retryable and info.value.type == "WarmUpErrors"  # retried within the deadline
+        assert "6 of 20 requests" in info.value.message and "503" in info.value.message
+        bench = _warm_up(server)  # the retry, endpoints Ready now: a clean benchmark
+        assert bench.errors == 0 and bench.requests == 20 and bench.tokens_per_second > 0
+    finally:
+        server.shutdown()
