@@ -113,6 +113,7 @@ async def test_pause_resume_and_policy_update(time_skipping_env):
         await env.sleep(300)
         s = await status(handle)
         assert s.paused and len(s.decisions) == paused_at and fake.replicas == 2  # no decisions while paused
+        assert s.pause_reason == "paused by operator"  # the README's pause sends no reason (issue 16 item 14)
 
         with pytest.raises(WorkflowUpdateFailedError) as refused:
             await handle.execute_update(ReactiveScaling.update_policy, PolicyPatch(min_replicas=9, max_replicas=3))

@@ -370,7 +370,8 @@ class ReactiveScaling:
 
     @workflow.signal(name="pause")
     def pause(self, note: OperatorNote = OperatorNote()) -> None:
-        self._paused, self._pause_reason = True, note.reason
+        # README's `signal --name pause` sends no reason; status must still say why it holds (issue 16)
+        self._paused, self._pause_reason = True, note.reason or "paused by operator"
 
     @workflow.signal(name="resume")
     def resume(self, note: OperatorNote = OperatorNote()) -> None:
