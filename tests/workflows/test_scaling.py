@@ -118,6 +118,11 @@ async def test_pause_resume_and_policy_update(time_skipping_env):
         with pytest.raises(WorkflowUpdateFailedError) as refused:
             await handle.execute_update(ReactiveScaling.update_policy, PolicyPatch(min_replicas=9, max_replicas=3))
         assert r"min_replicas (9) > max_replicas (3)" in str(refused.value.cause)
+        with pytest.raises(WorkflowUpdateFailedError) as refused:  # issue 16 item 13: raw pydantic text, retryable
+            await handle.execute_update("update_policy", {"max_replicas": "many", "max_replica": 3})
+        assert refused.value.cause.non_retryable and refused.value.cause.type == "InvalidInput"
+        assert refused.value.cause.message.startswith("invalid update_policy input: max_replicas: Input should be a valid integer")
+        assert "max_replica: Extra inputs are not permitted" in refused.value.cause.message
         policy = await handle.execute_update(ReactiveScaling.update_policy, PolicyPatch(max_replicas=5))
         assert policy.max_replicas == 5 and policy.min_replicas == 1
 

@@ -26,6 +26,7 @@ API (stable): workflow type ReactiveScaling; ID ``scaling/<namespace>/<name>``; 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from temporalio import workflow
@@ -46,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.scaling.decide import NOTABLE_HOLDS, ScalerState, ScalingDecision, ScalingPolicy, Signals, Trigger, decide
     from workflows.scaling.floors import SET_FLOOR_SIGNAL, FloorClaim, SetFloor
     from workflows.scaling.placement import CAPACITY_FOR_CLASS
-    from workflows.steps import cause, wait_until
+    from workflows.steps import cause, validated, wait_until
 
 DECISIONS_KEPT = 20
 
@@ -384,18 +385,21 @@ class ReactiveScaling:
         self._floors[request.source] = FloorClaim(replicas=request.replicas, expires_at=expires)
         self._wake = True
 
+    # The patch arrives as plain JSON and is validated here, so a bad field is refused naming it
+    # (non-retryable), not as the converter's raw ValidationError marked retryable (issue 16).
     @workflow.update(name="update_policy")
-    def update_policy(self, patch: PolicyPatch) -> ScalingPolicy:  # type: ignore[valid-type]
+    def update_policy(self, patch: dict[str, Any] | None = None) -> ScalingPolicy:
         self._policy = self._patched(patch)
         self._wake = True
         return self._policy
 
     @update_policy.validator
-    def _validate_policy(self, patch: PolicyPatch) -> None:  # type: ignore[valid-type]
+    def _validate_policy(self, patch: dict[str, Any] | None = None) -> None:
         self._patched(patch)
 
-    def _patched(self, patch: BaseModel) -> ScalingPolicy:
-        return ScalingPolicy.model_validate({**self._policy.model_dump(), **patch.model_dump(exclude_none=True)})
+    def _patched(self, raw: dict[str, Any] | None) -> ScalingPolicy:
+        patch = validated(PolicyPatch, raw, "update_policy")
+        return validated(ScalingPolicy, {**self._policy.model_dump(), **patch.model_dump(exclude_none=True)}, "update_policy")
 
     @workflow.query(name="status")
     def status(self) -> ScalingStatus:
