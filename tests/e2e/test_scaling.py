@@ -35,6 +35,7 @@ from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.launcher import AWS_ENV
 from infra.sandbox.ports import free_port
 from infra.sandbox.worker_identity import enable_serving_namespace
+from tests.sandbox_fixtures import TEST_TIME_SCALE
 from workflows import naming
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 from workflows.scaling.decide import ScalingPolicy
@@ -48,6 +49,9 @@ POLICY = ScalingPolicy(
     queue_per_replica=2,
     queue_capacity_per_replica=4,
     ttft_p99_slo_seconds=30,  # the queue leads here; TTFT lags the queue by the rate window
+    # the SLO sizing's service rate: a sandbox replica serves 4 req/s of sandbox time (sandbox.yaml's
+    # default profile), and Prometheus' rate() counts real seconds, TEST_TIME_SCALE sandbox seconds each
+    replica_capacity_rps=4 * TEST_TIME_SCALE,
     gpu_util_sustain_seconds=0,
     stabilisation_seconds=3,
     cooldown_seconds=5,

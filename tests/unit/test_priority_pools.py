@@ -19,7 +19,7 @@ from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide
 from workflows.scaling.placement import Gpu, ModelNeed, Node, PoolSizing, plan_pending, size_pool
 
 PODS = ServingPods(model_cache_dir=Path("/var/cache/tideplane/models"))
-IDLE = Signals(queue_waiting=0, running=0, kv_cache_usage=0, ttft_p99_seconds=0.1, gpu_util_percent=0)
+IDLE = Signals(queue_waiting=0, running=0, request_rate=0, kv_cache_usage=0, ttft_p99_seconds=0.1, gpu_util_percent=0)
 
 
 def version(priority_class: str | None = None, gpus: int = 1) -> EnsureVersionInput:

@@ -6,10 +6,10 @@ import pytest
 from pydantic import ValidationError
 
 from workflows.scaling.prewarm import expected_peak, prewarm_floor
-from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide, down_step
+from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide, down_step, predicted_ttft_p99, slo_replicas
 
 POLICY = ScalingPolicy(min_replicas=1, max_replicas=40, queue_per_replica=5, queue_capacity_per_replica=20)
-QUIET = Signals(queue_waiting=0, running=2, kv_cache_usage=0.1, ttft_p99_seconds=0.2, gpu_util_percent=10)
+QUIET = Signals(queue_waiting=0, running=2, request_rate=1.0, kv_cache_usage=0.1, ttft_p99_seconds=0.2, gpu_util_percent=10)
 
 
 def run_quiet(current: int, start: float, until: float, step: float = 30, policy=POLICY, state=None, floor=0):
@@ -35,7 +35,7 @@ def test_aggressive_up_absorbs_queue_in_one_step():
 def test_queue_below_per_replica_threshold_does_not_fire():
     d = decide(0, 4, Signals(queue_waiting=20, gpu_util_percent=50), POLICY, ScalerState())
     assert d.desired == 4
-    assert [t.fired for t in d.triggers] == [False, False]
+    assert [(t.name, t.fired) for t in d.triggers] == [("queue", False)]  # utilisation is no trigger by default
 
 
 def test_step_up_is_capped():
@@ -54,8 +54,8 @@ def test_triggers_combine_by_max():
     assert "queue" in d.reason and "ttft_p99" in d.reason
 
 
-def test_utilisation_must_be_sustained():
-    policy = POLICY.model_copy(update={"gpu_util_sustain_seconds": 120})
+def test_utilisation_when_turned_on_must_be_sustained():
+    policy = POLICY.model_copy(update={"gpu_util_sustain_seconds": 120, "gpu_util_trigger": True})
     hot = Signals(queue_waiting=0, gpu_util_percent=95)
     d = decide(0, 4, hot, policy, ScalerState())
     assert d.desired == 4 and d.state.util_above_since_s == 0
@@ -105,11 +105,11 @@ def test_ready_defaults_to_current():
 
 def test_replicas_still_starting_are_not_spare_capacity():
     policy = POLICY.model_copy(update={"stabilisation_seconds": 0, "cooldown_seconds": 0})
-    # the 5 Ready serve just under target: the 15 starting are needed, nothing to take down
-    d = decide(0, 20, Signals(queue_waiting=0, gpu_util_percent=78), policy, ScalerState(), ready=5)
+    # the 5 Ready are what 15 req/s needs: the 15 starting are needed, nothing to take down
+    d = decide(0, 20, Signals(queue_waiting=0, request_rate=15), policy, ScalerState(), ready=5)
     assert (d.desired, d.cause) == (20, "at_target")
-    # the Ready ones are idle: a step down from the spec, never below what the load needs
-    d = decide(0, 20, Signals(queue_waiting=0, gpu_util_percent=16), policy, ScalerState(), ready=5)
+    # 1 req/s: a step down from the spec, never below what the load needs
+    d = decide(0, 20, Signals(queue_waiting=0, request_rate=1), policy, ScalerState(), ready=5)
     assert d.desired == 18 and d.cause == "below_target"  # 20 - 10 %; the load needs 1 + 15 starting
 
 
@@ -126,9 +126,9 @@ def test_down_step_is_a_share_of_the_fleet():
     assert all(b[0] - a[0] >= 600 for a, b in pairwise(downs))
     assert dict(seen)[3600] < 120  # ~halved within the hour (one replica per step would be 194)
     # the step never goes below what the load justifies
-    busy = Signals(queue_waiting=0, gpu_util_percent=76)
+    busy = Signals(queue_waiting=0, request_rate=755)
     d = decide(0, 200, busy, policy.model_copy(update={"stabilisation_seconds": 0}), ScalerState())
-    assert d.desired == 190  # ceil(200 * 76 / 80), not 180
+    assert d.desired == 190 == slo_replicas(755, policy)  # what 755 req/s needs, not 180
     one = policy.model_copy(update={"scale_down_step_percent": 0, "stabilisation_seconds": 0})
     assert decide(0, 200, QUIET, one, ScalerState()).desired == 199
 
@@ -172,7 +172,7 @@ def test_hold_when_blind():
     assert d.desired == 6 and "no data" in d.reason
 
 
-def test_unknown_utilisation_never_scales_down():
+def test_unknown_demand_never_scales_down():
     policy = POLICY.model_copy(update={"stabilisation_seconds": 0, "cooldown_seconds": 0})
     d = decide(0, 6, Signals(queue_waiting=0, ttft_p99_seconds=0.1), policy, ScalerState())
     assert d.desired == 6
@@ -212,3 +212,38 @@ def test_prewarm_floor_looks_ahead_by_startup_time():
     wrap = prewarm_floor(history, weekday=6, minute_of_day=23 * 60 + 55, startup_seconds=600)
     assert wrap.floor == 4 and "0:0" in wrap.slots  # Sunday night looks into Monday 00h
     assert prewarm_floor({}, 0, 0, 600).floor == 0
+
+
+def test_slo_sizing_is_the_fewest_replicas_within_the_slo_margin():
+    goal = POLICY.slo_margin * POLICY.ttft_p99_slo_seconds
+    for rate in (0.5, 3, 40, 400, 4000):
+        n = slo_replicas(rate, POLICY.model_copy(update={"max_replicas": 2000}))
+        assert predicted_ttft_p99(rate, n, POLICY) <= goal < predicted_ttft_p99(rate, n - 1, POLICY)
+    assert slo_replicas(0, POLICY) == 0 and predicted_ttft_p99(8, 2, POLICY) == float("inf")  # 2 x 4 req/s: no margin
+
+
+def test_slo_headroom_grows_with_the_square_root_of_load():
+    mu = POLICY.replica_capacity_rps
+    headroom = {load: slo_replicas(load * mu, POLICY) - load for load in (4, 100, 2500)}
+    assert all(h > 0 for h in headroom.values())
+    assert headroom[100] / 100 < headroom[4] / 4 and headroom[2500] / 2500 < headroom[100] / 100  # a shrinking share
+    bursty = POLICY.model_copy(update={"arrival_burstiness": 4})
+    assert slo_replicas(400, bursty) > slo_replicas(400, POLICY)
+
+
+def test_arrival_rate_above_what_the_slo_allows_scales_up_in_one_decision():
+    d = decide(0, 2, Signals(queue_waiting=0, request_rate=40), POLICY, ScalerState())
+    assert (d.desired, d.cause) == (slo_replicas(40, POLICY), "slo") and d.desired == 11
+    assert d.reason.startswith("up: slo ")
+
+
+def test_a_busy_duty_cycle_is_not_load():
+    """DCGM reads ~100 % whenever a vLLM batch runs: at 3 req/s two replicas meet the SLO, so the
+    loop holds (the utilisation rule scaled up), and at 1 req/s it steps down despite 100 %."""
+    policy = POLICY.model_copy(update={"gpu_util_sustain_seconds": 0, "stabilisation_seconds": 0, "cooldown_seconds": 0})
+    busy = Signals(queue_waiting=0, request_rate=3, gpu_util_percent=100)
+    assert (decide(0, 2, busy, policy, ScalerState()).desired, decide(0, 2, busy, policy, ScalerState()).cause) == (2, "at_target")
+    light = Signals(queue_waiting=0, request_rate=1, gpu_util_percent=100)
+    assert decide(0, 4, light, policy, ScalerState()).desired == 3
+    utilisation = policy.model_copy(update={"gpu_util_trigger": True})  # the old rule, on request
+    assert decide(0, 2, busy, utilisation, ScalerState()).desired == 3  # ceil(2 * 100 / 80)

@@ -22,7 +22,7 @@ from workers.schedules import floor_spec
 from workflows import naming
 from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
 from workflows.scaling import activities as acts
-from workflows.scaling.decide import ScalingPolicy, Signals
+from workflows.scaling.decide import ScalingPolicy, Signals, slo_replicas
 from workflows.scaling.floors import FloorEntry, ScheduleFloor, ScheduleFloorInput, SetFloor, floor_at
 from workflows.scaling.loop import PolicyPatch, ReactiveScaling, ScalingInput, ScalingStatus
 from workflows.scaling.prewarm import PredictivePrewarm, PrewarmInput
@@ -33,7 +33,7 @@ class FakeDeployment:
 
     def __init__(self, replicas: int = 2) -> None:
         self.replicas = replicas
-        self.signals = Signals(queue_waiting=0, running=1, kv_cache_usage=0.1, ttft_p99_seconds=0.2, gpu_util_percent=10)
+        self.signals = Signals(queue_waiting=0, running=1, request_rate=1, kv_cache_usage=0.1, ttft_p99_seconds=0.2, gpu_util_percent=10)
         self.scale_calls: list[int] = []
 
     def activities(self):
@@ -53,7 +53,8 @@ class FakeDeployment:
 
         @activity.defn(name=acts.READ_REPLICA_HISTORY)
         async def read_history(request: acts.ReplicaHistoryInput) -> acts.ReplicaHistory:
-            return acts.ReplicaHistory(samples={"0:9": [6, 7, 8, 9], "0:10": [10, 10, 12, 11]}, weekday=0, minute_of_day=9 * 60 + 55)
+            # hourly peak arrival rates, req/s
+            return acts.ReplicaHistory(samples={"0:9": [24, 28, 32, 36], "0:10": [36, 36, 44, 40]}, weekday=0, minute_of_day=9 * 60 + 55)
 
         return [get_scale, read_signals, scale_version, read_history]
 
@@ -174,7 +175,9 @@ async def test_predictive_prewarm_raises_floor(time_skipping_env):
             id=f"pw-{uuid.uuid4()}",
             task_queue=queue,
         )
-        # 09:55 + 10 min start-up reaches the 10:00 slot: q0.75 of [10, 10, 11, 12] = 11.25 -> 12
+        # 09:55 + 10 min start-up reaches the 10:00 slot; the loop's SLO sizing of [36, 36, 40, 44] req/s
+        # is [10, 10, 11, 12] replicas (4 req/s each + headroom): q0.75 = 11.25 -> 12
+        assert [slo_replicas(r, ScalingPolicy()) for r in (36, 40, 44)] == [10, 11, 12]
         assert "expected peak 12" in reason
         await env.sleep(5)
         s = await status(handle)

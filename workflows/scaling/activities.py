@@ -31,12 +31,15 @@ _SELECTOR = 'namespace="${namespace}",deployment="${deployment}"'
 DEFAULT_SIGNAL_QUERIES: dict[str, str] = {
     "queue_waiting": f"sum(vllm:num_requests_waiting{{{_SELECTOR}}})",
     "running": f"sum(vllm:num_requests_running{{{_SELECTOR}}})",
+    # requests/s that got their first token: the arrival rate the SLO model sizes for
+    "request_rate": f"sum(rate(vllm:time_to_first_token_seconds_count{{{_SELECTOR}}}[${{window}}]))",
     "kv_cache_usage": f"max(vllm:kv_cache_usage_perc{{{_SELECTOR}}})",
     "ttft_p99_seconds": (
         "histogram_quantile(0.99, sum by (le) "
         f"(rate(vllm:time_to_first_token_seconds_bucket{{{_SELECTOR}}}[${{window}}])))"
     ),
-    # GPUs held by the deployment's pods: DCGM series joined on the pods vLLM reports for.
+    # GPUs held by the deployment's pods: DCGM series joined on the pods vLLM reports for. A duty
+    # cycle under vLLM (~100 % whenever a batch runs): read and shown, a trigger only on request.
     "gpu_util_percent": (
         f"avg(DCGM_FI_DEV_GPU_UTIL and on(namespace, pod) vllm:num_requests_running{{{_SELECTOR}}})"
     ),
@@ -45,12 +48,12 @@ DEFAULT_SIGNAL_QUERIES: dict[str, str] = {
 # Serving replicas of the deployment, one sample per hour: the peak of each hour. What the fleet
 # HAD, floors and over-provisioning included: not what pre-warm should predict from.
 DEFAULT_REPLICA_HISTORY_QUERY = f"max_over_time(count(vllm:num_requests_running{{{_SELECTOR}}})[1h:1m])"
-# Pre-warm's default: the replicas the load NEEDED, hourly peak: the demand the deployment's GPUs
-# served, in replicas busy at the loop's default 80 % utilisation target (idle replicas add ~0,
-# so a floor raised one week does not raise the next week's). With a request-rate capacity per
-# replica, override with e.g. sum(rate(vllm:request_success_total{...}[5m])) / <req/s per replica>.
+# Pre-warm's default: the demand, hourly peak of the arrival rate (requests/s that got a first
+# token, over 5 minutes), which PredictivePrewarm turns into replicas with the loop's SLO sizing.
+# Not DCGM utilisation: under vLLM it reads ~100 % whenever a batch runs, so it never shows spare
+# capacity; not the replicas the fleet had: those include the floors pre-warm itself raised.
 DEFAULT_DEMAND_HISTORY_QUERY = (
-    f"max_over_time((sum(DCGM_FI_DEV_GPU_UTIL and on(namespace, pod) vllm:num_requests_running{{{_SELECTOR}}}) / 80)[1h:1m])"
+    f"max_over_time(sum(rate(vllm:time_to_first_token_seconds_count{{{_SELECTOR}}}[5m]))[1h:1m])"
 )
 
 

@@ -3,6 +3,11 @@
 Pure code on plain values (pydantic models, floats, ints), so the ReactiveScaling workflow, the
 unit tests and the offline scaling benchmark run the very same rules:
 
+- sized to the SLO, not to a utilisation target: from the arrival rate (requests/s the deployment
+  starts serving), each replica's service rate and its unloaded TTFT, an M/M/c (Erlang C) model
+  with a burstiness factor predicts the p99 TTFT of a candidate replica count; the fleet wants the
+  fewest replicas whose prediction is within ``slo_margin`` of the TTFT SLO, so the headroom grows
+  with the square root of the load instead of a fixed fraction of it;
 - up at once when any trigger is above its target, by enough replicas to absorb the load in one
   step (queue: ``ready + ceil(waiting / per-replica capacity)``), capped by ``max_step_up``;
 - the load is measured on the replicas that serve (Ready), so the triggers size the fleet from
@@ -17,6 +22,10 @@ unit tests and the offline scaling benchmark run the very same rules:
 - never below the floor (schedules, pre-warm) or ``min_replicas``; ``max_replicas`` and the GPU
   budget always hold, and hitting the budget is reported;
 - blind (metric source down or no data at all): hold, never scale down on missing data.
+
+DCGM's GPU utilisation is not a default trigger: under vLLM it is a duty cycle (a kernel runs
+whenever any request is in the batch), so it reads ~100 % at light load and never shows spare
+capacity. ``gpu_util_trigger`` turns it back on (and lets it size scale-down, as before).
 """
 
 from __future__ import annotations
@@ -42,6 +51,19 @@ class ScalingPolicy(BaseModel):
         20, gt=0, description="waiting requests one added replica absorbs: +ceil(waiting / this)"
     )
     ttft_p99_slo_seconds: float = Field(2.0, gt=0)
+    replica_capacity_rps: float = Field(
+        4, gt=0, description="requests/s one replica serves at full batch, at the deployment's usual request sizes"
+        " (the SLO model's per-replica service rate; a load test or the fleet model measures it)"
+    )
+    replica_ttft_seconds: float = Field(0.2, ge=0, description="p99 TTFT of a replica with no queue (front end + prefill)")
+    arrival_burstiness: float = Field(
+        1.0, gt=0, description="multiplies the predicted queueing delay: 1 for Poisson arrivals, more for bursty"
+        " ones (Kingman's (ca^2 + cs^2) / 2)"
+    )
+    slo_margin: float = Field(0.8, gt=0, le=1, description="the predicted p99 TTFT must stay within this share of the SLO")
+    gpu_util_trigger: bool = Field(
+        False, description="scale on DCGM utilisation too (off: under vLLM it reads ~100 % whenever a batch runs)"
+    )
     gpu_util_target_percent: float = Field(80, gt=0, le=100)
     gpu_util_sustain_seconds: SecondsOrZero = Field(120, description="utilisation must stay above target this long")
     kv_cache_target: float = Field(0.9, gt=0, le=1, description="KV-cache usage fraction")
@@ -91,6 +113,7 @@ class Signals(BaseModel):
 
     queue_waiting: float | None = None
     running: float | None = None
+    request_rate: float | None = Field(None, description="requests/s the deployment starts serving (first tokens)")
     kv_cache_usage: float | None = Field(None, description="fraction 0..1 (max over replicas)")
     ttft_p99_seconds: float | None = None
     gpu_util_percent: float | None = Field(None, description="mean over the deployment's GPUs, 0..100")
@@ -99,7 +122,8 @@ class Signals(BaseModel):
     @property
     def blind(self) -> bool:
         return self.error is not None or all(
-            v is None for v in (self.queue_waiting, self.kv_cache_usage, self.ttft_p99_seconds, self.gpu_util_percent)
+            v is None
+            for v in (self.queue_waiting, self.request_rate, self.kv_cache_usage, self.ttft_p99_seconds, self.gpu_util_percent)
         )
 
 
@@ -119,7 +143,7 @@ class Trigger(BaseModel):
     replicas: int = Field(description="replicas this trigger asks for")
 
 
-TRIGGER_CAUSES = {"queue": "queue_depth", "ttft_p99": "ttft", "kv_cache": "kv_cache", "gpu_util": "gpu_util"}
+TRIGGER_CAUSES = {"slo": "slo", "queue": "queue_depth", "ttft_p99": "ttft", "kv_cache": "kv_cache", "gpu_util": "gpu_util"}
 # Holds worth counting in the decisions metric; the others (at target, waiting out the window or
 # the cooldown) are the loop idling.
 NOTABLE_HOLDS = frozenset({"metric_fallback", "budget", "max_replicas"})
@@ -129,12 +153,52 @@ class ScalingDecision(BaseModel):
     desired: int
     reason: str
     cause: str = Field(
-        description="low-cardinality why, the decisions metric's reason label: a trigger (queue_depth, ttft, kv_cache,"
+        description="low-cardinality why, the decisions metric's reason label: a trigger (slo, queue_depth, ttft, kv_cache,"
         " gpu_util), starting, below_target, stabilising, cooldown, at_target, metric_fallback, floor, max_replicas or budget"
     )
     triggers: list[Trigger] = Field(default_factory=list)
     capped_by: str | None = Field(None, description="max_replicas | max_step_up | budget, when a cap cut the step")
     state: ScalerState
+
+
+P99_TAIL = 0.01
+
+
+def predicted_ttft_p99(rate: float, replicas: int, p: ScalingPolicy) -> float:
+    """p99 TTFT of ``replicas`` serving ``rate`` requests/s: the unloaded TTFT plus the p99 wait of
+    an M/M/c queue (Erlang C: ``P(wait > t) = C * exp(-(c mu - lambda) t)``) times the burstiness.
+    Infinite when the replicas cannot keep up."""
+    mu = p.replica_capacity_rps
+    if rate <= 0:
+        return p.replica_ttft_seconds
+    if replicas * mu <= rate:
+        return math.inf
+    load = rate / mu
+    blocking = 1.0  # Erlang B, built up one server at a time (stable for large fleets)
+    for k in range(1, replicas + 1):
+        blocking = load * blocking / (k + load * blocking)
+    waits = replicas * blocking / (replicas - load * (1 - blocking))  # Erlang C: P(wait > 0)
+    wait = math.log(waits / P99_TAIL) / (replicas * mu - rate) if waits > P99_TAIL else 0.0
+    return p.replica_ttft_seconds + p.arrival_burstiness * wait
+
+
+def slo_replicas(rate: float, p: ScalingPolicy) -> int:
+    """Fewest replicas whose predicted p99 TTFT at ``rate`` is within ``slo_margin`` of the SLO
+    (headroom ~ sqrt(load), as in square-root staffing); ``MAX_REPLICAS`` when none is."""
+    if rate <= 0:
+        return 0
+    mu, goal = p.replica_capacity_rps, p.slo_margin * p.ttft_p99_slo_seconds
+    load = rate / mu
+    blocking = 1.0
+    for c in range(1, MAX_REPLICAS + 1):
+        blocking = load * blocking / (c + load * blocking)
+        if c * mu <= rate:
+            continue
+        waits = c * blocking / (c - load * (1 - blocking))
+        wait = math.log(waits / P99_TAIL) / (c * mu - rate) if waits > P99_TAIL else 0.0
+        if p.replica_ttft_seconds + p.arrival_burstiness * wait <= goal:
+            return c
+    return MAX_REPLICAS
 
 
 def _ratio_replicas(ready: int, value: float, target: float) -> int:
@@ -145,6 +209,12 @@ def _ratio_replicas(ready: int, value: float, target: float) -> int:
 def _triggers(now_s: float, ready: int, s: Signals, p: ScalingPolicy, util_since: float | None) -> list[Trigger]:
     """Each trigger's want, from the replicas whose load the signals measure (the Ready ones)."""
     out: list[Trigger] = []
+    if s.request_rate is not None:
+        predicted = predicted_ttft_p99(s.request_rate, ready, p)
+        goal = p.slo_margin * p.ttft_p99_slo_seconds
+        fired = predicted > goal
+        want = max(ready + 1, slo_replicas(s.request_rate, p)) if fired else ready
+        out.append(Trigger(name="slo", value=round(min(predicted, 1e9), 3), target=goal, fired=fired, replicas=want))
     if s.queue_waiting is not None:
         limit = p.queue_per_replica * max(ready, 1)
         fired = s.queue_waiting > limit
@@ -158,7 +228,7 @@ def _triggers(now_s: float, ready: int, s: Signals, p: ScalingPolicy, util_since
         fired = s.kv_cache_usage > p.kv_cache_target
         want = _ratio_replicas(ready, s.kv_cache_usage, p.kv_cache_target) if fired else ready
         out.append(Trigger(name="kv_cache", value=s.kv_cache_usage, target=p.kv_cache_target, fired=fired, replicas=want))
-    if s.gpu_util_percent is not None:
+    if s.gpu_util_percent is not None and p.gpu_util_trigger:
         sustained = util_since is not None and now_s - util_since >= p.gpu_util_sustain_seconds
         fired = s.gpu_util_percent > p.gpu_util_target_percent and sustained
         want = _ratio_replicas(ready, s.gpu_util_percent, p.gpu_util_target_percent) if fired else ready
@@ -169,15 +239,22 @@ def _triggers(now_s: float, ready: int, s: Signals, p: ScalingPolicy, util_since
 def _needed(current: int, ready: int, s: Signals, p: ScalingPolicy) -> int:
     """Replicas the load justifies when no trigger fires; ``current`` when that cannot be told.
 
-    Measured on the Ready replicas; the ones still starting count as needed (as if at target),
-    so replicas that have not served yet are never taken for spare capacity.
+    From the arrival rate (the SLO model) and, when ``gpu_util_trigger`` is on, from utilisation;
+    KV-cache usage bounds either. Measured on the Ready replicas; the ones still starting count
+    as needed, so replicas that have not served yet are never taken for spare capacity.
     """
-    if s.gpu_util_percent is None or s.queue_waiting is None or s.queue_waiting > 0:
+    if s.queue_waiting is None or s.queue_waiting > 0:
         return current
-    needed = math.ceil(ready * s.gpu_util_percent / p.gpu_util_target_percent)
+    wants = []
+    if s.request_rate is not None:
+        wants.append(slo_replicas(s.request_rate, p))
+    if p.gpu_util_trigger and s.gpu_util_percent is not None:
+        wants.append(math.ceil(ready * s.gpu_util_percent / p.gpu_util_target_percent))
+    if not wants:
+        return current
     if s.kv_cache_usage is not None:
-        needed = max(needed, math.ceil(ready * s.kv_cache_usage / p.kv_cache_target))
-    return needed + current - ready
+        wants.append(math.ceil(ready * s.kv_cache_usage / p.kv_cache_target))
+    return max(wants) + current - ready
 
 
 def down_step(current: int, policy: ScalingPolicy) -> int:
@@ -204,7 +281,11 @@ def decide(
     load the signals measure (default: all of ``current``).
     """
     ready = current if ready is None else max(0, min(ready, current))
-    util_high = signals.gpu_util_percent is not None and signals.gpu_util_percent > policy.gpu_util_target_percent
+    util_high = (
+        policy.gpu_util_trigger
+        and signals.gpu_util_percent is not None
+        and signals.gpu_util_percent > policy.gpu_util_target_percent
+    )
     util_since = (state.util_above_since_s if state.util_above_since_s is not None else now_s) if util_high else None
     below_since = state.below_since_s
     triggers: list[Trigger] = []

@@ -213,6 +213,8 @@ class ReactiveScaling:
             ready, policy = scale.ready_replicas, self._policy
         else:  # a run that decided before this change replays the decisions it recorded: spec-only, -1 per step
             ready, policy = None, self._policy.model_copy(update={"scale_down_step_percent": 0})
+        if not workflow.patched("slo-sizing"):  # decisions recorded before SLO sizing: DCGM utilisation triggered
+            policy = policy.model_copy(update={"gpu_util_trigger": True})
         decision: ScalingDecision = decide(now.timestamp(), scale.replicas, signals, policy, self._state, floor, ready=ready)
         self._state = decision.state
         record = DecisionRecord(

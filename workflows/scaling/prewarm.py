@@ -3,9 +3,10 @@
 Demand is tidal and repeats by weekday and hour, and a replica needs minutes to become Ready, so
 the floor for "now" is the expected peak of every hour slot between now and now + start-up time,
 where the expected peak of a slot is a quantile of that slot's peaks over past weeks.
-The history is demand in replicas (what the load needed: served work over one replica's
-capacity), never the replicas the fleet had: those include the floors pre-warm itself raised,
-which would carry one week's floor into the next for ever.
+The history is demand: by default the hourly peak arrival rate, turned into replicas by the
+loop's own SLO sizing (``workflows.scaling.decide.slo_replicas``), never the replicas the fleet
+had (those include the floors pre-warm itself raised, which would carry one week's floor into the
+next for ever) nor DCGM utilisation (under vLLM ~100 % whenever a batch runs).
 ``prewarm_floor`` is pure (the history arrives keyed by local ``"<weekday>:<hour>"``, Monday = 0)
 and reused by the scaling benchmark; the PredictivePrewarm workflow, which a Temporal Schedule
 starts every few minutes, reads the history and sets the result as the loop's ``prewarm`` floor.
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
+
+from typing import Literal
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
@@ -30,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         ReplicaHistoryInput,
         ScalingActivities,
     )
+    from workflows.scaling.decide import ScalingPolicy, slo_replicas
     from workflows.scaling.floors import SET_FLOOR_SIGNAL, SetFloor
 
 
@@ -86,7 +90,18 @@ class PrewarmInput(BaseModel):
     startup_seconds: SecondsOrZero = Field(600, description="node boot + image pull + weight load + warm-up")
     quantile: float = Field(0.75, ge=0, le=1)
     ttl_seconds: Seconds = Field(3600, description="how long the predicted floor holds if not renewed")
-    query: str = Field(DEFAULT_DEMAND_HISTORY_QUERY, description="hourly peaks of the replicas the load needed")
+    query: str = Field(DEFAULT_DEMAND_HISTORY_QUERY, description="hourly peaks of the demand")
+    history: Literal["arrival_rate", "replicas"] = Field(
+        "arrival_rate", description="what the query returns: requests/s (sized with `sizing`) or replicas needed"
+    )
+    sizing: ScalingPolicy = Field(
+        default_factory=ScalingPolicy, description="the loop's policy: its SLO sizing turns arrival rates into replicas"
+    )
+
+
+def demand_replicas(samples: dict[str, list[float]], sizing: ScalingPolicy) -> dict[str, list[float]]:
+    """Hourly peak arrival rates as the replicas the loop's SLO sizing wants for them."""
+    return {slot: [float(slo_replicas(rate, sizing)) for rate in rates] for slot, rates in samples.items()}
 
 
 @workflow.defn(name="PredictivePrewarm")
@@ -110,7 +125,8 @@ class PredictivePrewarm:
             retry_policy=RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1)),
             summary=f"replica history, {input.weeks} weeks",
         )
-        plan = prewarm_floor(history.samples, history.weekday, history.minute_of_day, input.startup_seconds, input.quantile)
+        samples = demand_replicas(history.samples, input.sizing) if input.history == "arrival_rate" else history.samples
+        plan = prewarm_floor(samples, history.weekday, history.minute_of_day, input.startup_seconds, input.quantile)
         loop = workflow.get_external_workflow_handle(naming.scaling_workflow_id(input.deployment))
         await loop.signal(SET_FLOOR_SIGNAL, SetFloor(replicas=plan.floor, source="prewarm", ttl_seconds=input.ttl_seconds))
         workflow.set_current_details(plan.reason)
