@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         SetRegistryStatusInput,
     )
     from workflows.rollout.activities import (
+        DEPLOYMENT_OWNED,
         Benchmark,
         EnsureVersionInput,
         GateQueriesInput,
@@ -145,6 +146,11 @@ async def _shielded(cleanup: Coroutine[Any, Any, RolloutResult]) -> RolloutResul
         raise
 
 
+def _owned_elsewhere(err: ActivityError) -> bool:
+    """Another rollout owns the deployment: nothing of ours is in the cluster to roll back."""
+    return isinstance(err.cause, ApplicationError) and err.cause.type == DEPLOYMENT_OWNED
+
+
 async def _stop(task: asyncio.Future) -> None:
     """Cancel an activity and wait until it stopped (or was abandoned)."""
     task.cancel()
@@ -218,7 +224,7 @@ class ModelRollout:
         except _RollBack as failed:
             back = self._roll_back(Outcome.ROLLED_BACK, failed.reason, failed.verdict)
         except ActivityError as err:
-            if not self._cluster_changed:
+            if not self._cluster_changed or _owned_elsewhere(err):
                 raise ApplicationError(
                     f"{err.activity_type} failed before any cluster change: {cause(err)}",
                     type="RolloutFailed",
@@ -308,7 +314,7 @@ class ModelRollout:
         self._set_stage(Stage.STAGING)
         self._staged = await self._act(
             RolloutActivities.stage_weights,
-            StageWeightsInput(model=inp.model, version=inp.version, files=files),
+            StageWeightsInput(model=inp.model, version=inp.version, files=files, image=inp.image),
             summary=f"stage {len(files)} weight file(s) of {inp.model} {inp.version} from S3, verifying SHA-256",
             schedule_to_close=inp.deadlines.stage_weights_seconds,
             heartbeat=60,
@@ -352,6 +358,7 @@ class ModelRollout:
                 args=inp.args,
                 env=inp.env,
                 priority_class=inp.priority_class,
+                owner=workflow.info().workflow_id,
             ),
             summary=f"start {inp.version} beside {self._stable.version if self._stable else 'nothing'}: {first} replica(s)",
             interruptible=False,
@@ -386,7 +393,7 @@ class ModelRollout:
         await self._checkpoint()
 
         if self._stable is None:
-            await self._route({inp.version: 100}, f"first deploy: route 100 % to {inp.version}")
+            await self._route({inp.version: 100}, f"first deploy: route 100 % to {inp.version}", release=True)
             self._set_stage(Stage.PROMOTED)
             await self._registry_status(Stable(since=workflow.now()), "first deploy")
             return self._result(Outcome.PROMOTED, "first deploy: no stable version, promoted after warm-up")
@@ -557,7 +564,7 @@ class ModelRollout:
             except ActivityError as err:
                 raise _RollBack(f"new version not Ready at full size: {cause(err)}") from err
         await self._checkpoint()
-        await self._route({stable.version: 0, inp.version: 100}, f"promote: route 100 % to {inp.version}")
+        await self._route({stable.version: 0, inp.version: 100}, f"promote: route 100 % to {inp.version}", release=True)
         self._set_stage(Stage.PROMOTED)
         await self._registry_status(Stable(since=workflow.now()), f"promoted over {stable.version}")
         await workflow.sleep(inp.scale_down_delay_seconds, summary=f"keep {stable.version} warm before scaling it down")
@@ -580,6 +587,7 @@ class ModelRollout:
                     {self._stable.version: 100, inp.version: 0},
                     f"roll back: route 100 % to {self._stable.version}",
                     _BACK,
+                    release=True,
                 )
                 if verdict is not None:
                     reverted = (workflow.now() - verdict.at).total_seconds()
@@ -789,10 +797,20 @@ class ModelRollout:
             raise _Abort(self._abort_reason or "aborted")
         return task.result()
 
-    async def _route(self, weights: dict[str, int], summary: str, retry: RetryPolicy = _FORWARD) -> None:
+    async def _route(
+        self, weights: dict[str, int], summary: str, retry: RetryPolicy = _FORWARD, release: bool = False
+    ) -> None:
+        """Set the route's weights as the route's owner (this workflow); ``release``: its last change."""
         await self._act(
             RolloutActivities.set_route_weights,
-            RouteWeightsInput(deployment=self._ref, weights=weights, port=self._in.port, mirror=self._mirror_for(weights)),
+            RouteWeightsInput(
+                deployment=self._ref,
+                weights=weights,
+                port=self._in.port,
+                mirror=self._mirror_for(weights),
+                owner=workflow.info().workflow_id,
+                release=release,
+            ),
             summary=summary,
             retry=retry,
             interruptible=False,
