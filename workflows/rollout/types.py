@@ -139,6 +139,9 @@ class RolloutInput(_Strict):
     moves the version's registry status (testing -> canary -> stable, or back) and records its
     warm-up benchmark there."""
 
+    # A refused value is never repeated in the error: a credential in ``env`` would land in the failure.
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
     deployment: DeploymentName = Field(description="NAMESPACE/NAME of the logical deployment (one HTTPRoute)")
     model: str = Field(min_length=1)
     version: VersionLabel
