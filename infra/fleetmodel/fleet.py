@@ -138,13 +138,14 @@ class Result:
         )
 
 
-def signals_of(window: deque, last: Scrape) -> Signals:
+def signals_of(window: deque, last: Scrape, scrape_s: float) -> Signals:
     """What the loop's default queries return after a scrape (``window``: bucket counts of the rate window)."""
     buckets = [sum(c) for c in zip(*window)] if window else []
     p99 = histogram_quantile(0.99, TTFT_BUCKETS, buckets) if buckets else math.nan
     return Signals(
         queue_waiting=last.waiting,
         running=last.running,
+        request_rate=sum(buckets) / (len(window) * scrape_s) if window else None,  # rate of the TTFT count
         kv_cache_usage=last.kv_usage_max,
         ttft_p99_seconds=None if math.isnan(p99) else p99,
         gpu_util_percent=last.gpu_util,
@@ -177,7 +178,7 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
             ready += 1
         if i and i % decide_every == 0:
             current = ready + len(booting)
-            signals = signals_of(window, last) if last is not None else Signals(error="no scrape yet")
+            signals = signals_of(window, last, scrape) if last is not None else Signals(error="no scrape yet")
             want = max(0, policy.desired(now, current, ready, signals))
             events += want != current
             while want > ready + len(booting):

@@ -15,7 +15,7 @@ from benchmarks.baselines import HpaPolicy, HpaRule, KedaPolicy, OraclePolicy, S
 from benchmarks.scaling import TideplanePolicy
 from infra.fleetmodel.fleet import Aggregate, FleetConfig, simulate
 from infra.fleetmodel.sizes import fixed
-from workflows.scaling.decide import ScalingPolicy, Signals
+from workflows.scaling.decide import ScalingPolicy, Signals, slo_replicas
 from workflows.scaling.floors import DeploymentFloors, FloorEntry, PrewarmSpec
 
 CFG = FleetConfig()
@@ -107,7 +107,9 @@ def test_prewarm_learns_from_demand_not_from_its_own_floors():
     """A week held at 12 replicas that were busy only at 09h pre-warms 12 for 09h, not for every hour."""
     floors = DeploymentFloors(deployment="bench/fleet", prewarm=PrewarmSpec(startup_seconds=600))
     p = TideplanePolicy(ScalingPolicy(min_replicas=1, max_replicas=50), start=12, floors=floors, t0=T0)
-    busy, idle = Signals(queue_waiting=0, gpu_util_percent=80.0), Signals(queue_waiting=0, gpu_util_percent=0.0)
+    # 44 req/s needs 12 replicas of 4 req/s with the SLO headroom; DCGM reads 100 % either way
+    assert slo_replicas(44, p.policy) == 12
+    busy, idle = Signals(queue_waiting=0, request_rate=44, gpu_util_percent=100.0), Signals(queue_waiting=0, request_rate=0, gpu_util_percent=100.0)
     for half_minute in range(7 * 24 * 120):  # one week, a decision every 30 s, 12 replicas all along
         now = half_minute * 30.0
         p.desired(now, 12, 12, busy if now // 3600 == 9 else idle)
