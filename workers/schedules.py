@@ -45,6 +45,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from workers.client import connect
 from workers.config import Settings, load_settings
 from workflows import naming
+from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.floors import FloorEntry, ScheduleFile, ScheduleFloor, ScheduleFloorInput
 from workflows.scaling.prewarm import PredictivePrewarm, PrewarmInput
 
@@ -129,6 +130,7 @@ def desired_schedules(file: ScheduleFile, task_queue: str) -> dict[str, Schedule
                         startup_seconds=p.startup_seconds,
                         quantile=p.quantile,
                         ttl_seconds=2 * 60 * p.every_minutes,
+                        sizing=ScalingPolicy() if p.replica_capacity_rps is None else ScalingPolicy(replica_capacity_rps=p.replica_capacity_rps),
                     ),
                     id=naming.scheduled_workflow_id(sid),
                     task_queue=task_queue,

@@ -247,3 +247,20 @@ def test_a_busy_duty_cycle_is_not_load():
     assert decide(0, 4, light, policy, ScalerState()).desired == 3
     utilisation = policy.model_copy(update={"gpu_util_trigger": True})  # the old rule, on request
     assert decide(0, 2, busy, utilisation, ScalerState()).desired == 3  # ceil(2 * 100 / 80)
+
+
+def test_prewarm_sizes_the_arrival_rate_history_with_the_declared_replica_capacity():
+    from workers.schedules import desired_schedules
+    from workflows.scaling.floors import ScheduleFile
+    from workflows.scaling.prewarm import demand_replicas
+
+    file = ScheduleFile.model_validate({"schedules": [
+        {"deployment": "llm/chat", "prewarm": {"replica_capacity_rps": 20}},
+        {"deployment": "llm/code", "prewarm": {}},
+    ]})
+    inputs = [s.action.args[0] for s in desired_schedules(file, "q").values()]
+    sizing = {i.deployment: i.sizing for i in inputs}
+    assert sizing["llm/chat"].replica_capacity_rps == 20 and sizing["llm/code"] == ScalingPolicy()
+    assert demand_replicas({"0:9": [0, 44]}, sizing["llm/code"]) == {"0:9": [0.0, 12.0]}  # 4 req/s per replica + headroom
+    assert demand_replicas({"0:9": [44]}, sizing["llm/chat"]) == {"0:9": [float(slo_replicas(44, sizing["llm/chat"]))]}
+    assert slo_replicas(44, sizing["llm/chat"]) < 12

@@ -96,6 +96,9 @@ class PrewarmSpec(_Strict):
     weeks: int = Field(4, ge=1, le=12)
     startup_seconds: SecondsOrZero = 600
     quantile: float = Field(0.75, ge=0, le=1)
+    replica_capacity_rps: float | None = Field(
+        None, gt=0, description="requests/s one replica serves, as in the loop's policy: sizes the arrival-rate history"
+    )
 
 
 class DeploymentFloors(_Strict):
