@@ -164,22 +164,32 @@ class ScalingDecision(BaseModel):
 P99_TAIL = 0.01
 
 
+def _ttft_p99(rate: float, replicas: int, erlang_b: float, p: ScalingPolicy) -> float:
+    """Unloaded TTFT + burstiness x the p99 wait of M/M/c, given Erlang B of ``replicas`` servers."""
+    mu = p.replica_capacity_rps
+    if replicas * mu <= rate:
+        return math.inf
+    load = rate / mu
+    waits = replicas * erlang_b / (replicas - load * (1 - erlang_b))  # Erlang C: P(wait > 0)
+    wait = math.log(waits / P99_TAIL) / (replicas * mu - rate) if waits > P99_TAIL else 0.0
+    return p.replica_ttft_seconds + p.arrival_burstiness * wait
+
+
+def _erlang_b(load: float, servers: int, previous: float) -> float:
+    """Erlang B of ``servers`` from that of one fewer (1.0 for none): stable for large fleets."""
+    return load * previous / (servers + load * previous)
+
+
 def predicted_ttft_p99(rate: float, replicas: int, p: ScalingPolicy) -> float:
     """p99 TTFT of ``replicas`` serving ``rate`` requests/s: the unloaded TTFT plus the p99 wait of
     an M/M/c queue (Erlang C: ``P(wait > t) = C * exp(-(c mu - lambda) t)``) times the burstiness.
     Infinite when the replicas cannot keep up."""
-    mu = p.replica_capacity_rps
     if rate <= 0:
         return p.replica_ttft_seconds
-    if replicas * mu <= rate:
-        return math.inf
-    load = rate / mu
-    blocking = 1.0  # Erlang B, built up one server at a time (stable for large fleets)
+    blocking = 1.0
     for k in range(1, replicas + 1):
-        blocking = load * blocking / (k + load * blocking)
-    waits = replicas * blocking / (replicas - load * (1 - blocking))  # Erlang C: P(wait > 0)
-    wait = math.log(waits / P99_TAIL) / (replicas * mu - rate) if waits > P99_TAIL else 0.0
-    return p.replica_ttft_seconds + p.arrival_burstiness * wait
+        blocking = _erlang_b(rate / p.replica_capacity_rps, k, blocking)
+    return _ttft_p99(rate, replicas, blocking, p)
 
 
 def slo_replicas(rate: float, p: ScalingPolicy) -> int:
@@ -187,16 +197,11 @@ def slo_replicas(rate: float, p: ScalingPolicy) -> int:
     (headroom ~ sqrt(load), as in square-root staffing); ``MAX_REPLICAS`` when none is."""
     if rate <= 0:
         return 0
-    mu, goal = p.replica_capacity_rps, p.slo_margin * p.ttft_p99_slo_seconds
-    load = rate / mu
+    goal = p.slo_margin * p.ttft_p99_slo_seconds
     blocking = 1.0
     for c in range(1, MAX_REPLICAS + 1):
-        blocking = load * blocking / (c + load * blocking)
-        if c * mu <= rate:
-            continue
-        waits = c * blocking / (c - load * (1 - blocking))
-        wait = math.log(waits / P99_TAIL) / (c * mu - rate) if waits > P99_TAIL else 0.0
-        if p.replica_ttft_seconds + p.arrival_burstiness * wait <= goal:
+        blocking = _erlang_b(rate / p.replica_capacity_rps, c, blocking)
+        if _ttft_p99(rate, c, blocking, p) <= goal:
             return c
     return MAX_REPLICAS
 
