@@ -81,7 +81,11 @@ def _reset_sandbox_after_module():
 
 @pytest.fixture(scope="session")
 def sandbox(tmp_path_factory):
-    """A running sandbox; torn down (and checked to leave nothing running) after the session."""
+    """A running sandbox; torn down (and checked to leave nothing running) after the session.
+    Registered by the e2e and sandbox tiers' conftests: a session running both shares the first."""
+    if _RUNNING:
+        yield _RUNNING[0]
+        return
     state_dir = tmp_path_factory.mktemp("sandbox")
     config_path = state_dir / "sandbox.yaml"
     config_path.write_text(yaml.safe_dump(TEST_CONFIG))

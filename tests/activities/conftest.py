@@ -1,5 +1,6 @@
-"""Activity-tier fixtures: the activity classes built as the worker builds them, with their
-clients pointed at the servers a test started (clients a test does not use point nowhere)."""
+"""Activity-tier fixtures: moto, a fresh emulated cluster, and the activity classes built as the
+worker builds them, with their clients pointed at the servers a test started (clients a test does
+not use point nowhere)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
 from activities.clients.vllm import VllmClient
 from activities.rollout import RolloutActivities, ServingPods
+from tests.kube_fixtures import kube_api, kube_api_url  # noqa: F401 - a fresh emulated cluster (test_registry)
+from tests.servers import moto_url  # noqa: F401
 
 NOWHERE = "http://127.0.0.1:9"  # the discard port: a client a test does not use
 

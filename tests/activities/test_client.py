@@ -31,7 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from temporalio.testing import WorkflowEnvironment
 
     from infra.sandbox.ports import free_port
-    from tests.conftest import BIN
+    from tests.servers import BIN
     from workers.client import connect, tls_config
     from workers.codec import ENCODING, KEY_ID, AesGcmCodec, PayloadDecryptionError, generate_key, key_id
     from workers.config import Settings, SettingsError, load_settings

@@ -48,7 +48,6 @@ from tests.e2e.test_rollout import (  # the rollout scenario and its fixtures, r
     STABLE,
     WorkerProcess,
     clean_up,
-    kube,  # noqa: F401 (fixture)
     prepare,
     registry,  # noqa: F401 (fixture)
     report,

@@ -35,7 +35,6 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFailedError
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
 from activities.clients.s3 import S3Client
@@ -301,11 +300,6 @@ def clean_up(api: client.ApiClient, namespace: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def kube(sandbox) -> client.ApiClient:
-    return api_client(sandbox.urls["kubeapi"])
-
-
-@pytest.fixture(scope="module")
 def registry(sandbox) -> Registry:
     s3 = S3Client(
         sandbox.urls["moto"], AWS_ENV["AWS_DEFAULT_REGION"],
@@ -320,11 +314,6 @@ def worker(sandbox, tmp_path_factory):
     proc.start()
     yield proc
     proc.stop()
-
-
-@pytest.fixture(scope="module")
-async def temporal(sandbox) -> Client:
-    return await Client.connect(sandbox.urls["temporal"], data_converter=pydantic_data_converter)
 
 
 @dataclass

@@ -35,14 +35,12 @@ import httpx
 import pytest
 from kubernetes import client
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
 from activities.spot import FALLBACK_FOR, fallback_name
 from activities.clients.s3 import CHUNK_BYTES
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
-from infra.sandbox.kubeclient import api_client
 from infra.sandbox.launcher import AWS_ENV, WEIGHTS_BUCKET
 from infra.sandbox.ports import free_port
 from infra.sandbox.spot import spot_interrupt
@@ -218,16 +216,6 @@ async def roll_out_and_kill(sandbox, api: client.ApiClient, temporal: Client, wh
         await asyncio.to_thread(worker.stop)
         set_demand(api, deployment, Demand(rps=0))
         client.CoreV1Api(api).delete_namespace(namespace)
-
-
-@pytest.fixture(scope="module")
-def kube(sandbox) -> client.ApiClient:
-    return api_client(sandbox.urls["kubeapi"])
-
-
-@pytest.fixture(scope="module")
-async def temporal(sandbox) -> Client:
-    return await Client.connect(sandbox.urls["temporal"], data_converter=pydantic_data_converter)
 
 
 @pytest.fixture(scope="module")

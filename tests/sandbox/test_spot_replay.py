@@ -10,7 +10,6 @@ import boto3
 
 from infra.sandbox.launcher import AWS_ENV
 from infra.sandbox.spot import spot_replay
-from tests.sandbox_fixtures import sandbox  # noqa: F401  (the whole sandbox, session-scoped)
 
 
 def test_a_zone_lost_in_the_trace_loses_its_pool_after_the_notice_and_comes_back(sandbox, tmp_path):  # noqa: F811

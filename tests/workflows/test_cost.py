@@ -26,7 +26,7 @@ from temporalio.worker import Worker
 from activities.clients.prometheus import PrometheusClient
 from activities.cost import CostActivities
 from infra.prometheus import running_prometheus, serve_registry
-from tests.conftest import BIN
+from tests.servers import BIN
 from workers import cost_cli
 from workers.config import Settings
 from workflows.cost.activities import CollectCostInput, CostQueries

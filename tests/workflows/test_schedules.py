@@ -23,7 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.conftest import BIN
+from tests.servers import BIN
 from tests.workflows.test_scaling import FakeDeployment
 from workers import schedules
 from workers.config import Settings

@@ -1,4 +1,5 @@
-"""Shared fixtures: real servers (moto, Temporal's test server) on free loopback ports."""
+"""Real servers tests start on free loopback ports: moto (S3, SQS, EC2, Auto Scaling) and
+Temporal's time-skipping test server. Each tier's conftest registers the fixtures it uses."""
 
 from __future__ import annotations
 
@@ -17,12 +18,18 @@ from temporalio.testing import WorkflowEnvironment
 from infra.sandbox.ports import free_port, wait_for_port
 from workflows import search_attributes
 
-BIN = Path(sys.executable).parent
+BIN = Path(sys.executable).parent  # the venv's bin: temporal, temporal-test-server, moto_server
+
+_MOTO: list[str] = []  # the session's moto URL once a test asked for it
 
 
 @pytest.fixture(scope="session")
 def moto_url():
-    """A moto server (S3, SQS, EC2, Auto Scaling) spoken to over HTTP by boto3."""
+    """A moto server spoken to over HTTP by boto3, with this process's AWS_* environment pointing
+    at it. Registered by several tiers' conftests: a session running them shares the first one."""
+    if _MOTO:
+        yield _MOTO[0]
+        return
     port = free_port()
     proc = subprocess.Popen(
         [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
@@ -40,7 +47,9 @@ def moto_url():
         }
         old = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
+        _MOTO.append(url)
         yield url
+        _MOTO.remove(url)
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -74,19 +83,3 @@ async def time_skipping(runtime: Runtime | None = None) -> AsyncIterator[Workflo
         yield env
     finally:
         await env.shutdown()
-
-
-@pytest.fixture(scope="module")
-async def time_skipping_env():
-    """Temporal's time-skipping test server with tideplane's search attributes registered.
-
-    One per test module: the server skips time only while nothing is outstanding, so a
-    workflow another module left running (a scaling loop without its worker) must not stall
-    the next module's clock.
-    """
-    async with time_skipping() as env:
-        yield env
-
-
-from tests.sandbox_fixtures import _reset_sandbox_after_module, sandbox, sandbox_env  # noqa: E402,F401  (the whole sandbox, session-scoped)
-from tests.kube_fixtures import *  # noqa: E402,F401,F403 - Kubernetes API emulator fixtures
