@@ -27,8 +27,8 @@ from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.launcher import WEIGHTS_BUCKET
 from infra.sandbox.worker_identity import enable_serving_namespace
 from workers.client import connect
-from workers.config import settings
-from workers.worker import ACTIVITIES, WORKFLOWS
+from workers.config import load_settings
+from workers.worker import WORKFLOWS, build_activities
 from workflows.rollout.types import Outcome, PauseInput, RolloutInput, RolloutResult
 
 BIN = Path(sys.executable).parent
@@ -53,23 +53,22 @@ async def ctx(sandbox):
     with pytest.MonkeyPatch.context() as mp:
         for key, value in sandbox.env.items():
             mp.setenv(key, value)
-        settings.cache_clear()
+        config = load_settings()  # the worker's settings, read once from the sandbox's environment
         api = api_client(sandbox.urls["kubeapi"])
         enable_serving_namespace(api, NAMESPACE)
         data = random.Random(7).randbytes(64 * 1024)
         key = f"bad-input/{uuid.uuid4().hex}/model.safetensors"
         boto3.client("s3", endpoint_url=sandbox.urls["moto"]).put_object(Bucket=WEIGHTS_BUCKET, Key=key, Body=data)
-        temporal = await connect(settings())
+        temporal = await connect(config)
         task_queue = f"bad-input-{uuid.uuid4().hex[:8]}"
         with ThreadPoolExecutor(max_workers=8) as executor:
             async with Worker(
-                temporal, task_queue=task_queue, workflows=WORKFLOWS, activities=ACTIVITIES, activity_executor=executor
+                temporal, task_queue=task_queue, workflows=WORKFLOWS, activities=build_activities(config), activity_executor=executor
             ):
                 yield Ctx(
                     temporal, api, sandbox.urls["temporal"], task_queue,
                     f"s3://{WEIGHTS_BUCKET}/{key}", hashlib.sha256(data).hexdigest(),
                 )
-    settings.cache_clear()
 
 
 def rollout(ctx: Ctx, **changes) -> dict:
