@@ -54,7 +54,7 @@ from tests.e2e.test_rollout import (  # the rollout scenario and its fixtures, r
     rollout_input,
     stable_ready,
 )
-from tests.sandbox_fixtures import create_logical_deployment, wait_until
+from tests.sandbox_fixtures import TEST_TIME_SCALE, create_logical_deployment, wait_until
 from workers.telemetry import metrics_runtime
 from workflows import telemetry
 from workflows.naming import NODE_CAPACITY_TYPE, rollout_workflow_id, scaling_workflow_id
@@ -329,6 +329,7 @@ OBS_MODEL = "obs-llm"
 SCALING_POLICY = {
     "min_replicas": 1, "max_replicas": 3, "queue_per_replica": 2, "queue_capacity_per_replica": 4,
     "ttft_p99_slo_seconds": 30, "gpu_util_sustain_seconds": 0, "stabilisation_seconds": 3, "cooldown_seconds": 5,
+    "replica_capacity_rps": 4 * TEST_TIME_SCALE,  # 4 req/s of sandbox time; Prometheus' rate() counts real seconds
 }
 SPOT_POLICY = {
     "on_demand_pool_asg": "gpu-on-demand", "poll_seconds": 0.5, "drain_margin_seconds": 2,

@@ -44,7 +44,7 @@ from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.launcher import AWS_ENV, WEIGHTS_BUCKET
 from infra.sandbox.ports import free_port
 from infra.sandbox.spot import spot_interrupt
-from tests.sandbox_fixtures import create_logical_deployment, wait_until
+from tests.sandbox_fixtures import TEST_TIME_SCALE, create_logical_deployment, wait_until
 from tests.e2e.test_faults import KUBE_FAULTS
 from tests.e2e.test_rollout import (
     Cluster,
@@ -271,6 +271,7 @@ SCALE_MODEL = "wk-scale-llm"
 SCALE_POLICY = ScalingPolicy(
     min_replicas=1, max_replicas=8, max_step_up=4, queue_per_replica=2, queue_capacity_per_replica=4,
     ttft_p99_slo_seconds=600, gpu_util_sustain_seconds=0, stabilisation_seconds=3, cooldown_seconds=20,
+    replica_capacity_rps=4 * TEST_TIME_SCALE,  # 4 req/s of sandbox time; Prometheus' rate() counts real seconds
 )
 SCALE_INTERVAL = 2  # 20 decisions kept in the status span 40 s: the scale-up stays in view
 
