@@ -36,6 +36,7 @@ from benchmarks import traces
 from benchmarks.baselines import HpaPolicy, HpaRule, KedaPolicy, OraclePolicy, StaticPolicy
 from infra.fleetmodel.fleet import Aggregate, FleetConfig, Result, simulate
 from infra.fleetmodel.sizes import SizeMix, from_requests, load_servegen_sizes
+from workflows.bounds import MAX_REPLICAS
 from workflows.scaling.prewarm import prewarm_floor, slot_key
 from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide, slo_replicas
 from workflows.scaling.floors import DeploymentFloors, PrewarmSpec, floor_at
@@ -210,7 +211,8 @@ def suite(work: Workload, cfg: FleetConfig, overrides: dict | None, families: tu
         policies += [KedaPolicy(start, t, "waiting", HpaRule(max_replicas=cap)) for t in KEDA_WAITING]
         policies += [KedaPolicy(start, t, "in_flight", HpaRule(max_replicas=cap)) for t in KEDA_IN_FLIGHT]
     if want("tideplane"):
-        policy = tideplane_policy(typical, cap, overrides, unloaded_ttft(probe, cfg.load()))
+        # ScalingPolicy bounds max_replicas (workflows.bounds): m-mid's 1.5 x peak need exceeds it
+        policy = tideplane_policy(typical, min(cap, MAX_REPLICAS), overrides, unloaded_ttft(probe, cfg.load()))
         prewarm = floors.floors or DeploymentFloors(deployment="bench/fleet", prewarm=PrewarmSpec(startup_seconds=cfg.cold_start_s + 300))
         policies += [
             TideplanePolicy(policy, start, name="tideplane-reactive", time_zone=floors.time_zone, t0=floors.t0),
