@@ -37,7 +37,9 @@ import jsonschema
 from botocore.exceptions import ClientError
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
-from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
 from activities.clients.prometheus import PrometheusClient, render
@@ -82,6 +84,13 @@ from workflows.rollout.activities import (
     WeightFile,
 )
 from workflows.rollout.activities import (
+    CANCEL_RETIRE,
+    SCHEDULE_RETIRE,
+    CancelRetireInput,
+    RetireInput,
+    retire_workflow_id,
+)
+from workflows.rollout.activities import (
     READ_SHADOW_PAIRS,
     RUN_GOLDEN_SET,
     GoldenRunInput,
@@ -90,6 +99,7 @@ from workflows.rollout.activities import (
     ShadowPairsResult,
 )
 from workflows.rollout.quality import CaseResult, ShadowPair, grade
+from workflows.rollout.retire import RetireVersion
 from workflows.scaling.placement import node_selector, tolerations
 
 ROUTE_API = ("gateway.networking.k8s.io", "v1")
@@ -906,6 +916,43 @@ def schema_problem(instance: object, schema: dict) -> str | None:
     except jsonschema.SchemaError as exc:
         return f"the golden set's schema is invalid: {exc.message}"
     return None
+
+
+class RetireScheduling(contract.RetireScheduling):
+    """Starts and cancels RetireVersion workflows with the worker's Temporal client
+    (``activity.client()``), on the worker's own task queue."""
+
+    @activity.defn(name=SCHEDULE_RETIRE)
+    async def schedule_retire(self, req: RetireInput) -> str:
+        retire_id = retire_workflow_id(req.deployment, req.version)
+        try:
+            await activity.client().start_workflow(
+                RetireVersion.run,
+                req,
+                id=retire_id,
+                task_queue=activity.info().task_queue,
+                static_summary=f"Scale {req.version} of {req.deployment} to 0 after {req.delay_seconds:.0f}s",
+            )
+        except WorkflowAlreadyStartedError:
+            return f"{retire_id} already pending"  # an earlier start (or attempt) of the same scale-down
+        return f"{retire_id} started"
+
+    @activity.defn(name=CANCEL_RETIRE)
+    async def cancel_retire(self, req: CancelRetireInput) -> str:
+        retire_id = retire_workflow_id(req.deployment, req.version)
+        handle = activity.client().get_workflow_handle(retire_id)
+        try:
+            await handle.cancel()
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            return f"{retire_id}: none pending"  # never started, or already ended
+        # Wait until it ended, so no scale-down of this version lands after the caller goes on.
+        try:
+            await handle.result()
+        except WorkflowFailureError:
+            pass  # cancelled, as asked
+        return f"{retire_id} cancelled"
 
 
 def mirror_filter(req: RouteWeightsInput) -> dict | None:

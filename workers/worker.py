@@ -30,7 +30,7 @@ from activities.clients.shadow import ShadowPairsClient
 from activities.clients.vllm import VllmClient
 from activities.cost import CostActivities
 from activities.registry import RegistryActivities
-from activities.rollout import RolloutActivities, ServingPods
+from activities.rollout import RetireScheduling, RolloutActivities, ServingPods
 from activities.scaling import NodePoolActivities, ScalingActivities
 from activities.spot import SpotActivities, SpotWorkflowStarts
 from workers import telemetry
@@ -44,7 +44,9 @@ from workflows.cost.report import CostReport
 from workflows.scaling.node_pools import NodePoolScaling
 from workflows.registry.activities import RegistryActivities as RegistryContract
 from workflows.registry.retention import RegistryRetention
+from workflows.rollout.activities import RetireScheduling as RetireContract
 from workflows.rollout.activities import RolloutActivities as RolloutContract
+from workflows.rollout.retire import RetireVersion
 from workflows.rollout.workflow import ModelRollout
 from workflows.scaling.activities import NodePoolActivities as NodePoolContract
 from workflows.scaling.activities import ScalingActivities as ScalingContract
@@ -57,6 +59,7 @@ log = logging.getLogger("tideplane.worker")
 
 WORKFLOWS: list[type] = [
     ModelRollout,
+    RetireVersion,
     ReactiveScaling,
     ScheduleFloor,
     PredictivePrewarm,
@@ -91,6 +94,7 @@ def build_activities(config: Settings) -> list[Callable]:
     aws = AwsClient(config.aws_region, config.aws_endpoint_url)
     return [
         *activity_methods(rollout, RolloutContract),
+        *activity_methods(RetireScheduling(), RetireContract),
         *activity_methods(registry, RegistryContract),
         *activity_methods(cost, CostContract),
         *activity_methods(ScalingActivities(kube, prometheus), ScalingContract),

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,13 +27,17 @@ from temporalio.client import (
 )
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
+from temporalio.api.testservice.v1 import LockTimeSkippingRequest, UnlockTimeSkippingRequest
+from temporalio.service import RPCError
 from temporalio.runtime import BufferedMetricUpdate, MetricBuffer, Runtime, TelemetryConfig
 from temporalio.worker import Replayer, Worker
 
-from tests.servers import time_skipping
+from tests.conftest import time_skipping
 from workflows import telemetry
 from workflows.rollout import gates as canary
 from workflows import search_attributes as sa
+from activities.rollout import RetireScheduling
+from workflows.rollout.retire import RetireVersion
 from workflows.rollout.workflow import ModelRollout, start_rollout
 from workflows.naming import DeploymentRef
 from workflows.registry.activities import (
@@ -67,6 +72,8 @@ from workflows.rollout.activities import (
     WaitReadyInput,
     WarmUpInput,
     WeightFile,
+    RetireInput,
+    retire_workflow_id,
 )
 from workflows.rollout.types import (
     DEFAULT_STEPS,
@@ -316,8 +323,8 @@ def worker(fleet: Fleet, queue: str) -> Worker:
     return Worker(
         fleet.client,
         task_queue=queue,
-        workflows=[ModelRollout],
-        activities=fleet.activities(),
+        workflows=[ModelRollout, RetireVersion],
+        activities=[*fleet.activities(), RetireScheduling().schedule_retire, RetireScheduling().cancel_retire],
         max_heartbeat_throttle_interval=timedelta(milliseconds=50),  # cancellation reaches stubs at once
         graceful_shutdown_timeout=timedelta(seconds=1),
     )
@@ -338,6 +345,34 @@ async def run_rollout(fleet: Fleet, inp: RolloutInput, until: Callable[[Workflow
             return await handle.result()
         finally:
             await _terminate_if_running(handle)
+            await retired(fleet, inp.deployment)
+
+
+async def retired(fleet: Fleet, deployment: str) -> list[str]:
+    """The delayed scale-downs the rollout left (RetireVersion workflows), run to their end."""
+    results = []
+    for version in (STABLE, NEW):
+        handle = fleet.client.get_workflow_handle(retire_workflow_id(deployment, version))
+        try:
+            status = (await handle.describe()).status
+        except RPCError:
+            continue  # none for this version
+        if status is not None and status.name == "CANCELED":
+            continue  # a later rollout of this version took it back
+        async with time_running(fleet.client):
+            results.append(await handle.result())
+    return results
+
+
+@asynccontextmanager
+async def time_running(client: Client) -> AsyncIterator[None]:
+    """Let virtual time run while awaiting a workflow the test did not start itself (the test
+    environment unlocks time skipping only for the handles its own start_workflow returned)."""
+    await client.test_service.unlock_time_skipping(UnlockTimeSkippingRequest())
+    try:
+        yield
+    finally:
+        await client.test_service.lock_time_skipping(LockTimeSkippingRequest())
 
 
 async def _terminate_if_running(handle: WorkflowHandle) -> None:
@@ -361,7 +396,8 @@ def assert_rolled_back_route_first(fleet: Fleet, canary_weight: int) -> None:
     names = fleet.names()
     revert = len(names) - 1 - names[::-1].index(SET_ROUTE_WEIGHTS)
     assert fleet.calls[revert][1].weights == {STABLE: 100, NEW: 0}
-    assert [(n, a.version, a.replicas) for n, a in fleet.calls[revert + 1 :]] == [(SCALE_VERSION, NEW, 0)]
+    after = [(n, a) for n, a in fleet.calls[revert + 1 :] if n != DESCRIBE_DEPLOYMENT]  # RetireVersion's read
+    assert [(n, a.version, a.replicas) for n, a in after] == [(SCALE_VERSION, NEW, 0)]
     assert fleet.scales().count((NEW, 0)) == 1
     assert fleet.times[-1] - fleet.times[revert] >= timedelta(seconds=600), "canary kept warm for the delay"
     assert all(v != STABLE for v, _ in fleet.scales()), "stable must stay at full size"
@@ -388,7 +424,8 @@ async def test_happy_path_default_ladder_promotes(client):
     # canary sized for its share of 4 replicas, full size before 100 %, old version down last
     assert fleet.calls[fleet.names().index(ENSURE_VERSION)][1].replicas == 1
     assert fleet.scales() == [(NEW, 2), (NEW, 4), (STABLE, 0)]
-    assert fleet.times[-1] - fleet.times[-2] >= timedelta(seconds=600), "old version kept warm for the delay"
+    promoted_at = fleet.times[len(fleet.names()) - 1 - fleet.names()[::-1].index(SET_ROUTE_WEIGHTS)]
+    assert fleet.times[-1] - promoted_at >= timedelta(seconds=600), "old version kept warm for the delay"
     assert fleet.names().index(SET_ROUTE_WEIGHTS, fleet.names().index(WARM_UP)) > fleet.names().index(WARM_UP)
     # default windows 10/30/30 min at one gate per minute
     assert fleet.gate_queries == {1: 10, 5: 30, 50: 30}
@@ -689,8 +726,9 @@ async def test_promote_refused_when_nothing_to_promote(client):
     refusals: list[str] = []
 
     async def try_promote(fleet: Fleet, name: str, arg: Any) -> None:
-        promoted_done = name == SCALE_VERSION and arg.version == STABLE
-        if name == WARM_UP or promoted_done:
+        # the rollout ends once traffic has moved: the last moment to ask is the move to 100 %
+        promoting = name == SET_ROUTE_WEIGHTS and arg.weights.get(NEW) == 100
+        if name == WARM_UP or promoting:
             with pytest.raises(WorkflowUpdateFailedError) as info:
                 await fleet.handle.execute_update(ModelRollout.promote, PromoteInput(full=True))
             refusals.append(str(info.value.cause))
@@ -700,7 +738,7 @@ async def test_promote_refused_when_nothing_to_promote(client):
     assert result.outcome is Outcome.PROMOTED
     assert len(refusals) == 2
     assert "nothing to promote" in refusals[0] and "warming_up" in refusals[0]
-    assert "nothing to promote" in refusals[1] and "promoted" in refusals[1]
+    assert "nothing to promote" in refusals[1] and "promoting" in refusals[1]
 
 
 async def test_promote_does_not_silently_clear_a_pause(client):
@@ -790,6 +828,91 @@ async def test_checksum_mismatch_fails_before_any_cluster_change(client):
     message = str(info.value.cause)
     assert "checksum mismatch" in message and f"expected {SHA}" in message and "actual" in message
     assert fleet.names() == [STAGE_WEIGHTS]
+
+
+# ---- the rollout's result vs the delayed scale-down (issue 16 item 3) ---------------------------
+
+
+async def test_result_comes_at_promotion_and_the_next_rollout_starts_at_once(client):
+    """The README's ``--fail-existing`` start of the next version must not find the promoted rollout
+    still open for the 10-minute scale-down delay; the old version is scaled down later all the same."""
+    fleet = Fleet(client, stable_replicas=2)
+    inp = rollout_input()
+    queue = f"rollout-test-{uuid.uuid4().hex[:8]}"
+    async with worker(fleet, queue):
+        first = await start_rollout(client, inp, task_queue=queue)
+        fleet.workflow_id = first.id
+        result = await first.result()
+        assert result.outcome is Outcome.PROMOTED
+        assert fleet.calls[-1][0] == SET_ROUTE_WEIGHTS and fleet.route == {STABLE: 0, NEW: 100}
+        promoted_at = fleet.times[-1]
+        closed = (await first.describe()).close_time
+        assert closed - promoted_at < timedelta(seconds=60), "result due when traffic has moved, not after the delay"
+        assert (STABLE, 0) not in fleet.scales()
+        retire = client.get_workflow_handle(retire_workflow_id(inp.deployment, STABLE))
+        assert (await retire.describe()).status.name == "RUNNING"
+
+        # start_rollout fails on a running workflow of the same ID, as --fail-existing does
+        second = await start_rollout(client, inp.model_copy(update={"version": "1.4.0"}), task_queue=queue)
+        assert second.id == first.id
+        fleet.workflow_id = second.id
+        assert (await second.result()).outcome is Outcome.PROMOTED
+
+        async with time_running(client):
+            assert f"{STABLE} scaled to 0" in await retire.result()
+        scaled = next(t for (name, arg), t in zip(fleet.calls, fleet.times) if name == SCALE_VERSION and arg.version == STABLE)
+        assert scaled - promoted_at >= timedelta(seconds=600), "old version kept warm for the delay"
+        async with time_running(client):
+            assert "scaled to 0" in await client.get_workflow_handle(retire_workflow_id(inp.deployment, NEW)).result()
+        assert fleet.replicas == {STABLE: 0, NEW: 0, "1.4.0": 2} and fleet.route == {NEW: 0, "1.4.0": 100}
+
+
+async def _retire(fleet: Fleet, version: str, delay_seconds: float) -> str:
+    queue = f"retire-test-{uuid.uuid4().hex[:8]}"
+    async with worker(fleet, queue):
+        return await fleet.client.execute_workflow(
+            RetireVersion.run,
+            RetireInput(deployment="llm-serving/chat", version=version, delay_seconds=delay_seconds, reason="test"),
+            id=f"retire-test-{uuid.uuid4().hex[:8]}",
+            task_queue=queue,
+        )
+
+
+async def test_retire_scales_a_version_without_traffic_to_0_after_the_delay(client):
+    fleet = Fleet(client)
+    fleet.route, fleet.replicas = {STABLE: 0, NEW: 100}, {STABLE: 4, NEW: 4}
+    assert "scaled to 0" in await _retire(fleet, STABLE, 600)
+    assert fleet.scales() == [(STABLE, 0)] and fleet.replicas == {STABLE: 0, NEW: 4}
+    assert fleet.times[-1] - fleet.times[0] < timedelta(seconds=1)  # the read just before scaling
+    assert fleet.names() == [DESCRIBE_DEPLOYMENT, SCALE_VERSION]
+
+
+async def test_retire_leaves_a_version_alone_that_carries_traffic_again(client):
+    fleet = Fleet(client)  # STABLE carries 100 % again (a rollback or a rollout back to it)
+    assert "left as it is" in await _retire(fleet, STABLE, 600)
+    assert fleet.scales() == [] and fleet.replicas == {STABLE: 4}
+
+
+async def test_a_rollout_of_a_version_with_a_pending_scale_down_cancels_it_first(client):
+    """Retrying a rolled-back version within the delay: its pending scale-down must not land mid-rollout."""
+    fleet = Fleet(client, stable_replicas=2)
+    fleet.replicas[NEW] = 2  # still warm from the rollback, no traffic
+    inp = rollout_input()
+    queue = f"rollout-test-{uuid.uuid4().hex[:8]}"
+    async with worker(fleet, queue):
+        pending = await client.start_workflow(
+            RetireVersion.run,
+            RetireInput(deployment=inp.deployment, version=NEW, delay_seconds=600, reason="rolled back"),
+            id=retire_workflow_id(inp.deployment, NEW),
+            task_queue=queue,
+        )
+        handle = await start_rollout(client, inp, task_queue=queue)
+        fleet.workflow_id = handle.id
+        assert (await handle.result()).outcome is Outcome.PROMOTED
+        assert (await pending.describe()).status.name == "CANCELED"
+        assert (NEW, 0) not in fleet.scales() and fleet.route == {STABLE: 0, NEW: 100}
+        await retired(fleet, inp.deployment)
+    assert fleet.replicas == {STABLE: 0, NEW: 2}
 
 
 async def test_second_start_is_refused(client):

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 
-from workflows.naming import DeploymentRef
+from workflows.naming import DeploymentName, DeploymentRef, rollout_workflow_id
 from workflows.rollout.quality import CaseResult, GoldenSet, ShadowPair
 
 # Activity names (stable API: histories refer to them).
@@ -28,6 +28,9 @@ QUERY_GATES = "query_gates"
 
 # ApplicationError type of a refusal: another workflow owns the deployment (naming.ANNOTATION_OWNER).
 DEPLOYMENT_OWNED = "DeploymentOwned"
+
+SCHEDULE_RETIRE = "schedule_retire"
+CANCEL_RETIRE = "cancel_retire"
 
 
 class WeightFile(BaseModel):
@@ -274,4 +277,41 @@ class RolloutActivities:
     @activity.defn(name=READ_SHADOW_PAIRS)
     def read_shadow_pairs(self, req: ShadowPairsInput) -> ShadowPairsResult:
         """The (stable answer, canary answer) pairs of mirrored live requests recorded since ``after``."""
+        raise NotImplementedError
+
+
+def retire_workflow_id(deployment: str, version: str) -> str:
+    """One pending scale-down per version of a deployment: ``rollout/<ns>/<name>/retire/<version>``."""
+    return f"{rollout_workflow_id(deployment)}/retire/{version}"
+
+
+class RetireInput(BaseModel):
+    """A version that no longer carries traffic, to scale to 0 once ``delay_seconds`` have passed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    deployment: DeploymentName = Field(description="NAMESPACE/NAME of the logical deployment")
+    version: str = Field(min_length=1, description="the version that no longer carries traffic")
+    delay_seconds: float = Field(ge=0, le=10 * 365 * 86400, description="kept warm this long (scale_down_delay_seconds)")
+    reason: str = Field("", description="why it is retired, for the UI")
+
+
+class CancelRetireInput(BaseModel):
+    deployment: DeploymentName
+    version: str = Field(min_length=1)
+
+
+class RetireScheduling:
+    """How ModelRollout leaves a delayed scale-down to a RetireVersion workflow of its own
+    (workflows/rollout/retire.py) and takes it back; implemented in activities/rollout.py with the
+    worker's Temporal client."""
+
+    @activity.defn(name=SCHEDULE_RETIRE)
+    async def schedule_retire(self, req: RetireInput) -> str:
+        """Start RetireVersion under ``retire_workflow_id``; one already pending for the version is kept."""
+        raise NotImplementedError
+
+    @activity.defn(name=CANCEL_RETIRE)
+    async def cancel_retire(self, req: CancelRetireInput) -> str:
+        """Cancel the version's pending RetireVersion and wait until it ended (none pending: nothing to do)."""
         raise NotImplementedError

@@ -13,6 +13,11 @@ Order inside a canary step: scale the canary up to carry its share and wait unti
 *then* move the route weight, so traffic never lands on capacity that is not there yet. On the
 way back the route moves first (stable was kept at full size throughout), and the canary is
 scaled down only after ``scale_down_delay_seconds``, warm for a retry.
+
+The result comes when traffic has moved: the version left without traffic (the old stable after a
+promotion, the canary after a rollback) is scaled down by a RetireVersion workflow
+``rollout/<ns>/<name>/retire/<version>`` (workflows/rollout/retire.py) that this run starts and
+does not wait for, so the next rollout of the deployment can start at once.
 """
 
 from __future__ import annotations
@@ -53,9 +58,13 @@ with workflow.unsafe.imports_passed_through():
     from workflows.rollout.activities import (
         DEPLOYMENT_OWNED,
         Benchmark,
+        CancelRetireInput,
+        DeploymentState,
         EnsureVersionInput,
         GateQueriesInput,
         GoldenRunInput,
+        RetireInput,
+        RetireScheduling,
         RolloutActivities,
         RouteMirror,
         RouteWeightsInput,
@@ -67,6 +76,7 @@ with workflow.unsafe.imports_passed_through():
         ShadowPairsInput,
         WarmUpInput,
         WeightFile,
+        retire_workflow_id,
     )
     from workflows.rollout.quality import (
         GoldenVerdict,
@@ -101,6 +111,9 @@ with workflow.unsafe.imports_passed_through():
     )
 
 WORKFLOW_TYPE = "ModelRollout"
+# Runs from before this patch kept the rollout open for the scale-down delay; newer ones end when
+# traffic has moved and leave the delayed scale-down to a RetireVersion workflow (rollout/retire.py).
+RETIRE_PATCH = "retire-after-promotion"
 # Runs from before the quality gates (issue 21) never read a golden set at warm-up.
 GOLDEN_PATCH = "golden-gate"
 SHADOW_KEEP = 2000  # mirrored pairs kept in memory for one window's comparison
@@ -343,6 +356,7 @@ class ModelRollout:
         ladder = [s for s in inp.steps if s.weight < 100]
         first = self._target_replicas if self._stable is None or not ladder else self._share(ladder[0].weight)
         await self._checkpoint()
+        await self._cancel_pending_retire(state)
         self._cluster_changed = True
         await self._act(
             RolloutActivities.ensure_version,
@@ -567,6 +581,9 @@ class ModelRollout:
         await self._route({stable.version: 0, inp.version: 100}, f"promote: route 100 % to {inp.version}", release=True)
         self._set_stage(Stage.PROMOTED)
         await self._registry_status(Stable(since=workflow.now()), f"promoted over {stable.version}")
+        if workflow.patched(RETIRE_PATCH):
+            retiring = await self._retire(stable.version, f"{inp.version} promoted over it")
+            return self._result(Outcome.PROMOTED, f"{inp.version} is stable at 100 %; {retiring}")
         await workflow.sleep(inp.scale_down_delay_seconds, summary=f"keep {stable.version} warm before scaling it down")
         await self._scale(stable.version, 0, f"scale the old version {stable.version} to 0", retry=_BACK)
         return self._result(Outcome.PROMOTED, f"{inp.version} is stable at 100 %")
@@ -596,8 +613,11 @@ class ModelRollout:
             if self._canary_since is not None:  # gate failure: never again; otherwise it may be retried
                 status = Deprecated(since=workflow.now()) if verdict is not None else Testing()
                 await self._registry_status(status, f"rolled back: {reason}")
-            await workflow.sleep(inp.scale_down_delay_seconds, summary=f"keep {inp.version} warm for a retry")
-            await self._scale(inp.version, 0, f"scale {inp.version} to 0", retry=_BACK)
+            if workflow.patched(RETIRE_PATCH):
+                await self._retire(inp.version, f"rolled back: {reason}")
+            else:
+                await workflow.sleep(inp.scale_down_delay_seconds, summary=f"keep {inp.version} warm for a retry")
+                await self._scale(inp.version, 0, f"scale {inp.version} to 0", retry=_BACK)
         else:
             self._set_stage(Stage.ROLLED_BACK)
         result = self._result(outcome, reason)
@@ -796,6 +816,35 @@ class ModelRollout:
             await _stop(task)
             raise _Abort(self._abort_reason or "aborted")
         return task.result()
+
+    async def _retire(self, version: str, reason: str) -> str:
+        """Leave ``version``'s delayed scale-down to a RetireVersion workflow that outlives this run,
+        so the rollout's result comes when traffic has moved and the next rollout can start."""
+        inp = self._in
+        await self._act(
+            RetireScheduling.schedule_retire,
+            RetireInput(
+                deployment=inp.deployment, version=version, delay_seconds=inp.scale_down_delay_seconds, reason=reason
+            ),
+            summary=f"scale {version} to 0 in {inp.scale_down_delay_seconds:.0f}s, in a workflow of its own",
+            retry=_BACK,
+            interruptible=False,
+        )
+        return f"{version} scales to 0 in {inp.scale_down_delay_seconds:.0f}s ({retire_workflow_id(inp.deployment, version)})"
+
+    async def _cancel_pending_retire(self, state: DeploymentState) -> None:
+        """A pending scale-down of the version this rollout starts (its earlier rollback, or it was
+        the stable before) must not land in the middle of this rollout: cancel it first. Only a
+        version still running without traffic can have one pending."""
+        warm = any(v.version == self._in.version and v.replicas > 0 and v.route_weight == 0 for v in state.versions)
+        if not warm or not workflow.patched(RETIRE_PATCH):
+            return
+        await self._act(
+            RetireScheduling.cancel_retire,
+            CancelRetireInput(deployment=self._in.deployment, version=self._in.version),
+            summary=f"cancel a pending scale-down of {self._in.version}",
+            interruptible=False,
+        )
 
     async def _route(
         self, weights: dict[str, int], summary: str, retry: RetryPolicy = _FORWARD, release: bool = False
