@@ -171,6 +171,7 @@ class WarmUpInput(BaseModel):
     max_tokens: int = 64
     prompt: str = "Summarise the plot of Hamlet in one paragraph."
     model: str | None = Field(None, description="served model name sent as 'model' (ensure_version serves it under the model name)")
+    max_error_rate: float = Field(0.5, ge=0, lt=1, description="above this share of failed requests the run fails")
 
 
 class Benchmark(BaseModel):

@@ -123,6 +123,13 @@ class WarmUp(_Strict):
     max_tokens: int = Field(64, ge=1, le=1_000_000)
     prompt: str = "Summarise the plot of Hamlet in one paragraph."
     deadline_seconds: Seconds = Field(900, description="large models take 5-10 minutes to load")
+    max_error_rate: float = Field(
+        0.5,
+        ge=0,
+        lt=1,
+        description="warm-up fails (and is retried within the deadline) above this share of failed requests; "
+        "sporadic errors are for the canary's error-rate gate to judge, not a reason to roll back before it",
+    )
 
 
 class Deadlines(_Strict):

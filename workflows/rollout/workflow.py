@@ -459,6 +459,7 @@ class ModelRollout:
                     requests=inp.warm_up.requests,
                     max_tokens=inp.warm_up.max_tokens,
                     prompt=inp.warm_up.prompt,
+                    max_error_rate=inp.warm_up.max_error_rate,
                 ),
                 summary=f"warm up {inp.version} with {inp.warm_up.requests} requests and benchmark it",
                 schedule_to_close=max(1.0, (deadline - workflow.now()).total_seconds()),
