@@ -145,9 +145,14 @@ async def test_set_floor_with_expiry_and_schedule_floor_workflow(time_skipping_e
             ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue
         )
         await env.sleep(5)
-        await handle.signal(ReactiveScaling.set_floor, SetFloor(replicas=6, source="manual", ttl_seconds=600))
+        await handle.signal(
+            ReactiveScaling.set_floor, SetFloor(replicas=6, source="manual", ttl_seconds=600, reason="launch")
+        )
         await env.sleep(5)
         assert fake.replicas == 6
+        # the decision names who raised it: an operator's floor is not a schedule's or pre-warm's
+        raised = next(d for d in (await status(handle)).decisions if d.desired == 6)
+        assert "raised to floor 6" in raised.reason and "manual (launch) 6" in raised.reason
         # a schedule's action: the ScheduleFloor workflow signals the loop
         await env.client.execute_workflow(
             ScheduleFloor.run, ScheduleFloorInput(deployment=inp.deployment, replicas=4), id=f"sf-{uuid.uuid4()}", task_queue=queue

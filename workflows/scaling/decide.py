@@ -279,11 +279,12 @@ def decide(
     state: ScalerState,
     floor: int = 0,
     ready: int | None = None,
+    floor_by: str = "schedule/pre-warm",
 ) -> ScalingDecision:
     """Desired replicas for a deployment at ``now_s`` (seconds on any monotonic clock).
 
     ``current`` is the replicas asked for (the Deployment's spec), ``ready`` those serving, whose
-    load the signals measure (default: all of ``current``).
+    load the signals measure (default: all of ``current``); ``floor_by`` names who set ``floor``.
     """
     ready = current if ready is None else max(0, min(ready, current))
     util_high = (
@@ -341,7 +342,7 @@ def decide(
     lower = max(policy.min_replicas, floor)
     if desired < lower:
         desired, cause = lower, "floor"
-        reason += f"; raised to floor {lower} (min {policy.min_replicas}, schedule/pre-warm {floor})"
+        reason += f"; raised to floor {lower} (min {policy.min_replicas}, {floor_by} {floor})"
     if desired > policy.max_replicas:
         desired, capped_by = policy.max_replicas, "max_replicas"
         cause = capped_by if desired <= current else cause

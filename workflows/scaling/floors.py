@@ -156,6 +156,7 @@ class SetFloor(BaseModel):
     replicas: Replicas
     source: str = Field("manual", min_length=1, max_length=63, description="schedule | prewarm | manual: one floor per source")
     ttl_seconds: Seconds | None = Field(None, description="the floor lapses after this long (at most 30 days)")
+    reason: str = Field("", max_length=200, description="why, shown in the scaling decisions it raises")
 
 
 class FloorClaim(BaseModel):
@@ -163,6 +164,12 @@ class FloorClaim(BaseModel):
 
     replicas: int = Field(ge=0)
     expires_at: datetime | None = None
+    reason: str = ""  # the set_floor signal's, shown with its source in the decisions
+
+
+def floor_label(source: str, claim: FloorClaim) -> str:
+    """Who holds a floor, as the scaling decisions name it: ``schedule``, ``prewarm``, ``manual (reason)``."""
+    return f"{source} ({claim.reason})" if claim.reason else source
 
 
 class ScheduleFloorInput(BaseModel):

@@ -45,7 +45,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.scaling.activities import ScalingActivities
     from workflows.scaling.cpu_fallback import CpuFallbackState, decide_fallback
     from workflows.scaling.decide import NOTABLE_HOLDS, ScalerState, ScalingDecision, ScalingPolicy, Signals, Trigger, decide
-    from workflows.scaling.floors import SET_FLOOR_SIGNAL, FloorClaim, SetFloor
+    from workflows.scaling.floors import SET_FLOOR_SIGNAL, FloorClaim, SetFloor, floor_label
     from workflows.scaling.placement import CAPACITY_FOR_CLASS
     from workflows.steps import cause, validated, wait_until
 
@@ -215,7 +215,9 @@ class ReactiveScaling:
             ready, policy = None, self._policy.model_copy(update={"scale_down_step_percent": 0})
         if not workflow.patched("slo-sizing"):  # decisions recorded before SLO sizing: DCGM utilisation triggered
             policy = policy.model_copy(update={"gpu_util_trigger": True})
-        decision: ScalingDecision = decide(now.timestamp(), scale.replicas, signals, policy, self._state, floor, ready=ready)
+        decision: ScalingDecision = decide(
+            now.timestamp(), scale.replicas, signals, policy, self._state, floor, ready=ready, floor_by=self._floor_by()
+        )
         self._state = decision.state
         record = DecisionRecord(
             at=now,
@@ -329,6 +331,11 @@ class ReactiveScaling:
         self._floors = {k: c for k, c in self._floors.items() if c.expires_at is None or c.expires_at > now}
         return max((c.replicas for c in self._floors.values()), default=0)
 
+    def _floor_by(self) -> str:
+        """Who holds the highest floor (after ``_floor`` dropped the lapsed ones)."""
+        held = [(c.replicas, floor_label(source, c)) for source, c in self._floors.items()]
+        return max(held)[1] if held else "floor"
+
     def _carry(self) -> ScalingCarry:
         return ScalingCarry(
             state=self._state,
@@ -384,7 +391,7 @@ class ReactiveScaling:
     @workflow.signal(name=SET_FLOOR_SIGNAL)
     def set_floor(self, request: SetFloor) -> None:
         expires = workflow.now() + timedelta(seconds=request.ttl_seconds) if request.ttl_seconds else None
-        self._floors[request.source] = FloorClaim(replicas=request.replicas, expires_at=expires)
+        self._floors[request.source] = FloorClaim(replicas=request.replicas, expires_at=expires, reason=request.reason)
         self._wake = True
 
     # The patch arrives as plain JSON and is validated here, so a bad field is refused naming it
