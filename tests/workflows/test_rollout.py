@@ -32,7 +32,7 @@ from temporalio.service import RPCError
 from temporalio.runtime import BufferedMetricUpdate, MetricBuffer, Runtime, TelemetryConfig
 from temporalio.worker import Replayer, Worker
 
-from tests.conftest import time_skipping
+from tests.servers import time_skipping
 from workflows import telemetry
 from workflows.rollout import gates as canary
 from workflows import search_attributes as sa
