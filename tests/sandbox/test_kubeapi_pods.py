@@ -23,7 +23,9 @@ PROFILES = {
     "crash": {"crash_on_start": True},
     "never": {"never_ready": True, "load_seconds": 1},
     "oom": {"load_seconds": 1, "oom_after_requests": 100},
-    "oom-fleet": {"load_seconds": 1, "oom_after_requests": 50, "capacity_rps": 1000, "error_rate": 0},
+    # one-token requests finish within the fleet tick they arrive in (a 200-token answer takes seconds)
+    "oom-fleet": {"load_seconds": 1, "oom_after_requests": 50, "capacity_rps": 1000, "error_rate": 0,
+                  "prompt_tokens": 1, "output_tokens": 1},
     "draining": {"load_seconds": 1, "shutdown_seconds": 1000},
     "default": {"load_seconds": 1},
 }
@@ -129,12 +131,15 @@ def test_the_fleet_reports_oom_after_the_profiles_requests(cluster, ns):
     fleet, watch = Fleet(time_scale=1.0, seed=1), OomWatch(url)
     fleet.update(read_cluster(api), 0.0)  # the replica appears
     watch.check(fleet)  # as the fleet's loop does after every tick
-    fleet.update(read_cluster(api), 1.0)  # 40 requests: under the limit
+    _, replica = fleet.replicas[(ns, "chat")]
+    fleet.update(read_cluster(api), 1.0)  # about 40 requests served: under the limit
     watch.check(fleet)
+    assert 0 < replica.success < 50
     time.sleep(0.2)
     assert container(core, "chat", ns).restart_count == 0
-    fleet.update(read_cluster(api), 1.0)  # 80 requests
+    fleet.update(read_cluster(api), 1.0)  # about 80
     watch.check(fleet)
+    assert replica.success >= 50
     wait(lambda: container(core, "chat", ns).restart_count == 1, "the OOM kill")
     assert container(core, "chat", ns).last_state.terminated.reason == "OOMKilled"
     core.delete_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE)
