@@ -57,6 +57,7 @@ from workflows.naming import (
     versioned_name,
 )
 from workflows.registry.schema import Manifest
+from workflows.rollout.activities import retire_workflow_id
 from workflows.rollout.types import Outcome, RolloutResult, RolloutStatus, Stage
 
 NAME = "chat"
@@ -210,6 +211,7 @@ class Followed:
     fail_seen_wall: float | None = None  # wall time the status query first showed a failing verdict
     promoted_seen: float | None = None  # monotonic time the status query first showed stage promoted
     old_replicas_at_promotion: int | None = None
+    retired: float | None = None  # monotonic time the delayed scale-down (RetireVersion) ended
     weights_seen: set[int] = field(default_factory=set)
 
 
@@ -242,7 +244,20 @@ async def follow(temporal: Client, deployment: str, apps: client.AppsV1Api, old_
         await asyncio.wait({result}, timeout=POLL)
     seen.result, seen.ended = result.result(), time.monotonic()
     seen.status = await handle.query("status", result_type=RolloutStatus)
+    seen.retired = await retired(temporal, deployment, seen.result)
     return seen
+
+
+async def retired(temporal: Client, deployment: str, result: RolloutResult) -> float | None:
+    """Wait for the scale-down the rollout left to RetireVersion; the monotonic time it ended."""
+    left = result.previous_version if result.outcome is Outcome.PROMOTED else result.version
+    if left is None:
+        return None
+    try:
+        await temporal.get_workflow_handle(retire_workflow_id(deployment, left)).result()
+    except RPCError:
+        return None  # none started: nothing had changed in the cluster
+    return time.monotonic()
 
 
 @dataclass
@@ -377,9 +392,11 @@ def test_good_release_reaches_100_percent(good_and_bad):
     (route,) = cluster.routes
     weights = route_weights(route)
     assert weights[versioned_name(NAME, GOOD)] == 100 and sum(weights.values()) == 100
-    # The old version kept its replicas while traffic moved, and went to 0 only after the delay.
+    # The result came when traffic had moved; the old version kept its replicas, and went to 0
+    # only after the delay (RetireVersion, issue 16 item 3).
     assert seen.old_replicas_at_promotion == STABLE_REPLICAS
-    assert seen.ended - seen.promoted_seen >= SCALE_DOWN_DELAY - 0.5
+    assert seen.ended - seen.promoted_seen < SCALE_DOWN_DELAY, "the result comes when traffic has moved"
+    assert seen.retired - seen.promoted_seen >= SCALE_DOWN_DELAY - 0.5
     assert cluster.replicas(STABLE) == 0
     assert cluster.replicas(GOOD) == STABLE_REPLICAS
     assert seen.result.benchmark is not None and seen.result.benchmark.requests == 8
