@@ -158,11 +158,17 @@ async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox, aw
         return sum(1 for p in pods if p.spec.node_name == node and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))) == REPLICAS
 
     await wait_for(own_ready_on_spot, 30, f"{REPLICAS} Ready replicas on {node}")
+    # The proxy routes to the pods the fleet simulator has taken in, from a snapshot up to a tick
+    # behind the API (as endpoints lag a pod's Ready in a cluster): the load starts once it answers,
+    # so every failure counted below is the reclaim's, not the tier's setup.
+    completions = f"{sandbox.urls['fleet']}/proxy/{NAMESPACE}/{name}/v1/completions"
+    serves = lambda: httpx.post(completions, json={"prompt": "tide", "max_tokens": 8}, timeout=10).status_code == 200
+    await wait_for(serves, 30, f"the proxy to answer through service {NAMESPACE}/{name}")
 
     temporal = await Client.connect(env["TEMPORAL_ADDRESS"], data_converter=pydantic_data_converter)
     task_queue = f"spot-e2e-{uuid.uuid4()}"
     monitor = Monitor(core, selector, node, lambda: desired(ON_DEMAND_POOL))
-    requests = Requests(f"{sandbox.urls['fleet']}/proxy/{NAMESPACE}/{name}/v1/completions")
+    requests = Requests(completions)
     with ThreadPoolExecutor(max_workers=16) as executor:
         starts = SpotWorkflowStarts()
         activities = [*activity_methods(spot, SpotActivities), starts.start_spot_reclaim, starts.start_return_to_spot]
