@@ -16,12 +16,13 @@ import pytest
 import yaml
 from kubernetes import client
 
-from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
+from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, SandboxConfig
 from infra.sandbox.kubeclient import api_client
 from infra.sandbox.launcher import Ports, Sandbox, SandboxError
+from infra.sandbox.nodes import aws_clients, restore_pools
 from infra.sandbox.worker_identity import WORKER_NAMESPACE
 from infra.sandbox.worker_identity import enable_serving_namespace
-from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, versioned_name
+from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, NODE_POOL, versioned_name
 
 # Fast enough for tests: a replica is Ready 1 s (real) after it is scheduled, a new node joins in ~4 s.
 TEST_TIME_SCALE = 20
@@ -59,7 +60,8 @@ _BASE_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease", 
 
 def reset_cluster(box: RunningSandbox) -> None:
     """Give the next module the cluster as ``up`` left it: the namespaces tests created (and all
-    their pods, so the GPUs they held are free again) deleted, and no demand offered."""
+    their pods, so the GPUs they held are free again) deleted, no demand offered, and each node
+    pool back at its configured size (a scale-up or a failover a test left behind keeps its nodes)."""
     core = client.CoreV1Api(api_client(box.urls["kubeapi"]))
     created = [ns.metadata.name for ns in core.list_namespace().items if ns.metadata.name not in _BASE_NAMESPACES]
     for name in created:
@@ -69,6 +71,18 @@ def reset_cluster(box: RunningSandbox) -> None:
     demand = core.read_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE)
     demand.data = {}
     core.replace_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, demand)
+    pools = SandboxConfig.model_validate(box.config).node_pools
+    restore_pools(aws_clients(box.env["AWS_ENDPOINT_URL"])[1], pools)
+
+    def pool_sizes() -> dict[str, int]:
+        sizes = dict.fromkeys((p.name for p in pools), 0)
+        for node in core.list_node().items:
+            pool = (node.metadata.labels or {}).get(NODE_POOL)
+            sizes[pool] = sizes.get(pool, 0) + 1
+        return sizes
+
+    configured = {p.name: p.count for p in pools}
+    wait_until(lambda: pool_sizes() == configured, 60, f"the node pools back at {configured}")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -65,11 +65,28 @@ def ensure_pools(ec2, autoscaling, pools: list[NodePool]) -> None:
                 AutoScalingGroupName=pool.name,
                 LaunchTemplate={"LaunchTemplateName": pool.name, "Version": "$Latest"},
                 MinSize=0,
-                MaxSize=pool.max_nodes if pool.max_nodes is not None else max(pool.count, MAX_POOL_SIZE),
+                MaxSize=pool_max_size(pool),
                 DesiredCapacity=pool.count,
                 AvailabilityZones=pool.zones,
                 Tags=[{"Key": k, "Value": v, "PropagateAtLaunch": True} for k, v in tags.items()],
             )
+
+
+def pool_max_size(pool: NodePool) -> int:
+    """The Auto Scaling group's MaxSize: the pool's capacity (max_nodes), else room to scale."""
+    return pool.max_nodes if pool.max_nodes is not None else max(pool.count, MAX_POOL_SIZE)
+
+
+def restore_pools(autoscaling, pools: list[NodePool]) -> None:
+    """Put each pool's Auto Scaling group back as ``ensure_pools`` made it: its count, its capacity,
+    only the pool's tags (scaling, failover and spot replays change all three and may stop midway)."""
+    groups = {g["AutoScalingGroupName"]: g for g in autoscaling.describe_auto_scaling_groups(
+        AutoScalingGroupNames=[p.name for p in pools])["AutoScalingGroups"]}
+    for pool in pools:
+        autoscaling.update_auto_scaling_group(AutoScalingGroupName=pool.name, MinSize=0, MaxSize=pool_max_size(pool), DesiredCapacity=pool.count)
+        added = [t["Key"] for t in groups[pool.name].get("Tags", []) if t["Key"] not in pool_tags(pool)]
+        if added:
+            autoscaling.delete_tags(Tags=[{"ResourceId": pool.name, "ResourceType": "auto-scaling-group", "Key": k} for k in added])
 
 
 @dataclass
