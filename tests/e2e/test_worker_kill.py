@@ -49,6 +49,7 @@ from tests.e2e.test_faults import KUBE_FAULTS
 from tests.e2e.test_rollout import (
     Cluster,
     WorkerProcess,
+    retired,
     route_weights,
     status,
     watching,
@@ -61,6 +62,7 @@ from workflows.naming import (
     versioned_name,
 )
 from workflows.rollout.workflow import start_rollout
+from workflows.rollout.activities import retire_workflow_id
 from workflows.rollout.types import Outcome, RolloutInput, RolloutResult, Stage
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.loop import ReactiveScaling, ScalingInput, ScalingStatus
@@ -129,7 +131,7 @@ async def activity_attempts(handle: WorkflowHandle, activity: str) -> int:
 class Killed:
     result: RolloutResult
     killed_in: str
-    pids: set[str]
+    pids: set[str]  # of the processes that ran the rollout's and its RetireVersion's tasks
     killed_pid: int
     new_pid: int
     route_states: list[dict[str, int]]
@@ -207,8 +209,14 @@ async def roll_out_and_kill(sandbox, api: client.ApiClient, temporal: Client, wh
             seconds = time.monotonic() - started
             await asyncio.sleep(0.5)  # let the watch deliver the last state
             states = [w for _, w in route.events]
+        # The result comes when traffic has moved; the version left without it is scaled down
+        # scale_down_delay_seconds later by RetireVersion: the cluster is read once that is done,
+        # and a kill at promoted / rolled_back leaves that scale-down to the new process.
+        await asyncio.wait_for(retired(temporal, deployment, result), SCALE_DOWN_DELAY + 60)
+        left = result.previous_version if result.outcome is Outcome.PROMOTED else result.version
+        retire = temporal.get_workflow_handle(retire_workflow_id(deployment, left))
         return Killed(
-            result=result, killed_in=killed_in, pids=await worker_pids(handle), killed_pid=killed_pid,
+            result=result, killed_in=killed_in, pids=await worker_pids(handle) | await worker_pids(retire), killed_pid=killed_pid,
             new_pid=worker.proc.pid, route_states=states, cluster=Cluster.read(api, namespace),
             staging_attempts=await activity_attempts(handle, "stage_weights"), seconds=seconds,
         )
