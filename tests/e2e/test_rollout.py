@@ -410,7 +410,9 @@ def test_bad_release_rolled_back_by_its_error_gate(good_and_bad, request, record
     # The result names the failing gate with its numbers.
     assert [g.gate for g in result.failed_gates] == [ERROR_RATE], result.failed_gates
     (gate,) = result.failed_gates
-    assert gate.threshold == 0.01 and 0.15 < gate.value < 0.5 and not gate.passed
+    # The fleet draws each request's error (p = 0.3): over a window's ~10-20 requests the measured share
+    # spreads widely around it, but stays far above the 1 % threshold.
+    assert gate.threshold == 0.01 and 0.05 < gate.value < 0.8 and not gate.passed
     assert result.failing_verdict is not None and result.failing_verdict.weight == 5
     assert "error_rate" in result.reason and f"{gate.value:.4g}" in result.reason
     # Traffic back on stable, which kept its full size; the canary scaled to 0 after the delay.

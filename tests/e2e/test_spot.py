@@ -34,7 +34,8 @@ from activities.clients.s3 import S3Client
 from activities.clients.vllm import VllmClient
 from activities.rollout import RolloutActivities, ServingPods
 from activities.spot import FALLBACK_FOR, SpotActivities, SpotWorkflowStarts, fallback_name
-from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
+from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, Profile
+from infra.sandbox.knobs import set_profile
 from infra.sandbox.launcher import AWS_ENV
 from infra.sandbox.spot import spot_interrupt_running
 from tests.sandbox_fixtures import create_logical_deployment, wait_for
@@ -147,6 +148,11 @@ async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox, aw
     od_base = desired(ON_DEMAND_POOL)
 
     # The spot tier: pinned to spot nodes, all its replicas on the one spot node, under load.
+    # vLLM drains its in-flight requests on SIGTERM within the pod's grace period (30 s by default): an
+    # evicted replica answers what it already accepted. The default sandbox drain (5 s) is shorter than
+    # one of these 5 s answers, so a request accepted just before the eviction would be cut off.
+    set_profile(api, "llama-3-8b", "1.0.0", Profile(load_seconds=20, error_rate=0.0, ttft_seconds=0.15,
+                                                     tpot_seconds=0.025, capacity_rps=4, shutdown_seconds=30))
     name = create_logical_deployment(api, NAMESPACE, "chat", "1.0.0", "llama-3-8b", replicas=0)
     apps.patch_namespaced_deployment(name, NAMESPACE, {"spec": {"replicas": REPLICAS, "template": {"spec": {"nodeSelector": {NODE_CAPACITY_TYPE: "spot"}}}}})
     demand = core.read_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE)
