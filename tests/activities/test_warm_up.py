@@ -83,3 +83,22 @@ def test_a_version_that_only_answers_errors_fails():
         assert info.value.type == "WarmUpErrors" and "20 of 20 requests" in info.value.message
     finally:
         server.shutdown()
+
+
+def test_golden_answers_are_asked_again_after_server_errors():
+    """The golden set judges what a version answers: two 503s before the answer do not fail the case
+    (a release with sporadic 5xx is the error-rate gate's to stop), a version that only fails does."""
+    server = _server(failures=2)
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        ((text, error),) = VllmClient(concurrency=1).answers(base, [{"prompt": "p"}])
+        # the stand-in's 200 carries usage but no choices: reaching it past two 503s is what counts
+        assert text is None and "KeyError" in error and "503" not in error
+    finally:
+        server.shutdown()
+    always = _server(failures=10**6)
+    try:
+        ((text, error),) = VllmClient(concurrency=1).answers(f"http://127.0.0.1:{always.server_address[1]}", [{"prompt": "p"}])
+        assert text is None and "503" in error
+    finally:
+        always.shutdown()
