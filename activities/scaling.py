@@ -22,7 +22,11 @@ Scaling itself is the rollout's ``scale_version`` (the Deployment's scale subres
   they ask for, and the group's desired capacity.
 - ``set_pool_capacity``: the group's desired capacity (idempotent: setting it twice is a no-op).
 - ``remove_pool_node``: cordon an idle node and terminate its instance with the group's desired
-  capacity decremented; a node that took a model pod meanwhile is uncordoned and kept.
+  capacity decremented; a node that took a model pod meanwhile is uncordoned and kept. With a warm
+  pool that reuses on scale-in, AWS stops the instance back into the pool instead.
+- ``set_warm_pool``: the group's warm pool of stopped instances at an absolute size (MinSize =
+  MaxGroupPreparedCapacity), so a scale-out starts a stopped instance (about a minute) instead of
+  launching one; a pool already at that configuration is left alone.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ from workflows.scaling.activities import (
     ScaleStatus,
     ScaleTarget,
     SetCapacityInput,
+    SetWarmPoolInput,
+    WarmPoolState,
 )
 from workflows.scaling.decide import Signals
 from workflows.scaling.placement import Gpu, Node
@@ -291,3 +297,23 @@ class NodePoolActivities(contract.NodePoolActivities):
         self.aws.terminate_group_instance(instance)  # False: already gone or terminating (a retried call)
         return RemoveNodeResult(removed=True, reason=f"node {req.node} ({instance}) drained and terminated")
 
+
+    @activity.defn(name=contract.SET_WARM_POOL)
+    def set_warm_pool(self, req: SetWarmPoolInput) -> WarmPoolState:
+        group = self.aws.auto_scaling_group(req.pool)  # non-retryable when the group does not exist
+        if req.size > group["MaxSize"]:
+            raise ApplicationError(
+                f"pool {req.pool}: a warm pool of {req.size} exceeds the group's MaxSize {group['MaxSize']}", non_retryable=True
+            )
+        current = self.aws.warm_pool(req.pool)
+        config = (current or {}).get("WarmPoolConfiguration", {})
+        wanted = (req.size, req.size, "Stopped", req.reuse_on_scale_in)
+        have = (
+            config.get("MinSize"),
+            config.get("MaxGroupPreparedCapacity"),
+            config.get("PoolState"),
+            (config.get("InstanceReusePolicy") or {}).get("ReuseOnScaleIn", False),
+        )
+        if have != wanted:
+            self.aws.put_warm_pool(req.pool, req.size, req.size, req.reuse_on_scale_in)
+        return WarmPoolState(size=req.size, warm_instances=len((current or {}).get("Instances", [])), changed=have != wanted)

@@ -1,4 +1,4 @@
-"""AWS as tideplane uses it: SQS (spot notices), EC2 Auto Scaling (GPU node pools) and EC2.
+"""AWS as tideplane uses it: SQS (spot notices), EC2 Auto Scaling (GPU node pools, their warm pools) and EC2.
 
 Built once by the worker with an explicit region and endpoint (moto in the sandbox) and passed to
 the activity classes. Errors come back as ApplicationError naming what was asked, non-retryable
@@ -118,3 +118,25 @@ class AwsClient:
                 return False
             _fail(exc, f"terminate {instance_id}")
         return True
+
+    def warm_pool(self, group: str) -> dict | None:
+        """The group's warm pool as DescribeWarmPool returns it (``WarmPoolConfiguration`` and the
+        warm ``Instances``), None when the group has none."""
+        try:
+            response = self.autoscaling.describe_warm_pool(AutoScalingGroupName=group)
+        except ClientError as exc:
+            _fail(exc, f"Auto Scaling group {group}: warm pool")
+        return response if response.get("WarmPoolConfiguration") else None
+
+    def put_warm_pool(self, group: str, min_size: int, max_prepared_capacity: int, reuse_on_scale_in: bool) -> None:
+        """Stopped instances (paying for their disks, not their GPUs) kept ready to join the group."""
+        try:
+            self.autoscaling.put_warm_pool(
+                AutoScalingGroupName=group,
+                PoolState="Stopped",
+                MinSize=min_size,
+                MaxGroupPreparedCapacity=max_prepared_capacity,
+                InstanceReusePolicy={"ReuseOnScaleIn": reuse_on_scale_in},
+            )
+        except ClientError as exc:
+            _fail(exc, f"Auto Scaling group {group}: warm pool of {min_size}")

@@ -9,9 +9,13 @@ ValidationError.)
 from __future__ import annotations
 
 import pytest
+from kubernetes import client
 from temporalio.exceptions import ApplicationError
 
 from activities.clients.aws import AwsClient
+from activities.clients.kube import KubeClient
+from activities.scaling import NodePoolActivities
+from workflows.scaling.activities import SetWarmPoolInput
 
 
 @pytest.fixture
@@ -57,3 +61,27 @@ def test_group_capacity_tags_and_termination(aws):
     instance = aws.auto_scaling_group("gpu-od-test")["Instances"][0]["InstanceId"]
     assert aws.terminate_group_instance(instance) is True
     assert aws.auto_scaling_group("gpu-od-test")["DesiredCapacity"] == 1, "the group does not replace it"
+
+
+def test_warm_pool_round_trip(aws):
+    """What set_warm_pool reads back: moto keeps the configuration (it launches no warm instances;
+    the sandbox's cloud plays those, infra/sandbox/nodes.py)."""
+    _group(aws, "gpu-warm-test", desired=1)
+    assert aws.warm_pool("gpu-warm-test") is None
+    aws.put_warm_pool("gpu-warm-test", min_size=2, max_prepared_capacity=2, reuse_on_scale_in=True)
+    config = aws.warm_pool("gpu-warm-test")["WarmPoolConfiguration"]
+    assert (config["MinSize"], config["MaxGroupPreparedCapacity"], config["PoolState"]) == (2, 2, "Stopped")
+    assert config["InstanceReusePolicy"] == {"ReuseOnScaleIn": True}
+    # (a missing group is not tried: moto answers it with an HTTP 500, not AWS's ValidationError)
+
+
+def test_set_warm_pool_is_idempotent_and_bounded_by_the_group(aws):
+    _group(aws, "gpu-warm-act", desired=1)
+    pools = NodePoolActivities(KubeClient(client.ApiClient()), aws)  # the warm pool needs no cluster
+    assert pools.set_warm_pool(SetWarmPoolInput(pool="gpu-warm-act", size=2)).changed is True
+    assert pools.set_warm_pool(SetWarmPoolInput(pool="gpu-warm-act", size=2)).changed is False
+    assert pools.set_warm_pool(SetWarmPoolInput(pool="gpu-warm-act", size=1)).changed is True
+    assert aws.warm_pool("gpu-warm-act")["WarmPoolConfiguration"]["MinSize"] == 1
+    with pytest.raises(ApplicationError, match="exceeds the group's MaxSize 4") as err:
+        pools.set_warm_pool(SetWarmPoolInput(pool="gpu-warm-act", size=5))
+    assert err.value.non_retryable

@@ -24,6 +24,7 @@ READ_REPLICA_HISTORY = "read_replica_history"  # Prometheus range query for pre-
 OBSERVE_NODE_POOL = "observe_node_pool"  # Kubernetes nodes and pods, the pool's Auto Scaling group
 SET_POOL_CAPACITY = "set_pool_capacity"
 REMOVE_POOL_NODE = "remove_pool_node"
+SET_WARM_POOL = "set_warm_pool"  # the group's EC2 Auto Scaling warm pool
 
 _SELECTOR = 'namespace="${namespace}",deployment="${deployment}"'
 
@@ -163,6 +164,18 @@ class RemoveNodeResult(BaseModel):
     reason: str
 
 
+class SetWarmPoolInput(BaseModel):
+    pool: str
+    size: int = Field(ge=0, description="stopped instances kept ready to join (MinSize = MaxGroupPreparedCapacity: an absolute size)")
+    reuse_on_scale_in: bool = Field(True, description="scale-in stops instances back into the pool instead of terminating them")
+
+
+class WarmPoolState(BaseModel):
+    size: int
+    warm_instances: int = Field(0, description="instances the group reports in its warm pool now")
+    changed: bool = Field(description="False: the pool already had this configuration")
+
+
 class NodePoolActivities:
     """What NodePoolScaling asks of Kubernetes and the pool's Auto Scaling group (activities/scaling.py)."""
 
@@ -176,4 +189,9 @@ class NodePoolActivities:
 
     @activity.defn(name=REMOVE_POOL_NODE)
     def remove_pool_node(self, req: RemoveNodeInput) -> RemoveNodeResult:
+        raise NotImplementedError
+
+    @activity.defn(name=SET_WARM_POOL)
+    def set_warm_pool(self, req: SetWarmPoolInput) -> WarmPoolState:
+        """Size the group's warm pool of stopped instances (idempotent: the same size twice is a no-op)."""
         raise NotImplementedError

@@ -7,6 +7,11 @@ pure ``size_pool`` what to do, and grows the group, or drains and terminates the
 idle node above the warm standby. It grows only for pods that stayed pending past a grace period
 and never while asked-for nodes are still booting. Continue-as-new keeps the history bounded.
 
+With ``warm_pool`` it also keeps the group's EC2 Auto Scaling warm pool sized: stopped instances
+(their disks paid for, not their GPUs) that join in about a minute instead of a fresh launch's
+several, with the serving image and the engine caches already on their disks; scale-in stops an
+instance back into the pool rather than terminating it.
+
 This is where the reactive loops' unschedulable replicas reach the node layer: ReactiveScaling
 reports them, and this loop reads the same pods from the cluster and serves those whose
 capacity-type requirement matches its pool, so batch replicas grow the spot pool and realtime ones
@@ -36,6 +41,17 @@ with workflow.unsafe.imports_passed_through():
     from workflows.steps import cause
 
 
+WARM_POOL_PATCH = "node-pool-warm-pool"
+
+
+class WarmPoolSettings(BaseModel):
+    """The pool's warm pool: stopped instances ready to join, between these bounds."""
+
+    min_size: int = Field(0, ge=0)
+    max_size: int = Field(4, ge=0)
+    reuse_on_scale_in: bool = Field(True, description="scale-in returns instances to the warm pool")
+
+
 class PoolRecord(BaseModel):
     at_s: float
     nodes: int
@@ -44,12 +60,14 @@ class PoolRecord(BaseModel):
     drain: str | None = None
     fits_existing: int = Field(0, description="pending replicas the planner fits on existing nodes")
     fragmented: bool = False
+    warm_pool: int | None = Field(None, description="stopped instances the warm pool was sized to")
     reason: str
 
 
 class NodePoolCarry(BaseModel):
     pending_since_s: float | None = None
     records: list[PoolRecord] = Field(default_factory=list)
+    warm_pool_size: int | None = Field(None, description="what the warm pool was last set to")
 
 
 class NodePoolInput(BaseModel):
@@ -57,6 +75,7 @@ class NodePoolInput(BaseModel):
     sizing: PoolSizing = Field(default_factory=PoolSizing)
     interval_seconds: float = Field(15, ge=1, le=DAY_SECONDS)
     iterations_per_run: int = Field(240, ge=1, le=MAX_ITERATIONS)
+    warm_pool: WarmPoolSettings | None = Field(None, description="None: no warm pool is managed")
     carry: NodePoolCarry | None = None
 
 
@@ -64,6 +83,7 @@ class NodePoolStatus(BaseModel):
     pool: str
     records: list[PoolRecord]
     pending_since_s: float | None
+    warm_pool_size: int | None = None
 
 
 _SHORT = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
@@ -78,6 +98,7 @@ class NodePoolScaling:
         self._pool = input.pool.pool
         self._pending_since = carry.pending_since_s
         self._records = list(carry.records)
+        self._warm_pool_size = carry.warm_pool_size
 
     @workflow.run
     async def run(self, input: NodePoolInput) -> None:
@@ -88,7 +109,9 @@ class NodePoolScaling:
             await asyncio.sleep(input.interval_seconds)
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(
-            input.model_copy(update={"carry": NodePoolCarry(pending_since_s=self._pending_since, records=self._records)})
+            input.model_copy(update={"carry": NodePoolCarry(
+                pending_since_s=self._pending_since, records=self._records, warm_pool_size=self._warm_pool_size
+            )})
         )
 
     async def _once(self, input: NodePoolInput) -> None:
@@ -123,6 +146,8 @@ class NodePoolScaling:
         decision: PoolDecision = size_pool(seen.nodes, seen.pending_gpus, pending_for, input.sizing, booting, plan)
         desired = min(decision.desired_nodes, seen.max_size)
         reason = decision.reason
+        if input.warm_pool is not None and workflow.patched(WARM_POOL_PATCH):
+            reason += await self._size_warm_pool(input.warm_pool, seen.max_size)
         if decision.drain:
             removed = await workflow.execute_activity_method(
                 NodePoolActivities.remove_pool_node, acts.RemoveNodeInput(pool=self._pool, node=decision.drain),
@@ -144,6 +169,7 @@ class NodePoolScaling:
             drain=decision.drain,
             fits_existing=plan.fits_existing if plan else 0,
             fragmented=plan.fragmented if plan else False,
+            warm_pool=self._warm_pool_size,
             reason=reason,
         )
         self._records = [*self._records, record][-RECORDS_KEPT:]
@@ -152,10 +178,32 @@ class NodePoolScaling:
             f"**pool {self._pool}**: {len(seen.nodes)} node(s), desired {desired}, {seen.pending_gpus} GPU(s) pending"
             f" ({pods})\n\n{reason}"
         )
+        if self._warm_pool_size is not None:
+            details += f"\n\nwarm pool: {self._warm_pool_size} stopped instance(s)"
         if plan and plan.fragmented:
             details += "\n\n⚠ fragmented: free GPUs are spread over nodes that cannot each hold a pending replica"
         workflow.set_current_details(details)
 
+    async def _size_warm_pool(self, settings: WarmPoolSettings, max_size: int) -> str:
+        """Set the warm pool when its size changes; what to add to the cycle's reason (a failure is
+        reported there and tried again next cycle)."""
+        size = min(settings.min_size, settings.max_size, max_size)
+        if size == self._warm_pool_size:
+            return ""
+        try:
+            await workflow.execute_activity_method(
+                NodePoolActivities.set_warm_pool,
+                acts.SetWarmPoolInput(pool=self._pool, size=size, reuse_on_scale_in=settings.reuse_on_scale_in),
+                start_to_close_timeout=timedelta(seconds=30), retry_policy=_SHORT,
+                summary=f"{self._pool} warm pool -> {size}",
+            )
+        except ActivityError as err:
+            return f"; ⚠ cannot size the warm pool: {cause(err)}"
+        self._warm_pool_size = size
+        return f"; warm pool {size}"
+
     @workflow.query(name="status")
     def status(self) -> NodePoolStatus:
-        return NodePoolStatus(pool=self._pool, records=self._records, pending_since_s=self._pending_since)
+        return NodePoolStatus(
+            pool=self._pool, records=self._records, pending_since_s=self._pending_since, warm_pool_size=self._warm_pool_size
+        )
