@@ -26,7 +26,8 @@ Scaling itself is the rollout's ``scale_version`` (the Deployment's scale subres
   pool that reuses on scale-in, AWS stops the instance back into the pool instead.
 - ``set_warm_pool``: the group's warm pool of stopped instances at an absolute size (MinSize =
   MaxGroupPreparedCapacity), so a scale-out starts a stopped instance (about a minute) instead of
-  launching one; a pool already at that configuration is left alone.
+  launching one; a pool already at that configuration is left alone. On-demand pools only: AWS
+  has no warm pools for Spot Instances.
 """
 
 from __future__ import annotations
@@ -301,6 +302,9 @@ class NodePoolActivities(contract.NodePoolActivities):
     @activity.defn(name=contract.SET_WARM_POOL)
     def set_warm_pool(self, req: SetWarmPoolInput) -> WarmPoolState:
         group = self.aws.auto_scaling_group(req.pool)  # non-retryable when the group does not exist
+        tags = {t["Key"]: t["Value"] for t in group.get("Tags", [])}
+        if tags.get(naming.NODE_CAPACITY_TYPE) == "spot":
+            raise ApplicationError(f"pool {req.pool}: EC2 Auto Scaling has no warm pools for Spot Instances", non_retryable=True)
         if req.size > group["MaxSize"]:
             raise ApplicationError(
                 f"pool {req.pool}: a warm pool of {req.size} exceeds the group's MaxSize {group['MaxSize']}", non_retryable=True

@@ -85,3 +85,7 @@ def test_set_warm_pool_is_idempotent_and_bounded_by_the_group(aws):
     with pytest.raises(ApplicationError, match="exceeds the group's MaxSize 4") as err:
         pools.set_warm_pool(SetWarmPoolInput(pool="gpu-warm-act", size=5))
     assert err.value.non_retryable
+    aws.set_group_tag("gpu-warm-act", "karpenter.sh/capacity-type", "spot")
+    with pytest.raises(ApplicationError, match="no warm pools for Spot") as err:
+        pools.set_warm_pool(SetWarmPoolInput(pool="gpu-warm-act", size=1))
+    assert err.value.non_retryable

@@ -7,6 +7,8 @@ from __future__ import annotations
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
@@ -53,7 +55,7 @@ async def run_pool(env, group: FakeGroup, warm_pool: WarmPoolSettings, iteration
                       activity_executor=ThreadPoolExecutor(2)):
         handle = await env.client.start_workflow(
             NodePoolScaling.run,
-            NodePoolInput(pool=acts.PoolRef(pool="gpu-spot", capacity_type="spot"), sizing=PoolSizing(min_nodes=0, warm_standby=0),
+            NodePoolInput(pool=acts.PoolRef(pool="gpu-on-demand"), sizing=PoolSizing(min_nodes=0, warm_standby=0),
                           interval_seconds=15, iterations_per_run=iterations, warm_pool=warm_pool),
             id=f"nodepool/{uuid.uuid4().hex[:6]}", task_queue=queue,
         )
@@ -79,3 +81,8 @@ async def test_a_failed_warm_pool_call_is_reported_and_tried_again(time_skipping
     assert [c.size for c in group.warm_calls] == [2, 2]
     assert "cannot size the warm pool: throttled" in status.records[0].reason
     assert status.records[0].warm_pool is None and status.warm_pool_size == 2
+
+
+def test_a_warm_pool_on_a_spot_pool_is_refused_naming_the_field():
+    with pytest.raises(ValidationError, match="warm_pool: EC2 Auto Scaling has no warm pools for Spot"):
+        NodePoolInput(pool=acts.PoolRef(pool="gpu-spot", capacity_type="spot"), warm_pool=WarmPoolSettings(min_size=1))

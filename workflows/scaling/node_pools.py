@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
@@ -77,6 +77,12 @@ class NodePoolInput(BaseModel):
     iterations_per_run: int = Field(240, ge=1, le=MAX_ITERATIONS)
     warm_pool: WarmPoolSettings | None = Field(None, description="None: no warm pool is managed")
     carry: NodePoolCarry | None = None
+
+    @model_validator(mode="after")
+    def _warm_pool_on_demand_only(self) -> NodePoolInput:
+        if self.warm_pool is not None and self.pool.capacity_type == "spot":
+            raise ValueError("warm_pool: EC2 Auto Scaling has no warm pools for Spot Instances (use it on an on-demand pool)")
+        return self
 
 
 class NodePoolStatus(BaseModel):
