@@ -105,6 +105,8 @@ from workflows.scaling.placement import node_selector, tolerations
 ROUTE_API = ("gateway.networking.k8s.io", "v1")
 CONTAINER = "server"
 CACHE_VOLUME = "model-cache"
+ENGINE_CACHE_VOLUME = "engine-cache"
+ENGINE_CACHE_ENV = "VLLM_CACHE_ROOT"  # vLLM's torch.compile and CUDA-graph cache
 _CONFLICT_RETRIES = 5
 OWNED_ELSEWHERE = contract.DEPLOYMENT_OWNED
 MIRROR_FILTER = "RequestMirror"
@@ -118,6 +120,7 @@ class ServingPods:
     model_cache_pvc: str | None = None  # None: a hostPath of model_cache_dir on the node
     otlp_traces_endpoint: str | None = None
     trace_sample_ratio: float = 0.1
+    engine_cache_dir: Path | None = None  # VLLM_CACHE_ROOT per version on the node's disk; None: none
 
 
 class RolloutActivities(contract.RolloutActivities):
@@ -658,9 +661,20 @@ def _cache_volume(pods: ServingPods) -> dict:
     return {"name": CACHE_VOLUME, "hostPath": {"path": str(pods.model_cache_dir), "type": "Directory"}}
 
 
+def engine_cache_path(pods: ServingPods, model: str, version: str) -> Path | None:
+    """The version's own engine cache directory on the node (None: no engine cache)."""
+    if pods.engine_cache_dir is None:
+        return None
+    return pods.engine_cache_dir / _safe_component(model, "model") / _safe_component(version, "version")
+
+
 def deployment_manifest(req: EnsureVersionInput, pods: ServingPods) -> dict:
     """The Deployment serving one version: vLLM-style args, GPUs, readiness, the weights read-only,
-    and, on GPUs, the priority class's node selector (realtime on on-demand, batch on spot)."""
+    and, on GPUs, the priority class's node selector (realtime on on-demand, batch on spot).
+
+    With an engine cache, VLLM_CACHE_ROOT is the version's own directory on the node (hostPath,
+    created if missing): the only writable mount, so a version's compile cache is reused by the
+    next replica on that node and no version can write another's cache or the weights."""
     name = req.deployment.versioned(req.version)
     labels = {
         **selector(req.deployment.name, req.version),
@@ -672,6 +686,9 @@ def deployment_manifest(req: EnsureVersionInput, pods: ServingPods) -> dict:
     if pods.otlp_traces_endpoint:
         args += ["--otlp-traces-endpoint", pods.otlp_traces_endpoint]
     env = _tracing_env(req, name, pods) | req.env
+    engine_cache = engine_cache_path(pods, req.model, req.version)
+    if engine_cache is not None:
+        env[ENGINE_CACHE_ENV] = str(engine_cache)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": req.image,
@@ -687,6 +704,9 @@ def deployment_manifest(req: EnsureVersionInput, pods: ServingPods) -> dict:
         "containers": [container],
         "volumes": [_cache_volume(pods)],
     }
+    if engine_cache is not None:
+        container["volumeMounts"].append({"name": ENGINE_CACHE_VOLUME, "mountPath": str(engine_cache)})
+        pod_spec["volumes"].append({"name": ENGINE_CACHE_VOLUME, "hostPath": {"path": str(engine_cache), "type": "DirectoryOrCreate"}})
     if req.gpus_per_replica:
         container["resources"] = {
             "limits": {naming.GPU_RESOURCE: str(req.gpus_per_replica)},

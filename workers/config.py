@@ -84,6 +84,10 @@ class Settings(BaseSettings):
     # The PVC that holds model_cache_dir for serving pods (mounted read-only at the same path);
     # unset: a hostPath of model_cache_dir on the node.
     model_cache_pvc: str | None = Field(None, validation_alias=_env("MODEL_CACHE_PVC"))
+    # vLLM's compile and CUDA-graph cache (VLLM_CACHE_ROOT), kept per model version on each node's
+    # disk (a writable hostPath <dir>/<model>/<version>), so a replica restarting or scaling onto a
+    # node that served the version skips compilation; unset: no engine cache.
+    engine_cache_dir: Path | None = Field(Path("/var/cache/tideplane/engine"), validation_alias=_env("ENGINE_CACHE_DIR"))
     # The Gateway that new HTTPRoutes attach to: "name" (the route's namespace) or "namespace/name".
     gateway: str = Field("inference-gateway", validation_alias=_env("GATEWAY"))
 

@@ -83,7 +83,9 @@ def build_activities(config: Settings) -> list[Callable]:
     kube = KubeClient.connect(config.kubeconfig, config.kube_in_cluster)
     s3 = S3Client(config.aws_endpoint_url, config.aws_region)
     prometheus = PrometheusClient(config.prometheus_url)
-    pods = ServingPods(config.model_cache_dir, config.model_cache_pvc, config.otlp_traces_endpoint, config.trace_sample_ratio)
+    pods = ServingPods(
+        config.model_cache_dir, config.model_cache_pvc, config.otlp_traces_endpoint, config.trace_sample_ratio, config.engine_cache_dir
+    )
     rollout = RolloutActivities(
         kube, s3, prometheus, VllmClient(), pods, config.gateway, config.service_url_template, config.weights_buckets,
         ShadowPairsClient(config.shadow_pairs_url), image_prefixes=config.image_prefixes,

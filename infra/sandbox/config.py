@@ -19,6 +19,12 @@ DEFAULT_CONFIG = Path(__file__).with_name("sandbox.yaml")
 SANDBOX_NAMESPACE = "tideplane-sandbox"
 PROFILES_CONFIGMAP = "fleet-profiles"  # data: "<model>@<version>" | "<model>" | "default" -> Profile JSON
 DEMAND_CONFIGMAP = "fleet-demand"  # data: "<namespace>/<name>" -> Demand JSON
+# What a node's disk holds beyond its image list (status.images): the engine cache directories
+# (VLLM_CACHE_ROOT hostPaths) vLLM has filled, a JSON list the emulator's kubelet reads and adds to;
+# and how the node came up (the sandbox's cloud writes it: seconds from start to Ready, and whether
+# the instance came from the warm pool), which the kubelet reports as the node part of a cold start.
+ENGINE_CACHES_ANNOTATION = "sandbox.tideplane.io/engine-caches"
+NODE_START_ANNOTATION = "sandbox.tideplane.io/node-start"  # "<seconds> <launched|warm-pool>"
 
 
 class _Strict(BaseModel):
@@ -54,7 +60,11 @@ class NodePool(_Strict):
 class Profile(_Strict):
     """How one model version behaves when served: lets a test declare a good or bad release."""
 
-    load_seconds: float = Field(30, ge=0, description="scheduled -> Ready (weights load + warm-up)")
+    load_seconds: float = Field(30, ge=0, description="weights load (and warm-up, unless warmup_seconds says it apart)")
+    # The other parts of a cold start (the emulator's kubelet adds them; infra/sandbox/kubeapi/kubelet.py):
+    image_pull_seconds: float = Field(0, ge=0, description="pulling the image onto a node that lacks it")
+    compile_seconds: float = Field(0, ge=0, description="torch.compile and CUDA graphs, skipped with the node's engine cache")
+    warmup_seconds: float = Field(0, ge=0, description="warm-up after the engine is up")
     error_rate: float = Field(0.001, ge=0, le=1)
     ttft_seconds: float = Field(0.15, gt=0)
     tpot_seconds: float = Field(0.025, gt=0)

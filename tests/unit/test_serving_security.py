@@ -46,6 +46,19 @@ def test_serving_pods_are_restricted_and_mount_the_cache_read_only(pods):
     assert "privileged" not in security and "hostNetwork" not in pod and "hostPID" not in pod
 
 
+def test_the_engine_cache_is_the_versions_own_writable_directory_on_the_node():
+    pods = ServingPods(CACHE, engine_cache_dir=Path("/var/cache/tideplane/engine"))
+    pod = deployment_manifest(version(), pods)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    writable = [m for m in container["volumeMounts"] if not m.get("readOnly")]
+    assert [m["mountPath"] for m in writable] == [env["VLLM_CACHE_ROOT"]] == ["/var/cache/tideplane/engine/llama-3-8b/1.0.0"]
+    volume = next(v for v in pod["volumes"] if v["name"] == writable[0]["name"])
+    assert volume["hostPath"] == {"path": "/var/cache/tideplane/engine/llama-3-8b/1.0.0", "type": "DirectoryOrCreate"}
+    assert all(m["readOnly"] for m in container["volumeMounts"] if m is not writable[0]), "the weights stay read-only"
+    assert "runAsUser" in pod["securityContext"] and container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
 def test_secret_env_is_a_reference_in_the_deployment():
     container = deployment_manifest(version(env={"HF_TOKEN": HF_TOKEN, "VLLM_LOGGING_LEVEL": "INFO"}), ServingPods(CACHE))[
         "spec"]["template"]["spec"]["containers"][0]

@@ -14,12 +14,22 @@ What a container does comes from its model version's fleet profile (ConfigMap
 - `shutdown_seconds` (default 5): how long the server drains after SIGTERM. A deleted pod is
   Terminating (deletionTimestamp) for that long, at most its grace period, then removed.
 
+A start is measured by its parts, as a replica's cold start is: `image_pull_seconds` when the image
+is not in the node's `status.images` (then it is), `load_seconds` for the weights, `compile_seconds`
+(vLLM's torch.compile and CUDA-graph capture) unless the node already holds the engine cache the
+container's `VLLM_CACHE_ROOT` points at through a writable hostPath (then it does: the node's
+`sandbox.tideplane.io/engine-caches` annotation), and `warmup_seconds`; plus, for a pod that waited
+for its node to join, the node's start (annotation `sandbox.tideplane.io/node-start`, written by
+the sandbox's cloud). When the pod turns Ready each part is a `ColdStart` Event on it, message
+`<part> <seconds>s: <detail>` (part: node, image, weights, compile, warmup).
+
 Durations are sandbox seconds, divided by the time scale.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 import time
@@ -28,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from infra.sandbox.config import PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
+from infra.sandbox.config import ENGINE_CACHES_ANNOTATION, NODE_START_ANNOTATION, PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
 from workflows.naming import LABEL_MODEL, LABEL_VERSION
 
 from .api import pod_ready
@@ -41,12 +51,38 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PODS, CONFIGMAPS = BY_KEY["pods"], BY_KEY["configmaps"]
+PODS, CONFIGMAPS, NODES = BY_KEY["pods"], BY_KEY["configmaps"], BY_KEY["nodes"]
 DEFAULT_LOAD_SECONDS = 30.0
 DEFAULT_SHUTDOWN_SECONDS = 5.0
 CRASH_AFTER_SECONDS = 1.0  # a crash_on_start container runs this long before it exits
 BACKOFF_SECONDS, MAX_BACKOFF_SECONDS = 10.0, 300.0  # the kubelet's container restart back-off
 NOT_READY = ("ContainersNotReady", "containers with unready status")
+ENGINE_CACHE_ENV = "VLLM_CACHE_ROOT"
+IMAGE_SIZE_BYTES = 10 * 1024**3
+
+
+def engine_cache(pod: dict[str, Any]) -> str | None:
+    """The node directory behind a container's VLLM_CACHE_ROOT (a writable hostPath mount), else None."""
+    volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+    for c in pod["spec"]["containers"]:
+        root = next((e.get("value") for e in c.get("env") or [] if e.get("name") == ENGINE_CACHE_ENV), None)
+        for m in c.get("volumeMounts") or [] if root else []:
+            host, mount = (volumes.get(m["name"]) or {}).get("hostPath"), m["mountPath"].rstrip("/")
+            if host and not m.get("readOnly") and (root == mount or root.startswith(mount + "/")):
+                return host["path"].rstrip("/") + root[len(mount):]
+    return None
+
+
+def node_images(node: dict[str, Any]) -> set[str]:
+    """The image names the node reports it holds (status.images)."""
+    return {name for image in (node.get("status") or {}).get("images") or [] for name in image.get("names") or []}
+
+
+def _number(profile: dict[str, Any], key: str, default: float = 0.0) -> float:
+    try:
+        return float(profile.get(key, default))
+    except (TypeError, ValueError):
+        return default
 
 
 def backoff(restarts: int) -> float:
@@ -65,6 +101,7 @@ class Kubelet:
         self.restart_at: dict[str, float] = {}  # pod uid -> when its crashed container restarts
         self.gone_at: dict[str, float] = {}  # Terminating pod uid -> when its containers have exited
         self.oom: set[str] = set()  # pod uids the fleet reported out of memory
+        self.cold_start: dict[str, tuple[list[tuple[str, float, str]], str | None]] = {}  # uid -> (parts, engine cache)
 
     def due(self) -> list[float]:
         return [t for t in (*self.ready_at.values(), *self.crash_at.values(), *self.restart_at.values(),
@@ -92,10 +129,7 @@ class Kubelet:
 
     def load_seconds(self, pod: dict[str, Any], profile: dict[str, Any]) -> float:
         """The model's load time, at least the readiness probe's initial delay."""
-        try:
-            seconds = float(profile.get("load_seconds", DEFAULT_LOAD_SECONDS))
-        except (TypeError, ValueError):
-            seconds = DEFAULT_LOAD_SECONDS
+        seconds = _number(profile, "load_seconds", DEFAULT_LOAD_SECONDS)
         delays = [(c.get("readinessProbe") or {}).get("initialDelaySeconds", 0) for c in pod["spec"]["containers"]]
         return max([seconds, *delays])
 
@@ -117,7 +151,7 @@ class Kubelet:
                 self._start(pod, node, now)
             elif phase == "Running":
                 self._run(pod, node, now)
-        for timers in (self.ready_at, self.crash_at, self.restart_at, self.gone_at):
+        for timers in (self.ready_at, self.crash_at, self.restart_at, self.gone_at, self.cold_start):
             for uid in [u for u in timers if u not in live]:
                 del timers[uid]
         self.oom &= live
@@ -137,6 +171,8 @@ class Kubelet:
         ready = running and node_ready(node) and now >= self.ready_at.get(uid, 0)
         if ready != pod_ready(pod):
             self._set_ready(pod, ready)
+            if ready and uid in self.cold_start:
+                self._started(pod, node["metadata"]["name"], *self.cold_start.pop(uid))
 
     # -- container lifecycle --------------------------------------------------------------------
     def _start(self, pod: dict[str, Any], node: dict[str, Any], now: float) -> None:
@@ -161,15 +197,23 @@ class Kubelet:
         set_condition(conditions, "Initialized", "True")
         set_condition(conditions, "ContainersReady", "False", *NOT_READY)
         set_condition(conditions, "Ready", "False", *NOT_READY)
-        self._schedule_run(pod, now)
+        self._schedule_run(pod, now, node)
         self.store.update(PODS, new)
+        present = node_images(node)
+        pull = _number(self.profile(pod), "image_pull_seconds")
         for c in pod["spec"]["containers"]:
-            self.ctl.record(pod, "Normal", "Pulled", f'Container image "{c["image"]}" already present on machine',
-                            "kubelet")
+            if c["image"] in present or not pull:
+                self.ctl.record(pod, "Normal", "Pulled", f'Container image "{c["image"]}" already present on machine',
+                                "kubelet")
+            else:
+                self.ctl.record(pod, "Normal", "Pulling", f'Pulling image "{c["image"]}"', "kubelet")
+                self.ctl.record(pod, "Normal", "Pulled", f'Successfully pulled image "{c["image"]}" in {pull:g}s'
+                                f' ({pull:g}s including waiting)', "kubelet")
             self.ctl.record(pod, "Normal", "Started", f"Started container {c['name']}", "kubelet")
 
-    def _schedule_run(self, pod: dict[str, Any], now: float) -> None:
-        """Timers of a freshly (re)started container: when it is Ready, or crashes."""
+    def _schedule_run(self, pod: dict[str, Any], now: float, node: dict[str, Any] | None = None) -> None:
+        """Timers of a freshly (re)started container: when it is Ready, or crashes. ``node``: a
+        first start there, whose cold-start parts are measured (a restart pulls no image)."""
         uid = pod["metadata"]["uid"]
         profile = self.profile(pod)
         if profile.get("crash_on_start"):
@@ -180,7 +224,54 @@ class Kubelet:
             self.ctl.record(pod, "Warning", "Unhealthy",
                             "Readiness probe failed: HTTP probe failed with statuscode: 503", "kubelet")
         else:
-            self.ready_at[uid] = now + self.seconds(self.load_seconds(pod, profile))
+            parts, cache = self._parts(pod, node, profile)
+            self.cold_start[uid] = (parts, cache)
+            self.ready_at[uid] = now + self.seconds(sum(seconds for part, seconds, _ in parts if part != "node"))
+
+    def _parts(self, pod: dict[str, Any], node: dict[str, Any] | None,
+               profile: dict[str, Any]) -> tuple[list[tuple[str, float, str]], str | None]:
+        """The start's parts (part, sandbox seconds, detail) and the engine cache it fills, if any."""
+        parts: list[tuple[str, float, str]] = []
+        node_meta = (node or {}).get("metadata") or {}
+        started = (node_meta.get("annotations") or {}).get(NODE_START_ANNOTATION)
+        if started and pod["metadata"].get("creationTimestamp", "") <= node_meta.get("creationTimestamp", ""):
+            seconds, _, how = started.partition(" ")
+            parts.append(("node", float(seconds), f"{node_meta['name']} {how}"))
+        if node is not None:
+            missing = [c["image"] for c in pod["spec"]["containers"] if c["image"] not in node_images(node)]
+            parts.append(("image", _number(profile, "image_pull_seconds") if missing else 0.0,
+                          f"pulled {', '.join(missing)}" if missing else "present on the node"))
+        args = pod["spec"]["containers"][0].get("args") or []
+        source = args[args.index("--model") + 1] if "--model" in args[:-1] else "the image"
+        parts.append(("weights", self.load_seconds(pod, profile), f"loaded from {source}"))
+        cache = engine_cache(pod)
+        cached = json.loads((node_meta.get("annotations") or {}).get(ENGINE_CACHES_ANNOTATION) or "[]")
+        if cache is not None and cache in cached:
+            parts.append(("compile", 0.0, f"engine cache hit {cache}"))
+        else:
+            detail = f"compiled, cache written to {cache}" if cache else "compiled (no engine cache)"
+            parts.append(("compile", _number(profile, "compile_seconds"), detail))
+        parts.append(("warmup", _number(profile, "warmup_seconds"), "warm-up requests"))
+        return parts, cache
+
+    def _started(self, pod: dict[str, Any], node_name: str, parts: list[tuple[str, float, str]], cache: str | None) -> None:
+        """Ready after a start: one ColdStart Event per part; the node now holds the image and the
+        engine cache the server wrote."""
+        for part, seconds, detail in parts:
+            self.ctl.record(pod, "Normal", "ColdStart", f"{part} {seconds:g}s: {detail}", "kubelet")
+        node = self.store.try_get(NODES, "", node_name)
+        if node is None:
+            return
+        new = copy.deepcopy(node)
+        status, annotations = new.setdefault("status", {}), new["metadata"].setdefault("annotations", {})
+        present = node_images(new)
+        status.setdefault("images", []).extend(
+            {"names": [c["image"]], "sizeBytes": IMAGE_SIZE_BYTES} for c in pod["spec"]["containers"] if c["image"] not in present)
+        caches = json.loads(annotations.get(ENGINE_CACHES_ANNOTATION) or "[]")
+        if cache is not None and cache not in caches:
+            annotations[ENGINE_CACHES_ANNOTATION] = json.dumps([*caches, cache])
+        if new != node:
+            self.store.update(NODES, new)
 
     def _complete(self, pod: dict[str, Any]) -> None:
         """A run-to-completion container (a Job's) exits 0 after its load_seconds: Succeeded."""
