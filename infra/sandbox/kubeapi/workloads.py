@@ -37,6 +37,31 @@ DESIRED = "deployment.kubernetes.io/desired-replicas"
 MAX_REPLICAS = "deployment.kubernetes.io/max-replicas"
 COMPONENT = "deployment-controller"
 HASH_LABEL_DS = "controller-revision-hash"
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+_PHASE_RANK = {"Pending": 0, "Unknown": 1, "Running": 2}
+
+
+def deletion_cost(pod: dict[str, Any]) -> int:
+    """The pod-deletion-cost annotation (an int32); missing or malformed reads as 0, as in Kubernetes."""
+    try:
+        cost = int((pod["metadata"].get("annotations") or {}).get(DELETION_COST, 0))
+    except (TypeError, ValueError):
+        return 0
+    return cost if -2**31 <= cost < 2**31 else 0
+
+
+def scale_down_order(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pods in the order the ReplicaSet controller deletes them (controller_utils ActivePodsWithRanks):
+    unscheduled, then Pending < Unknown < Running, not Ready, lower pod-deletion-cost, more of the
+    set's pods on the same node (doubled up), then the newest."""
+    per_node: dict[str, int] = {}
+    for p in pods:
+        if p["spec"].get("nodeName"):
+            per_node[p["spec"]["nodeName"]] = per_node.get(p["spec"]["nodeName"], 0) + 1
+    newest = sorted(pods, key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"]), reverse=True)
+    return sorted(newest, key=lambda p: (
+        bool(p["spec"].get("nodeName")), _PHASE_RANK.get(p["status"].get("phase"), 0), pod_ready(p), deletion_cost(p),
+        -per_node.get(p["spec"].get("nodeName") or "", 0)))
 # What the DaemonSet controller adds to its pods' tolerations.
 DAEMON_TOLERATIONS = (("node.kubernetes.io/not-ready", "NoExecute"), ("node.kubernetes.io/unreachable", "NoExecute"),
                       ("node.kubernetes.io/disk-pressure", "NoSchedule"), ("node.kubernetes.io/memory-pressure", "NoSchedule"),
@@ -190,11 +215,7 @@ class Workloads:
         for _ in range(want - len(pods)):
             self._create_pod(rs)
         if len(pods) > want:
-            # Remove unscheduled, then not-ready, then the newest pods first.
-            newest = sorted(pods, key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"]),
-                            reverse=True)
-            victims = sorted(newest, key=lambda p: (bool(p["spec"].get("nodeName")), pod_ready(p)))
-            for p in victims[: len(pods) - want]:
+            for p in scale_down_order(pods)[: len(pods) - want]:
                 self._delete_pod(rs, p)
 
     def _create_pod(self, owner: dict[str, Any], component: str = "replicaset-controller",
