@@ -302,10 +302,14 @@ class RolloutActivities(contract.RolloutActivities):
 
     @activity.defn(name=SCALE_VERSION)
     def scale_version(self, req: ScaleVersionInput) -> None:
-        """Set one version's replicas through the Deployment's scale subresource."""
+        """Set one version's replicas through the Deployment's scale subresource; a scale-down first
+        marks which replicas go (``mark_deletion_costs``)."""
         self._require_within_cluster(req.replicas)
         self.kube.require_namespace(req.deployment.namespace)
         name = req.deployment.versioned(req.version)
+        dep = read_or_none(self.kube.apps.read_namespaced_deployment, name, req.deployment.namespace)
+        if dep is not None and req.replicas < (dep.spec.replicas or 0):
+            mark_deletion_costs(self.kube, req.deployment.namespace, label_selector(selector(req.deployment.name, req.version)))
         try:
             self.kube.apps.patch_namespaced_deployment_scale(
                 name, req.deployment.namespace, {"spec": {"replicas": req.replicas}}, _request_timeout=API_TIMEOUT
@@ -589,6 +593,35 @@ class RolloutActivities(contract.RolloutActivities):
             if p.get("canary_version") == req.version and p.get("stable_version") == req.stable_version
         ]
         return ShadowPairsResult(pairs=pairs, last=int(doc.get("last", req.after)))
+
+
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
+
+def mark_deletion_costs(kube: KubeClient, namespace: str, pods_selector: str) -> None:
+    """Before a scale-down: each replica's pod-deletion-cost is the number of other model pods on
+    its node, so the ReplicaSet controller removes replicas from the least-loaded nodes first and
+    those nodes empty (to be removed, or stopped back into a warm pool). Deletion itself drains: the
+    pod leaves the endpoints, then the server finishes what it accepted (preStop, grace period)."""
+    pods = [p for p in kube.core.list_namespaced_pod(namespace, label_selector=pods_selector, _request_timeout=API_TIMEOUT).items
+            if p.metadata.deletion_timestamp is None]
+    if len(pods) < 2:
+        return
+    on_node: dict[str, int] = {}
+    for p in kube.core.list_pod_for_all_namespaces(label_selector=naming.LABEL_MODEL, _request_timeout=API_TIMEOUT).items:
+        if p.spec.node_name and p.metadata.deletion_timestamp is None:
+            on_node[p.spec.node_name] = on_node.get(p.spec.node_name, 0) + 1
+    for p in pods:
+        cost = str(on_node.get(p.spec.node_name, 1) - 1) if p.spec.node_name else "0"
+        if (p.metadata.annotations or {}).get(DELETION_COST) == cost:
+            continue
+        try:
+            kube.core.patch_namespaced_pod(
+                p.metadata.name, namespace, {"metadata": {"annotations": {DELETION_COST: cost}}}, _request_timeout=API_TIMEOUT
+            )
+        except ApiException as exc:
+            if exc.status != 404:  # gone meanwhile: nothing to rank
+                fail(exc, f"pod {namespace}/{p.metadata.name}: deletion cost")
 
 
 # ---- manifests (pure) ------------------------------------------------------------------------------

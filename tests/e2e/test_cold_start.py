@@ -94,9 +94,8 @@ def test_a_warm_pool_node_with_the_engine_cache_starts_a_replica_sooner_than_a_f
 
     # Scale in with a warm pool that reuses: the replica goes, its node's instance is stopped into the pool.
     run(pools.set_warm_pool, SetWarmPoolInput(pool=POOL, size=1, reuse_on_scale_in=True))
-    core.patch_namespaced_pod(fresh_pod.metadata.name, NAMESPACE, {"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "-1000"}}})
     run(rollout.scale_version, ScaleVersionInput(deployment=ref, version="1.0.0", replicas=len(nodes)))
-    wait_until(lambda: all(p.spec.node_name in nodes for p in live_pods()), 10, "the new node's replica gone first")
+    wait_until(lambda: all(p.spec.node_name in nodes for p in live_pods()), 10, "the new node's replica gone")
     warm_before = warm_instances(sandbox)
     assert run(pools.remove_pool_node, RemoveNodeInput(pool=POOL, node=fresh_pod.spec.node_name)).removed
     wait_until(lambda: warm_instances(sandbox) - warm_before, 10, "the instance stopped back into the warm pool")

@@ -12,6 +12,8 @@ import json
 import pytest
 from kubernetes import client
 
+from activities.clients.kube import KubeClient
+from activities.rollout import DELETION_COST, mark_deletion_costs
 from tests.kube_fixtures import emulated_cluster, kube_wait as wait, namespace_for
 from workflows.naming import GPU_RESOURCE
 
@@ -184,3 +186,25 @@ def test_daemon_set_runs_a_pod_per_node(cluster, ns):
         {"name": "vllm", "image": "cache:2"}]}}}})
     wait(lambda: on_nodes("cache:2") == ["gpu-a", "gpu-b"], "the new template on each node")
     assert kubectl("rollout", "status", "daemonset/cache", "-n", ns, "--timeout=10s").returncode == 0
+
+
+def test_scale_down_takes_the_replica_on_the_least_loaded_node(cluster, ns):
+    """The ReplicaSet controller honours pod-deletion-cost (lower goes first) as Kubernetes does, and
+    the product's mark_deletion_costs prices each replica by the other model pods on its node."""
+    api = cluster.api
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    apps.create_namespaced_deployment(ns, deployment("spread", "vllm:1", replicas=2))
+    wait(lambda: complete(apps, "spread", ns), "one replica per node (the scheduler spreads a set)")
+    where = {p.spec.node_name for p in core.list_namespaced_pod(ns, label_selector="app=spread").items}
+    assert where == {"gpu-a", "gpu-b"}
+    busy = "gpu-b"
+    core.create_namespaced_pod(ns, {"metadata": {"name": "other", "labels": {"tideplane.io/model": "other"}},
+                                    "spec": {"nodeName": busy, "containers": [{"name": "vllm", "image": "vllm:1"}]}})
+    mark_deletion_costs(KubeClient(api), ns, "app=spread")
+    costs = {p.spec.node_name: p.metadata.annotations[DELETION_COST] for p in core.list_namespaced_pod(ns, label_selector="app=spread").items}
+    assert costs == {"gpu-a": "0", busy: "1"}
+    apps.patch_namespaced_deployment_scale("spread", ns, {"spec": {"replicas": 1}})
+    wait(lambda: complete(apps, "spread", ns) and len(core.list_namespaced_pod(ns, label_selector="app=spread").items) == 1,
+         "scaled down to one")
+    [kept] = core.list_namespaced_pod(ns, label_selector="app=spread").items
+    assert kept.spec.node_name == busy, "the replica alone on its node went: that node can empty"

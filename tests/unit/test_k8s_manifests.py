@@ -39,6 +39,7 @@ METHOD_RBAC = {
     "patch_node": ("", "nodes", "patch"),
     "list_namespaced_pod": ("", "pods", "list"),
     "list_pod_for_all_namespaces": ("", "pods", "list"),
+    "patch_namespaced_pod": ("", "pods", "patch"),
     "create_namespaced_pod_eviction": ("", "pods/eviction", "create"),
     "read_namespaced_service": ("", "services", "get"),
     "create_namespaced_service": ("", "services", "create"),
