@@ -107,6 +107,10 @@ CONTAINER = "server"
 CACHE_VOLUME = "model-cache"
 ENGINE_CACHE_VOLUME = "engine-cache"
 ENGINE_CACHE_ENV = "VLLM_CACHE_ROOT"  # vLLM's torch.compile and CUDA-graph cache
+# A deleted replica drains: preStop waits while its endpoint is removed everywhere (no new
+# requests), then SIGTERM and vLLM finishes what it accepted within the grace period.
+PRE_STOP_SECONDS = 5
+DRAIN_GRACE_SECONDS = 120
 _CONFLICT_RETRIES = 5
 OWNED_ELSEWHERE = contract.DEPLOYMENT_OWNED
 MIRROR_FILTER = "RequestMirror"
@@ -731,8 +735,10 @@ def deployment_manifest(req: EnsureVersionInput, pods: ServingPods) -> dict:
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3},
         "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": str(pods.model_cache_dir), "readOnly": True}],
         "securityContext": CONTAINER_SECURITY,
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
     }
     pod_spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": DRAIN_GRACE_SECONDS,
         "securityContext": POD_SECURITY,
         "containers": [container],
         "volumes": [_cache_volume(pods)],

@@ -188,20 +188,26 @@ def test_the_fleet_reports_oom_after_the_profiles_requests(cluster, ns):
 
 def test_graceful_deletion(cluster, ns):
     """A deleted pod is Terminating while its server drains (at most its grace period), then gone;
-    gracePeriodSeconds=0 deletes at once."""
+    gracePeriodSeconds=0 deletes at once; a preStop sleep comes before the drain."""
     core, kubectl = client.CoreV1Api(cluster.api), cluster.kubectl
     core.create_namespaced_pod(ns, pod("chat", "draining", terminationGracePeriodSeconds=100))
     core.create_namespaced_pod(ns, pod("forced", "draining"))
-    wait(lambda: ready(core, "chat", ns) and ready(core, "forced", ns), "Ready")
+    pre_stop = pod("pre-stop", "default", terminationGracePeriodSeconds=1000)  # 145 s preStop + 5 s drain
+    pre_stop["spec"]["containers"][0]["lifecycle"] = {"preStop": {"sleep": {"seconds": 145}}}
+    core.create_namespaced_pod(ns, pre_stop)
+    wait(lambda: all(ready(core, name, ns) for name in ("chat", "forced", "pre-stop")), "Ready")
     deleted_at = time.monotonic()
+    core.delete_namespaced_pod("pre-stop", ns)
     core.delete_namespaced_pod("chat", ns)
     got = core.read_namespaced_pod("chat", ns)
     assert got.metadata.deletion_timestamp is not None and got.metadata.deletion_grace_period_seconds == 100
     assert kubectl("get", "pod", "chat", "-n", ns, "--no-headers").stdout.split()[2] == "Terminating"
     core.delete_namespaced_pod("forced", ns, grace_period_seconds=0)
-    assert [p.metadata.name for p in core.list_namespaced_pod(ns).items] == ["chat"]
-    wait(lambda: not core.list_namespaced_pod(ns).items, "the grace period (100 s: 1 s) to end", 5)
+    assert sorted(p.metadata.name for p in core.list_namespaced_pod(ns).items) == ["chat", "pre-stop"]
+    wait(lambda: [p.metadata.name for p in core.list_namespaced_pod(ns).items] == ["pre-stop"], "the grace period (100 s: 1 s) to end", 5)
     assert time.monotonic() - deleted_at >= 0.9  # shutdown_seconds 1000 > grace: killed at the grace period
+    wait(lambda: not core.list_namespaced_pod(ns).items, "the preStop sleep and the drain (150 s: 1.5 s)", 5)
+    assert time.monotonic() - deleted_at >= 1.4
 
 
 def test_not_ready_node_evicts_after_the_toleration_window(cluster, ns):

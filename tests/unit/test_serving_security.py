@@ -59,6 +59,13 @@ def test_the_engine_cache_is_the_versions_own_writable_directory_on_the_node():
     assert "runAsUser" in pod["securityContext"] and container["securityContext"]["allowPrivilegeEscalation"] is False
 
 
+def test_a_deleted_replica_drains_after_leaving_the_endpoints():
+    pod = deployment_manifest(version(), ServingPods(CACHE))["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert 0 < pre_stop < pod["terminationGracePeriodSeconds"], "endpoints go first, then the server drains in the grace period"
+
+
 def test_secret_env_is_a_reference_in_the_deployment():
     container = deployment_manifest(version(env={"HF_TOKEN": HF_TOKEN, "VLLM_LOGGING_LEVEL": "INFO"}), ServingPods(CACHE))[
         "spec"]["template"]["spec"]["containers"][0]

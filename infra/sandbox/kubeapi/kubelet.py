@@ -12,7 +12,8 @@ What a container does comes from its model version's fleet profile (ConfigMap
   served N requests; it is OOMKilled (exit 137, lastState.terminated.reason OOMKilled), restarted
   with back-off and loads again;
 - `shutdown_seconds` (default 5): how long the server drains after SIGTERM. A deleted pod is
-  Terminating (deletionTimestamp) for that long, at most its grace period, then removed.
+  Terminating (deletionTimestamp) for its containers' preStop sleep and that long, at most its
+  grace period, then removed.
 
 A start is measured by its parts, as a replica's cold start is: `image_pull_seconds` when the image
 is not in the node's `status.images` (then it is), `load_seconds` for the weights, `compile_seconds`
@@ -76,6 +77,12 @@ def engine_cache(pod: dict[str, Any]) -> str | None:
 def node_images(node: dict[str, Any]) -> set[str]:
     """The image names the node reports it holds (status.images)."""
     return {name for image in (node.get("status") or {}).get("images") or [] for name in image.get("names") or []}
+
+
+def pre_stop_seconds(pod: dict[str, Any]) -> float:
+    """The longest preStop sleep of the pod's containers (lifecycle.preStop.sleep.seconds)."""
+    return max([float((((c.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}).get("seconds", 0))
+                for c in pod["spec"]["containers"]] or [0.0])
 
 
 def _number(profile: dict[str, Any], key: str, default: float = 0.0) -> float:
@@ -352,14 +359,11 @@ class Kubelet:
 
     # -- termination ----------------------------------------------------------------------------
     def _terminate(self, pod: dict[str, Any], now: float) -> None:
-        """A Terminating pod: SIGTERM, the server drains for shutdown_seconds (SIGKILL at the grace
-        period), then the kubelet removes it from the API."""
+        """A Terminating pod: the preStop sleep, SIGTERM, the server drains for shutdown_seconds
+        (SIGKILL at the grace period), then the kubelet removes it from the API."""
         uid = pod["metadata"]["uid"]
         if uid not in self.gone_at:
-            try:
-                shutdown = float(self.profile(pod).get("shutdown_seconds", DEFAULT_SHUTDOWN_SECONDS))
-            except (TypeError, ValueError):
-                shutdown = DEFAULT_SHUTDOWN_SECONDS
+            shutdown = _number(self.profile(pod), "shutdown_seconds", DEFAULT_SHUTDOWN_SECONDS) + pre_stop_seconds(pod)
             grace = pod["metadata"].get("deletionGracePeriodSeconds", 30)
             self.gone_at[uid] = now + self.seconds(min(shutdown, grace))
             for c in pod["spec"]["containers"]:
