@@ -12,6 +12,8 @@ Prometheus), for ReactiveScaling and PredictivePrewarm:
 - ``get_scale`` reads the scaled version's Deployment and its pods: replicas, Ready, Pending and
   Unschedulable (no GPU capacity, which the node layer acts on), and the declared priority class.
 - ``read_replica_history`` reads hourly replica peaks over past weeks for predictive pre-warm.
+- ``forecast_demand`` reads the arrival rate of the last week and a half, a sample a minute, and
+  forecasts its peak over the loop's horizon with the pure ``workflows.scaling.forecast``.
 Scaling itself is the rollout's ``scale_version`` (the Deployment's scale subresource).
 
 ``NodePoolActivities`` (Kubernetes, AWS Auto Scaling), for NodePoolScaling:
@@ -49,6 +51,8 @@ from workflows import naming
 from workflows.naming import DeploymentRef
 from workflows.scaling import activities as contract
 from workflows.scaling.activities import (
+    PROMETHEUS_MAX_POINTS,
+    DemandForecastInput,
     PendingReplica,
     PoolObservation,
     PoolRef,
@@ -64,6 +68,7 @@ from workflows.scaling.activities import (
     WarmPoolState,
 )
 from workflows.scaling.decide import Signals
+from workflows.scaling.forecast import WEEK_S, DemandForecast, forecast_demand
 from workflows.scaling.placement import Gpu, Node
 from workflows.scaling.prewarm import slot_key
 
@@ -169,6 +174,27 @@ class ScalingActivities(contract.ScalingActivities):
             samples.setdefault(slot_key(hour.weekday(), hour.hour), []).append(float(value))
         now = datetime.fromtimestamp(req.at, tz)
         return ReplicaHistory(samples=samples, weekday=now.weekday(), minute_of_day=now.hour * 60 + now.minute)
+
+
+    @activity.defn(name=contract.FORECAST_DEMAND)
+    def forecast_demand(self, req: DemandForecastInput) -> DemandForecast:
+        """The demand forecast over ``horizon_seconds`` from the last week and a half of the arrival rate."""
+        promql = render("demand_rate", req.query, {"namespace": req.namespace, "deployment": req.deployment})
+        end = math.floor(req.at / req.step_seconds) * req.step_seconds
+        points = min(PROMETHEUS_MAX_POINTS - 1, math.ceil((WEEK_S + 2 * req.horizon_seconds + 8 * 3600) / req.step_seconds))
+        start = end - points * req.step_seconds
+        series = self.prometheus.range("demand rate", promql, start, end, req.step_seconds)
+        if len(series) > 1:
+            activity.logger.warning("demand rate returned %d series; using the first", len(series))
+        # one slot per step from start to end; a step with no sample (no data, or the deployment did
+        # not exist yet) stays None, so history begins at the first measured sample
+        history: list[float | None] = [None] * (points + 1)
+        for at, value in (series[0]["values"] if series else []):
+            index = round((float(at) - start) / req.step_seconds)
+            if 0 <= index <= points and not math.isnan(float(value)):
+                history[index] = float(value)
+        first = next((i for i, v in enumerate(history) if v is not None), len(history))
+        return forecast_demand(history[first:], req.step_seconds, req.horizon_seconds, req.error_quantile)
 
 
 # ---------------------------------------------------------------- node layer

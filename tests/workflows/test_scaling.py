@@ -23,6 +23,7 @@ from workflows import naming
 from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
 from workflows.scaling import activities as acts
 from workflows.scaling.decide import ScalingPolicy, Signals, slo_replicas
+from workflows.scaling.forecast import DemandForecast, forecast_demand
 from workflows.scaling.floors import FloorEntry, ScheduleFloor, ScheduleFloorInput, SetFloor, floor_at
 from workflows.scaling.loop import PolicyPatch, ReactiveScaling, ScalingInput, ScalingStatus
 from workflows.scaling.prewarm import PredictivePrewarm, PrewarmInput
@@ -35,6 +36,8 @@ class FakeDeployment:
         self.replicas = replicas
         self.signals = Signals(queue_waiting=0, running=1, request_rate=1, kv_cache_usage=0.1, ttft_p99_seconds=0.2, gpu_util_percent=10)
         self.scale_calls: list[int] = []
+        self.demand: list[float] = []  # the arrival rate's history the forecast activity reads, a sample a minute
+        self.forecasts: list[acts.DemandForecastInput] = []
 
     def activities(self):
         @activity.defn(name=acts.GET_SCALE)
@@ -56,7 +59,12 @@ class FakeDeployment:
             # hourly peak arrival rates, req/s
             return acts.ReplicaHistory(samples={"0:9": [24, 28, 32, 36], "0:10": [36, 36, 44, 40]}, weekday=0, minute_of_day=9 * 60 + 55)
 
-        return [get_scale, read_signals, scale_version, read_history]
+        @activity.defn(name=acts.FORECAST_DEMAND)
+        async def forecast(request: acts.DemandForecastInput) -> DemandForecast:
+            self.forecasts.append(request)
+            return forecast_demand(self.demand, request.step_seconds, request.horizon_seconds, request.error_quantile)
+
+        return [get_scale, read_signals, scale_version, read_history, forecast]
 
 
 async def start_loop(env, fake: FakeDeployment, **overrides):
@@ -187,6 +195,28 @@ async def test_predictive_prewarm_raises_floor(time_skipping_env):
         await env.sleep(5)
         s = await status(handle)
         assert s.floors["prewarm"].replicas == 12 and fake.replicas == 12
+        await handle.terminate()
+
+
+async def test_forecast_holds_what_the_ramp_will_need_within_the_cold_start(time_skipping_env):
+    env = time_skipping_env
+    fake = FakeDeployment(replicas=2)
+    fake.demand = [10.0 + i for i in range(30)]  # +1 req/s a minute for half an hour: 39 req/s now
+    policy = ScalingPolicy(max_replicas=40, forecast_horizon_seconds=600)
+    worker, queue, inp = await start_loop(env, fake, policy=policy)
+    async with worker:
+        handle = await env.client.start_workflow(
+            ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue
+        )
+        await env.sleep(5)
+        s = await status(handle)
+        ahead = slo_replicas(39 + 10, policy)  # ten more minutes of the ramp
+        assert ahead > slo_replicas(39, policy)
+        assert s.floors["forecast"].replicas == ahead and fake.replicas == ahead
+        assert "forecast (trend: 49 req/s within 600s)" in s.decisions[-1].reason
+        # the history is read once per forecast_every_seconds, not at every decision
+        await env.sleep(600)
+        assert len(fake.forecasts) == 3 and fake.forecasts[0].horizon_seconds == 600
         await handle.terminate()
 
 

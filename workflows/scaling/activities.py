@@ -15,12 +15,14 @@ from temporalio import activity
 
 from workflows.bounds import PromWindow
 from workflows.scaling.decide import Signals
+from workflows.scaling.forecast import WEEK_S, DemandForecast
 from workflows.scaling.placement import Node
 
 # Activity names (stable API: histories refer to them).
 READ_SCALING_SIGNALS = "read_scaling_signals"  # Prometheus
 GET_SCALE = "get_scale"  # Kubernetes: replicas, ready, pending pods
 READ_REPLICA_HISTORY = "read_replica_history"  # Prometheus range query for pre-warm
+FORECAST_DEMAND = "forecast_demand"  # Prometheus range query + workflows.scaling.forecast
 OBSERVE_NODE_POOL = "observe_node_pool"  # Kubernetes nodes and pods, the pool's Auto Scaling group
 SET_POOL_CAPACITY = "set_pool_capacity"
 REMOVE_POOL_NODE = "remove_pool_node"
@@ -83,6 +85,22 @@ class ScaleStatus(BaseModel):
     )
 
 
+# The forecast's history: the arrival rate the loop's SLO sizing reads (requests/s that got a first
+# token), one sample a minute, over the last week and a half (weekly seasonality needs a week).
+DEFAULT_DEMAND_RATE_QUERY = f"sum(rate(vllm:time_to_first_token_seconds_count{{{_SELECTOR}}}[1m]))"
+PROMETHEUS_MAX_POINTS = 11_000  # Prometheus refuses a range query of more points per series
+
+
+class DemandForecastInput(BaseModel):
+    namespace: str
+    deployment: str
+    at: float = Field(description="epoch seconds of 'now' (the workflow's clock)")
+    horizon_seconds: float = Field(ge=0, le=WEEK_S, description="how far ahead: the cold start")
+    error_quantile: float = Field(0.9, ge=0, le=1)
+    step_seconds: float = Field(60, ge=1, le=3600, description="the history's resolution")
+    query: str = DEFAULT_DEMAND_RATE_QUERY
+
+
 class ReplicaHistoryInput(BaseModel):
     namespace: str
     deployment: str
@@ -116,6 +134,12 @@ class ScalingActivities:
     @activity.defn(name=READ_REPLICA_HISTORY)
     def read_replica_history(self, req: ReplicaHistoryInput) -> ReplicaHistory:
         """Hourly peaks of past weeks for predictive pre-warm (a Prometheus range query)."""
+        raise NotImplementedError
+
+    @activity.defn(name=FORECAST_DEMAND)
+    def forecast_demand(self, req: DemandForecastInput) -> DemandForecast:
+        """Peak demand over the horizon from the arrival rate's recent history (a Prometheus range
+        query fed to ``workflows.scaling.forecast.forecast_demand``); an unreachable Prometheus is retried."""
         raise NotImplementedError
 
 

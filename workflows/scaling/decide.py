@@ -34,7 +34,7 @@ import math
 
 from pydantic import BaseModel, Field, model_validator
 
-from workflows.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS, Replicas, SecondsOrZero
+from workflows.bounds import DAY_SECONDS, MAX_GPUS_PER_REPLICA, MAX_REPLICAS, Replicas, Seconds, SecondsOrZero
 from workflows.scaling.cpu_fallback import CpuFallback
 from workflows.scaling.placement import PoolClass
 
@@ -73,6 +73,14 @@ class ScalingPolicy(BaseModel):
     scale_down_step_percent: float = Field(
         10, ge=0, le=100, description="one step down removes max(1, floor(current * this / 100)) replicas"
     )
+    forecast_horizon_seconds: float = Field(
+        0, ge=0, le=DAY_SECONDS, description="forecast demand this far ahead and hold the replicas its peak needs (the cold start:"
+        " node, image, weights, compile, warm-up); 0: off"
+    )
+    forecast_error_quantile: float = Field(
+        0.9, ge=0, le=1, description="the forecast is sized up by this quantile of its own recent actual/forecast ratios"
+    )
+    forecast_every_seconds: Seconds = Field(300, description="how often the loop reads the demand history and forecasts")
     max_gpus: int | None = Field(None, ge=0, le=MAX_REPLICAS * MAX_GPUS_PER_REPLICA, description="budget guard: GPUs the deployment may hold")
     gpus_per_replica: int = Field(1, ge=0, le=MAX_GPUS_PER_REPLICA)
     priority_class: PoolClass = Field(

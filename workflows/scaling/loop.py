@@ -44,12 +44,22 @@ with workflow.unsafe.imports_passed_through():
     import workflows.scaling.activities as acts
     from workflows.scaling.activities import ScalingActivities
     from workflows.scaling.cpu_fallback import CpuFallbackState, decide_fallback
-    from workflows.scaling.decide import NOTABLE_HOLDS, ScalerState, ScalingDecision, ScalingPolicy, Signals, Trigger, decide
+    from workflows.scaling.decide import (
+        NOTABLE_HOLDS,
+        ScalerState,
+        ScalingDecision,
+        ScalingPolicy,
+        Signals,
+        Trigger,
+        decide,
+        slo_replicas,
+    )
     from workflows.scaling.floors import SET_FLOOR_SIGNAL, FloorClaim, SetFloor, floor_label
     from workflows.scaling.placement import CAPACITY_FOR_CLASS
     from workflows.steps import cause, validated, wait_until
 
 DECISIONS_KEPT = 20
+FORECAST_FLOOR = "forecast"  # the floor source the loop's own demand forecast holds
 
 
 class DecisionRecord(BaseModel):
@@ -208,6 +218,8 @@ class ReactiveScaling:
             )
         except ActivityError as err:
             signals = Signals(error=cause(err))
+        if self._policy.forecast_horizon_seconds > 0 and workflow.patched("forecast"):
+            await self._forecast(now, namespace, name)
         floor = self._floor(now)
         if workflow.patched("decide-on-ready"):
             ready, policy = scale.ready_replicas, self._policy
@@ -255,6 +267,37 @@ class ReactiveScaling:
         self._details()
         self._record_metrics(namespace, name, scale, decision, record.applied, now)
         await self._record_decision(namespace, name, scale.replicas, decision)
+
+    async def _forecast(self, now: datetime, namespace: str, name: str) -> None:
+        """Every ``forecast_every_seconds``: the demand's peak over the cold-start horizon, sized by
+        the SLO model, held as the ``forecast`` floor, so a ramp finds its replicas Ready. The floor
+        lapses after two periods without a forecast (Prometheus down): the loop falls back to reacting."""
+        p = self._policy
+        held = self._floors.get(FORECAST_FLOOR)
+        every = timedelta(seconds=p.forecast_every_seconds)
+        if held is not None and held.expires_at is not None and now < held.expires_at - every:
+            return
+        try:
+            forecast = await workflow.execute_activity_method(
+                ScalingActivities.forecast_demand,
+                acts.DemandForecastInput(
+                    namespace=namespace,
+                    deployment=name,
+                    at=now.timestamp(),
+                    horizon_seconds=p.forecast_horizon_seconds,
+                    error_quantile=p.forecast_error_quantile,
+                ),
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=_SHORT,
+                summary=f"demand forecast, {p.forecast_horizon_seconds:.0f}s ahead",
+            )
+        except ActivityError as err:
+            self._details(f"demand forecast failed: {cause(err)}")
+            return
+        reason = f"{forecast.basis}: {forecast.upper:.3g} req/s within {p.forecast_horizon_seconds:.0f}s"
+        self._floors[FORECAST_FLOOR] = FloorClaim(
+            replicas=slo_replicas(forecast.upper, p), expires_at=now + 2 * every, reason=reason
+        )
 
     async def _cpu_fallback(self, now: datetime, desired: int, scale: acts.ScaleStatus, record: DecisionRecord) -> None:
         """Batch only: scale the declared CPU deployment up while GPU replicas stay unavailable."""

@@ -1,0 +1,84 @@
+"""EC2 warm pool of a GPU node pool: how many stopped nodes to keep, and where a freed node goes.
+
+A stopped instance in an Auto Scaling warm pool costs its EBS volumes, not its GPUs, and joins the
+cluster in about a minute instead of a fresh launch's several (its image is already on disk). So:
+
+- ``warm_pool_size``: keep as many stopped nodes as the forecast's peak over the cold-start
+  horizon needs beyond the nodes running now (in nodes, capped by the pool's maximum), so a ramp
+  draws on warm nodes rather than fresh launches;
+- ``break_even_seconds``: how long a stopped node may wait before its disks cost more than the
+  GPU time a fresh launch would waste (the extra minutes of boot paid at the running price);
+- ``freed_nodes``: a node freed by scale-down goes back to the warm pool when the forecast says
+  it is needed again within that break-even time, and is terminated otherwise.
+
+Pure: plain values in and out, shared by the node-pool workflow and the scaling benchmark.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, Field
+
+
+class NodeCosts(BaseModel):
+    """What one node of the pool costs running and stopped, and how long each start takes."""
+
+    running_per_hour: float = Field(gt=0, description="$ per hour of a running node (all its GPUs)")
+    stopped_per_hour: float = Field(gt=0, description="$ per hour of a stopped node: its EBS volumes")
+    fresh_start_seconds: float = Field(ge=0, description="a fresh launch until the node is Ready")
+    warm_start_seconds: float = Field(ge=0, description="a warm-pool node's start until it is Ready")
+
+
+class WarmPoolPlan(BaseModel):
+    size: int = Field(ge=0, description="stopped nodes to keep in the warm pool")
+    max_prepared: int = Field(ge=0, description="running + warm nodes: Auto Scaling's MaxGroupPreparedCapacity")
+    reason: str
+
+
+class FreedNodes(BaseModel):
+    to_warm_pool: int = Field(ge=0)
+    to_terminate: int = Field(ge=0)
+    reason: str
+
+
+def nodes_for(replicas: float, replicas_per_node: int) -> int:
+    """Nodes that host ``replicas`` (whole replicas, whole nodes)."""
+    if replicas_per_node < 1:
+        raise ValueError(f"replicas_per_node must be >= 1, got {replicas_per_node}")
+    return math.ceil(math.ceil(max(0.0, replicas) - 1e-9) / replicas_per_node)
+
+
+def warm_pool_size(peak_replicas: float, running_nodes: int, replicas_per_node: int, max_size: int, min_size: int = 0) -> WarmPoolPlan:
+    """Stopped nodes to hold: nodes the forecast peak over the cold-start horizon needs beyond the
+    ``running_nodes``, within [``min_size``, ``max_size``]."""
+    if min_size > max_size:
+        raise ValueError(f"min_size ({min_size}) > max_size ({max_size})")
+    peak_nodes = nodes_for(peak_replicas, replicas_per_node)
+    short = max(0, peak_nodes - running_nodes)
+    size = min(max_size, max(min_size, short))
+    capped = " (capped)" if size < short else ""
+    reason = f"forecast peak {peak_replicas:.3g} replicas = {peak_nodes} nodes, {running_nodes} running: warm pool {size}{capped}"
+    return WarmPoolPlan(size=size, max_prepared=running_nodes + size, reason=reason)
+
+
+def break_even_seconds(costs: NodeCosts) -> float:
+    """Time a stopped node may wait before its disks cost what a fresh launch instead wastes:
+    the extra boot time of a fresh launch, paid at the running price."""
+    wasted = max(0.0, costs.fresh_start_seconds - costs.warm_start_seconds) * costs.running_per_hour
+    return wasted / costs.stopped_per_hour
+
+
+def freed_nodes(freed: int, running_after: int, peak_replicas_within_break_even: float, replicas_per_node: int, in_warm_pool: int, max_size: int) -> FreedNodes:
+    """Of ``freed`` nodes leaving service, how many go back to the warm pool: those the forecast
+    peak within the break-even time needs beyond the nodes still running and already warm (room
+    in the pool permitting); the rest are terminated."""
+    if freed < 0:
+        raise ValueError(f"freed must be >= 0, got {freed}")
+    needed = nodes_for(peak_replicas_within_break_even, replicas_per_node) - running_after - in_warm_pool
+    keep = max(0, min(freed, needed, max_size - in_warm_pool))
+    reason = (
+        f"forecast peak within break-even {peak_replicas_within_break_even:.3g} replicas:"
+        f" {keep} of {freed} freed node(s) back to the warm pool ({running_after} running, {in_warm_pool} warm, max {max_size})"
+    )
+    return FreedNodes(to_warm_pool=keep, to_terminate=freed - keep, reason=reason)
