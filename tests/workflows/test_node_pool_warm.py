@@ -1,6 +1,7 @@
 """NodePoolScaling's warm pool on Temporal's time-skipping server, with stub activities under the
-real names: the pool's group is sized once per change (not every cycle), within its bounds and the
-group's MaxSize, and a failed call is reported and tried again next cycle."""
+real names: the warm pool holds the nodes the demand forecast's peak needs, is set once per change
+(not every cycle) within its bounds and the group's MaxSize, and a failed call (or forecast) is
+reported and tried again."""
 
 from __future__ import annotations
 
@@ -14,17 +15,21 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from workflows.scaling import activities as acts
-from workflows.scaling.node_pools import NodePoolInput, NodePoolScaling, NodePoolStatus, WarmPoolSettings
+from workflows.scaling.decide import ScalingPolicy, slo_replicas
+from workflows.scaling.forecast import DemandForecast
+from workflows.scaling.node_pools import ForecastedDeployment, NodePoolInput, NodePoolScaling, NodePoolStatus, WarmPoolSettings
 from workflows.scaling.placement import PoolSizing
 
 
 class FakeGroup:
     """An Auto Scaling group with no pending pods; set_warm_pool fails the first ``failures`` calls."""
 
-    def __init__(self, max_size: int = 3, failures: int = 0) -> None:
+    def __init__(self, max_size: int = 3, failures: int = 0, forecast_rps: float | None = None) -> None:
         self.max_size = max_size
         self.failures = failures
+        self.forecast_rps = forecast_rps  # None: Prometheus is down
         self.warm_calls: list[acts.SetWarmPoolInput] = []
+        self.forecasts: list[acts.DemandForecastInput] = []
 
     def activities(self):
         @activity.defn(name=acts.OBSERVE_NODE_POOL)
@@ -46,7 +51,15 @@ class FakeGroup:
                 raise ApplicationError("throttled", non_retryable=True)
             return acts.WarmPoolState(size=req.size, changed=True)
 
-        return [observe, set_capacity, remove, set_warm_pool]
+        @activity.defn(name=acts.FORECAST_DEMAND)
+        async def forecast(req: acts.DemandForecastInput) -> DemandForecast:
+            self.forecasts.append(req)
+            if self.forecast_rps is None:
+                raise ApplicationError("prometheus unreachable", non_retryable=True)
+            rps = self.forecast_rps
+            return DemandForecast(expected=rps, upper=rps, level=rps / 2, basis="daily", error_ratio=1, checked=0, reason="stub")
+
+        return [observe, set_capacity, remove, set_warm_pool, forecast]
 
 
 async def run_pool(env, group: FakeGroup, warm_pool: WarmPoolSettings, iterations: int = 4) -> NodePoolStatus:
@@ -55,7 +68,7 @@ async def run_pool(env, group: FakeGroup, warm_pool: WarmPoolSettings, iteration
                       activity_executor=ThreadPoolExecutor(2)):
         handle = await env.client.start_workflow(
             NodePoolScaling.run,
-            NodePoolInput(pool=acts.PoolRef(pool="gpu-on-demand"), sizing=PoolSizing(min_nodes=0, warm_standby=0),
+            NodePoolInput(pool=acts.PoolRef(pool="gpu-on-demand"), sizing=PoolSizing(min_nodes=0, warm_standby=0, gpus_per_node=4),
                           interval_seconds=15, iterations_per_run=iterations, warm_pool=warm_pool),
             id=f"nodepool/{uuid.uuid4().hex[:6]}", task_queue=queue,
         )
@@ -83,6 +96,33 @@ async def test_a_failed_warm_pool_call_is_reported_and_tried_again(time_skipping
     assert status.records[0].warm_pool is None and status.warm_pool_size == 2
 
 
-def test_a_warm_pool_on_a_spot_pool_is_refused_naming_the_field():
+def test_a_warm_pool_on_a_spot_pool_or_of_a_malformed_deployment_is_refused_naming_the_field():
     with pytest.raises(ValidationError, match="warm_pool: EC2 Auto Scaling has no warm pools for Spot"):
         NodePoolInput(pool=acts.PoolRef(pool="gpu-spot", capacity_type="spot"), warm_pool=WarmPoolSettings(min_size=1))
+    with pytest.raises(ValidationError, match="deployment must be NAMESPACE/NAME"):
+        ForecastedDeployment(deployment="chat")
+
+
+async def test_the_warm_pool_holds_the_nodes_the_forecast_peak_needs(time_skipping_env):
+    """Two replicas of 2 GPUs fit a 4-GPU node: the forecast's peak in replicas, in whole nodes,
+    forecast once per forecast_every_seconds for the pool's horizon."""
+    policy = ScalingPolicy(gpus_per_replica=2)
+    rps = 30.0
+    replicas = slo_replicas(rps, policy)
+    assert replicas >= 3  # so the peak needs more than one node
+    group = FakeGroup(max_size=10, forecast_rps=rps)
+    settings = WarmPoolSettings(max_size=8, horizon_seconds=480, forecast_every_seconds=300,
+                                demand=[ForecastedDeployment(deployment="llm-serving/chat", policy=policy)])
+    status = await run_pool(time_skipping_env, group, settings)
+    assert [c.size for c in group.warm_calls] == [-(-replicas // 2)], "nodes for the peak, none running"
+    assert len(group.forecasts) == 1 and group.forecasts[0].horizon_seconds == 480
+    assert (group.forecasts[0].namespace, group.forecasts[0].deployment) == ("llm-serving", "chat")
+    assert "forecast peak" in status.records[0].reason
+
+
+async def test_without_a_forecast_the_pool_keeps_its_floor_and_says_why(time_skipping_env):
+    group = FakeGroup(forecast_rps=None)
+    settings = WarmPoolSettings(min_size=1, demand=[ForecastedDeployment(deployment="llm-serving/chat")])
+    status = await run_pool(time_skipping_env, group, settings, iterations=2)
+    assert [c.size for c in group.warm_calls] == [1]
+    assert "demand forecast failed: prometheus unreachable" in status.records[0].reason

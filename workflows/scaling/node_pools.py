@@ -9,8 +9,13 @@ and never while asked-for nodes are still booting. Continue-as-new keeps the his
 
 With ``warm_pool`` it also keeps the group's EC2 Auto Scaling warm pool sized: stopped instances
 (their disks paid for, not their GPUs) that join in about a minute instead of a fresh launch's
-several, with the serving image and the engine caches already on their disks; scale-in stops an
-instance back into the pool rather than terminating it.
+several, with the serving image and the engine caches already on their disks. Its size is the pure
+``warm_pool_size`` (workflows/scaling/warm_pool.py): the nodes the demand forecast's peak over the
+cold-start horizon needs beyond those running (every ``forecast_every_seconds``, the
+``forecast_demand`` activity per deployment the pool serves, sized by that deployment's SLO policy),
+within the settings' bounds. Scale-in stops an instance back into the pool (ReuseOnScaleIn) rather
+than terminating it, and AWS keeps as many as the pool's size: freed nodes the forecast wants
+within the horizon stay warm, the rest are terminated.
 
 This is where the reactive loops' unschedulable replicas reach the node layer: ReactiveScaling
 reports them, and this loop reads the same pods from the cluster and serves those whose
@@ -20,6 +25,12 @@ the on-demand pool, with no coupling between the two workflows' IDs. Start one p
     temporal workflow start --type NodePoolScaling --task-queue tideplane --workflow-id nodepool/gpu-spot \
       --input '{"pool": {"pool": "gpu-spot", "capacity_type": "spot"}, "sizing": {"min_nodes": 1, "max_nodes": 8, "warm_standby": 1, "gpus_per_node": 4}}'
 
+An on-demand pool with a warm pool sized for the chat deployment's forecast (AWS has no warm pools
+for Spot Instances):
+
+    temporal workflow start --type NodePoolScaling --task-queue tideplane --workflow-id nodepool/gpu-on-demand \
+      --input '{"pool": {"pool": "gpu-on-demand"}, "sizing": {"min_nodes": 1, "max_nodes": 8, "warm_standby": 0, "gpus_per_node": 4}, "warm_pool": {"max_size": 2, "demand": [{"deployment": "llm-serving/chat"}]}}'
+
 API (stable): workflow type NodePoolScaling, ID ``nodepool/<pool>``, query ``status``.
 """
 
@@ -28,7 +39,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
@@ -36,20 +47,43 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     import workflows.scaling.activities as acts
     from workflows.bounds import DAY_SECONDS, MAX_ITERATIONS
-    from workflows.scaling.activities import NodePoolActivities
+    from workflows.naming import split_deployment
+    from workflows.scaling.activities import NodePoolActivities, ScalingActivities
+    from workflows.scaling.decide import ScalingPolicy, slo_replicas
     from workflows.scaling.placement import CLASS_FOR_CAPACITY, ModelNeed, PoolDecision, PoolSizing, plan_pending, size_pool
+    from workflows.scaling.warm_pool import nodes_for, warm_pool_size
     from workflows.steps import cause
 
 
 WARM_POOL_PATCH = "node-pool-warm-pool"
 
 
+class ForecastedDeployment(BaseModel):
+    """A deployment whose demand this pool serves, sized as its ReactiveScaling loop sizes it."""
+
+    deployment: str = Field(description="NAMESPACE/NAME")
+    policy: ScalingPolicy = Field(default_factory=ScalingPolicy, description="its SLO sizing and gpus_per_replica")
+
+    @field_validator("deployment")
+    @classmethod
+    def _namespaced(cls, ref: str) -> str:
+        split_deployment(ref)  # ValueError naming the field when malformed
+        return ref
+
+
 class WarmPoolSettings(BaseModel):
-    """The pool's warm pool: stopped instances ready to join, between these bounds."""
+    """The pool's warm pool: stopped instances ready to join, sized by the demand forecast within bounds."""
 
     min_size: int = Field(0, ge=0)
     max_size: int = Field(4, ge=0)
     reuse_on_scale_in: bool = Field(True, description="scale-in returns instances to the warm pool")
+    demand: list[ForecastedDeployment] = Field(
+        default_factory=list, description="deployments whose forecast peak sizes the pool; none: min_size"
+    )
+    horizon_seconds: float = Field(
+        600, gt=0, le=DAY_SECONDS, description="how far ahead: a fresh node's cold start (launch, image, weights, compile)"
+    )
+    forecast_every_seconds: float = Field(300, ge=1, le=DAY_SECONDS)
 
 
 class PoolRecord(BaseModel):
@@ -68,6 +102,8 @@ class NodePoolCarry(BaseModel):
     pending_since_s: float | None = None
     records: list[PoolRecord] = Field(default_factory=list)
     warm_pool_size: int | None = Field(None, description="what the warm pool was last set to")
+    peak_nodes: int = Field(0, description="nodes the last demand forecast's peak needs")
+    forecast_at_s: float | None = None
 
 
 class NodePoolInput(BaseModel):
@@ -105,6 +141,8 @@ class NodePoolScaling:
         self._pending_since = carry.pending_since_s
         self._records = list(carry.records)
         self._warm_pool_size = carry.warm_pool_size
+        self._peak_nodes = carry.peak_nodes
+        self._forecast_at = carry.forecast_at_s
 
     @workflow.run
     async def run(self, input: NodePoolInput) -> None:
@@ -116,7 +154,8 @@ class NodePoolScaling:
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(
             input.model_copy(update={"carry": NodePoolCarry(
-                pending_since_s=self._pending_since, records=self._records, warm_pool_size=self._warm_pool_size
+                pending_since_s=self._pending_since, records=self._records, warm_pool_size=self._warm_pool_size,
+                peak_nodes=self._peak_nodes, forecast_at_s=self._forecast_at,
             )})
         )
 
@@ -153,7 +192,7 @@ class NodePoolScaling:
         desired = min(decision.desired_nodes, seen.max_size)
         reason = decision.reason
         if input.warm_pool is not None and workflow.patched(WARM_POOL_PATCH):
-            reason += await self._size_warm_pool(input.warm_pool, seen.max_size)
+            reason += await self._size_warm_pool(input.warm_pool, seen, input.sizing.gpus_per_node, now)
         if decision.drain:
             removed = await workflow.execute_activity_method(
                 NodePoolActivities.remove_pool_node, acts.RemoveNodeInput(pool=self._pool, node=decision.drain),
@@ -190,23 +229,49 @@ class NodePoolScaling:
             details += "\n\n⚠ fragmented: free GPUs are spread over nodes that cannot each hold a pending replica"
         workflow.set_current_details(details)
 
-    async def _size_warm_pool(self, settings: WarmPoolSettings, max_size: int) -> str:
-        """Set the warm pool when its size changes; what to add to the cycle's reason (a failure is
-        reported there and tried again next cycle)."""
-        size = min(settings.min_size, settings.max_size, max_size)
-        if size == self._warm_pool_size:
-            return ""
+    async def _size_warm_pool(self, settings: WarmPoolSettings, seen: acts.PoolObservation, gpus_per_node: int, now: float) -> str:
+        """Forecast when due, size the warm pool, set it when its size changes; what to add to the
+        cycle's reason (a failure is reported there; the last size holds and is tried again)."""
+        note = ""
+        if settings.demand and (self._forecast_at is None or now - self._forecast_at >= settings.forecast_every_seconds):
+            try:
+                self._peak_nodes = await self._forecast_peak_nodes(settings, gpus_per_node, now)
+                self._forecast_at = now
+            except ActivityError as err:
+                note = f"; ⚠ demand forecast failed: {cause(err)}"
+        max_size = min(settings.max_size, seen.max_size)
+        plan = warm_pool_size(self._peak_nodes, len(seen.nodes), 1, max_size, min(settings.min_size, max_size))
+        if plan.size == self._warm_pool_size:
+            return note
         try:
             await workflow.execute_activity_method(
                 NodePoolActivities.set_warm_pool,
-                acts.SetWarmPoolInput(pool=self._pool, size=size, reuse_on_scale_in=settings.reuse_on_scale_in),
+                acts.SetWarmPoolInput(pool=self._pool, size=plan.size, reuse_on_scale_in=settings.reuse_on_scale_in),
                 start_to_close_timeout=timedelta(seconds=30), retry_policy=_SHORT,
-                summary=f"{self._pool} warm pool -> {size}",
+                summary=f"{self._pool} warm pool -> {plan.size}",
             )
         except ActivityError as err:
-            return f"; ⚠ cannot size the warm pool: {cause(err)}"
-        self._warm_pool_size = size
-        return f"; warm pool {size}"
+            return f"{note}; ⚠ cannot size the warm pool: {cause(err)}"
+        self._warm_pool_size = plan.size
+        return f"{note}; warm pool {plan.size} ({plan.reason})"
+
+    async def _forecast_peak_nodes(self, settings: WarmPoolSettings, gpus_per_node: int, now: float) -> int:
+        """Nodes the forecast peaks of the pool's deployments need over the horizon, whole replicas per node."""
+        nodes = 0
+        for wanted in settings.demand:
+            namespace, name = split_deployment(wanted.deployment)
+            forecast = await workflow.execute_activity_method(
+                ScalingActivities.forecast_demand,
+                acts.DemandForecastInput(
+                    namespace=namespace, deployment=name, at=now, horizon_seconds=settings.horizon_seconds,
+                    error_quantile=wanted.policy.forecast_error_quantile,
+                ),
+                start_to_close_timeout=timedelta(seconds=60), retry_policy=_SHORT,
+                summary=f"demand forecast {wanted.deployment}, {settings.horizon_seconds:.0f}s ahead",
+            )
+            per_node = max(1, gpus_per_node // max(1, wanted.policy.gpus_per_replica))
+            nodes += nodes_for(slo_replicas(forecast.upper, wanted.policy), per_node)
+        return nodes
 
     @workflow.query(name="status")
     def status(self) -> NodePoolStatus:
