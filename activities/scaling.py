@@ -10,7 +10,8 @@ Prometheus), for ReactiveScaling and PredictivePrewarm:
   the loop holds and reports instead of retrying blind; a bad template or PromQL is bad input
   (non-retryable).
 - ``get_scale`` reads the scaled version's Deployment and its pods: replicas, Ready, Pending and
-  Unschedulable (no GPU capacity, which the node layer acts on), and the declared priority class.
+  Unschedulable (no GPU capacity, which the node layer acts on), the declared priority class, and
+  the newest Ready replica's cold start by its parts (its ``ColdStart`` Events).
 - ``read_replica_history`` reads hourly replica peaks over past weeks for predictive pre-warm.
 - ``forecast_demand`` reads the arrival rate of the last week and a half, a sample a minute, and
   forecasts its peak over the loop's horizon with the pure ``workflows.scaling.forecast``.
@@ -35,6 +36,7 @@ Scaling itself is the rollout's ``scale_version`` (the Deployment's scale subres
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -51,7 +53,9 @@ from workflows import naming
 from workflows.naming import DeploymentRef
 from workflows.scaling import activities as contract
 from workflows.scaling.activities import (
+    COLD_START_PARTS,
     PROMETHEUS_MAX_POINTS,
+    ColdStart,
     DemandForecastInput,
     PendingReplica,
     PoolObservation,
@@ -73,6 +77,7 @@ from workflows.scaling.placement import Gpu, Node
 from workflows.scaling.prewarm import slot_key
 
 WEEK_SECONDS = 7 * 24 * 3600
+_COLD_START_MESSAGE = re.compile(rf"^({'|'.join(COLD_START_PARTS)}) ([0-9]+(?:\.[0-9]+)?)s\b")
 
 
 def unschedulable(pod: client.V1Pod) -> bool:
@@ -133,7 +138,19 @@ class ScalingActivities(contract.ScalingActivities):
             pending=sum(1 for p in live if (p.status.phase if p.status else "Pending") == "Pending"),
             unschedulable=sum(1 for p in live if unschedulable(p)),
             priority_class=((dep.metadata.labels if dep else None) or {}).get(naming.LABEL_CLASS),
+            cold_start=self._cold_start(req.namespace, [p for p in live if is_ready(p)]),
         )
+
+    def _cold_start(self, namespace: str, ready: list[client.V1Pod]) -> ColdStart | None:
+        """The newest Ready replica's ColdStart Events, part -> seconds (None: no replica, no events)."""
+        if not ready:
+            return None
+        newest = max(ready, key=lambda p: (p.status.start_time or p.metadata.creation_timestamp, p.metadata.name))
+        events = self.kube.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={newest.metadata.name},reason=ColdStart", _request_timeout=API_TIMEOUT
+        ).items
+        parts = {m[1]: float(m[2]) for e in events if (m := _COLD_START_MESSAGE.match(e.message or ""))}
+        return ColdStart(pod=newest.metadata.name, parts=parts) if parts else None
 
     def _claim(self, dep: client.V1Deployment, owner: str) -> None:
         """One scaling loop per deployment, whatever its workflow ID: the scaled Deployment carries

@@ -5,7 +5,8 @@ The node layer's and the rollout's production activities, pointed at the sandbox
 Deployment out (ensure_version: VLLM_CACHE_ROOT on the node), size the on-demand pool's Auto
 Scaling group (moto) and its warm pool, and remove the node. The sandbox's cloud plays the warm
 pool; the emulator's kubelet pulls images, compiles unless the node holds the version's engine
-cache, and reports each part of the start as a ColdStart event.
+cache, and reports each part of the start as a ColdStart event, which the scaling loop's get_scale
+reads back.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from infra.sandbox.config import PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.launcher import AWS_ENV
 from infra.sandbox.nodes import WARM_POOL_TAG, aws_clients
 from infra.sandbox.worker_identity import enable_serving_namespace
-from tests.e2e.test_scaling import MODEL_CACHE
+from tests.e2e.test_scaling import MODEL_CACHE, scaling_activities
 from tests.e2e.test_scaling_layers import node_pool_activities
 from tests.sandbox_fixtures import wait_until
 from workflows.naming import LABEL_APP, NODE_POOL, DeploymentRef
 from workflows.rollout.activities import EnsureVersionInput, ScaleVersionInput
-from workflows.scaling.activities import RemoveNodeInput, SetCapacityInput, SetWarmPoolInput
+from workflows.scaling.activities import RemoveNodeInput, ScaleTarget, SetCapacityInput, SetWarmPoolInput
 
 NAMESPACE = "e2e-cold-start"
 POOL = "gpu-on-demand"
@@ -104,6 +105,8 @@ def test_a_warm_pool_node_with_the_engine_cache_starts_a_replica_sooner_than_a_f
     warm_pod, warm_seconds = scale_out(len(nodes) + 1)
     warm = cold_start(core, warm_pod.metadata.name)
     assert warm == {"node": 60, "image": 0, "weights": 20, "compile": 0, "warmup": 10}
+    scale = run(scaling_activities(sandbox).get_scale, ScaleTarget(namespace=NAMESPACE, deployment="chat", version="1.0.0"))
+    assert scale.cold_start.pod == warm_pod.metadata.name and scale.cold_start.parts == warm, "what the scaling loop shows"
     print(f"fresh node: {fresh_seconds:.1f} s real ({sum(fresh.values()):g} sandbox s); "
           f"warm pool + engine cache: {warm_seconds:.1f} s real ({sum(warm.values()):g} sandbox s)")
     assert warm_seconds < fresh_seconds * 0.8  # 90 of 200 sandbox seconds; the cloud and kubelet passes add the same to both

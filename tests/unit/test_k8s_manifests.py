@@ -46,6 +46,7 @@ METHOD_RBAC = {
     "patch_namespaced_service": ("", "services", "patch"),
     "delete_namespaced_service": ("", "services", "delete"),
     "create_namespaced_event": ("", "events", "create"),
+    "list_namespaced_event": ("", "events", "list"),
     "read_namespaced_deployment": ("apps", "deployments", "get"),
     "list_namespaced_deployment": ("apps", "deployments", "list"),
     "list_deployment_for_all_namespaces": ("apps", "deployments", "list"),

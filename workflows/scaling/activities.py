@@ -74,6 +74,18 @@ class ScaleTarget(BaseModel):
     owner: str | None = Field(None, description="the loop's workflow ID: claims the scaled Deployment")
 
 
+COLD_START_PARTS = ("node", "image", "weights", "compile", "warmup")
+
+
+class ColdStart(BaseModel):
+    """How the newest Ready replica started, part by part, from its ``ColdStart`` Events (reason
+    ColdStart, message ``<part> <seconds>s: <detail>``, part one of COLD_START_PARTS): the sandbox's
+    kubelet writes them; on a real cluster a node agent or the serving image's entrypoint does."""
+
+    pod: str
+    parts: dict[str, float] = Field(default_factory=dict, description="part -> seconds")
+
+
 class ScaleStatus(BaseModel):
     version: str = Field(description="the version whose Deployment is scaled")
     replicas: int = Field(description="spec.replicas")
@@ -83,6 +95,7 @@ class ScaleStatus(BaseModel):
     priority_class: str | None = Field(
         None, description="the class the Deployment declares (label tideplane.io/priority-class)"
     )
+    cold_start: ColdStart | None = Field(None, description="the newest Ready replica's start, by its parts")
 
 
 # The forecast's history: the arrival rate the loop's SLO sizing reads (requests/s that got a first

@@ -86,6 +86,15 @@ class PendingScaleUp(BaseModel):
     pool: str = Field(description="the priority class the replicas run in")
 
 
+class LastScaleUp(BaseModel):
+    """The last scale-up whose replicas all became Ready: how long, and its newest replica's start by parts."""
+
+    at: datetime
+    replicas: int
+    seconds: float
+    cold_start: acts.ColdStart | None = None
+
+
 class ScalingCarry(BaseModel):
     """What a run hands to the next one at continue-as-new."""
 
@@ -98,6 +107,7 @@ class ScalingCarry(BaseModel):
     fallback: CpuFallbackState = Field(default_factory=CpuFallbackState)
     fallback_applied: int | None = Field(None, description="CPU fallback replicas last set (None: not yet)")
     scale_up: PendingScaleUp | None = Field(None, description="the scale-up whose replicas are not all Ready yet")
+    last_scale_up: LastScaleUp | None = None
 
 
 class ScalingInput(BaseModel):
@@ -142,9 +152,19 @@ class ScalingStatus(BaseModel):
     decisions: list[DecisionRecord]
     runs: int
     iteration: int
+    last_scale_up: LastScaleUp | None = None
 
 
 _SHORT = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
+
+
+def cold_start_line(up: LastScaleUp) -> str:
+    """The last scale-up for the UI: its time to Ready and its newest replica's start by parts."""
+    line = f"last scale-up {up.at:%H:%M:%S}Z: {up.replicas} replica(s) Ready in {up.seconds:.0f}s"
+    if up.cold_start is not None:
+        parts = ", ".join(f"{part} {seconds:g}s" for part, seconds in up.cold_start.parts.items())
+        line += f" · newest replica's start: {parts} (pod {up.cold_start.pod})"
+    return line
 
 
 @workflow.defn(name="ReactiveScaling", failure_exception_types=[ValidationError])
@@ -166,6 +186,7 @@ class ReactiveScaling:
         self._fallback = carry.fallback
         self._fallback_applied = carry.fallback_applied
         self._scale_up = carry.scale_up
+        self._last_scale_up = carry.last_scale_up
         self._iteration = 0
         self._wake = False
 
@@ -264,8 +285,8 @@ class ReactiveScaling:
         if self._policy.cpu_fallback is not None:
             await self._cpu_fallback(now, decision.desired, scale, record)
         self._decisions = [*self._decisions, record][-DECISIONS_KEPT:]
-        self._details()
         self._record_metrics(namespace, name, scale, decision, record.applied, now)
+        self._details()
         await self._record_decision(namespace, name, scale.replicas, decision)
 
     async def _forecast(self, now: datetime, namespace: str, name: str) -> None:
@@ -340,6 +361,7 @@ class ReactiveScaling:
             if scale.ready_replicas >= pending.target:
                 seconds = (now - pending.decided_at).total_seconds()
                 telemetry.scale_up_finished(meter, namespace, name, pending.pool, ready=True, seconds=seconds)
+                self._last_scale_up = LastScaleUp(at=now, replicas=pending.target, seconds=seconds, cold_start=scale.cold_start)
                 self._scale_up = pending = None
             elif applied and decision.desired < scale.replicas:
                 telemetry.scale_up_finished(meter, namespace, name, pending.pool, ready=False, seconds=0)
@@ -390,6 +412,7 @@ class ReactiveScaling:
             fallback=self._fallback,
             fallback_applied=self._fallback_applied,
             scale_up=self._scale_up,
+            last_scale_up=self._last_scale_up,
         )
 
     def _details(self, note: str = "") -> None:
@@ -412,6 +435,8 @@ class ReactiveScaling:
                     f"{d.unschedulable} replica(s) wait for {CAPACITY_FOR_CLASS[p.priority_class]} GPU capacity:"
                     f" the NodePoolScaling loop of that pool grows it for them"
                 )
+            if self._last_scale_up is not None:
+                lines.append(cold_start_line(self._last_scale_up))
             if d.fallback_reason:
                 lines.append(f"CPU fallback {p.cpu_fallback.deployment if p.cpu_fallback else ''}: {d.fallback_reason}")
             if d.triggers:
@@ -465,5 +490,6 @@ class ReactiveScaling:
             decisions=self._decisions,
             runs=self._runs,
             iteration=self._iteration,
+            last_scale_up=self._last_scale_up,
         )
 

@@ -50,15 +50,22 @@ def deletion_cost(pod: dict[str, Any]) -> int:
     return cost if -2**31 <= cost < 2**31 else 0
 
 
+def _ready_since(pod: dict[str, Any]) -> str:
+    return next((c.get("lastTransitionTime") or "" for c in (pod.get("status") or {}).get("conditions") or []
+                 if c.get("type") == "Ready" and c.get("status") == "True"), "")
+
+
 def scale_down_order(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Pods in the order the ReplicaSet controller deletes them (controller_utils ActivePodsWithRanks):
     unscheduled, then Pending < Unknown < Running, not Ready, lower pod-deletion-cost, more of the
-    set's pods on the same node (doubled up), then the newest."""
+    set's pods on the same node (doubled up), Ready for less time, then the newest (times compared
+    exactly, not in LogarithmicScaleDown's log2 buckets)."""
     per_node: dict[str, int] = {}
     for p in pods:
         if p["spec"].get("nodeName"):
             per_node[p["spec"]["nodeName"]] = per_node.get(p["spec"]["nodeName"], 0) + 1
     newest = sorted(pods, key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"]), reverse=True)
+    newest = sorted(newest, key=_ready_since, reverse=True)
     return sorted(newest, key=lambda p: (
         bool(p["spec"].get("nodeName")), _PHASE_RANK.get(p["status"].get("phase"), 0), pod_ready(p), deletion_cost(p),
         -per_node.get(p["spec"].get("nodeName") or "", 0)))
