@@ -35,6 +35,7 @@ import math
 from pydantic import BaseModel, Field, model_validator
 
 from workflows.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS, Replicas, SecondsOrZero
+from workflows.scaling.budget import MonthlyBudget
 from workflows.scaling.cpu_fallback import CpuFallback
 from workflows.scaling.placement import PoolClass
 
@@ -82,6 +83,9 @@ class ScalingPolicy(BaseModel):
     cpu_fallback: CpuFallback | None = Field(
         None, description="batch only: CPU deployment scaled up while GPU replicas are unavailable"
     )
+    monthly_budget: MonthlyBudget | None = Field(
+        None, description="growth that would take the month's GPU spend over this budget is refused (workflows/scaling/budget.py)"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ScalingPolicy:
@@ -89,6 +93,8 @@ class ScalingPolicy(BaseModel):
             raise ValueError(
                 "a realtime deployment keeps its floor: min_replicas must be >= 1 (only batch scales to zero)"
             )
+        if self.monthly_budget is not None and self.monthly_budget.protected and self.priority_class != "realtime":
+            raise ValueError("monthly_budget.protected is for the realtime class only (priority_class is batch)")
         if self.cpu_fallback is not None and self.priority_class != "batch":
             raise ValueError("cpu_fallback is for the batch class only (priority_class is realtime)")
         if self.min_replicas > self.max_replicas:
@@ -157,7 +163,7 @@ class ScalingDecision(BaseModel):
         " gpu_util), starting, below_target, stabilising, cooldown, at_target, metric_fallback, floor, max_replicas or budget"
     )
     triggers: list[Trigger] = Field(default_factory=list)
-    capped_by: str | None = Field(None, description="max_replicas | max_step_up | budget, when a cap cut the step")
+    capped_by: str | None = Field(None, description="max_replicas | max_step_up | budget | monthly_budget, when a cap cut the step")
     state: ScalerState
 
 

@@ -43,6 +43,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.rollout.activities import DEPLOYMENT_OWNED, RolloutActivities, ScaleVersionInput
     import workflows.scaling.activities as acts
     from workflows.scaling.activities import ScalingActivities
+    from workflows.cost.activities import CostActivities, MonthSpendInput
+    from workflows.scaling.budget import Spend, check_budget, month_bounds
     from workflows.scaling.cpu_fallback import CpuFallbackState, decide_fallback
     from workflows.scaling.decide import NOTABLE_HOLDS, ScalerState, ScalingDecision, ScalingPolicy, Signals, Trigger, decide
     from workflows.scaling.floors import SET_FLOOR_SIGNAL, FloorClaim, SetFloor, floor_label
@@ -218,6 +220,8 @@ class ReactiveScaling:
         decision: ScalingDecision = decide(
             now.timestamp(), scale.replicas, signals, policy, self._state, floor, ready=ready, floor_by=self._floor_by()
         )
+        if policy.monthly_budget is not None and decision.desired > scale.replicas and workflow.patched("monthly-budget"):
+            decision = await self._within_budget(namespace, name, now, scale, decision)
         self._state = decision.state
         record = DecisionRecord(
             at=now,
@@ -255,6 +259,34 @@ class ReactiveScaling:
         self._details()
         self._record_metrics(namespace, name, scale, decision, record.applied, now)
         await self._record_decision(namespace, name, scale.replicas, decision)
+
+    async def _within_budget(
+        self, namespace: str, name: str, now: datetime, scale: acts.ScaleStatus, decision: ScalingDecision
+    ) -> ScalingDecision:
+        """Cut growth the monthly budget cannot pay for (workflows/scaling/budget.py); a protected
+        realtime class keeps it. Spend unreadable: the growth goes ahead, said in the reason."""
+        budget = self._policy.monthly_budget
+        try:
+            spend: Spend = await workflow.execute_activity_method(
+                CostActivities.read_month_spend,
+                MonthSpendInput(month_start=month_bounds(now)[0], end=now, prices=budget.prices),
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=_SHORT,
+                summary="month's GPU spend",
+            )
+        except ActivityError as err:
+            return decision.model_copy(update={"reason": f"{decision.reason}; budget not checked: {cause(err)}"})
+        verdict = check_budget(budget, spend, now, scale.replicas, decision.desired, self._policy.gpus_per_replica,
+                               CAPACITY_FOR_CLASS[self._policy.priority_class])
+        if not verdict.over_budget:
+            return decision
+        telemetry.budget_refusal(workflow.metric_meter(), namespace, name, "protected" if budget.protected else "refused")
+        update = {"reason": f"{decision.reason}; {verdict.reason}"}
+        if verdict.refused:
+            update.update(desired=verdict.allowed, capped_by="monthly_budget")
+            if verdict.allowed <= scale.replicas:
+                update["cause"] = "budget"
+        return decision.model_copy(update=update)
 
     async def _cpu_fallback(self, now: datetime, desired: int, scale: acts.ScaleStatus, record: DecisionRecord) -> None:
         """Batch only: scale the declared CPU deployment up while GPU replicas stay unavailable."""
@@ -355,6 +387,8 @@ class ReactiveScaling:
         lines = [
             f"**{self._input.deployment}** · {p.priority_class} ({CAPACITY_FOR_CLASS[p.priority_class]} GPUs)"
             f" · policy min {p.min_replicas} / max {p.max_replicas} · floors: {floors}"
+            + (f" · budget ${p.monthly_budget.monthly_usd:,.0f}/month{' (protected)' if p.monthly_budget.protected else ''}"
+               if p.monthly_budget else "")
         ]
         if note:
             lines.append(f"⚠ {note}")
