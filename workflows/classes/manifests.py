@@ -65,8 +65,9 @@ def inference_pool(req: RequestClassesInput, cls: RequestClass) -> dict:
         "apiVersion": f"{POOL_API[0]}/{POOL_API[1]}", "kind": "InferencePool",
         "metadata": {"name": name, "namespace": req.namespace, "labels": _labels(req.route)},
         "spec": {"selector": {"matchLabels": {LABEL_APP: cls.deployment}}, "targetPorts": [{"number": req.port}],
-                 "endpointPickerRef": {"name": f"{name}-epp", "port": {"number": req.endpoint_picker_port},
-                                       "failureMode": "FailClose"}},
+                 # every field the CRD defaults, written out: what the server stores compares equal on the next apply
+                 "endpointPickerRef": {"group": "", "kind": "Service", "name": f"{name}-epp",
+                                       "port": {"number": req.endpoint_picker_port}, "failureMode": "FailClose"}},
     }
 
 
