@@ -116,7 +116,8 @@ METRIC_QUERY_ERRORS = Metric(
 
 BUDGET_REFUSALS = Metric(
     "tideplane_budget_refusals_total", "counter",
-    "Growth over the monthly GPU budget: refused, or kept for a protected realtime class", "1", (*_DEP, "outcome"),
+    "Growth over the monthly GPU budget: refused, or kept for a protected realtime class", "1",
+    (*_DEP, "pool", "outcome"),
 )
 
 METRICS: tuple[Metric, ...] = (
@@ -198,9 +199,12 @@ def scaling_decision(
     _add(meter, SCALING_DECISIONS, kube_namespace, deployment, direction, reason)
 
 
-def budget_refusal(meter: MetricMeter, kube_namespace: str, deployment: str, outcome: Literal["refused", "protected"]) -> None:
-    """A scale-up the monthly budget cannot pay for: cut (refused) or kept (protected realtime class)."""
-    _add(meter, BUDGET_REFUSALS, kube_namespace, deployment, outcome)
+def budget_refusal(
+    meter: MetricMeter, kube_namespace: str, deployment: str, pool: str, outcome: Literal["refused", "protected"]
+) -> None:
+    """Growth the monthly budget cannot pay for: cut (refused) or kept (protected realtime class).
+    A deployment's scale-up names its class's pool; a node pool's, the pool (namespace and deployment empty)."""
+    _add(meter, BUDGET_REFUSALS, kube_namespace, deployment, pool, outcome)
 
 
 def replicas(

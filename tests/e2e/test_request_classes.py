@@ -98,7 +98,7 @@ async def test_a_scale_up_over_the_monthly_budget_is_refused(sandbox):
     temporal = await Client.connect(sandbox.env["TEMPORAL_ADDRESS"], data_converter=pydantic_data_converter)
     queue = f"budget-e2e-{uuid.uuid4().hex[:6]}"
     policy = ScalingPolicy(max_replicas=4, queue_per_replica=2, queue_capacity_per_replica=4,
-                           replica_capacity_rps=4 * TEST_TIME_SCALE, monthly_budget=MonthlyBudget(monthly_usd=50))
+                           replica_capacity_rps=4 * TEST_TIME_SCALE, monthly_budget=MonthlyBudget(monthly_usd=1))
     scaling, cost = scaling_activities(sandbox), CostActivities(PrometheusClient(sandbox.urls["prometheus"]))
     async with Worker(temporal, task_queue=queue, workflows=[ReactiveScaling],
                       activities=[scaling.read_scaling_signals, scaling.get_scale, rollout_activities(sandbox).scale_version,

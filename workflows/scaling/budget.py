@@ -20,7 +20,9 @@ from workflows.cost.pricing import Prices
 class MonthlyBudget(BaseModel):
     monthly_usd: float = Field(gt=0, description="GPU dollars the fleet may spend in a calendar month (UTC)")
     prices: Prices = Field(default_factory=Prices, description="$ per GPU-hour, as the cost report prices it")
-    protected: bool = Field(False, description="realtime only: this deployment grows even over budget (said, not refused)")
+    protected: bool = Field(
+        False, description="realtime only (a realtime deployment, an on-demand node pool): grows even over budget (said, not refused)"
+    )
 
 
 class Spend(BaseModel):
@@ -47,18 +49,19 @@ def month_bounds(now: datetime) -> tuple[datetime, datetime]:
 
 
 def check_budget(
-    budget: MonthlyBudget, spend: Spend, now: datetime, current: int, wanted: int, gpus_per_replica: int, capacity_type: str
+    budget: MonthlyBudget, spend: Spend, now: datetime, current: int, wanted: int, gpus_each: int, capacity_type: str,
+    pool: str = "", unit: str = "replica",
 ) -> BudgetVerdict:
-    """How much of the growth ``current -> wanted`` the rest of the month pays for."""
+    """How much of the growth ``current -> wanted`` (replicas of a deployment, or nodes of ``pool``,
+    ``gpus_each`` GPUs apiece) the rest of the month pays for."""
     hours_left = max(0.0, (month_bounds(now)[1] - now.astimezone(timezone.utc)).total_seconds() / 3600)
     baseline = spend.spent_usd + spend.rate_usd_per_hour * hours_left
-    per_replica = gpus_per_replica * budget.prices.gpu_hour("", capacity_type) * hours_left
+    per_unit = gpus_each * budget.prices.gpu_hour(pool, capacity_type) * hours_left
     growth = max(0, wanted - current)
-    forecast = baseline + growth * per_replica
-    affordable = growth if per_replica == 0 else max(0, min(growth, math.floor((budget.monthly_usd - baseline) / per_replica)))
-    over = affordable < growth
+    forecast = baseline + growth * per_unit
+    affordable = growth if per_unit == 0 else max(0, min(growth, math.floor((budget.monthly_usd - baseline) / per_unit)))
     money = f"forecast ${forecast:,.0f} of ${budget.monthly_usd:,.0f} this month (${spend.spent_usd:,.2f} spent, ${spend.rate_usd_per_hour:,.2f}/h now)"
-    if not over:
+    if affordable == growth:
         return BudgetVerdict(allowed=max(current, wanted), refused=0, over_budget=False, forecast_usd=forecast,
                              reason=f"within budget: {money}")
     if budget.protected:
@@ -66,4 +69,4 @@ def check_budget(
                              reason=f"over budget, growth kept (protected realtime class): {money}")
     allowed = current + affordable
     return BudgetVerdict(allowed=allowed, refused=growth - affordable, over_budget=True, forecast_usd=forecast,
-                         reason=f"monthly budget refuses {growth - affordable} of {growth} more replica(s) ({current} -> {allowed}): {money}")
+                         reason=f"monthly budget refuses {growth - affordable} of {growth} more {unit}(s) ({current} -> {allowed}): {money}")

@@ -43,8 +43,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.rollout.activities import DEPLOYMENT_OWNED, RolloutActivities, ScaleVersionInput
     import workflows.scaling.activities as acts
     from workflows.scaling.activities import ScalingActivities
-    from workflows.cost.activities import CostActivities, MonthSpendInput
-    from workflows.scaling.budget import Spend, check_budget, month_bounds
+    from workflows.scaling.budget_guard import BUDGET_PATCH, judge_growth
     from workflows.scaling.cpu_fallback import CpuFallbackState, decide_fallback
     from workflows.scaling.decide import NOTABLE_HOLDS, ScalerState, ScalingDecision, ScalingPolicy, Signals, Trigger, decide
     from workflows.scaling.floors import SET_FLOOR_SIGNAL, FloorClaim, SetFloor, floor_label
@@ -220,7 +219,7 @@ class ReactiveScaling:
         decision: ScalingDecision = decide(
             now.timestamp(), scale.replicas, signals, policy, self._state, floor, ready=ready, floor_by=self._floor_by()
         )
-        if policy.monthly_budget is not None and decision.desired > scale.replicas and workflow.patched("monthly-budget"):
+        if policy.monthly_budget is not None and decision.desired > scale.replicas and workflow.patched(BUDGET_PATCH):
             decision = await self._within_budget(namespace, name, now, scale, decision)
         self._state = decision.state
         record = DecisionRecord(
@@ -266,21 +265,14 @@ class ReactiveScaling:
         """Cut growth the monthly budget cannot pay for (workflows/scaling/budget.py); a protected
         realtime class keeps it. Spend unreadable: the growth goes ahead, said in the reason."""
         budget = self._policy.monthly_budget
-        try:
-            spend: Spend = await workflow.execute_activity_method(
-                CostActivities.read_month_spend,
-                MonthSpendInput(month_start=month_bounds(now)[0], end=now, prices=budget.prices),
-                start_to_close_timeout=timedelta(seconds=60),
-                retry_policy=_SHORT,
-                summary="month's GPU spend",
-            )
-        except ActivityError as err:
-            return decision.model_copy(update={"reason": f"{decision.reason}; budget not checked: {cause(err)}"})
-        verdict = check_budget(budget, spend, now, scale.replicas, decision.desired, self._policy.gpus_per_replica,
-                               CAPACITY_FOR_CLASS[self._policy.priority_class])
+        verdict = await judge_growth(budget, now, scale.replicas, decision.desired, self._policy.gpus_per_replica,
+                                     CAPACITY_FOR_CLASS[self._policy.priority_class])
+        if isinstance(verdict, str):
+            return decision.model_copy(update={"reason": f"{decision.reason}; {verdict}"})
         if not verdict.over_budget:
             return decision
-        telemetry.budget_refusal(workflow.metric_meter(), namespace, name, "protected" if budget.protected else "refused")
+        pool = scale.priority_class or self._policy.priority_class
+        telemetry.budget_refusal(workflow.metric_meter(), namespace, name, pool, "protected" if budget.protected else "refused")
         update = {"reason": f"{decision.reason}; {verdict.reason}"}
         if verdict.refused:
             update.update(desired=verdict.allowed, capped_by="monthly_budget")
