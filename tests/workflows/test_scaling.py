@@ -375,3 +375,21 @@ async def test_a_node_pool_refuses_nodes_the_monthly_budget_cannot_pay_for(time_
     assert "monthly budget refuses 2 of 2 more node(s) (0 -> 0): forecast $" in record.reason
     with pytest.raises(ValueError, match="protected is for the realtime class's on-demand pools only"):
         NodePoolInput(pool=acts.PoolRef(pool="gpu-spot", capacity_type="spot"), budget=MonthlyBudget(monthly_usd=1, protected=True))
+
+
+async def test_a_batch_loop_scales_on_completion_time(time_skipping_env):
+    env = time_skipping_env
+    fake = FakeDeployment(replicas=2)
+    fake.signals = Signals(queue_waiting=600, request_rate=3, ttft_p99_seconds=0.1, e2e_p95_seconds=40)
+    policy = ScalingPolicy(priority_class="batch", min_replicas=0, max_replicas=20, replica_capacity_rps=4,
+                           queue_per_replica=1000, completion_p95_slo_seconds=60)
+    worker, queue, inp = await start_loop(env, fake, policy=policy)
+    async with worker:
+        handle = await env.client.start_workflow(
+            ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue
+        )
+        await env.sleep(5)
+        first = (await status(handle)).decisions[0]
+        await handle.terminate()
+    # TTFT is fine, the 600-request backlog would take 120 s on 2 replicas: 4 drain it within 60 s
+    assert (first.current, first.desired) == (2, 4) and first.reason.startswith("up: completion 120 > 60 (wants 4)")

@@ -216,6 +216,8 @@ class ReactiveScaling:
             ready, policy = None, self._policy.model_copy(update={"scale_down_step_percent": 0})
         if not workflow.patched("slo-sizing"):  # decisions recorded before SLO sizing: DCGM utilisation triggered
             policy = policy.model_copy(update={"gpu_util_trigger": True})
+        if policy.completion_slo is not None and not workflow.patched("batch-completion-slo"):
+            policy = policy.model_copy(update={"completion_p95_slo_seconds": None})  # decided on TTFT before
         decision: ScalingDecision = decide(
             now.timestamp(), scale.replicas, signals, policy, self._state, floor, ready=ready, floor_by=self._floor_by()
         )
