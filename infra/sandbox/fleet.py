@@ -8,7 +8,10 @@ score (``infra.fleetmodel``: continuous batching, KV cache, preemption, calibrat
 so waiting requests, TTFT and GPU utilisation behave here as the benchmark says they do.
 It serves what gates and scaling loops read in production — vLLM's and DCGM's metric names on
 ``GET /metrics`` — and an OpenAI-compatible ``POST /proxy/{namespace}/{service}/v1/completions``
-whose requests join the pod's engine and are answered when it has generated them.
+whose requests join the pod's engine and are answered when it has generated them, and
+``POST /gateway/{namespace}/{route}/v1/completions``, which routes as the Gateway would: the
+HTTPRoute's rule for the request's headers, then an InferencePool's replica with the least queue
+or a Service's (infra/sandbox/gateway.py); the answering pod is in the ``x-tideplane-pod`` header.
 
 Time is scaled: with ``--time-scale 10`` one real second is ten sandbox seconds, so counters grow
 ten times faster and a proxied request waits a tenth of its simulated latency. Latency values
