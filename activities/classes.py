@@ -12,7 +12,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 
-from activities.clients.kube import API_TIMEOUT, KubeClient, fail, read_or_none
+from activities.clients.kube import API_TIMEOUT, KubeClient, fail, gateway_parent_ref, read_or_none
 from workflows.classes import activities as contract
 from workflows.classes.activities import AppliedClasses
 from workflows.classes.manifests import (
@@ -38,13 +38,6 @@ class RequestClassActivities(contract.RequestClassActivities):
                   for v in g.versions}
         wanted = {POOL_API[:2], OBJECTIVE_API[:2]}
         return "inference-extension" if wanted <= served else "httproute"
-
-    def _parent_ref(self, namespace: str) -> dict[str, str]:
-        gateway_ns, _, gateway = self.gateway.rpartition("/")
-        ref = {"group": ROUTE_API[0], "kind": "Gateway", "name": gateway}
-        if gateway_ns and gateway_ns != namespace:
-            ref["namespace"] = gateway_ns
-        return ref
 
     def _apply_custom(self, api: tuple[str, str, str], body: dict[str, Any]) -> bool:
         """Create, or replace when spec or labels differ; True when something was written."""
@@ -92,6 +85,6 @@ class RequestClassActivities(contract.RequestClassActivities):
             else:
                 body = pool_service(req, cls)
                 writes.append((f"Service/{body['metadata']['name']}", self._apply_service(body)))
-        route = class_route(req, mode, self._parent_ref(req.namespace))
+        route = class_route(req, mode, gateway_parent_ref(self.gateway, req.namespace))
         writes.append((f"HTTPRoute/{req.route}", self._apply_custom(ROUTE_API, route)))
         return AppliedClasses(mode=mode, objects=[name for name, _ in writes], changed=[name for name, changed in writes if changed])
