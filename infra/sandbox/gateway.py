@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-POOL_GROUP = "inference.networking.k8s.io"
+from workflows.classes.manifests import POOL_GROUP
 
 
 def _matches(match: dict, headers: Mapping[str, str]) -> bool:

@@ -16,11 +16,11 @@ from pydantic import BaseModel, Field, model_validator
 
 from workflows.naming import LABEL_APP, LABEL_MANAGED_BY, MANAGED_BY
 
-POOL_API = ("inference.networking.k8s.io", "v1", "inferencepools")
-OBJECTIVE_API = ("inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives")
-ROUTE_API = ("gateway.networking.k8s.io", "v1", "httproutes")
+POOL_GROUP = "inference.networking.k8s.io"
+POOL_API_VERSION = f"{POOL_GROUP}/v1"
+OBJECTIVE_API_VERSION = "inference.networking.x-k8s.io/v1alpha2"
+ROUTE_API_VERSION = "gateway.networking.k8s.io/v1"
 CLASS_HEADER = "x-request-class"
-OBJECTIVE_HEADER = "x-gateway-inference-objective"  # the extension's: selects the InferenceObjective by name
 Mode = Literal["inference-extension", "httproute"]
 
 
@@ -62,7 +62,7 @@ def _labels(route: str) -> dict[str, str]:
 def inference_pool(req: RequestClassesInput, cls: RequestClass) -> dict:
     name = pool_name(cls.deployment)
     return {
-        "apiVersion": f"{POOL_API[0]}/{POOL_API[1]}", "kind": "InferencePool",
+        "apiVersion": POOL_API_VERSION, "kind": "InferencePool",
         "metadata": {"name": name, "namespace": req.namespace, "labels": _labels(req.route)},
         "spec": {"selector": {"matchLabels": {LABEL_APP: cls.deployment}}, "targetPorts": [{"number": req.port}],
                  # every field the CRD defaults, written out: what the server stores compares equal on the next apply
@@ -73,9 +73,9 @@ def inference_pool(req: RequestClassesInput, cls: RequestClass) -> dict:
 
 def inference_objective(req: RequestClassesInput, cls: RequestClass) -> dict:
     return {
-        "apiVersion": f"{OBJECTIVE_API[0]}/{OBJECTIVE_API[1]}", "kind": "InferenceObjective",
+        "apiVersion": OBJECTIVE_API_VERSION, "kind": "InferenceObjective",
         "metadata": {"name": f"{req.route}-{cls.name}", "namespace": req.namespace, "labels": _labels(req.route)},
-        "spec": {"priority": cls.priority, "poolRef": {"group": POOL_API[0], "kind": "InferencePool", "name": pool_name(cls.deployment)}},
+        "spec": {"priority": cls.priority, "poolRef": {"group": POOL_GROUP, "kind": "InferencePool", "name": pool_name(cls.deployment)}},
     }
 
 
@@ -94,7 +94,7 @@ def class_route(req: RequestClassesInput, mode: Mode, parent_ref: dict) -> dict:
 
     def backend(cls: RequestClass) -> dict:
         if mode == "inference-extension":
-            return {"group": POOL_API[0], "kind": "InferencePool", "name": pool_name(cls.deployment), "port": req.port}
+            return {"group": POOL_GROUP, "kind": "InferencePool", "name": pool_name(cls.deployment), "port": req.port}
         return {"kind": "Service", "name": pool_name(cls.deployment), "port": req.port}
 
     rules = [{"matches": [{"headers": [{"type": "Exact", "name": CLASS_HEADER, "value": c.name}]}],
@@ -102,7 +102,7 @@ def class_route(req: RequestClassesInput, mode: Mode, parent_ref: dict) -> dict:
     default = next(c for c in req.classes if c.name == req.default_class)
     rules.append({"backendRefs": [backend(default)]})
     return {
-        "apiVersion": f"{ROUTE_API[0]}/{ROUTE_API[1]}", "kind": "HTTPRoute",
+        "apiVersion": ROUTE_API_VERSION, "kind": "HTTPRoute",
         "metadata": {"name": req.route, "namespace": req.namespace, "labels": _labels(req.route)},
         "spec": {"parentRefs": [parent_ref], "rules": rules},
     }
