@@ -1,14 +1,15 @@
 """ApplyRequestClasses: route realtime and batch requests to their own pools through the gateway.
 
     temporal workflow start --type ApplyRequestClasses --task-queue tideplane \\
-      --workflow-id request-classes/llm-serving/chat --input '{"namespace": "llm-serving", "route": "chat",
+      --workflow-id request-classes/llm-serving/chat-classes --input '{"namespace": "llm-serving", "route": "chat-classes",
         "classes": [{"name": "realtime", "deployment": "chat", "priority": 10},
                     {"name": "batch", "deployment": "chat-batch", "priority": 0}]}'
 
 One idempotent activity (a second run with the same input changes nothing): InferencePools and
 InferenceObjectives where the Gateway API Inference Extension is installed, else Services, and the
-HTTPRoute that matches the class header (workflows/classes/manifests.py). The result and the current
-details say which mode was used and what changed.
+HTTPRoute that matches the class header (workflows/classes/manifests.py): a route of its own, not the
+deployment's (the rollout's traffic split owns that one). The result and the current details say
+which mode was used and what changed.
 
 API (stable): workflow type ApplyRequestClasses, ID ``request-classes/<namespace>/<route>``.
 """
