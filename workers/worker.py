@@ -31,6 +31,7 @@ from activities.clients.vllm import VllmClient
 from activities.classes import RequestClassActivities
 from activities.cost import CostActivities
 from activities.registry import RegistryActivities
+from activities.batching import BatchingActivities
 from activities.rollout import RetireScheduling, RolloutActivities, ServingPods
 from activities.scaling import NodePoolActivities, ScalingActivities
 from activities.spot import SpotActivities, SpotWorkflowStarts
@@ -47,6 +48,7 @@ from workflows.cost.report import CostReport
 from workflows.scaling.node_pools import NodePoolScaling
 from workflows.registry.activities import RegistryActivities as RegistryContract
 from workflows.registry.retention import RegistryRetention
+from workflows.rollout.activities import BatchingActivities as BatchingContract
 from workflows.rollout.activities import RetireScheduling as RetireContract
 from workflows.rollout.activities import RolloutActivities as RolloutContract
 from workflows.rollout.retire import RetireVersion
@@ -99,6 +101,7 @@ def build_activities(config: Settings) -> list[Callable]:
     return [
         *activity_methods(rollout, RolloutContract),
         *activity_methods(RetireScheduling(), RetireContract),
+        *activity_methods(BatchingActivities(kube, prometheus, VllmClient(), config.service_url_template), BatchingContract),
         *activity_methods(registry, RegistryContract),
         *activity_methods(cost, CostContract),
         *activity_methods(RequestClassActivities(kube, config.gateway), RequestClassContract),

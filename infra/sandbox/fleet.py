@@ -3,7 +3,8 @@
 Every tick it reads pods, services, HTTPRoutes, nodes and the ``fleet-profiles`` /
 ``fleet-demand`` ConfigMaps from the Kubernetes API emulator over HTTP (official client), splits
 each logical deployment's demand between versions by the HTTPRoute's backend weights and between
-the Ready pods of a version, and runs each pod's vLLM engine with the fleet model the benchmarks
+the Ready pods of a version, and runs each pod's vLLM engine, under the batching arguments of its
+container (``--max-num-seqs``, ``--max-num-batched-tokens``, chunked prefill), with the fleet model the benchmarks
 score (``infra.fleetmodel``: continuous batching, KV cache, preemption, calibrated step times),
 so waiting requests, TTFT and GPU utilisation behave here as the benchmark says they do.
 It serves what gates and scaling loops read in production — vLLM's and DCGM's metric names on
@@ -50,6 +51,7 @@ from infra.sandbox.gateway import POOL_GROUP, backend_for, is_pool, least_queue
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.oom import OomWatch
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
+from workflows.rollout.batching import engine_overrides
 
 log = logging.getLogger("tideplane.fleet")
 
@@ -63,12 +65,20 @@ PROXY_TIMEOUT_S = 120.0  # real seconds a proxied request waits for its engine
 # Pure model: the benchmarks' vLLM replica (infra.fleetmodel), fed in sandbox time
 
 
-def engine_of(profile: Profile) -> Engine:
-    """The profile's calibrated engine, or one with its stated TTFT, TPOT and capacity."""
+def engine_of(profile: Profile, args: tuple[str, ...] = ()) -> Engine:
+    """The profile's calibrated engine, or one with its stated TTFT, TPOT and capacity, under the
+    batching arguments of the pod's container (``--max-num-seqs`` ..., as vLLM reads them)."""
     if profile.engine:
-        return load_engine(profile.engine)
-    return engine_for_service(profile.ttft_seconds, profile.tpot_seconds, profile.prompt_tokens, profile.output_tokens,
-                              profile.capacity_rps, profile.gpu_memory_gib)
+        engine = load_engine(profile.engine)
+    else:
+        engine = engine_for_service(profile.ttft_seconds, profile.tpot_seconds, profile.prompt_tokens, profile.output_tokens,
+                                    profile.capacity_rps, profile.gpu_memory_gib)
+    return engine.with_batching(**engine_overrides(list(args)))
+
+
+def container_args(pod: dict) -> tuple[str, ...]:
+    """The args of the pod's containers (the serving container's engine arguments among them)."""
+    return tuple(a for c in (pod.get("spec") or {}).get("containers") or [] for a in c.get("args") or [])
 
 
 class Replica:
@@ -79,10 +89,11 @@ class Replica:
     per request (HTTP 500), as a flaky release would.
     """
 
-    def __init__(self, profile: Profile, rng: random.Random | None = None, clock: float = 0.0):
+    def __init__(self, profile: Profile, rng: random.Random | None = None, clock: float = 0.0, args: tuple[str, ...] = ()):
         self.rng = rng or random.Random()
         self.profile = profile
-        self.engine = ModelReplica(engine_of(profile), clock=clock)
+        self.args = args  # the pod's container args: fixed for its life (a new template makes new pods)
+        self.engine = ModelReplica(engine_of(profile, args), clock=clock)
         self.success = 0
         self.errors = 0
         self.prompt_tokens = 0  # of finished requests (vLLM counts per step; per request keeps totals exact)
@@ -93,7 +104,7 @@ class Replica:
     def set_profile(self, profile: Profile) -> None:
         if profile != self.profile:
             self.profile = profile
-            self.engine.engine = engine_of(profile)
+            self.engine.engine = engine_of(profile, self.args)
 
     @property
     def clock(self) -> float:
@@ -403,7 +414,7 @@ class Fleet:
                 if key not in self.replicas and is_ready(pod):
                     info = PodInfo(key[0], key[1], labels[LABEL_APP], labels.get(LABEL_VERSION, ""), labels.get(LABEL_MODEL, ""), pod["spec"]["nodeName"])
                     profile = profile_for(cluster.profiles, info.model, info.version)
-                    self.replicas[key] = (info, Replica(profile, random.Random(self.rng.random()), clock=self.clock))
+                    self.replicas[key] = (info, Replica(profile, random.Random(self.rng.random()), clock=self.clock, args=container_args(pod)))
             for key in [k for k in self.replicas if k not in present]:
                 del self.replicas[key]
             dt = real_dt * self.time_scale

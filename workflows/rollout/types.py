@@ -39,6 +39,7 @@ from workflows.bounds import (
 )
 from workflows.naming import DeploymentName, DeploymentRef, VersionLabel
 from workflows.rollout.activities import Benchmark, EnvFromSecret, StagedWeights, plain_credentials
+from workflows.rollout.batching import BatchingSweep, SweepChoice
 from workflows.rollout.quality import GoldenVerdict, ShadowSettings, ShadowVerdict
 
 MAX_OBSERVATIONS = 3000  # ~11 history events each: well under Temporal's 51,200-event limit
@@ -188,6 +189,9 @@ class RolloutInput(_Strict):
     shadow: ShadowSettings | None = Field(
         None, description="mirror live requests to the canary and gate on answer drift (workflows/rollout/quality.py)"
     )
+    batching: BatchingSweep | None = Field(
+        None, description="tune vLLM's batching at warm-up: sweep settings, keep the best within the SLO (workflows/rollout/batching.py)"
+    )
 
 
     @field_validator("sha256", mode="before")
@@ -321,6 +325,7 @@ class RolloutStatus(BaseModel):
     timings: dict[str, float] = Field(description="seconds spent per stage, and cold start")
     golden: GoldenVerdict | None = Field(None, description="the golden-set gate's verdict at warm-up")
     shadow: ShadowVerdict | None = Field(None, description="the last shadow comparison's verdict")
+    batching: SweepChoice | None = Field(None, description="the batching setting the warm-up's sweep kept")
 
 
 class RolloutResult(BaseModel):
@@ -341,3 +346,4 @@ class RolloutResult(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)
     golden: GoldenVerdict | None = Field(None, description="the golden-set gate's verdict (names failing cases)")
     shadow: ShadowVerdict | None = Field(None, description="the last shadow comparison's verdict (with examples)")
+    batching: SweepChoice | None = Field(None, description="the batching setting the warm-up's sweep kept, and why")

@@ -55,11 +55,14 @@ with workflow.unsafe.imports_passed_through():
         RegistryWeightsInput,
         SetRegistryStatusInput,
     )
+    from workflows.rollout.batching import SweepChoice, SweepRecord, choose_setting
     from workflows.rollout.activities import (
         DEPLOYMENT_OWNED,
+        BatchingActivities,
         Benchmark,
         CancelRetireInput,
         DeploymentState,
+        EngineArgsInput,
         EnsureVersionInput,
         GateQueriesInput,
         GoldenRunInput,
@@ -71,6 +74,7 @@ with workflow.unsafe.imports_passed_through():
         ScaleVersionInput,
         StagedWeights,
         StageWeightsInput,
+        SweepBatchingInput,
         VersionInfo,
         WaitReadyInput,
         ShadowPairsInput,
@@ -116,6 +120,8 @@ WORKFLOW_TYPE = "ModelRollout"
 RETIRE_PATCH = "retire-after-promotion"
 # Runs from before the quality gates (issue 21) never read a golden set at warm-up.
 GOLDEN_PATCH = "golden-gate"
+# Runs from before batching was tuned at warm-up (issue 19) never swept; asked only when a run has `batching`.
+BATCHING_PATCH = "batching-sweep"
 SHADOW_KEEP = 2000  # mirrored pairs kept in memory for one window's comparison
 VERDICT_HISTORY = 50  # kept in memory for the status query, not in history
 PAUSE_TICK = 3600.0  # seconds between wake-ups of a paused rollout
@@ -207,6 +213,8 @@ class ModelRollout:
         self._ended_in: str | None = None  # stage label where a rollback started
         self._golden: GoldenVerdict | None = None
         self._shadow: ShadowVerdict | None = None
+        self._batching: SweepChoice | None = None
+        self._sweep: SweepRecord | None = None
         self._mirror: RouteMirror | None = None  # set once the shadow comparison starts
         self._shadow_after = 0  # last mirrored pair read
         self._shadow_pairs: list[ShadowPair] = []  # the current window's pairs
@@ -317,6 +325,7 @@ class ModelRollout:
             timings=self._all_timings(),
             golden=self._golden,
             shadow=self._shadow,
+            batching=self._batching,
         )
 
     # ---- the stages --------------------------------------------------------------------------
@@ -383,6 +392,7 @@ class ModelRollout:
 
         self._set_stage(Stage.WARMING_UP)
         await self._warm_up(first)
+        await self._tune_batching()
         if self._registry and self._benchmark is not None:
             await self._registry_write(
                 RegistryActivities.record_registry_benchmark,
@@ -399,6 +409,7 @@ class ModelRollout:
                         errors=self._benchmark.errors,
                         image=inp.image,
                         deployment=inp.deployment,
+                        batching=self._sweep,
                     ),
                 ),
                 "record the warm-up benchmark in the registry",
@@ -471,6 +482,53 @@ class ModelRollout:
             ) from err
         if self._benchmark.errors >= self._benchmark.requests:
             raise _RollBack(f"warm-up: all {self._benchmark.requests} requests to {inp.version} failed")
+
+    async def _tune_batching(self) -> None:
+        """Measure each batching setting on the new replicas before they see users, keep the
+        highest throughput within the TTFT/TPOT SLO (workflows/rollout/batching.py) in the
+        Deployment's engine args; the sweep goes to the registry with the warm-up benchmark."""
+        inp = self._in
+        sweep_in = inp.batching
+        if sweep_in is None or not workflow.patched(BATCHING_PATCH):
+            return
+        try:
+            sweep = await self._act(
+                BatchingActivities.sweep_batching,
+                SweepBatchingInput(
+                    deployment=self._ref,
+                    version=inp.version,
+                    model=inp.model,
+                    candidates=sweep_in.candidates,
+                    requests=sweep_in.requests,
+                    concurrency=sweep_in.concurrency,
+                    prompt_tokens=sweep_in.prompt_tokens,
+                    output_tokens=sweep_in.output_tokens,
+                ),
+                summary=f"batching sweep of {inp.version}: {len(sweep_in.candidates)} settings, {sweep_in.requests} requests each",
+                schedule_to_close=sweep_in.deadline_seconds,
+                heartbeat=120,
+            )
+            choice = choose_setting(sweep.points, sweep_in.ttft_slo_seconds, sweep_in.tpot_slo_seconds)
+            await self._act(
+                BatchingActivities.set_engine_args,
+                EngineArgsInput(deployment=self._ref, version=inp.version, setting=choice.setting),
+                summary=f"keep {choice.setting.label()} in {inp.version}'s engine args",
+                schedule_to_close=inp.deadlines.step_ready_seconds,
+                heartbeat=60,
+            )
+        except ActivityError as err:
+            raise _RollBack(f"batching sweep failed: {cause(err)}") from err
+        self._batching = choice
+        self._sweep = SweepRecord(
+            ttft_slo_seconds=sweep_in.ttft_slo_seconds,
+            tpot_slo_seconds=sweep_in.tpot_slo_seconds,
+            prompt_tokens=sweep.prompt_tokens,
+            output_tokens=sweep.output_tokens,
+            points=sweep.points,
+            chosen=choice.setting,
+            reason=choice.reason,
+        )
+        self._show(f"batching: {choice.reason}")
 
     async def _shift(self, weight: int) -> None:
         """Scale the canary to carry ``weight`` %, wait until Ready, then move the route."""
@@ -1004,6 +1062,7 @@ class ModelRollout:
             timings=self._all_timings(),
             golden=self._golden,
             shadow=self._shadow,
+            batching=self._batching,
         )
 
 
