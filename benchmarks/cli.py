@@ -1,4 +1,4 @@
-"""``tideplane bench scaling|spot|staging|control-plane``; also ``python -m benchmarks.cli ...``.
+"""``tideplane bench scaling|spot|staging|control-plane|batching``; also ``python -m benchmarks.cli ...``.
 
 Each command prints its table (markdown) and writes its files under ``--out``.
 """
@@ -65,6 +65,14 @@ def _control_plane(args: argparse.Namespace) -> int:
     return 0
 
 
+def _batching(args: argparse.Namespace) -> int:
+    from benchmarks import batching
+
+    rows = batching.run(args.out, args.traces, args.ttft_slo, args.tpot_slo, args.duration, args.seed, args.engine)
+    print(batching.markdown_table(rows))
+    return 0
+
+
 def add_bench_commands(subparsers) -> None:
     """Registers ``bench`` and its four benchmarks on the ``tideplane`` CLI's subparsers."""
     bench = subparsers.add_parser("bench", help="benchmarks on real traces (results under benchmarks/results/)")
@@ -122,6 +130,16 @@ def add_bench_commands(subparsers) -> None:
     c.add_argument("--iterations-per-run", type=int, default=240, help="decisions per run before continue-as-new")
     c.add_argument("--out", type=Path, default=RESULTS)
     c.set_defaults(func=_control_plane)
+
+    b = kinds.add_parser("batching", help="throughput per GPU at the SLO: tuned batching vs vLLM's defaults on the fleet model")
+    b.add_argument("--traces", nargs="+", default=["m-large", "m-mid", "azure-code"], help="request sizes of: ServeGen categories, azure-code")
+    b.add_argument("--ttft-slo", type=float, default=2.0, help="p99 TTFT SLO, s")
+    b.add_argument("--tpot-slo", type=float, default=0.1, help="p99 TPOT SLO (per request), s")
+    b.add_argument("--duration", type=float, default=300.0, help="simulated seconds of arrivals per measured rate")
+    b.add_argument("--seed", type=int, default=0, help="arrival and size draws")
+    b.add_argument("--engine", default=None, help="calibrated engine of infra/fleetmodel/calibration.yaml (default: its default_engine)")
+    b.add_argument("--out", type=Path, default=RESULTS)
+    b.set_defaults(func=_batching)
 
 
 def main(argv: list[str] | None = None) -> int:
