@@ -13,6 +13,10 @@ whose requests join the pod's engine and are answered when it has generated them
 ``POST /gateway/{namespace}/{route}/v1/completions``, which routes as the Gateway would: the
 HTTPRoute's rule for the request's headers, then an InferencePool's replica with the least queue
 or a Service's (infra/sandbox/gateway.py); the answering pod is in the ``x-tideplane-pod`` header.
+The gateway enforces an Envoy Gateway ``BackendTrafficPolicy`` on the route: once the requests
+waiting in the engines behind it reach its ``circuitBreaker.maxPendingRequests``, a request is
+answered 429 with ``Retry-After`` at once and counted in ``envoy_cluster_upstream_rq_pending_overflow``
+(the simulated demand of ``fleet-demand`` enters the engines directly, not through the gateway).
 
 Time is scaled: with ``--time-scale 10`` one real second is ten sandbox seconds, so counters grow
 ten times faster and a proxied request waits a tenth of its simulated latency. Latency values
@@ -59,6 +63,8 @@ DEFAULT_GPU_MEMORY_MIB = 81920
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as GPU feature discovery labels nodes
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 PROXY_TIMEOUT_S = 120.0  # real seconds a proxied request waits for its engine
+QUEUE_LIMIT_API = ("gateway.envoyproxy.io", "v1alpha1", "backendtrafficpolicies")
+RETRY_AFTER_ANNOTATION = "tideplane.io/retry-after-seconds"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,6 +132,11 @@ class Replica:
     def gpu_utilisation(self) -> float:
         """Percent, as DCGM_FI_DEV_GPU_UTIL reports it: near full whenever a batch runs."""
         return dcgm_gpu_util(self.busy_fraction, self.engine.engine.busy_duty)
+
+    @property
+    def proxied(self) -> list[Request]:
+        """Requests through the proxy not yet handed to the engine (they join at the next tick)."""
+        return self._proxied
 
     @property
     def histograms(self) -> dict[str, Histogram]:
@@ -282,6 +293,25 @@ def assign_gpus(
     return result
 
 
+@dataclass(frozen=True)
+class QueueLimit:
+    """A BackendTrafficPolicy's limit on one HTTPRoute, as the gateway in front of it enforces it."""
+
+    max_pending: int
+    retry_after_s: int
+
+
+def queue_limit_for(policies: list[dict]) -> QueueLimit | None:
+    """The tightest ``circuitBreaker.maxPendingRequests`` of a route's BackendTrafficPolicies; None: none."""
+    limits = []
+    for policy in policies:
+        pending = ((policy.get("spec") or {}).get("circuitBreaker") or {}).get("maxPendingRequests")
+        retry = str((policy["metadata"].get("annotations") or {}).get(RETRY_AFTER_ANNOTATION, "1"))
+        if pending is not None:
+            limits.append(QueueLimit(int(pending), max(1, int(retry)) if retry.isdigit() else 1))
+    return min(limits, key=lambda q: q.max_pending) if limits else None
+
+
 # ---------------------------------------------------------------------------------------------
 # Exposition
 
@@ -328,9 +358,34 @@ class Cluster:
     services: list[dict] = field(default_factory=list)
     routes: list[dict] = field(default_factory=list)
     pools: list[dict] = field(default_factory=list)  # InferencePools, where the Inference Extension's CRD is applied
+    queue_limits: list[dict] = field(default_factory=list)  # Envoy Gateway BackendTrafficPolicies
     nodes: list[dict] = field(default_factory=list)
     profiles: dict[str, Profile] = field(default_factory=dict)
     demand: dict[str, Demand] = field(default_factory=dict)
+
+    def policies_of(self, namespace: str, route: str) -> list[dict]:
+        """The BackendTrafficPolicies that target the HTTPRoute ``namespace/route``."""
+        return [
+            p for p in self.queue_limits
+            if p["metadata"].get("namespace") == namespace
+            and any(t.get("kind") == "HTTPRoute" and t.get("name") == route for t in (p.get("spec") or {}).get("targetRefs") or [])
+        ]
+
+    def pods_behind(self, route: dict) -> list[tuple[str, str]]:
+        """(namespace, pod) of the Ready pods behind any backend of the route: Services and InferencePools."""
+        namespace = route["metadata"].get("namespace")
+        selectors = []
+        for rule in (route.get("spec") or {}).get("rules") or []:
+            for backend in rule.get("backendRefs") or []:
+                kind = self.pools if is_pool(backend) else self.services
+                obj = next((o for o in kind if o["metadata"].get("namespace") == namespace and o["metadata"]["name"] == backend.get("name")), None)
+                spec = (obj or {}).get("spec") or {}
+                selectors.append(spec["selector"].get("matchLabels") if is_pool(backend) and spec.get("selector") else spec.get("selector"))
+        return [
+            (namespace, p["metadata"]["name"]) for p in self.pods
+            if p["metadata"].get("namespace") == namespace and is_ready(p)
+            and any(_selects(sel, p["metadata"].get("labels") or {}) for sel in selectors)
+        ]
 
 
 def read_cluster(api: client.ApiClient) -> Cluster:
@@ -351,6 +406,11 @@ def read_cluster(api: client.ApiClient) -> Cluster:
         cluster.pools = raw(custom.list_cluster_custom_object(POOL_GROUP, "v1", "inferencepools", _preload_content=False))["items"]
     except client.ApiException as exc:
         if exc.status != 404:  # 404: the CRD is not installed
+            raise
+    try:
+        cluster.queue_limits = raw(custom.list_cluster_custom_object(*QUEUE_LIMIT_API, _preload_content=False))["items"]
+    except client.ApiException as exc:
+        if exc.status != 404:
             raise
     for name, parse in ((PROFILES_CONFIGMAP, Profile), (DEMAND_CONFIGMAP, Demand)):
         try:
@@ -399,6 +459,9 @@ class Fleet:
         self._demand_since: dict[str, tuple[Demand, float]] = {}  # key -> (demand, clock when set)
         self._round_robin = 0
         self.mirrors = MirrorLog()  # answers to requests mirrored by an HTTPRoute (infra/sandbox/answers.py)
+        self.queue_full: dict[tuple[str, str], int] = {}  # (namespace, route) -> requests the gateway refused
+        self._queued: dict[tuple[str, str], int] = {}  # pod -> requests waiting in its engine after the last tick
+        self._refusals = threading.Lock()
 
     def update(self, cluster: Cluster, real_dt: float) -> None:
         """Take a new snapshot, then advance every Ready replica by ``real_dt * time_scale``."""
@@ -424,6 +487,7 @@ class Fleet:
             for key, (info, replica) in self.replicas.items():
                 replica.set_profile(profile_for(cluster.profiles, info.model, info.version))
                 replica.advance(rates.get(key, 0.0) if is_ready(present[key]) else 0.0, dt)
+            self._queued = {key: replica.waiting + len(replica.engine.inbound) for key, (_, replica) in self.replicas.items()}
             self._assign_gpus(present)
             self.mirrors.advance(demand, cluster.routes, self._serving_version, dt)
 
@@ -501,6 +565,24 @@ class Fleet:
                 key = least_queue(queues)
                 return self.replicas[key] if key else f"no Ready replica in InferencePool {namespace}/{backend.get('name')}"
         return self.route(namespace, service) or f"no Ready pod behind service {namespace}/{service}"
+    def refuse_when_queue_full(self, namespace: str, route: str) -> int | None:
+        """The gateway's queue limit on ``route``: Retry-After seconds when the requests waiting in
+        the engines behind it have reached its ``maxPendingRequests`` (refused and counted), else None.
+
+        Reads the queues as the last tick left them (plus requests proxied since), without the
+        simulator's lock: a gateway answers without waiting for the engines."""
+        cluster, queued, replicas = self.cluster, self._queued, self.replicas
+        limit = queue_limit_for(cluster.policies_of(namespace, route))
+        found = next((r for r in cluster.routes if r["metadata"].get("namespace") == namespace and r["metadata"]["name"] == route), None)
+        if limit is None or found is None:
+            return None
+        behind = cluster.pods_behind(found)
+        waiting = sum(queued.get(key, 0) + len(replicas[key][1].proxied) for key in behind if key in replicas)
+        if waiting < limit.max_pending:
+            return None
+        with self._refusals:
+            self.queue_full[(namespace, route)] = self.queue_full.get((namespace, route), 0) + 1
+        return limit.retry_after_s
 
     def wait_for(self, info: PodInfo, request: Request) -> str | None:
         """Block (real time) until the engine has answered a proxied request: "done", "timeout", or
@@ -531,6 +613,9 @@ class Fleet:
                 out.sample("vllm:request_success_total", "counter", "Successfully finished requests.", {**labels, "finished_reason": "length"}, replica.success)
                 for status, count in (("200", replica.success), ("500", replica.errors)):
                     out.sample("http_requests_total", "counter", "HTTP requests by status.", {**labels, "status": status, "handler": "/v1/completions"}, count)
+            for (namespace, route), count in self.queue_full.items():
+                out.sample("envoy_cluster_upstream_rq_pending_overflow", "counter", "Requests the gateway refused: queue full.",
+                           {"namespace": namespace, "deployment": route}, count)
             self._dcgm(out)
             self._node_labels(out)
             return out.text()
@@ -658,6 +743,12 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
                 self._error(400, f"bad request body: {exc}")
                 return
             if gateway:
+                retry_after = fleet.refuse_when_queue_full(*gateway.groups())
+                if retry_after is not None:
+                    message = f"queue full at {'/'.join(gateway.groups())}: retry after {retry_after}s"
+                    self._send(429, json.dumps({"object": "error", "message": message, "code": 429}).encode(),
+                               headers={"Retry-After": str(retry_after)})
+                    return
                 target = fleet.gateway_route(*gateway.groups(), self.headers)
                 if isinstance(target, str):
                     self._error(503, target)

@@ -43,6 +43,7 @@ from workflows.search_attributes import CLI_TYPES
 
 REPO = Path(__file__).resolve().parents[2]
 INFERENCE_EXTENSION_CRDS = REPO / "infra" / "k8s" / "inference-extension" / "crds.yaml"
+ENVOY_GATEWAY_CRDS = REPO / "infra" / "k8s" / "envoy-gateway" / "crds.yaml"  # the queue limit's BackendTrafficPolicy
 BIN = Path(sys.executable).parent
 DEFAULT_STATE_DIR = Path(".tideplane/sandbox")
 PROMETHEUS = os.environ.get("TIDEPLANE_PROMETHEUS_BIN", "/usr/bin/prometheus")
@@ -365,7 +366,8 @@ class Sandbox:
 
     def _seed_cluster(self, config: SandboxConfig) -> None:
         """The sandbox namespace with the fleet's runtime knobs (profiles, demand) as ConfigMaps, the
-        Gateway API Inference Extension's CRDs, and the worker's ServiceAccount, RBAC and kubeconfig."""
+        Gateway API Inference Extension's and Envoy Gateway's CRDs, and the worker's ServiceAccount,
+        RBAC and kubeconfig."""
         core = client.CoreV1Api(api_client(self.urls()["kubeapi"]))
         configmaps = {PROFILES_CONFIGMAP: config.profiles, DEMAND_CONFIGMAP: config.demand}
         creates = [lambda: core.create_namespace({"metadata": {"name": SANDBOX_NAMESPACE}})] + [
@@ -376,6 +378,8 @@ class Sandbox:
         ]
         extensions = client.ApiextensionsV1Api(core.api_client)
         for crd in yaml.safe_load_all(INFERENCE_EXTENSION_CRDS.read_text()):  # a cluster with the extension installed
+            creates.append(lambda crd=crd: extensions.create_custom_resource_definition(crd))
+        for crd in yaml.safe_load_all(ENVOY_GATEWAY_CRDS.read_text()):  # ... and Envoy Gateway
             creates.append(lambda crd=crd: extensions.create_custom_resource_definition(crd))
         for create in creates:
             try:

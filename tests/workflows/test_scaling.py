@@ -7,6 +7,8 @@ controls, so each test asserts what the loop did, not what a mock was told.
 
 from __future__ import annotations
 
+import math
+
 import asyncio
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +41,7 @@ class FakeDeployment:
         self.replicas = replicas
         self.signals = Signals(queue_waiting=0, running=1, request_rate=1, kv_cache_usage=0.1, ttft_p99_seconds=0.2, gpu_util_percent=10)
         self.scale_calls: list[int] = []
+        self.queue_limits: list[acts.QueueLimitInput] = []
 
     def activities(self):
         @activity.defn(name=acts.GET_SCALE)
@@ -60,7 +63,11 @@ class FakeDeployment:
             # hourly peak arrival rates, req/s
             return acts.ReplicaHistory(samples={"0:9": [24, 28, 32, 36], "0:10": [36, 36, 44, 40]}, weekday=0, minute_of_day=9 * 60 + 55)
 
-        return [get_scale, read_signals, scale_version, read_history]
+        @activity.defn(name=acts.SET_QUEUE_LIMIT)
+        async def set_queue_limit(request: acts.QueueLimitInput) -> None:
+            self.queue_limits.append(request)
+
+        return [get_scale, read_signals, scale_version, read_history, set_queue_limit]
 
 
 async def start_loop(env, fake: FakeDeployment, **overrides):
@@ -99,6 +106,31 @@ async def test_scales_up_at_once_and_reports_decision(time_skipping_env):
         assert last.signals.queue_waiting == 160 and "queue 160 > 10" in last.reason
         meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
         assert "**2 → 10**" in meta.current_details and "| queue 🔺 | 160 | 10 | 10 |" in meta.current_details
+        await handle.terminate()
+
+
+async def test_gateway_queue_limit_follows_the_ready_replicas(time_skipping_env):
+    """Written at the first decision and again only when the Ready replicas change; refused
+    requests count as demand, so a gateway answering 429s makes the loop scale."""
+    env = time_skipping_env
+    fake = FakeDeployment(replicas=2)
+    policy = ScalingPolicy(max_replicas=20, replica_capacity_rps=4, ttft_p99_slo_seconds=2.0, replica_ttft_seconds=0.2,
+                           gateway_queue_limit=True)
+    worker, queue, inp = await start_loop(env, fake, policy=policy, interval_seconds=30)
+    async with worker:
+        handle = await env.client.start_workflow(
+            ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue
+        )
+        await env.sleep(100)  # several decisions at 2 replicas: one write
+        assert [(q.deployment.name, q.limit.max_pending_requests, q.limit.retry_after_seconds) for q in fake.queue_limits] == [
+            (inp.deployment.split("/")[1], 14, 2)  # 2 replicas x 4 req/s x (2 - 0.2) s
+        ]
+        fake.signals = Signals(queue_waiting=0, running=4, request_rate=4, rejected_rate=40, kv_cache_usage=0.5, ttft_p99_seconds=1.0)
+        await env.sleep(35)
+        s = await status(handle)
+        assert fake.replicas > 2 and s.decisions[-1].signals.rejected_rate == 40, s.decisions[-1].reason
+        await env.sleep(30)
+        assert fake.queue_limits[-1].limit.max_pending_requests == math.floor(fake.replicas * 4 * 1.8)
         await handle.terminate()
 
 

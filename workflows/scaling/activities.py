@@ -14,13 +14,16 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 
 from workflows.bounds import PromWindow
+from workflows.naming import DeploymentRef
 from workflows.scaling.decide import Signals
+from workflows.scaling.queue_limit import QueueLimit
 from workflows.scaling.placement import Node
 
 # Activity names (stable API: histories refer to them).
 READ_SCALING_SIGNALS = "read_scaling_signals"  # Prometheus
 GET_SCALE = "get_scale"  # Kubernetes: replicas, ready, pending pods
 READ_REPLICA_HISTORY = "read_replica_history"  # Prometheus range query for pre-warm
+SET_QUEUE_LIMIT = "set_queue_limit"  # the gateway's queue limit (an Envoy Gateway BackendTrafficPolicy)
 OBSERVE_NODE_POOL = "observe_node_pool"  # Kubernetes nodes and pods, the pool's Auto Scaling group
 SET_POOL_CAPACITY = "set_pool_capacity"
 REMOVE_POOL_NODE = "remove_pool_node"
@@ -43,6 +46,10 @@ DEFAULT_SIGNAL_QUERIES: dict[str, str] = {
         "histogram_quantile(0.95, sum by (le) "
         f"(rate(vllm:e2e_request_latency_seconds_bucket{{{_SELECTOR}}}[${{window}}])))"
     ),
+    # requests/s the gateway refused because the queue was full (429): counted as demand. Envoy's
+    # circuit-breaker overflow counter, labelled with the route's namespace and deployment (the
+    # sandbox's gateway exports it so; on Envoy Gateway relabel envoy_cluster_name, or edit this).
+    "rejected_rate": f"sum(rate(envoy_cluster_upstream_rq_pending_overflow{{{_SELECTOR}}}[${{window}}]))",
     # GPUs held by the deployment's pods: DCGM series joined on the pods vLLM reports for. A duty
     # cycle under vLLM (~100 % whenever a batch runs): read and shown, a trigger only on request.
     "gpu_util_percent": (
@@ -87,6 +94,11 @@ class ScaleStatus(BaseModel):
     )
 
 
+class QueueLimitInput(BaseModel):
+    deployment: DeploymentRef = Field(description="the logical deployment: its HTTPRoute is the policy's target")
+    limit: QueueLimit
+
+
 class ReplicaHistoryInput(BaseModel):
     namespace: str
     deployment: str
@@ -120,6 +132,11 @@ class ScalingActivities:
     @activity.defn(name=READ_REPLICA_HISTORY)
     def read_replica_history(self, req: ReplicaHistoryInput) -> ReplicaHistory:
         """Hourly peaks of past weeks for predictive pre-warm (a Prometheus range query)."""
+        raise NotImplementedError
+
+    @activity.defn(name=SET_QUEUE_LIMIT)
+    def set_queue_limit(self, req: QueueLimitInput) -> None:
+        """The gateway's queue limit for the deployment's route (create or update; unchanged: no write)."""
         raise NotImplementedError
 
 

@@ -79,6 +79,10 @@ class ScalingPolicy(BaseModel):
     scale_down_step_percent: float = Field(
         10, ge=0, le=100, description="one step down removes max(1, floor(current * this / 100)) replicas"
     )
+    gateway_queue_limit: bool = Field(
+        False, description="write the gateway's queue limit (an Envoy Gateway BackendTrafficPolicy on the route) from"
+        " the Ready replicas' capacity within the SLO: beyond it requests get 429 at once (workflows/scaling/queue_limit.py)"
+    )
     max_gpus: int | None = Field(None, ge=0, le=MAX_REPLICAS * MAX_GPUS_PER_REPLICA, description="budget guard: GPUs the deployment may hold")
     gpus_per_replica: int = Field(1, ge=0, le=MAX_GPUS_PER_REPLICA)
     priority_class: PoolClass = Field(
@@ -132,6 +136,9 @@ class Signals(BaseModel):
     queue_waiting: float | None = None
     running: float | None = None
     request_rate: float | None = Field(None, description="requests/s the deployment starts serving (first tokens)")
+    rejected_rate: float | None = Field(
+        None, description="requests/s its gateway refused (queue full, 429): demand the replicas did not see"
+    )
     kv_cache_usage: float | None = Field(None, description="fraction 0..1 (max over replicas)")
     ttft_p99_seconds: float | None = None
     e2e_p95_seconds: float | None = Field(None, description="p95 end-to-end request latency (the batch SLO's measure)")
@@ -142,7 +149,8 @@ class Signals(BaseModel):
     def blind(self) -> bool:
         return self.error is not None or all(
             v is None
-            for v in (self.queue_waiting, self.request_rate, self.kv_cache_usage, self.ttft_p99_seconds, self.gpu_util_percent)
+            for v in (self.queue_waiting, self.request_rate, self.rejected_rate, self.kv_cache_usage, self.ttft_p99_seconds,
+                      self.gpu_util_percent)
         )
 
 
@@ -225,6 +233,11 @@ def slo_replicas(rate: float, p: ScalingPolicy) -> int:
     return MAX_REPLICAS
 
 
+def demand_rate(s: Signals) -> float:
+    """Requests/s the deployment is asked for: those it served and those its gateway refused."""
+    return (s.request_rate or 0.0) + (s.rejected_rate or 0.0)
+
+
 def _ratio_replicas(ready: int, value: float, target: float) -> int:
     """HPA-style ``ceil(ready * value / target)``, at least one more than serve now when above target."""
     return max(ready + 1, math.ceil(max(ready, 1) * value / target))
@@ -235,11 +248,12 @@ def _triggers(now_s: float, ready: int, s: Signals, p: ScalingPolicy, util_since
     out: list[Trigger] = []
     if p.completion_slo is not None:
         out.append(_completion_trigger(ready, s, p, p.completion_slo))
-    if s.request_rate is not None and p.completion_slo is None:
-        predicted = predicted_ttft_p99(s.request_rate, ready, p)
+    if (s.request_rate is not None or s.rejected_rate is not None) and p.completion_slo is None:
+        rate = demand_rate(s)
+        predicted = predicted_ttft_p99(rate, ready, p)
         goal = p.slo_margin * p.ttft_p99_slo_seconds
         fired = predicted > goal
-        want = max(ready + 1, slo_replicas(s.request_rate, p)) if fired else ready
+        want = max(ready + 1, slo_replicas(rate, p)) if fired else ready
         out.append(Trigger(name="slo", value=round(min(predicted, 1e9), 3), target=goal, fired=fired, replicas=want))
     if s.queue_waiting is not None:
         limit = p.queue_per_replica * max(ready, 1)
@@ -286,9 +300,9 @@ def _needed(current: int, ready: int, s: Signals, p: ScalingPolicy) -> int:
     if s.queue_waiting is None or s.queue_waiting > 0:
         return current
     wants = []
-    if s.request_rate is not None:
-        slo = p.completion_slo
-        wants.append(slo_replicas(s.request_rate, p) if slo is None else drain_replicas(0, s.request_rate, slo, p.replica_capacity_rps))
+    if s.request_rate is not None or s.rejected_rate is not None:
+        slo, rate = p.completion_slo, demand_rate(s)
+        wants.append(slo_replicas(rate, p) if slo is None else drain_replicas(0, rate, slo, p.replica_capacity_rps))
     if p.gpu_util_trigger and s.gpu_util_percent is not None:
         wants.append(math.ceil(ready * s.gpu_util_percent / p.gpu_util_target_percent))
     if not wants:

@@ -48,9 +48,12 @@ with workflow.unsafe.imports_passed_through():
     from workflows.scaling.decide import NOTABLE_HOLDS, ScalerState, ScalingDecision, ScalingPolicy, Signals, Trigger, decide
     from workflows.scaling.floors import SET_FLOOR_SIGNAL, FloorClaim, SetFloor, floor_label
     from workflows.scaling.placement import CAPACITY_FOR_CLASS
+    from workflows.scaling.queue_limit import QueueLimit, queue_limit
     from workflows.steps import cause, validated, wait_until
 
 DECISIONS_KEPT = 20
+# Runs from before the gateway's queue limit (issue 19) never wrote one.
+QUEUE_LIMIT_PATCH = "queue-limit"
 
 
 class DecisionRecord(BaseModel):
@@ -159,6 +162,7 @@ class ReactiveScaling:
         self._scale_up = carry.scale_up
         self._iteration = 0
         self._wake = False
+        self._queue_limit: QueueLimit | None = None  # last written to the gateway (written again after continue-as-new)
 
     @workflow.run
     async def run(self, input: ScalingInput) -> None:
@@ -256,6 +260,7 @@ class ReactiveScaling:
                 record.reason += f"; scaling failed: {cause(err)}"
         if self._policy.cpu_fallback is not None:
             await self._cpu_fallback(now, decision.desired, scale, record)
+        await self._set_queue_limit(namespace, name, scale.ready_replicas, record)
         self._decisions = [*self._decisions, record][-DECISIONS_KEPT:]
         self._details()
         self._record_metrics(namespace, name, scale, decision, record.applied, now)
@@ -281,6 +286,25 @@ class ReactiveScaling:
             if verdict.allowed <= scale.replicas:
                 update["cause"] = "budget"
         return decision.model_copy(update=update)
+    async def _set_queue_limit(self, namespace: str, name: str, ready: int, record: DecisionRecord) -> None:
+        """Tell the gateway how many requests the Ready replicas serve within the SLO
+        (workflows/scaling/queue_limit.py); written when it changes, beyond it clients get 429."""
+        if not self._policy.gateway_queue_limit:
+            return
+        limit = queue_limit(ready, self._policy)
+        if limit == self._queue_limit or not workflow.patched(QUEUE_LIMIT_PATCH):
+            return
+        try:
+            await workflow.execute_activity_method(
+                ScalingActivities.set_queue_limit,
+                acts.QueueLimitInput(deployment=DeploymentRef(namespace=namespace, name=name), limit=limit),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_SHORT,
+                summary=f"gateway queue limit of {name}: {limit.max_pending_requests} waiting requests",
+            )
+            self._queue_limit = limit
+        except ActivityError as err:
+            record.reason += f"; queue limit not set: {cause(err)}"
 
     async def _cpu_fallback(self, now: datetime, desired: int, scale: acts.ScaleStatus, record: DecisionRecord) -> None:
         """Batch only: scale the declared CPU deployment up while GPU replicas stay unavailable."""
