@@ -1,0 +1,107 @@
+"""The node cache's pure decisions (workflows/staging/cache.py): what to fetch, what to evict, whom
+to fetch from."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from workflows.staging.cache import (
+    CachedVersion,
+    CacheIndex,
+    Chunk,
+    chunks_to_fetch,
+    eviction_plan,
+    fetch_order,
+    origin_fetcher,
+    pick_peer,
+    version_key,
+)
+
+
+def chunk(n: int, size: int = 10) -> Chunk:
+    return Chunk(name=f"model-{n:05d}.safetensors", sha256=f"{n:064x}", size_bytes=size)
+
+
+def cached(model: str, version: str, chunks: list[Chunk], last_used: float) -> tuple[str, CachedVersion]:
+    return version_key(model, version), CachedVersion(model=model, version=version, chunks=chunks, last_used=last_used)
+
+
+def index_of(*versions: tuple[str, CachedVersion]) -> CacheIndex:
+    entries = dict(versions)
+    return CacheIndex(versions=entries, chunks={c.sha256: c.size_bytes for v in entries.values() for c in v.chunks})
+
+
+def test_a_version_sharing_28_of_30_files_fetches_the_2_that_changed():
+    old = [chunk(i) for i in range(30)]
+    new = old[:28] + [chunk(100), chunk(101)]
+    index = index_of(cached("llama", "1.0.0", old, 1.0))
+    assert chunks_to_fetch(index, new) == [chunk(100), chunk(101)]
+
+
+def test_a_digest_listed_twice_is_fetched_once():
+    assert chunks_to_fetch(CacheIndex(), [chunk(1), chunk(1).model_copy(update={"name": "copy"}), chunk(2)]) == [chunk(1), chunk(2)]
+
+
+def test_eviction_takes_the_least_recently_used_unpinned_versions_until_the_new_one_fits():
+    index = index_of(
+        cached("a", "1.0.0", [chunk(1, 40)], last_used=1.0),   # oldest, but pinned (previous stable)
+        cached("a", "1.1.0", [chunk(2, 40)], last_used=2.0),   # oldest unpinned: goes
+        cached("b", "1.0.0", [chunk(3, 40)], last_used=3.0),   # newer: kept once there is room
+    )
+    plan = eviction_plan(index, [chunk(4, 40)], capacity_bytes=130, pinned={"a@1.0.0"})
+    assert (plan.versions, plan.chunks, plan.fits) == (["a@1.1.0"], [chunk(2).sha256], True)
+
+
+def test_a_chunk_another_kept_version_uses_stays_on_disk():
+    shared = chunk(1, 50)
+    index = index_of(cached("a", "1.0.0", [shared, chunk(2, 50)], 1.0), cached("a", "1.1.0", [shared, chunk(3, 50)], 2.0))
+    plan = eviction_plan(index, [chunk(4, 50)], capacity_bytes=150, pinned={"a@1.1.0"})
+    assert plan.versions == ["a@1.0.0"] and plan.chunks == [chunk(2).sha256] and plan.fits
+
+
+def test_the_incoming_versions_own_chunks_already_held_count_once():
+    index = index_of(cached("a", "1.0.0", [chunk(1, 90)], 1.0))
+    plan = eviction_plan(index, [chunk(1, 90), chunk(2, 10)], capacity_bytes=100, pinned=set())
+    assert plan.versions == [] and plan.fits  # 90 reused + 10 new = 100: nothing to evict
+
+
+def test_pinned_versions_are_never_evicted_even_when_the_new_one_does_not_fit():
+    index = index_of(cached("a", "1.0.0", [chunk(1, 80)], 1.0), cached("a", "0.9.0", [chunk(2, 80)], 0.5))
+    plan = eviction_plan(index, [chunk(3, 80)], capacity_bytes=100, pinned={"a@1.0.0", "a@0.9.0"})
+    assert plan.versions == [] and not plan.fits
+
+
+def test_no_capacity_means_no_eviction():
+    index = index_of(cached("a", "1.0.0", [chunk(1, 10**12)], 1.0))
+    assert eviction_plan(index, [chunk(2, 10**12)], None, set()).versions == []
+
+
+def test_each_chunk_has_one_origin_fetcher_and_the_nodes_share_them_evenly():
+    nodes = [f"node-{i}" for i in range(8)]
+    digests = [f"{i:064x}" for i in range(800)]
+    owners = Counter(origin_fetcher(d, nodes) for d in digests)
+    assert set(owners) == set(nodes) and min(owners.values()) > 60  # ~100 each
+    assert all(origin_fetcher(d, list(reversed(nodes))) == origin_fetcher(d, nodes) for d in digests[:50])
+
+
+def test_a_node_leaving_moves_only_its_own_chunks():
+    nodes = [f"node-{i}" for i in range(5)]
+    digests = [f"{i:064x}" for i in range(200)]
+    before = {d: origin_fetcher(d, nodes) for d in digests}
+    after = {d: origin_fetcher(d, nodes[:-1]) for d in digests}
+    assert all(before[d] == after[d] for d in digests if before[d] != "node-4")
+
+
+def test_a_node_fetches_from_another_holder_never_itself():
+    assert pick_peer("ab" * 32, "node-1", ["node-1"]) is None
+    assert pick_peer("ab" * 32, "node-1", ["node-1", "node-2"]) == "node-2"
+    picks = Counter(pick_peer(f"{i:064x}", "node-0", ["node-1", "node-2", "node-3"]) for i in range(300))
+    assert min(picks.values()) > 60  # spread over the holders
+
+
+def test_a_node_fetches_its_own_share_first():
+    stagers = ["node-a", "node-b", "node-c"]
+    missing = [chunk(i) for i in range(30)]
+    order = fetch_order(missing, "node-b", stagers)
+    mine = [c for c in missing if origin_fetcher(c.sha256, stagers) == "node-b"]
+    assert order[: len(mine)] == mine and sorted(order, key=lambda c: c.name) == missing
