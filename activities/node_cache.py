@@ -67,7 +67,7 @@ from workflows.staging.cache import (
 
 log = logging.getLogger(__name__)
 
-PEER_TIMEOUT = httpx.Timeout(10.0, read=60.0)
+PEER_TIMEOUT = httpx.Timeout(10.0, connect=2.0, read=60.0)
 PEER_POLL_SECONDS = 0.2
 LABEL_RUN = "tideplane.io/stage-run"
 LABEL_NODE = "tideplane.io/node"
@@ -380,16 +380,15 @@ class _ChunkHandler(BaseHTTPRequestHandler):
 
 
 class NodeStagingActivities(contract.NodeStagingActivities):
-    """Creates and reads the staging Jobs (in the worker's namespace) with the worker's Kubernetes client."""
+    """Creates and reads the staging Jobs (in the rollout's serving namespace) with the worker's Kubernetes client."""
 
     def __init__(
-        self, kube: KubeClient, namespace: str, image: str, cache_dir: Path,
+        self, kube: KubeClient, image: str, cache_dir: Path,
         peer_url_template: str = "http://{node_ip}:8470", capacity_bytes: int | None = None,
     ) -> None:
         """``image``: the tideplane image the staging pods run; ``cache_dir``: the cache's hostPath on
         every node; ``peer_url_template``: a node's chunk server when its Node has no annotation."""
         self.kube = kube
-        self.namespace = namespace
         self.image = image
         self.cache_dir = cache_dir
         self.peer_url_template = peer_url_template
@@ -397,10 +396,11 @@ class NodeStagingActivities(contract.NodeStagingActivities):
 
     @activity.defn(name=START_NODE_STAGING)
     def start_node_staging(self, req: StartNodeStagingInput) -> NodeStagingStatus:
+        self.kube.require_namespace(req.namespace)
         nodes = self._pool_nodes(req.pool)
         if not nodes:
             raise ApplicationError(f"no Ready node in pool {req.pool or '(GPU nodes)'} to stage onto", non_retryable=True)
-        peers = [Peer(node=n.metadata.name, url=self._peer_url(n)) for n in nodes]
+        peers = [Peer(node=n.metadata.name, url=peer_url(n, self.peer_url_template)) for n in nodes]
         pinned = self._pinned(req.model)
         for node in nodes:
             name = node.metadata.name
@@ -410,7 +410,7 @@ class NodeStagingActivities(contract.NodeStagingActivities):
                 pinned=pinned, capacity_bytes=self.capacity_bytes,
             )
             try:
-                self.kube.batch.create_namespaced_job(self.namespace, self._job(req, name, request), _request_timeout=API_TIMEOUT)
+                self.kube.batch.create_namespaced_job(req.namespace, self._job(req, name, request), _request_timeout=API_TIMEOUT)
             except ApiException as exc:
                 if exc.status != 409:  # an earlier attempt created it
                     raise
@@ -419,8 +419,8 @@ class NodeStagingActivities(contract.NodeStagingActivities):
     @activity.defn(name=NODE_STAGING_STATUS)
     def node_staging_status(self, req: StartNodeStagingInput) -> NodeStagingStatus:
         selector = label_selector({LABEL_RUN: _run_label(req)})
-        jobs = self.kube.batch.list_namespaced_job(self.namespace, label_selector=selector, _request_timeout=API_TIMEOUT).items
-        pods = self.kube.core.list_namespaced_pod(self.namespace, label_selector=selector, _request_timeout=API_TIMEOUT).items
+        jobs = self.kube.batch.list_namespaced_job(req.namespace, label_selector=selector, _request_timeout=API_TIMEOUT).items
+        pods = self.kube.core.list_namespaced_pod(req.namespace, label_selector=selector, _request_timeout=API_TIMEOUT).items
         nodes = []
         for job in sorted(jobs, key=lambda j: j.metadata.labels.get(LABEL_NODE, "")):
             node = job.spec.template.metadata.labels.get(LABEL_NODE, "")
@@ -446,13 +446,6 @@ class NodeStagingActivities(contract.NodeStagingActivities):
                 ready.append(node)
         return sorted(ready, key=lambda n: n.metadata.name)
 
-    def _peer_url(self, node) -> str:
-        annotated = (node.metadata.annotations or {}).get(NODE_CACHE_URL_ANNOTATION)
-        if annotated:
-            return annotated.rstrip("/")
-        ip = next((a.address for a in node.status.addresses or [] if a.type == "InternalIP"), node.metadata.name)
-        return self.peer_url_template.format(node_ip=ip, node=node.metadata.name).rstrip("/")
-
     def _pinned(self, model: str) -> list[str]:
         """Every version of the model with a Deployment in the cluster: serving, canary, or the previous
         stable kept at 0 replicas for the rollback window. None of them is evicted to make room."""
@@ -468,7 +461,7 @@ class NodeStagingActivities(contract.NodeStagingActivities):
         return {
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": f"stage-{digest}", "namespace": self.namespace, "labels": labels},
+            "metadata": {"name": f"stage-{digest}", "namespace": req.namespace, "labels": labels},
             "spec": {
                 "backoffLimit": 3,
                 "ttlSecondsAfterFinished": 24 * 3600,
@@ -491,6 +484,15 @@ class NodeStagingActivities(contract.NodeStagingActivities):
                 },
             },
         }
+
+
+def peer_url(node, template: str) -> str:
+    """A Node's chunk server: its annotation, else ``template`` on its InternalIP."""
+    annotated = (node.metadata.annotations or {}).get(NODE_CACHE_URL_ANNOTATION)
+    if annotated:
+        return annotated.rstrip("/")
+    ip = next((a.address for a in node.status.addresses or [] if a.type == "InternalIP"), node.metadata.name)
+    return template.format(node_ip=ip, node=node.metadata.name).rstrip("/")
 
 
 def _run_label(req: StartNodeStagingInput) -> str:

@@ -153,6 +153,11 @@ class Sandbox:
         return self.state_dir / "worker-kubeconfig"
 
     @property
+    def node_cache_root(self) -> Path:
+        """The sandbox nodes' weight caches, a directory per node (infra/sandbox/node_agents.py)."""
+        return self.state_dir / "nodes"
+
+    @property
     def worker_pid_file(self) -> Path:
         """Written by any ``tideplane worker`` run with the env file (demo or foreground)."""
         return self.state_dir / "worker.pid"
@@ -239,7 +244,7 @@ class Sandbox:
             ),
             Component(
                 "nodes",
-                [py, "-m", "infra.sandbox.nodes", "--kube-url", u["kubeapi"], "--aws-endpoint-url", u["moto"], "--config", str(self.config_path.resolve()), "--time-scale", str(time_scale)],
+                [py, "-m", "infra.sandbox.nodes", "--kube-url", u["kubeapi"], "--aws-endpoint-url", u["moto"], "--config", str(self.config_path.resolve()), "--time-scale", str(time_scale), "--node-cache-root", str(self.node_cache_root)],
                 None,
             ),
         ]

@@ -1,6 +1,6 @@
 """The contract between ModelRollout's pre-staging and the activities that stage onto nodes.
 
-Pre-staging runs one Job per node of the target pool (activities/node_cache.py builds them); each
+Pre-staging runs one Job per node of the target pool, in the rollout's namespace (activities/node_cache.py builds them); each
 Job's pod runs ``tideplane node-cache stage --request JSON`` (a ``NodeStageRequest``) on its node:
 the resumable, verified staging code, into the node's chunk cache, fetching each missing chunk
 from a peer that holds it and from S3 otherwise. Its ``NodeStageReport`` comes back as the
@@ -72,6 +72,7 @@ class PrestageSettings(BaseModel):
 
 
 class StartNodeStagingInput(BaseModel):
+    namespace: str = Field(description="an enabled serving namespace (the rollout's): the Jobs run there")
     model: str
     version: str
     files: list[WeightFile] = Field(min_length=1)
@@ -86,6 +87,15 @@ class NodeStaging(BaseModel):
     state: Literal["pending", "staging", "staged", "failed"]
     report: NodeStageReport | None = None
     message: str | None = None
+
+    def describe(self) -> str:
+        """One node in the web UI's current details."""
+        if self.report is not None:
+            r = self.report
+            mib = 2**20
+            return (f"{self.node} staged ({r.origin_bytes / mib:.0f} MiB from S3, {r.peer_bytes / mib:.0f} from peers,"
+                    f" {r.reused_bytes / mib:.0f} reused)")
+        return f"{self.node} {self.state}" + (f" ({self.message})" if self.state == "failed" and self.message else "")
 
 
 class NodeStagingStatus(BaseModel):
