@@ -37,6 +37,7 @@ from temporalio.exceptions import ApplicationError
 from activities.clients.kube import API_TIMEOUT, KubeClient, label_selector
 from activities.clients.s3 import CHUNK_BYTES, S3Client, parse_s3_uri
 from activities.verified_file import ChecksumMismatch, already_verified, discard_partial, fetch_verified
+from workflows.telemetry import NODE_CACHE_BYTES, NODE_CACHE_LAST_USED, NODE_CACHE_SERVED
 from workflows.naming import GPU_RESOURCE, LABEL_MODEL, LABEL_VERSION, NODE_POOL
 from workflows.staging import activities as contract
 from workflows.staging.activities import (
@@ -305,25 +306,18 @@ class ChunkServer(ThreadingHTTPServer):
 
 def cache_metrics(node: str, index: CacheIndex, served_bytes: int) -> str:
     """Prometheus text: what the node holds, per version, and what it served to peers."""
-    lines = [
-        "# HELP tideplane_node_cache_bytes Bytes of a model version held in a node's weight cache",
-        "# TYPE tideplane_node_cache_bytes gauge",
-    ]
-    for cached in index.versions.values():
-        labels = f'node="{node}",model="{cached.model}",version="{cached.version}"'
-        lines.append(f"tideplane_node_cache_bytes{{{labels}}} {cached.size_bytes}")
-    lines += [
-        "# HELP tideplane_node_cache_last_used_timestamp_seconds When a version in a node's cache was last staged or loaded",
-        "# TYPE tideplane_node_cache_last_used_timestamp_seconds gauge",
-    ]
-    for cached in index.versions.values():
-        labels = f'node="{node}",model="{cached.model}",version="{cached.version}"'
-        lines.append(f"tideplane_node_cache_last_used_timestamp_seconds{{{labels}}} {cached.last_used}")
-    lines += [
-        "# HELP tideplane_node_cache_served_bytes_total Bytes of chunks a node served to its peers",
-        "# TYPE tideplane_node_cache_served_bytes_total counter",
-        f'tideplane_node_cache_served_bytes_total{{node="{node}"}} {served_bytes}',
-    ]
+    versions = sorted(index.versions.values(), key=lambda v: (v.model, v.version))
+    samples = {
+        NODE_CACHE_BYTES: [((node, v.model, v.version), v.size_bytes) for v in versions],
+        NODE_CACHE_LAST_USED: [((node, v.model, v.version), v.last_used) for v in versions],
+        NODE_CACHE_SERVED: [((node,), served_bytes)],
+    }
+    lines = []
+    for metric, rows in samples.items():
+        lines += [f"# HELP {metric.name} {metric.description}", f"# TYPE {metric.name} {metric.kind}"]
+        for values, value in rows:
+            labels = ",".join(f'{k}="{v}"' for k, v in zip(metric.labels, values))
+            lines.append(f"{metric.name}{{{labels}}} {value}")
     return "\n".join(lines) + "\n"
 
 

@@ -37,6 +37,7 @@ from infra.sandbox.config import (
     load_config,
 )
 from infra.sandbox.kubeclient import api_client, kubeconfig_yaml, raw
+from infra.sandbox.node_agents import TARGETS_FILE
 from infra.sandbox.worker_identity import install_worker_identity
 from infra.sandbox.ports import free_port
 from workflows.search_attributes import CLI_TYPES
@@ -319,6 +320,7 @@ class Sandbox:
                 rule_files=json.dumps(rules),
                 fleet=f"127.0.0.1:{self.ports.fleet_port}",
                 worker=f"127.0.0.1:{self.ports.worker_metrics_port}",
+                node_cache_targets=str(self.node_cache_root / TARGETS_FILE),
             )
         )
 

@@ -6,7 +6,8 @@ it keeps the node's cache in a directory of its own (``<root>/<node>``), serves 
 on a port of its own, published on the Node as the ``tideplane.io/node-cache-url`` annotation (as a
 DaemonSet pod would), and runs every staging pod bound to its node from the pod's own arguments
 (``node-cache stage --request JSON``), then reports the container's exit and its report to the
-emulator's kubelet (``POST /sandbox/exit``), which ends the pod Succeeded or Failed.
+emulator's kubelet (``POST /sandbox/exit``), which ends the pod Succeeded or Failed. Prometheus
+finds the agents' ``/metrics`` in ``<root>/targets.json`` (file-based service discovery).
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from infra.sandbox.kubeclient import raw
 from workflows.staging.activities import LABEL_COMPONENT, NODE_CACHE_URL_ANNOTATION, STAGER_COMPONENT
 
 log = logging.getLogger("tideplane.node-agents")
+TARGETS_FILE = "targets.json"  # Prometheus file_sd: the agents' /metrics (prometheus.yml.tmpl's node-cache job)
 
 
 class NodeAgents:
     """One agent per registered Node; ``reconcile`` follows the Nodes and their staging pods."""
 
     def __init__(self, kube: client.ApiClient, kube_url: str, root: Path, s3: S3Client) -> None:
+        root.mkdir(parents=True, exist_ok=True)
         self.core = client.CoreV1Api(kube)
         self.exit_url = kube_url.rstrip("/") + "/sandbox/exit"
         self.root = root
@@ -46,10 +49,12 @@ class NodeAgents:
             server.shutdown()
             server.server_close()
             shutil.rmtree(self.root / name, ignore_errors=True)
+        targets = sorted(server.url.removeprefix("http://") for server in self.servers.values())
         for name, node in nodes.items():
             server = self.servers.get(name) or self._start(name)
             if (node["metadata"].get("annotations") or {}).get(NODE_CACHE_URL_ANNOTATION) != server.url:
                 self.core.patch_node(name, {"metadata": {"annotations": {NODE_CACHE_URL_ANNOTATION: server.url}}})
+        self._write_targets(targets)
         pods = raw(self.core.list_pod_for_all_namespaces(
             label_selector=f"{LABEL_COMPONENT}={STAGER_COMPONENT}", _preload_content=False))["items"]
         for pod in pods:
@@ -57,6 +62,14 @@ class NodeAgents:
             if node in self.servers and pod["status"].get("phase") == "Running" and uid not in self.started:
                 self.started.add(uid)
                 threading.Thread(target=self._run, args=(pod, self.servers[node].cache), daemon=True).start()
+
+    def _write_targets(self, before: list[str]) -> None:
+        targets = sorted(server.url.removeprefix("http://") for server in self.servers.values())
+        path = self.root / TARGETS_FILE
+        if targets != before or not path.exists():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps([{"targets": targets}]))
+            tmp.replace(path)
 
     def _start(self, node: str) -> ChunkServer:
         server = ChunkServer(("127.0.0.1", 0), NodeCache(self.root / node), node)

@@ -105,3 +105,12 @@ def test_a_node_fetches_its_own_share_first():
     order = fetch_order(missing, "node-b", stagers)
     mine = [c for c in missing if origin_fetcher(c.sha256, stagers) == "node-b"]
     assert order[: len(mine)] == mine and sorted(order, key=lambda c: c.name) == missing
+
+
+def test_the_node_cache_metrics_follow_the_declared_conventions():
+    from workflows import telemetry
+
+    names = [m.name for m in (*telemetry.METRICS, *telemetry.NODE_CACHE_METRICS)]
+    assert len(names) == len(set(names))
+    for m in telemetry.NODE_CACHE_METRICS:
+        assert m.name.startswith("tideplane_node_cache_") and m.name.endswith("_total") == (m.kind == "counter")
