@@ -61,8 +61,7 @@ from workflows.staging.cache import (
     chunks_to_fetch,
     eviction_plan,
     fetch_order,
-    origin_fetcher,
-    pick_peer,
+    next_fetch,
     version_key,
 )
 
@@ -183,31 +182,30 @@ class Stager:
         self.cache.evict(plan)
 
         stagers = req.stagers if req.node in req.stagers else [req.node]
+        peers = {p.node: p for p in req.peers}
         pending = fetch_order(missing, req.node, stagers)
+        refused: dict[str, set[str]] = {}  # sha256 -> peers that failed to serve it
         counts = {"origin": 0, "peer": 0}
         stalled_since: float | None = None
-        while pending:
-            holders = self._holders(req.peers) if req.peers else {}
-            progressed = False
-            for chunk in list(pending):
-                if self.cache.holds(chunk.sha256):  # another stager on this node fetched it meanwhile
-                    pending.remove(chunk)
-                    continue
-                peer = pick_peer(chunk.sha256, req.node, holders.get(chunk.sha256, []))
-                if peer is not None and self._from_peer(chunk, next(p for p in req.peers if p.node == peer)):
-                    counts["peer"] += chunk.size_bytes
-                elif origin_fetcher(chunk.sha256, stagers) == req.node or self._waited(stalled_since, req):
-                    self._from_origin(chunk, *origin[chunk.sha256])
-                    counts["origin"] += chunk.size_bytes
-                else:
-                    continue  # a peer is fetching it from the origin: wait for it to serve it
-                pending.remove(chunk)
-                progressed = True
-            if progressed:
-                stalled_since = None
-            elif pending:
+        while pending := [c for c in pending if not self.cache.holds(c.sha256)]:  # another stager here may have it
+            holders = {d: [n for n in held if n not in refused.get(d, ())] for d, held in self._holders(req.peers).items()}
+            stalled = stalled_since is not None and time.monotonic() - stalled_since >= req.peer_wait_seconds
+            choice = next_fetch(pending, req.node, stagers, holders, stalled)
+            if choice is None:  # its peers are reading the rest from the origin: wait for them to serve it
                 stalled_since = stalled_since or time.monotonic()
                 time.sleep(PEER_POLL_SECONDS)
+                continue
+            chunk, peer = choice
+            if peer is None:
+                self._from_origin(chunk, *origin[chunk.sha256])
+                counts["origin"] += chunk.size_bytes
+            elif self._from_peer(chunk, peers[peer]):
+                counts["peer"] += chunk.size_bytes
+            else:
+                refused.setdefault(chunk.sha256, set()).add(peer)
+                continue
+            pending.remove(chunk)
+            stalled_since = None
         self.cache.add_version(req.model, req.version, wanted)
         distinct = {c.sha256: c.size_bytes for c in wanted}
         return NodeStageReport(
@@ -217,14 +215,11 @@ class Stager:
             evicted=plan.versions, seconds=time.monotonic() - started,
         )
 
-    @staticmethod
-    def _waited(stalled_since: float | None, req: NodeStageRequest) -> bool:
-        """No peer served anything for ``peer_wait_seconds``: the node due to read it may be gone."""
-        return stalled_since is not None and time.monotonic() - stalled_since >= req.peer_wait_seconds
-
     def _holders(self, peers: list[Peer]) -> dict[str, list[str]]:
         """sha256 -> the peers holding it verified (a peer that does not answer holds nothing)."""
         holders: dict[str, list[str]] = {}
+        if not peers:
+            return holders
         for peer in peers:
             try:
                 response = self.http.get(f"{peer.url}/index")

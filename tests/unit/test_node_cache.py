@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from workflows import telemetry
+
 from workflows.staging.cache import (
     CachedVersion,
     CacheIndex,
@@ -12,6 +14,7 @@ from workflows.staging.cache import (
     chunks_to_fetch,
     eviction_plan,
     fetch_order,
+    next_fetch,
     origin_fetcher,
     pick_peer,
     version_key,
@@ -99,6 +102,22 @@ def test_a_node_fetches_from_another_holder_never_itself():
     assert min(picks.values()) > 60  # spread over the holders
 
 
+def test_the_next_fetch_is_a_held_chunk_from_a_peer_or_the_nodes_own_share_from_the_origin():
+    stagers = ["node-a", "node-b"]
+    missing = [chunk(i) for i in range(6)]
+    mine = [c for c in missing if origin_fetcher(c.sha256, stagers) == "node-a"]
+    theirs = [c for c in missing if c not in mine]
+    assert mine and theirs
+    pending = fetch_order(missing, "node-a", stagers)
+    assert next_fetch(pending, "node-a", stagers, {}, stalled=False) == (mine[0], None)
+    held = {theirs[0].sha256: ["node-b"]}
+    assert next_fetch(pending, "node-a", stagers, held, stalled=False) == (mine[0], None)  # its origin share first
+    # only the peer's share left, none served yet: wait, unless the peer has gone quiet for too long
+    assert next_fetch(theirs, "node-a", stagers, {}, stalled=False) is None
+    assert next_fetch(theirs, "node-a", stagers, {}, stalled=True) == (theirs[0], None)
+    assert next_fetch(theirs, "node-a", stagers, held, stalled=False) == (theirs[0], "node-b")
+
+
 def test_a_node_fetches_its_own_share_first():
     stagers = ["node-a", "node-b", "node-c"]
     missing = [chunk(i) for i in range(30)]
@@ -108,8 +127,6 @@ def test_a_node_fetches_its_own_share_first():
 
 
 def test_the_node_cache_metrics_follow_the_declared_conventions():
-    from workflows import telemetry
-
     names = [m.name for m in (*telemetry.METRICS, *telemetry.NODE_CACHE_METRICS)]
     assert len(names) == len(set(names))
     for m in telemetry.NODE_CACHE_METRICS:

@@ -124,3 +124,23 @@ def fetch_order(missing: list[Chunk], node: str, stagers: list[str]) -> list[Chu
     its peers are fetching meanwhile and will serve."""
     mine = [c for c in missing if origin_fetcher(c.sha256, stagers) == node]
     return mine + [c for c in missing if c not in mine]
+
+
+def next_fetch(
+    pending: list[Chunk], node: str, stagers: list[str], holders: dict[str, list[str]], stalled: bool
+) -> tuple[Chunk, str | None] | None:
+    """The next chunk ``node`` fetches and from where: a peer's name, or None for the origin.
+
+    In ``pending``'s order (``fetch_order``: its own share first), the first chunk a peer holds
+    (``holders``: sha256 -> nodes holding it verified) comes from that peer, or the first that is
+    this node's to read from the origin. None: every other chunk is being read by its peers, wait
+    for them to serve it — unless ``stalled`` (no peer served anything for a while: one may be
+    gone), then the first pending chunk comes from the origin.
+    """
+    for chunk in pending:
+        peer = pick_peer(chunk.sha256, node, holders.get(chunk.sha256, []))
+        if peer is not None:
+            return chunk, peer
+        if origin_fetcher(chunk.sha256, stagers) == node:
+            return chunk, None
+    return (pending[0], None) if stalled and pending else None
