@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from workflows import telemetry
 
 from workflows.staging.cache import (
@@ -131,3 +133,17 @@ def test_the_node_cache_metrics_follow_the_declared_conventions():
     assert len(names) == len(set(names))
     for m in telemetry.NODE_CACHE_METRICS:
         assert m.name.startswith("tideplane_node_cache_") and m.name.endswith("_total") == (m.kind == "counter")
+
+
+def test_the_bench_transfer_model_reads_s3_once_with_peers_and_n_times_without():
+    from benchmarks.staging import ORIGIN_BOUND, model_chunks, simulate_pool
+
+    chunks = model_chunks(30 * 10**9)
+    one = simulate_pool(1, chunks, ORIGIN_BOUND, p2p=False)
+    alone = simulate_pool(4, chunks, ORIGIN_BOUND, p2p=False)
+    shared = simulate_pool(4, chunks, ORIGIN_BOUND, p2p=True)
+    size = sum(c.size_bytes for c in chunks)
+    assert one["wall_s"] == pytest.approx(size / ORIGIN_BOUND.origin)  # S3-bound: size / egress
+    assert (alone["origin_bytes"], alone["wall_s"]) == (4 * size, pytest.approx(4 * one["wall_s"]))
+    assert (shared["origin_bytes"], shared["peer_bytes"]) == (size, 3 * size)
+    assert one["wall_s"] < shared["wall_s"] < alone["wall_s"]
