@@ -86,7 +86,6 @@ class NodeCache:
     def __init__(self, root: Path, clock: Callable[[], float] = time.time) -> None:
         self.root = root
         self.clock = clock
-        (root / "chunks").mkdir(parents=True, exist_ok=True)
 
     def chunk_path(self, digest: str) -> Path:
         return self.root / "chunks" / digest
@@ -103,6 +102,7 @@ class NodeCache:
     @contextlib.contextmanager
     def updating(self) -> Iterator[CacheIndex]:
         """The index, written back atomically when the block ends; one writer at a time."""
+        self.root.mkdir(parents=True, exist_ok=True)
         with (self.root / ".index.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             index = self.read_index()
@@ -233,6 +233,7 @@ class Stager:
 
     def _fetch(self, chunk: Chunk, stream: Callable[[int], Iterator[bytes]]) -> None:
         dest = self.cache.chunk_path(chunk.sha256)
+        dest.parent.mkdir(parents=True, exist_ok=True)
         with _chunk_lock(dest):
             if not self.cache.holds(chunk.sha256):
                 fetch_verified(dest, chunk.sha256, chunk.size_bytes, chunk.sha256, stream)
@@ -283,7 +284,8 @@ def stage_args(argv: list[str]) -> NodeStageRequest:
 
 
 class ChunkServer(ThreadingHTTPServer):
-    """Serves a node's verified chunks to its peers, its index to the CLI and its content to Prometheus."""
+    """Serves a node's verified chunks to its peers, its index to the CLI and its content to Prometheus;
+    it only reads the cache (the DaemonSet mounts it read-only)."""
 
     daemon_threads = True
 

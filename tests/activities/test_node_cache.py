@@ -116,6 +116,7 @@ def test_a_peer_serving_other_bytes_is_refused_and_s3_read_instead(s3, tmp_path)
     try:
         digest = files[0].sha256
         path = liar.cache.chunk_path(digest)  # the liar claims the chunk but holds other bytes
+        path.parent.mkdir(parents=True)
         path.write_bytes(os.urandom(FILE_BYTES))
         path.with_name(digest + ".sha256").write_text(f"{digest} {FILE_BYTES}\n")
         liar.cache.add_chunk(digest, FILE_BYTES)

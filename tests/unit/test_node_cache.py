@@ -3,10 +3,16 @@ to fetch from."""
 
 from __future__ import annotations
 
+import subprocess
 from collections import Counter
+from pathlib import Path
 
 import pytest
+import yaml
 
+from benchmarks.staging import ORIGIN_BOUND, model_chunks, simulate_pool
+from workers.cli import _parser
+from workers.config import Settings
 from workflows import telemetry
 
 from workflows.staging.cache import (
@@ -136,8 +142,6 @@ def test_the_node_cache_metrics_follow_the_declared_conventions():
 
 
 def test_the_bench_transfer_model_reads_s3_once_with_peers_and_n_times_without():
-    from benchmarks.staging import ORIGIN_BOUND, model_chunks, simulate_pool
-
     chunks = model_chunks(30 * 10**9)
     one = simulate_pool(1, chunks, ORIGIN_BOUND, p2p=False)
     alone = simulate_pool(4, chunks, ORIGIN_BOUND, p2p=False)
@@ -147,3 +151,16 @@ def test_the_bench_transfer_model_reads_s3_once_with_peers_and_n_times_without()
     assert (alone["origin_bytes"], alone["wall_s"]) == (4 * size, pytest.approx(4 * one["wall_s"]))
     assert (shared["origin_bytes"], shared["peer_bytes"]) == (size, 3 * size)
     assert one["wall_s"] < shared["wall_s"] < alone["wall_s"]
+
+
+def test_the_node_cache_daemonset_runs_the_chunk_server_the_workers_peer_urls_point_at():
+    rendered = subprocess.run(["kubectl", "kustomize", str(Path(__file__).parents[2] / "infra/k8s/node-cache")],
+                              capture_output=True, text=True, check=True, timeout=60).stdout
+    (daemonset,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "DaemonSet"]
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    args = _parser().parse_args([a.replace("$(NODE_NAME)", "ip-10-0-0-1") for a in container["args"]])
+    assert (args.command, args.action, args.node) == ("node-cache", "serve", "ip-10-0-0-1")
+    template = Settings.model_fields["node_cache_peer_url_template"].default
+    assert template.format(node_ip="10.0.0.1") == f"http://10.0.0.1:{container['ports'][0]['hostPort']}" == f"http://10.0.0.1:{args.port}"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TIDEPLANE_NODE_CACHE_DIR"] == container["volumeMounts"][0]["mountPath"] == str(Settings.model_fields["node_cache_dir"].default)
