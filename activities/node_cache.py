@@ -132,14 +132,6 @@ class NodeCache:
             )
         return directory
 
-    def touch(self, model: str, version: str) -> bool:
-        """Record a use of the version (a replica loaded it); False when the node does not hold it."""
-        with self.updating() as index:
-            cached = index.versions.get(version_key(model, version))
-            if cached is not None:
-                cached.last_used = self.clock()
-            return cached is not None
-
     def evict(self, plan: EvictionPlan) -> None:
         with self.updating() as index:
             for key in plan.versions:
