@@ -43,7 +43,7 @@ class Node:
         self.name = name
         self.cache = NodeCache(root / name)
         self.server = ChunkServer(("127.0.0.1", 0), self.cache, name)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
         self.stager = Stager(self.cache, s3)
 
     def close(self) -> None:

@@ -115,3 +115,13 @@ async def test_a_release_changing_one_file_moves_only_that_file(sandbox, tempora
     assert sum(r.origin_bytes for r in reports) == FILE_BYTES  # shard 17, from S3 once
     assert sum(r.origin_bytes + r.peer_bytes for r in reports) == POOL_NODES * FILE_BYTES
     assert all(r.reused_bytes == SIZE - FILE_BYTES for r in reports)
+
+    def scraped() -> dict[tuple[str, str], float]:
+        """What Prometheus scraped from the nodes' chunk servers (file_sd targets the agents write)."""
+        query = f'tideplane_node_cache_bytes{{model="{MODEL}"}}'
+        found = httpx.get(f"{sandbox.urls['prometheus']}/api/v1/query", params={"query": query}).json()["data"]["result"]
+        return {(r["metric"]["node"], r["metric"]["version"]): float(r["value"][1]) for r in found}
+
+    nodes = {n.metadata.name for n in pool_nodes(pool)}
+    expected = {(n, v): float(SIZE) for n in nodes for v in ("1.0.0", "1.1.0")}
+    await wait_for(lambda: scraped() == expected, 15, "Prometheus to scrape both versions on the 3 nodes")
