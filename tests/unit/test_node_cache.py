@@ -14,6 +14,7 @@ from benchmarks.staging import ORIGIN_BOUND, model_chunks, simulate_pool
 from workers.cli import _parser
 from workers.config import Settings
 from workflows import telemetry
+from workflows.staging.activities import NodeStageRequest
 
 from workflows.staging.cache import (
     CachedVersion,
@@ -164,3 +165,19 @@ def test_the_node_cache_daemonset_runs_the_chunk_server_the_workers_peer_urls_po
     assert template.format(node_ip="10.0.0.1") == f"http://10.0.0.1:{container['ports'][0]['hostPort']}" == f"http://10.0.0.1:{args.port}"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TIDEPLANE_NODE_CACHE_DIR"] == container["volumeMounts"][0]["mountPath"] == str(Settings.model_fields["node_cache_dir"].default)
+
+
+def test_an_orphan_chunk_of_a_stager_in_flight_is_not_evicted():
+    index = index_of(cached("a", "1.0.0", [chunk(1, 50)], 1.0))
+    index.chunks[chunk(9).sha256] = 10  # fetched by another stager whose version is not recorded yet
+    plan = eviction_plan(index, [chunk(2, 50)], capacity_bytes=60, pinned=set())
+    assert (plan.versions, plan.chunks) == (["a@1.0.0"], [chunk(1).sha256])
+
+
+def test_a_model_or_version_cannot_leave_the_cache_directory():
+    files = [{"uri": "s3://b/k", "sha256": "ab" * 32}]
+    with pytest.raises(ValueError):
+        NodeStageRequest(model="../etc", version="1.0.0", files=files, node="n", stagers=["n"])
+    with pytest.raises(ValueError):
+        NodeStageRequest(model="llama", version="1.0.0/../../x", files=files, node="n", stagers=["n"])
+    assert NodeStageRequest(model="llama-3.1", version="1.0.0+build.5", files=files, node="n", stagers=["n"]).version

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 
 from workflows.rollout.activities import WeightFile
+from workflows.staging.cache import PATH_SEGMENT
 
 START_NODE_STAGING = "start_node_staging"
 NODE_STAGING_STATUS = "node_staging_status"
@@ -35,8 +36,8 @@ class Peer(BaseModel):
 class NodeStageRequest(BaseModel):
     """What one staging pod does (its ``--request``): stage a version into its node's cache."""
 
-    model: str
-    version: str
+    model: str = Field(pattern=PATH_SEGMENT)
+    version: str = Field(pattern=PATH_SEGMENT)
     files: list[WeightFile] = Field(min_length=1)
     node: str
     stagers: list[str] = Field(description="every node staging this version now: they share the origin reads")

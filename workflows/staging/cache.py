@@ -16,6 +16,7 @@ import hashlib
 from pydantic import BaseModel, Field
 
 SHA256 = r"^[0-9a-f]{64}$"
+PATH_SEGMENT = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"  # a model or version is a directory of the cache
 
 
 def version_key(model: str, version: str) -> str:
@@ -32,8 +33,8 @@ class Chunk(BaseModel):
 
 
 class CachedVersion(BaseModel):
-    model: str
-    version: str
+    model: str = Field(pattern=PATH_SEGMENT)
+    version: str = Field(pattern=PATH_SEGMENT)
     chunks: list[Chunk]
     last_used: float = Field(description="epoch seconds of the last staging or load of this version")
 
@@ -75,8 +76,9 @@ def eviction_plan(
 ) -> EvictionPlan:
     """Least recently used versions to evict so that ``wanted`` fits in ``capacity_bytes``.
 
-    Pinned versions (stable, canary, previous stable, the one being staged) are never evicted; a
-    chunk is removed only when no kept version (nor ``wanted``) uses it. ``capacity_bytes`` None:
+    Pinned versions (stable, canary, previous stable, the one being staged) are never evicted; an
+    evicted version's chunk is removed only when no kept version (nor ``wanted``) uses it — a chunk
+    no version records yet (another stager's, in flight) is left alone. ``capacity_bytes`` None:
     unbounded, nothing to evict.
     """
     if capacity_bytes is None:
@@ -96,9 +98,8 @@ def eviction_plan(
             del kept[key]
             evicted.append(key)
     used = {c.sha256 for v in kept.values() for c in v.chunks} | set(incoming)
-    return EvictionPlan(
-        versions=evicted, chunks=sorted(d for d in index.chunks if d not in used), fits=usage() <= capacity_bytes
-    )
+    freed = {c.sha256 for key in evicted for c in index.versions[key].chunks} - used
+    return EvictionPlan(versions=evicted, chunks=sorted(freed), fits=usage() <= capacity_bytes)
 
 
 def _score(node: str, digest: str) -> bytes:
