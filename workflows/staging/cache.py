@@ -122,9 +122,11 @@ def pick_peer(digest: str, node: str, holders: list[str]) -> str | None:
 
 def fetch_order(missing: list[Chunk], node: str, stagers: list[str]) -> list[Chunk]:
     """This node's own share (the chunks it fetches from the origin) first, then the rest, which
-    its peers are fetching meanwhile and will serve."""
+    its peers are fetching meanwhile and will serve, in an order of this node's own (hashed), so
+    N nodes do not all ask for the same chunk from its first holder at once."""
     mine = [c for c in missing if origin_fetcher(c.sha256, stagers) == node]
-    return mine + [c for c in missing if c not in mine]
+    rest = sorted((c for c in missing if c not in mine), key=lambda c: _score(f"order/{node}", c.sha256))
+    return mine + rest
 
 
 def next_fetch(
