@@ -49,7 +49,12 @@ def _spot(args: argparse.Namespace) -> int:
 def _staging(args: argparse.Namespace) -> int:
     from benchmarks import staging
 
-    table = staging.run(args.out, size_bytes=int(args.size_gib * 2**30), files=args.files, repeats=args.repeats)
+    if args.nodes:
+        measured = int(args.size_gib * 2**30) if args.size_gib else 60 * 2**20
+        table = staging.run_nodes(args.out, sorted(set(args.nodes)), measured_bytes=measured)
+        print(staging.markdown_table(table, staging.NODE_COLUMNS))
+        return 0
+    table = staging.run(args.out, size_bytes=int((args.size_gib or 2.0) * 2**30), files=args.files, repeats=args.repeats)
     print(staging.markdown_table(table))
     return 0
 
@@ -116,8 +121,11 @@ def add_bench_commands(subparsers) -> None:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.set_defaults(func=_spot)
 
-    g = kinds.add_parser("staging", help="stage_weights (hashing, resumable) vs plain boto3 from a moto S3 server")
-    g.add_argument("--size-gib", type=float, default=2.0, help="total size of the weight set")
+    g = kinds.add_parser("staging", help="stage_weights (hashing, resumable) vs plain boto3 from a moto S3 server;"
+                         " with --nodes: N nodes' caches, peer-to-peer vs S3 alone, and a one-file delta")
+    g.add_argument("--size-gib", type=float, default=None,
+                   help="total size of the weight set (default 2; with --nodes, of the measured model: 0.0586 = 60 MiB)")
+    g.add_argument("--nodes", type=int, nargs="+", default=None, help="node counts to stage onto at once, e.g. 1 2 4 8")
     g.add_argument("--files", type=int, default=4, help="number of weight files")
     g.add_argument("--repeats", type=int, default=2, help="timed runs of each method (best is reported)")
     g.add_argument("--out", type=Path, default=RESULTS)

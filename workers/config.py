@@ -84,6 +84,13 @@ class Settings(BaseSettings):
     # The PVC that holds model_cache_dir for serving pods (mounted read-only at the same path);
     # unset: a hostPath of model_cache_dir on the node.
     model_cache_pvc: str | None = Field(None, validation_alias=_env("MODEL_CACHE_PVC"))
+    # Node-local weight caches (pre-staging): the hostPath on every node, the image the staging Jobs
+    # run (tideplane's), a node's chunk server when its Node has no tideplane.io/node-cache-url
+    # annotation, and the cache's size limit (unset: none).
+    node_cache_dir: Path = Field(Path("/var/cache/tideplane/node-cache"), validation_alias=_env("NODE_CACHE_DIR"))
+    node_cache_image: str = Field("ghcr.io/tideplane/worker:0.1.0", validation_alias=_env("NODE_CACHE_IMAGE"))
+    node_cache_peer_url_template: str = Field("http://{node_ip}:8470", validation_alias=_env("NODE_CACHE_PEER_URL_TEMPLATE"))
+    node_cache_capacity_bytes: int | None = Field(None, gt=0, validation_alias=_env("NODE_CACHE_CAPACITY_BYTES"))
     # The Gateway that new HTTPRoutes attach to: "name" (the route's namespace) or "namespace/name".
     gateway: str = Field("inference-gateway", validation_alias=_env("GATEWAY"))
 

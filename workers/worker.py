@@ -30,6 +30,7 @@ from activities.clients.shadow import ShadowPairsClient
 from activities.clients.vllm import VllmClient
 from activities.classes import RequestClassActivities
 from activities.cost import CostActivities
+from activities.node_cache import NodeStagingActivities
 from activities.registry import RegistryActivities
 from activities.batching import BatchingActivities
 from activities.rollout import RetireScheduling, RolloutActivities, ServingPods
@@ -49,6 +50,7 @@ from workflows.scaling.node_pools import NodePoolScaling
 from workflows.registry.activities import RegistryActivities as RegistryContract
 from workflows.registry.retention import RegistryRetention
 from workflows.rollout.activities import BatchingActivities as BatchingContract
+from workflows.staging.activities import NodeStagingActivities as NodeStagingContract
 from workflows.rollout.activities import RetireScheduling as RetireContract
 from workflows.rollout.activities import RolloutActivities as RolloutContract
 from workflows.rollout.retire import RetireVersion
@@ -109,6 +111,13 @@ def build_activities(config: Settings) -> list[Callable]:
         *activity_methods(NodePoolActivities(kube, aws), NodePoolContract),
         *activity_methods(SpotActivities(kube, aws, config.spot_queue_url), spot_contract.SpotActivities),
         *activity_methods(SpotWorkflowStarts(), spot_contract.SpotWorkflowStarts),
+        *activity_methods(
+            NodeStagingActivities(
+                kube, config.node_cache_image, config.node_cache_dir,
+                config.node_cache_peer_url_template, config.node_cache_capacity_bytes,
+            ),
+            NodeStagingContract,
+        ),
     ]
 
 

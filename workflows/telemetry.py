@@ -128,6 +128,21 @@ METRICS: tuple[Metric, ...] = (
 )  # fmt: skip
 BUCKETS: dict[str, list[float]] = {m.name: [float(b) for b in m.buckets] for m in METRICS if m.buckets}
 
+# Served by each node's weight-cache chunk server (activities/node_cache.py), not the worker's meter.
+NODE_CACHE_BYTES = Metric(
+    "tideplane_node_cache_bytes", "gauge", "Bytes of a model version held in a node's weight cache", "By",
+    ("node", "model", "version"),
+)
+NODE_CACHE_LAST_USED = Metric(
+    "tideplane_node_cache_last_used_timestamp_seconds", "gauge",
+    "When a version in a node's weight cache was last staged or loaded (Unix time)", "s", ("node", "model", "version"),
+)
+NODE_CACHE_SERVED = Metric(
+    "tideplane_node_cache_served_bytes_total", "counter", "Bytes of verified chunks a node served to its peers", "By",
+    ("node",),
+)
+NODE_CACHE_METRICS: tuple[Metric, ...] = (NODE_CACHE_BYTES, NODE_CACHE_LAST_USED, NODE_CACHE_SERVED)
+
 
 def _labels(metric: Metric, *values: str) -> dict[str, str]:
     if len(values) != len(metric.labels):

@@ -40,6 +40,7 @@ class KubeClient:
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.batch = client.BatchV1Api(api)
 
     @classmethod
     def connect(cls, kubeconfig: Path | str | None = None, in_cluster: bool = False) -> KubeClient:

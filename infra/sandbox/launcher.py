@@ -37,6 +37,7 @@ from infra.sandbox.config import (
     load_config,
 )
 from infra.sandbox.kubeclient import api_client, kubeconfig_yaml, raw
+from infra.sandbox.node_agents import TARGETS_FILE
 from infra.sandbox.worker_identity import install_worker_identity
 from infra.sandbox.ports import free_port
 from workflows.search_attributes import CLI_TYPES
@@ -154,6 +155,11 @@ class Sandbox:
         return self.state_dir / "worker-kubeconfig"
 
     @property
+    def node_cache_root(self) -> Path:
+        """The sandbox nodes' weight caches, a directory per node (infra/sandbox/node_agents.py)."""
+        return self.state_dir / "nodes"
+
+    @property
     def worker_pid_file(self) -> Path:
         """Written by any ``tideplane worker`` run with the env file (demo or foreground)."""
         return self.state_dir / "worker.pid"
@@ -240,7 +246,7 @@ class Sandbox:
             ),
             Component(
                 "nodes",
-                [py, "-m", "infra.sandbox.nodes", "--kube-url", u["kubeapi"], "--aws-endpoint-url", u["moto"], "--config", str(self.config_path.resolve()), "--time-scale", str(time_scale)],
+                [py, "-m", "infra.sandbox.nodes", "--kube-url", u["kubeapi"], "--aws-endpoint-url", u["moto"], "--config", str(self.config_path.resolve()), "--time-scale", str(time_scale), "--node-cache-root", str(self.node_cache_root)],
                 None,
             ),
         ]
@@ -315,6 +321,7 @@ class Sandbox:
                 rule_files=json.dumps(rules),
                 fleet=f"127.0.0.1:{self.ports.fleet_port}",
                 worker=f"127.0.0.1:{self.ports.worker_metrics_port}",
+                node_cache_targets=str(self.node_cache_root / TARGETS_FILE),
             )
         )
 

@@ -53,6 +53,8 @@ METHOD_RBAC = {
     "patch_namespaced_deployment": ("apps", "deployments", "patch"),
     "delete_namespaced_deployment": ("apps", "deployments", "delete"),
     "patch_namespaced_deployment_scale": ("apps", "deployments/scale", "patch"),
+    "create_namespaced_job": ("batch", "jobs", "create"),
+    "list_namespaced_job": ("batch", "jobs", "list"),
 }
 # Discovery (/apis): every authenticated user may read it (the bootstrap system:discovery ClusterRole).
 DISCOVERY_METHODS = {"get_api_versions"}

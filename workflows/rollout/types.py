@@ -41,6 +41,7 @@ from workflows.naming import DeploymentName, DeploymentRef, VersionLabel
 from workflows.rollout.activities import Benchmark, EnvFromSecret, StagedWeights, plain_credentials
 from workflows.rollout.batching import BatchingSweep, SweepChoice
 from workflows.rollout.quality import GoldenVerdict, ShadowSettings, ShadowVerdict
+from workflows.staging.activities import NodeStaging, PrestageSettings
 
 MAX_OBSERVATIONS = 3000  # ~11 history events each: well under Temporal's 51,200-event limit
 # The input travels in the history, the status query and activity inputs (args/env): keep it far below
@@ -192,6 +193,9 @@ class RolloutInput(_Strict):
     batching: BatchingSweep | None = Field(
         None, description="tune vLLM's batching at warm-up: sweep settings, keep the best within the SLO (workflows/rollout/batching.py)"
     )
+    prestage: PrestageSettings | None = Field(
+        None, description="stage the weights into the pool's node caches, peer to peer, before the version starts"
+    )
 
 
     @field_validator("sha256", mode="before")
@@ -326,6 +330,7 @@ class RolloutStatus(BaseModel):
     golden: GoldenVerdict | None = Field(None, description="the golden-set gate's verdict at warm-up")
     shadow: ShadowVerdict | None = Field(None, description="the last shadow comparison's verdict")
     batching: SweepChoice | None = Field(None, description="the batching setting the warm-up's sweep kept")
+    nodes: list[NodeStaging] = Field(default_factory=list, description="pre-staging: each node's progress")
 
 
 class RolloutResult(BaseModel):

@@ -103,6 +103,7 @@ with workflow.unsafe.imports_passed_through():
         Stage,
         VerdictRecord,
     )
+    from workflows.staging.activities import NodeStaging, NodeStagingActivities, StartNodeStagingInput
     from workflows.search_attributes import CANARY_PERCENT, DEPLOYMENT, MODEL, STAGE, VERSION
     from workflows.steps import cause, validated, wait_until
     from workflows.telemetry import (
@@ -122,6 +123,8 @@ RETIRE_PATCH = "retire-after-promotion"
 GOLDEN_PATCH = "golden-gate"
 # Runs from before batching was tuned at warm-up (issue 19) never swept; asked only when a run has `batching`.
 BATCHING_PATCH = "batching-sweep"
+# Runs from before pre-staging (issue 18) never staged onto nodes.
+PRESTAGE_PATCH = "prestage-nodes"
 SHADOW_KEEP = 2000  # mirrored pairs kept in memory for one window's comparison
 VERDICT_HISTORY = 50  # kept in memory for the status query, not in history
 PAUSE_TICK = 3600.0  # seconds between wake-ups of a paused rollout
@@ -219,6 +222,7 @@ class ModelRollout:
         self._shadow_after = 0  # last mirrored pair read
         self._shadow_pairs: list[ShadowPair] = []  # the current window's pairs
         self._shadow_passed = False  # some window's comparison passed
+        self._nodes: list[NodeStaging] = []  # pre-staging progress per node
 
     @workflow.run
     async def run(self, input: RolloutInput) -> RolloutResult:
@@ -326,6 +330,7 @@ class ModelRollout:
             golden=self._golden,
             shadow=self._shadow,
             batching=self._batching,
+            nodes=self._nodes,
         )
 
     # ---- the stages --------------------------------------------------------------------------
@@ -342,6 +347,9 @@ class ModelRollout:
             heartbeat=60,
         )
         await self._checkpoint()
+        if inp.prestage is not None and workflow.patched(PRESTAGE_PATCH):
+            await self._prestage(files)
+            await self._checkpoint()
 
         self._set_stage(Stage.STARTING)
         state = await self._act(
@@ -796,6 +804,46 @@ class ModelRollout:
 
     # ---- helpers -----------------------------------------------------------------------------
 
+    async def _prestage(self, files: list[WeightFile]) -> None:
+        """Stage onto every node of the pool (one Job each, peers sharing chunks) and go on once
+        ``min_nodes`` hold the version; the others finish behind. Fewer by the deadline, or too many
+        failed to reach it, fails the rollout before the cluster's serving objects change."""
+        inp, spec = self._in, self._in.prestage
+        req = StartNodeStagingInput(
+            namespace=self._ref.namespace,
+            model=inp.model, version=inp.version, files=files, pool=spec.pool, run_id=workflow.info().run_id
+        )
+        status = await self._act(
+            NodeStagingActivities.start_node_staging,
+            req,
+            summary=f"start staging {inp.model} {inp.version} onto the nodes of {spec.pool or 'the GPU pools'}",
+        )
+        deadline = workflow.now() + timedelta(seconds=spec.timeout_seconds)
+        while True:
+            self._nodes = status.nodes
+            wanted = min(spec.min_nodes, len(status.nodes))
+            staged, failed = status.count("staged"), status.count("failed")
+            self._show(f"pre-staging: {staged} of {len(status.nodes)} node(s) staged, {wanted} needed")
+            if staged >= wanted:
+                return
+            if len(status.nodes) - failed < wanted:
+                raise ApplicationError(
+                    f"pre-staging: {failed} of {len(status.nodes)} node(s) failed, {wanted} needed: "
+                    + "; ".join(f"{n.node}: {n.message}" for n in status.nodes if n.state == "failed"),
+                    type="PrestageFailed",
+                    non_retryable=True,
+                )
+            if workflow.now() >= deadline:
+                raise ApplicationError(
+                    f"pre-staging: {staged} of {wanted} node(s) staged after {spec.timeout_seconds:.0f}s",
+                    type="PrestageFailed",
+                    non_retryable=True,
+                )
+            await workflow.sleep(spec.poll_seconds, summary="wait for the nodes' staging")
+            status = await self._act(
+                NodeStagingActivities.node_staging_status, req, summary="read the nodes' staging", read_only=True
+            )
+
     async def _checkpoint(self) -> None:
         """Between actions: stop for an abort, wait out a pause (promote also ends a pause)."""
         if self._abort_reason is not None:
@@ -1036,6 +1084,8 @@ class ModelRollout:
         if note:
             lines.append(note)
         lines += [v.describe() for v in (self._golden, self._shadow) if v is not None]
+        if self._nodes:
+            lines.append("nodes: " + ", ".join(n.describe() for n in self._nodes))
         if self._verdicts:
             last = self._verdicts[-1]
             lines.append(
