@@ -3,13 +3,8 @@ Deployment + Service per version and the HTTPRoute split, warm the new version u
 canary gates in Prometheus. ``RolloutActivities`` implements the contract in
 workflows/rollout/activities.py with the clients and settings values the worker passes in.
 
-Staging. Weights are tens of GiB, so staging hashes while it downloads (no second pass over the
-data) and survives a crash or retry without fetching again what it already verified: each file is
-fetched in ranged chunks into ``<file>.partial`` and a sidecar ``<file>.partial.json`` records the
-object's ETag and the SHA-256 of every chunk written. A retry re-reads the local prefix (checking
-each chunk against its recorded digest, which also rebuilds the running file hash) and fetches
-only from the first unverified byte. hashlib state cannot be serialised, which is why the prefix
-is re-hashed from local disk rather than carried in the checkpoint.
+Staging. Weights are tens of GiB: each file is fetched resumably and verified while it downloads
+(activities/verified_file.py), so a retry fetches only what an earlier attempt did not verify.
 
 Kubernetes. Every write is declarative (create, or replace/patch to the desired state) so an
 activity retried after a crash converges on the same objects instead of duplicating them. Errors
@@ -23,10 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -41,10 +33,9 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
+from activities.clients.kube import API_TIMEOUT, KubeClient, fail, gateway_parent_ref, is_ready, label_selector, read_or_none, selector
 from activities.clients.prometheus import PrometheusClient, render
 from activities.clients.s3 import (
-    CHUNK_BYTES,
     NOT_FOUND,
     BucketNotAllowed,
     ObjectChanged,
@@ -55,6 +46,7 @@ from activities.clients.s3 import (
 )
 from activities.clients.shadow import ShadowPairsClient
 from activities.clients.vllm import VllmClient
+from activities.verified_file import ChecksumMismatch, already_verified, discard_partial, fetch_verified
 from workflows import naming, telemetry
 from workflows.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
 from workflows.naming import DeploymentRef
@@ -190,12 +182,12 @@ class RolloutActivities(contract.RolloutActivities):
         if previous:
             activity.logger.info("retrying staging; last attempt reported %s", previous[0])
 
-        staged = {name: _already_staged(directory / name, wf) for name, wf in targets.items()}
+        staged = {name: already_verified(directory / name, wf.sha256) for name, wf in targets.items()}
         try:
             heads = {name: self._head(*parse_s3_uri(wf.uri)) for name, wf in targets.items() if staged[name] is None}
         except ApplicationError:
             for name in targets:  # the weights are gone: what an earlier attempt left cannot be resumed
-                _discard_partial(directory / name)
+                discard_partial(directory / name)
             raise
         total = sum(size for size in staged.values() if size is not None) + sum(h["ContentLength"] for h in heads.values())
         progress = _Progress(total)
@@ -229,46 +221,31 @@ class RolloutActivities(contract.RolloutActivities):
     def _stage_file(self, wf: WeightFile, dest: Path, head: dict, progress: _Progress) -> None:
         bucket, key = parse_s3_uri(wf.uri)
         size, etag = head["ContentLength"], head["ETag"]
-        partial = dest.with_name(dest.name + ".partial")
-        sidecar = dest.with_name(dest.name + ".partial.json")
-        hasher = hashlib.sha256()
-        chunks = _resume_prefix(partial, sidecar, etag, hasher)
-        offset = min(len(chunks) * CHUNK_BYTES, size)
-        if offset:
-            activity.logger.info("resuming %s at byte %d of %d (verified by an earlier attempt)", wf.uri, offset, size)
-        progress.resumed += offset
-        progress.advance(wf.uri, offset, offset)
+
+        def advance(offset: int, nbytes: int) -> None:
+            progress.advance(wf.uri, offset, nbytes)
+
         try:
-            with partial.open("ab") as out:
-                for data in self.s3.stream(bucket, key, etag, size, start=offset):
-                    out.write(data)
-                    out.flush()
-                    os.fsync(out.fileno())
-                    hasher.update(data)
-                    chunks.append(hashlib.sha256(data).hexdigest())
-                    _write_sidecar(sidecar, etag, chunks)
-                    offset += len(data)
-                    progress.advance(wf.uri, offset, len(data))
+            resumed = fetch_verified(
+                dest, wf.sha256, size, etag, lambda start: self.s3.stream(bucket, key, etag, size, start=start), advance
+            )
         except ObjectChanged as exc:
             raise ApplicationError(f"{exc}; restarting") from None
         except ClientError as exc:
             if error_code(exc) not in NOT_FOUND:
                 raise
-            _discard_partial(dest)  # deleted while being read (e.g. by retention): nothing to resume
+            discard_partial(dest)  # deleted while being read (e.g. by retention): nothing to resume
             raise ApplicationError(f"weights object not found: {wf.uri} (deleted while staging)", non_retryable=True) from None
-
-        actual = hasher.hexdigest()
-        if actual != wf.sha256:
-            _discard_partial(dest)
+        except ChecksumMismatch as exc:
             raise ApplicationError(
-                f"checksum mismatch for {wf.uri}: expected sha256 {wf.sha256}, actual {actual}",
-                {"uri": wf.uri, "expected": wf.sha256, "actual": actual},
+                f"checksum mismatch for {wf.uri}: expected sha256 {exc.expected}, actual {exc.actual}",
+                {"uri": wf.uri, "expected": exc.expected, "actual": exc.actual},
                 type="ChecksumMismatch",
                 non_retryable=True,
-            )
-        os.replace(partial, dest)
-        _verified_marker(dest).write_text(f"{actual} {size}\n")
-        sidecar.unlink(missing_ok=True)
+            ) from None
+        if resumed:
+            activity.logger.info("resumed %s at byte %d of %d (verified by an earlier attempt)", wf.uri, resumed, size)
+        progress.resumed += resumed
 
     # ---- Kubernetes: versions and the route ------------------------------------------------------
 
@@ -391,7 +368,7 @@ class RolloutActivities(contract.RolloutActivities):
                             "labels": {**selector(ref.name), naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
                         },
                         "spec": {
-                            "parentRefs": [self._parent_ref(ref.namespace)],
+                            "parentRefs": [gateway_parent_ref(self.gateway, ref.namespace)],
                             "rules": [{"backendRefs": backends, **({"filters": [mirror]} if mirror else {})}],
                         },
                     }
@@ -419,13 +396,6 @@ class RolloutActivities(contract.RolloutActivities):
             raise ApplicationError(f"{what} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
         self._claim_route(ref, req.owner, release=req.release)  # a route just created; or give it up
         telemetry.route_weights(activity.metric_meter(), ref.namespace, ref.name, req.weights)
-
-    def _parent_ref(self, namespace: str) -> dict:
-        gateway_ns, _, gateway = self.gateway.rpartition("/")
-        ref = {"group": ROUTE_API[0], "kind": "Gateway", "name": gateway}
-        if gateway_ns and gateway_ns != namespace:
-            ref["namespace"] = gateway_ns
-        return ref
 
     def _require_within_cluster(self, replicas: int, gpus_per_replica: int = 0) -> None:
         """Refuse, naming the field and the setting, what the cluster was configured never to run."""
@@ -896,60 +866,6 @@ class _Progress:
         self.done += nbytes
         self.files[uri] = offset
         activity.heartbeat({"bytes_done": self.done, "bytes_total": self.total, "verified": self.files})
-
-
-def _resume_prefix(partial: Path, sidecar: Path, etag: str, hasher) -> list[str]:
-    """Re-hash the verified local prefix; return its chunk digests (empty: start from zero).
-
-    The prefix is trusted only if the object is unchanged (same ETag) and every chunk on disk
-    still has the digest recorded when it was fetched; the file is truncated after the last good
-    chunk, so a torn write at crash time costs one chunk, not the file.
-    """
-    try:
-        state = json.loads(sidecar.read_text())
-    except (OSError, ValueError):
-        state = None
-    if not partial.exists() or not state or state.get("etag") != etag or state.get("chunk_bytes") != CHUNK_BYTES:
-        partial.unlink(missing_ok=True)
-        return []
-    good: list[str] = []
-    with partial.open("rb") as f:
-        for expected in state.get("chunks", []):
-            data = f.read(CHUNK_BYTES)
-            if hashlib.sha256(data).hexdigest() != expected:
-                break
-            hasher.update(data)
-            good.append(expected)
-    with partial.open("r+b") as f:
-        f.truncate(min(len(good) * CHUNK_BYTES, partial.stat().st_size))
-    return good
-
-
-def _write_sidecar(sidecar: Path, etag: str, chunks: list[str]) -> None:
-    tmp = sidecar.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"etag": etag, "chunk_bytes": CHUNK_BYTES, "chunks": chunks}))
-    os.replace(tmp, sidecar)
-
-
-def _discard_partial(dest: Path) -> None:
-    """Remove a download of ``dest`` that will never complete, and its resume record."""
-    dest.with_name(dest.name + ".partial").unlink(missing_ok=True)
-    dest.with_name(dest.name + ".partial.json").unlink(missing_ok=True)
-
-
-def _verified_marker(dest: Path) -> Path:
-    return dest.with_name(dest.name + ".sha256")
-
-
-def _already_staged(dest: Path, wf: WeightFile) -> int | None:
-    """Size of a file staged and verified by an earlier run against this digest, else None."""
-    try:
-        digest, size = _verified_marker(dest).read_text().split()
-        if digest == wf.sha256 and dest.stat().st_size == int(size):
-            return int(size)
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 @contextlib.contextmanager

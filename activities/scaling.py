@@ -60,6 +60,7 @@ from workflows.scaling.activities import (
     PendingReplica,
     PoolObservation,
     PoolRef,
+    QueueLimitInput,
     ReadSignalsInput,
     RemoveNodeInput,
     RemoveNodeResult,
@@ -75,9 +76,13 @@ from workflows.scaling.decide import Signals
 from workflows.scaling.forecast import WEEK_S, DemandForecast, forecast_demand
 from workflows.scaling.placement import Gpu, Node
 from workflows.scaling.prewarm import slot_key
+from workflows.scaling.queue_limit import QueueLimit
 
 WEEK_SECONDS = 7 * 24 * 3600
 _COLD_START_MESSAGE = re.compile(rf"^({'|'.join(COLD_START_PARTS)}) ([0-9]+(?:\.[0-9]+)?)s\b")
+POLICY_API = ("gateway.envoyproxy.io", "v1alpha1")  # Envoy Gateway's BackendTrafficPolicy
+POLICY_PLURAL = "backendtrafficpolicies"
+RETRY_AFTER_ANNOTATION = "tideplane.io/retry-after-seconds"
 
 
 def unschedulable(pod: client.V1Pod) -> bool:
@@ -191,6 +196,56 @@ class ScalingActivities(contract.ScalingActivities):
             samples.setdefault(slot_key(hour.weekday(), hour.hour), []).append(float(value))
         now = datetime.fromtimestamp(req.at, tz)
         return ReplicaHistory(samples=samples, weekday=now.weekday(), minute_of_day=now.hour * 60 + now.minute)
+
+    @activity.defn(name=contract.SET_QUEUE_LIMIT)
+    def set_queue_limit(self, req: QueueLimitInput) -> None:
+        """Create or replace ``<name>-queue-limit``; a policy that already says the same is left alone."""
+        ref = req.deployment
+        body = queue_limit_policy(ref, req.limit)
+        name = body["metadata"]["name"]
+        custom = self.kube.custom
+        for _ in range(5):
+            current = read_or_none(custom.get_namespaced_custom_object, *POLICY_API, ref.namespace, POLICY_PLURAL, name)
+            try:
+                if current is None:
+                    custom.create_namespaced_custom_object(*POLICY_API, ref.namespace, POLICY_PLURAL, body, _request_timeout=API_TIMEOUT)
+                elif current.get("spec") != body["spec"] or (current["metadata"].get("annotations") or {}) != body["metadata"]["annotations"]:
+                    body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                    custom.replace_namespaced_custom_object(*POLICY_API, ref.namespace, POLICY_PLURAL, name, body, _request_timeout=API_TIMEOUT)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    fail(exc, f"BackendTrafficPolicy {ref.namespace}/{name}")
+        raise ApplicationError(f"BackendTrafficPolicy {ref.namespace}/{name} kept changing under us")
+
+
+def queue_limit_policy(ref: DeploymentRef, limit: QueueLimit) -> dict:
+    """Envoy Gateway's BackendTrafficPolicy on the deployment's HTTPRoute: requests beyond
+    ``maxPendingRequests`` waiting are refused at once (Envoy's circuit breaker answers 503), and
+    the response override makes that a 429 the client knows to retry after ``Retry-After``."""
+    return {
+        "apiVersion": "/".join(POLICY_API),
+        "kind": "BackendTrafficPolicy",
+        "metadata": {
+            "name": f"{ref.name}-queue-limit",
+            "namespace": ref.namespace,
+            "labels": {naming.LABEL_APP: ref.name, naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
+            "annotations": {RETRY_AFTER_ANNOTATION: str(limit.retry_after_seconds)},
+        },
+        "spec": {
+            "targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": ref.name}],
+            "circuitBreaker": {"maxPendingRequests": limit.max_pending_requests},
+            "responseOverride": [{
+                "source": "Local",  # Envoy's own overflow answer, not a backend's 503
+                "match": {"statusCodes": [{"type": "Value", "value": 503}]},
+                "response": {
+                    "statusCode": 429,
+                    "contentType": "application/json",
+                    "body": {"type": "Inline", "inline": '{"object": "error", "message": "queue full: retry later", "code": 429}'},
+                },
+            }],
+        },
+    }
 
 
     @activity.defn(name=contract.FORECAST_DEMAND)

@@ -1,4 +1,4 @@
-"""``tideplane bench scaling|spot|staging|control-plane``; also ``python -m benchmarks.cli ...``.
+"""``tideplane bench scaling|spot|staging|control-plane|batching``; also ``python -m benchmarks.cli ...``.
 
 Each command prints its table (markdown) and writes its files under ``--out``.
 """
@@ -49,7 +49,12 @@ def _spot(args: argparse.Namespace) -> int:
 def _staging(args: argparse.Namespace) -> int:
     from benchmarks import staging
 
-    table = staging.run(args.out, size_bytes=int(args.size_gib * 2**30), files=args.files, repeats=args.repeats)
+    if args.nodes:
+        measured = int(args.size_gib * 2**30) if args.size_gib else 60 * 2**20
+        table = staging.run_nodes(args.out, sorted(set(args.nodes)), measured_bytes=measured)
+        print(staging.markdown_table(table, staging.NODE_COLUMNS))
+        return 0
+    table = staging.run(args.out, size_bytes=int((args.size_gib or 2.0) * 2**30), files=args.files, repeats=args.repeats)
     print(staging.markdown_table(table))
     return 0
 
@@ -62,6 +67,14 @@ def _control_plane(args: argparse.Namespace) -> int:
     table = asyncio.run(control_plane.run(args.out, loops=args.loops, duration_s=args.duration, interval_s=args.interval,
                                             iterations_per_run=args.iterations_per_run))
     print(control_plane.markdown_table(table))
+    return 0
+
+
+def _batching(args: argparse.Namespace) -> int:
+    from benchmarks import batching
+
+    rows = batching.run(args.out, args.traces, args.ttft_slo, args.tpot_slo, args.duration, args.seed, args.engine)
+    print(batching.markdown_table(rows))
     return 0
 
 
@@ -108,8 +121,11 @@ def add_bench_commands(subparsers) -> None:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.set_defaults(func=_spot)
 
-    g = kinds.add_parser("staging", help="stage_weights (hashing, resumable) vs plain boto3 from a moto S3 server")
-    g.add_argument("--size-gib", type=float, default=2.0, help="total size of the weight set")
+    g = kinds.add_parser("staging", help="stage_weights (hashing, resumable) vs plain boto3 from a moto S3 server;"
+                         " with --nodes: N nodes' caches, peer-to-peer vs S3 alone, and a one-file delta")
+    g.add_argument("--size-gib", type=float, default=None,
+                   help="total size of the weight set (default 2; with --nodes, of the measured model: 0.0586 = 60 MiB)")
+    g.add_argument("--nodes", type=int, nargs="+", default=None, help="node counts to stage onto at once, e.g. 1 2 4 8")
     g.add_argument("--files", type=int, default=4, help="number of weight files")
     g.add_argument("--repeats", type=int, default=2, help="timed runs of each method (best is reported)")
     g.add_argument("--out", type=Path, default=RESULTS)
@@ -122,6 +138,16 @@ def add_bench_commands(subparsers) -> None:
     c.add_argument("--iterations-per-run", type=int, default=240, help="decisions per run before continue-as-new")
     c.add_argument("--out", type=Path, default=RESULTS)
     c.set_defaults(func=_control_plane)
+
+    b = kinds.add_parser("batching", help="throughput per GPU at the SLO: tuned batching vs vLLM's defaults on the fleet model")
+    b.add_argument("--traces", nargs="+", default=["m-large", "m-mid", "azure-code"], help="request sizes of: ServeGen categories, azure-code")
+    b.add_argument("--ttft-slo", type=float, default=2.0, help="p99 TTFT SLO, s")
+    b.add_argument("--tpot-slo", type=float, default=0.1, help="p99 TPOT SLO (per request), s")
+    b.add_argument("--duration", type=float, default=300.0, help="simulated seconds of arrivals per measured rate")
+    b.add_argument("--seed", type=int, default=0, help="arrival and size draws")
+    b.add_argument("--engine", default=None, help="calibrated engine of infra/fleetmodel/calibration.yaml (default: its default_engine)")
+    b.add_argument("--out", type=Path, default=RESULTS)
+    b.set_defaults(func=_batching)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,6 +88,13 @@ class Settings(BaseSettings):
     # disk (a writable hostPath <dir>/<model>/<version>), so a replica restarting or scaling onto a
     # node that served the version skips compilation; unset: no engine cache.
     engine_cache_dir: Path | None = Field(Path("/var/cache/tideplane/engine"), validation_alias=_env("ENGINE_CACHE_DIR"))
+    # Node-local weight caches (pre-staging): the hostPath on every node, the image the staging Jobs
+    # run (tideplane's), a node's chunk server when its Node has no tideplane.io/node-cache-url
+    # annotation, and the cache's size limit (unset: none).
+    node_cache_dir: Path = Field(Path("/var/cache/tideplane/node-cache"), validation_alias=_env("NODE_CACHE_DIR"))
+    node_cache_image: str = Field("ghcr.io/tideplane/worker:0.1.0", validation_alias=_env("NODE_CACHE_IMAGE"))
+    node_cache_peer_url_template: str = Field("http://{node_ip}:8470", validation_alias=_env("NODE_CACHE_PEER_URL_TEMPLATE"))
+    node_cache_capacity_bytes: int | None = Field(None, gt=0, validation_alias=_env("NODE_CACHE_CAPACITY_BYTES"))
     # The Gateway that new HTTPRoutes attach to: "name" (the route's namespace) or "namespace/name".
     gateway: str = Field("inference-gateway", validation_alias=_env("GATEWAY"))
 

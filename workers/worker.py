@@ -28,8 +28,11 @@ from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
 from activities.clients.shadow import ShadowPairsClient
 from activities.clients.vllm import VllmClient
+from activities.classes import RequestClassActivities
 from activities.cost import CostActivities
+from activities.node_cache import NodeStagingActivities
 from activities.registry import RegistryActivities
+from activities.batching import BatchingActivities
 from activities.rollout import RetireScheduling, RolloutActivities, ServingPods
 from activities.scaling import NodePoolActivities, ScalingActivities
 from activities.spot import SpotActivities, SpotWorkflowStarts
@@ -39,11 +42,15 @@ from workers.config import Settings
 from workflows.spot.reclaim import SpotReclaim
 from workflows.spot.return_to_spot import ReturnToSpot
 from workflows.spot.watcher import SpotInterruptionWatcher
+from workflows.classes.activities import RequestClassActivities as RequestClassContract
+from workflows.classes.workflow import ApplyRequestClasses
 from workflows.cost.activities import CostActivities as CostContract
 from workflows.cost.report import CostReport
 from workflows.scaling.node_pools import NodePoolScaling
 from workflows.registry.activities import RegistryActivities as RegistryContract
 from workflows.registry.retention import RegistryRetention
+from workflows.rollout.activities import BatchingActivities as BatchingContract
+from workflows.staging.activities import NodeStagingActivities as NodeStagingContract
 from workflows.rollout.activities import RetireScheduling as RetireContract
 from workflows.rollout.activities import RolloutActivities as RolloutContract
 from workflows.rollout.retire import RetireVersion
@@ -66,6 +73,7 @@ WORKFLOWS: list[type] = [
     NodePoolScaling,
     RegistryRetention,
     CostReport,
+    ApplyRequestClasses,
     SpotInterruptionWatcher,
     SpotReclaim,
     ReturnToSpot,
@@ -97,12 +105,21 @@ def build_activities(config: Settings) -> list[Callable]:
     return [
         *activity_methods(rollout, RolloutContract),
         *activity_methods(RetireScheduling(), RetireContract),
+        *activity_methods(BatchingActivities(kube, prometheus, VllmClient(), config.service_url_template), BatchingContract),
         *activity_methods(registry, RegistryContract),
         *activity_methods(cost, CostContract),
+        *activity_methods(RequestClassActivities(kube, config.gateway), RequestClassContract),
         *activity_methods(ScalingActivities(kube, prometheus), ScalingContract),
         *activity_methods(NodePoolActivities(kube, aws), NodePoolContract),
         *activity_methods(SpotActivities(kube, aws, config.spot_queue_url), spot_contract.SpotActivities),
         *activity_methods(SpotWorkflowStarts(), spot_contract.SpotWorkflowStarts),
+        *activity_methods(
+            NodeStagingActivities(
+                kube, config.node_cache_image, config.node_cache_dir,
+                config.node_cache_peer_url_template, config.node_cache_capacity_bytes,
+            ),
+            NodeStagingContract,
+        ),
     ]
 
 

@@ -114,12 +114,34 @@ METRIC_QUERY_ERRORS = Metric(
     ("source", "reason"),
 )
 
+BUDGET_REFUSALS = Metric(
+    "tideplane_budget_refusals_total", "counter",
+    "Growth over the monthly GPU budget: refused, or kept for a protected realtime class", "1",
+    (*_DEP, "pool", "outcome"),
+)
+
 METRICS: tuple[Metric, ...] = (
+    BUDGET_REFUSALS,
     ROLLOUTS, ROLLOUT_PAUSED, ROLLOUT_WEIGHT, GATE_VERDICTS, ROLLBACK_SECONDS,
     SCALING_DECISIONS, REPLICAS_DESIRED, REPLICAS_READY, SCALE_UP_ATTEMPTS, SCALE_UP_SUCCESSES, COLD_START_SECONDS,
     SPOT_FAILOVERS, CAPACITY_GAP_SECONDS, RETENTION_ACTIONS, METRIC_QUERY_ERRORS,
 )  # fmt: skip
 BUCKETS: dict[str, list[float]] = {m.name: [float(b) for b in m.buckets] for m in METRICS if m.buckets}
+
+# Served by each node's weight-cache chunk server (activities/node_cache.py), not the worker's meter.
+NODE_CACHE_BYTES = Metric(
+    "tideplane_node_cache_bytes", "gauge", "Bytes of a model version held in a node's weight cache", "By",
+    ("node", "model", "version"),
+)
+NODE_CACHE_LAST_USED = Metric(
+    "tideplane_node_cache_last_used_timestamp_seconds", "gauge",
+    "When a version in a node's weight cache was last staged or loaded (Unix time)", "s", ("node", "model", "version"),
+)
+NODE_CACHE_SERVED = Metric(
+    "tideplane_node_cache_served_bytes_total", "counter", "Bytes of verified chunks a node served to its peers", "By",
+    ("node",),
+)
+NODE_CACHE_METRICS: tuple[Metric, ...] = (NODE_CACHE_BYTES, NODE_CACHE_LAST_USED, NODE_CACHE_SERVED)
 
 
 def _labels(metric: Metric, *values: str) -> dict[str, str]:
@@ -190,6 +212,14 @@ def scaling_decision(
 ) -> None:
     """A scaling decision and its reason (queue_depth, gpu_util, ttft, schedule, prewarm, ...)."""
     _add(meter, SCALING_DECISIONS, kube_namespace, deployment, direction, reason)
+
+
+def budget_refusal(
+    meter: MetricMeter, kube_namespace: str, deployment: str, pool: str, outcome: Literal["refused", "protected"]
+) -> None:
+    """Growth the monthly budget cannot pay for: cut (refused) or kept (protected realtime class).
+    A deployment's scale-up names its class's pool; a node pool's, the pool (namespace and deployment empty)."""
+    _add(meter, BUDGET_REFUSALS, kube_namespace, deployment, pool, outcome)
 
 
 def replicas(

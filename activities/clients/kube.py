@@ -40,6 +40,7 @@ class KubeClient:
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.batch = client.BatchV1Api(api)
 
     @classmethod
     def connect(cls, kubeconfig: Path | str | None = None, in_cluster: bool = False) -> KubeClient:
@@ -105,6 +106,15 @@ def selector(name: str, version: str | None = None) -> dict[str, str]:
     if version is not None:
         labels[naming.LABEL_VERSION] = version
     return labels
+
+
+def gateway_parent_ref(gateway: str, namespace: str) -> dict[str, str]:
+    """The parentRef of a route in ``namespace`` to ``gateway`` ("NAMESPACE/NAME", or "NAME" in the route's namespace)."""
+    gateway_ns, _, name = gateway.rpartition("/")
+    ref = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": name}
+    if gateway_ns and gateway_ns != namespace:
+        ref["namespace"] = gateway_ns
+    return ref
 
 
 def label_selector(labels: dict[str, str]) -> str:

@@ -36,10 +36,12 @@ class VllmClient:
         self.concurrency = concurrency
 
     def completions(
-        self, base_url: str, body: dict, requests: int, progress: Callable[[int, int], object] = lambda done, errors: None
+        self, base_url: str, body: dict, requests: int, progress: Callable[[int, int], object] = lambda done, errors: None,
+        concurrency: int | None = None,
     ) -> CompletionRun:
-        """Send ``body`` ``requests`` times, ``concurrency`` in flight; ``progress(done, errors)``
-        after each (e.g. a heartbeat). A failed request (HTTP error, malformed body) is counted, not raised."""
+        """Send ``body`` ``requests`` times, ``concurrency`` (default: the client's) in flight;
+        ``progress(done, errors)`` after each (e.g. a heartbeat). A failed request (HTTP error,
+        malformed body) is counted, not raised."""
         url = base_url.rstrip("/") + "/v1/completions"
         run = CompletionRun()
 
@@ -51,7 +53,9 @@ class VllmClient:
             return time.monotonic() - start, int(usage.get("completion_tokens", 0))
 
         started = time.monotonic()
-        with httpx.Client(timeout=self.timeout) as http, concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
+        in_flight = concurrency or self.concurrency
+        limits = httpx.Limits(max_connections=max(in_flight, 10), max_keepalive_connections=max(in_flight, 10))
+        with httpx.Client(timeout=self.timeout, limits=limits) as http, concurrent.futures.ThreadPoolExecutor(in_flight) as pool:
             futures = [pool.submit(one, http) for _ in range(requests)]
             for done, fut in enumerate(concurrent.futures.as_completed(futures), 1):
                 try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -35,6 +35,17 @@ class Engine:
     kv_read_s_per_token: float  # seconds to read one token's KV (per GPU)
     busy_duty: float
     frontend_s: float = 0.0  # arrival -> schedulable: API server, tokenizer, network (holds no GPU)
+    chunked_prefill: bool = True  # False: a prompt is prefilled in one step (vLLM's --no-enable-chunked-prefill)
+
+    def with_batching(self, max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                      enable_chunked_prefill: bool | None = None) -> Engine:
+        """The same engine under other batching arguments (``vllm serve --max-num-seqs`` ...); None keeps one."""
+        return replace(
+            self,
+            max_num_seqs=self.max_num_seqs if max_num_seqs is None else max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens,
+            chunked_prefill=self.chunked_prefill if enable_chunked_prefill is None else enable_chunked_prefill,
+        )
 
     def step_seconds(self, batched_tokens: float, kv_tokens: float) -> float:
         """One step over ``batched_tokens`` (prefill chunks + one per decoding sequence) reading ``kv_tokens``."""

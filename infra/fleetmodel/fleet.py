@@ -432,7 +432,7 @@ class Aggregate:
             share_of_wait = served / len(waits)
             budget = e.max_num_batched_tokens
             for prompt, share in w.prompts:
-                chunks = -(-prompt // budget)
+                chunks = -(-prompt // budget) if e.chunked_prefill else 1
                 # its own prefill step(s), shared with the others' tokens; adding the step in progress
                 # (mean tau / 2) made the p99 worse against the request-level mode near the SLO
                 own = e.frontend_s + e.step_seconds(others + prompt / chunks, kv_read) * chunks

@@ -7,7 +7,8 @@ cache allow (chunked prefill). When a decode step needs KV slots the cache does 
 recently admitted request is preempted: its KV is freed and it goes back to the head of the queue
 to be recomputed (prompt + tokens generated so far), as vLLM's recompute preemption does. The step
 lasts ``Engine.step_seconds`` of its batched tokens and the KV it reads; the step that completes a
-prompt emits that request's first token.
+prompt emits that request's first token. Without chunked prefill (``Engine.chunked_prefill`` False,
+vLLM's ``--no-enable-chunked-prefill``) a prompt is admitted only into a step with room for all of it.
 
 Stretches of pure decode with a constant batch are advanced in one go (the step time grows
 linearly with the KV read), so an hour of a busy replica costs events, not steps.
@@ -122,7 +123,12 @@ class Replica:
                 tokens += 1
         while self.waiting and len(self.running) < eng.max_num_seqs and tokens < budget:
             r = self.waiting[0]
-            chunk = min(r.to_prefill - r.prefilled, budget - tokens)
+            remaining = r.to_prefill - r.prefilled
+            chunk = min(remaining, budget - tokens)
+            if not eng.chunked_prefill and chunk < remaining:
+                if tokens:
+                    break  # the whole prompt waits for a step with room for it
+                chunk = remaining  # unchunked, vLLM raises the budget to the longest prompt (max_model_len)
             if self.kv_used + chunk > eng.kv_capacity_tokens:
                 break  # head of line waits for KV (FCFS)
             self.waiting.popleft()

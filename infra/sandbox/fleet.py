@@ -3,12 +3,20 @@
 Every tick it reads pods, services, HTTPRoutes, nodes and the ``fleet-profiles`` /
 ``fleet-demand`` ConfigMaps from the Kubernetes API emulator over HTTP (official client), splits
 each logical deployment's demand between versions by the HTTPRoute's backend weights and between
-the Ready pods of a version, and runs each pod's vLLM engine with the fleet model the benchmarks
+the Ready pods of a version, and runs each pod's vLLM engine, under the batching arguments of its
+container (``--max-num-seqs``, ``--max-num-batched-tokens``, chunked prefill), with the fleet model the benchmarks
 score (``infra.fleetmodel``: continuous batching, KV cache, preemption, calibrated step times),
 so waiting requests, TTFT and GPU utilisation behave here as the benchmark says they do.
 It serves what gates and scaling loops read in production — vLLM's and DCGM's metric names on
 ``GET /metrics`` — and an OpenAI-compatible ``POST /proxy/{namespace}/{service}/v1/completions``
-whose requests join the pod's engine and are answered when it has generated them.
+whose requests join the pod's engine and are answered when it has generated them, and
+``POST /gateway/{namespace}/{route}/v1/completions``, which routes as the Gateway would: the
+HTTPRoute's rule for the request's headers, then an InferencePool's replica with the least queue
+or a Service's (infra/sandbox/gateway.py); the answering pod is in the ``x-tideplane-pod`` header.
+The gateway enforces an Envoy Gateway ``BackendTrafficPolicy`` on the route: once the requests
+waiting in the engines behind it reach its ``circuitBreaker.maxPendingRequests``, a request is
+answered 429 with ``Retry-After`` at once and counted in ``envoy_cluster_upstream_rq_pending_overflow``
+(the simulated demand of ``fleet-demand`` enters the engines directly, not through the gateway).
 
 Time is scaled: with ``--time-scale 10`` one real second is ten sandbox seconds, so counters grow
 ten times faster and a proxied request waits a tenth of its simulated latency. Latency values
@@ -43,9 +51,11 @@ from infra.sandbox.config import (
     Profile,
 )
 from infra.sandbox.answers import MirrorLog, answer
+from infra.sandbox.gateway import POOL_GROUP, backend_for, is_pool, least_queue
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.oom import OomWatch
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
+from workflows.rollout.batching import engine_overrides
 
 log = logging.getLogger("tideplane.fleet")
 
@@ -53,18 +63,28 @@ DEFAULT_GPU_MEMORY_MIB = 81920
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB, as GPU feature discovery labels nodes
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 PROXY_TIMEOUT_S = 120.0  # real seconds a proxied request waits for its engine
+QUEUE_LIMIT_API = ("gateway.envoyproxy.io", "v1alpha1", "backendtrafficpolicies")
+RETRY_AFTER_ANNOTATION = "tideplane.io/retry-after-seconds"
 
 
 # ---------------------------------------------------------------------------------------------
 # Pure model: the benchmarks' vLLM replica (infra.fleetmodel), fed in sandbox time
 
 
-def engine_of(profile: Profile) -> Engine:
-    """The profile's calibrated engine, or one with its stated TTFT, TPOT and capacity."""
+def engine_of(profile: Profile, args: tuple[str, ...] = ()) -> Engine:
+    """The profile's calibrated engine, or one with its stated TTFT, TPOT and capacity, under the
+    batching arguments of the pod's container (``--max-num-seqs`` ..., as vLLM reads them)."""
     if profile.engine:
-        return load_engine(profile.engine)
-    return engine_for_service(profile.ttft_seconds, profile.tpot_seconds, profile.prompt_tokens, profile.output_tokens,
-                              profile.capacity_rps, profile.gpu_memory_gib)
+        engine = load_engine(profile.engine)
+    else:
+        engine = engine_for_service(profile.ttft_seconds, profile.tpot_seconds, profile.prompt_tokens, profile.output_tokens,
+                                    profile.capacity_rps, profile.gpu_memory_gib)
+    return engine.with_batching(**engine_overrides(list(args)))
+
+
+def container_args(pod: dict) -> tuple[str, ...]:
+    """The args of the pod's containers (the serving container's engine arguments among them)."""
+    return tuple(a for c in (pod.get("spec") or {}).get("containers") or [] for a in c.get("args") or [])
 
 
 class Replica:
@@ -75,10 +95,11 @@ class Replica:
     per request (HTTP 500), as a flaky release would.
     """
 
-    def __init__(self, profile: Profile, rng: random.Random | None = None, clock: float = 0.0):
+    def __init__(self, profile: Profile, rng: random.Random | None = None, clock: float = 0.0, args: tuple[str, ...] = ()):
         self.rng = rng or random.Random()
         self.profile = profile
-        self.engine = ModelReplica(engine_of(profile), clock=clock)
+        self.args = args  # the pod's container args: fixed for its life (a new template makes new pods)
+        self.engine = ModelReplica(engine_of(profile, args), clock=clock)
         self.success = 0
         self.errors = 0
         self.prompt_tokens = 0  # of finished requests (vLLM counts per step; per request keeps totals exact)
@@ -89,7 +110,7 @@ class Replica:
     def set_profile(self, profile: Profile) -> None:
         if profile != self.profile:
             self.profile = profile
-            self.engine.engine = engine_of(profile)
+            self.engine.engine = engine_of(profile, self.args)
 
     @property
     def clock(self) -> float:
@@ -111,6 +132,11 @@ class Replica:
     def gpu_utilisation(self) -> float:
         """Percent, as DCGM_FI_DEV_GPU_UTIL reports it: near full whenever a batch runs."""
         return dcgm_gpu_util(self.busy_fraction, self.engine.engine.busy_duty)
+
+    @property
+    def proxied(self) -> list[Request]:
+        """Requests through the proxy not yet handed to the engine (they join at the next tick)."""
+        return self._proxied
 
     @property
     def histograms(self) -> dict[str, Histogram]:
@@ -267,6 +293,25 @@ def assign_gpus(
     return result
 
 
+@dataclass(frozen=True)
+class QueueLimit:
+    """A BackendTrafficPolicy's limit on one HTTPRoute, as the gateway in front of it enforces it."""
+
+    max_pending: int
+    retry_after_s: int
+
+
+def queue_limit_for(policies: list[dict]) -> QueueLimit | None:
+    """The tightest ``circuitBreaker.maxPendingRequests`` of a route's BackendTrafficPolicies; None: none."""
+    limits = []
+    for policy in policies:
+        pending = ((policy.get("spec") or {}).get("circuitBreaker") or {}).get("maxPendingRequests")
+        retry = str((policy["metadata"].get("annotations") or {}).get(RETRY_AFTER_ANNOTATION, "1"))
+        if pending is not None:
+            limits.append(QueueLimit(int(pending), max(1, int(retry)) if retry.isdigit() else 1))
+    return min(limits, key=lambda q: q.max_pending) if limits else None
+
+
 # ---------------------------------------------------------------------------------------------
 # Exposition
 
@@ -312,9 +357,35 @@ class Cluster:
     pods: list[dict] = field(default_factory=list)
     services: list[dict] = field(default_factory=list)
     routes: list[dict] = field(default_factory=list)
+    pools: list[dict] = field(default_factory=list)  # InferencePools, where the Inference Extension's CRD is applied
+    queue_limits: list[dict] = field(default_factory=list)  # Envoy Gateway BackendTrafficPolicies
     nodes: list[dict] = field(default_factory=list)
     profiles: dict[str, Profile] = field(default_factory=dict)
     demand: dict[str, Demand] = field(default_factory=dict)
+
+    def policies_of(self, namespace: str, route: str) -> list[dict]:
+        """The BackendTrafficPolicies that target the HTTPRoute ``namespace/route``."""
+        return [
+            p for p in self.queue_limits
+            if p["metadata"].get("namespace") == namespace
+            and any(t.get("kind") == "HTTPRoute" and t.get("name") == route for t in (p.get("spec") or {}).get("targetRefs") or [])
+        ]
+
+    def pods_behind(self, route: dict) -> list[tuple[str, str]]:
+        """(namespace, pod) of the Ready pods behind any backend of the route: Services and InferencePools."""
+        namespace = route["metadata"].get("namespace")
+        selectors = []
+        for rule in (route.get("spec") or {}).get("rules") or []:
+            for backend in rule.get("backendRefs") or []:
+                kind = self.pools if is_pool(backend) else self.services
+                obj = next((o for o in kind if o["metadata"].get("namespace") == namespace and o["metadata"]["name"] == backend.get("name")), None)
+                spec = (obj or {}).get("spec") or {}
+                selectors.append(spec["selector"].get("matchLabels") if is_pool(backend) and spec.get("selector") else spec.get("selector"))
+        return [
+            (namespace, p["metadata"]["name"]) for p in self.pods
+            if p["metadata"].get("namespace") == namespace and is_ready(p)
+            and any(_selects(sel, p["metadata"].get("labels") or {}) for sel in selectors)
+        ]
 
 
 def read_cluster(api: client.ApiClient) -> Cluster:
@@ -328,6 +399,16 @@ def read_cluster(api: client.ApiClient) -> Cluster:
     )
     try:
         cluster.routes = raw(custom.list_cluster_custom_object("gateway.networking.k8s.io", "v1", "httproutes", _preload_content=False))["items"]
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise
+    try:
+        cluster.pools = raw(custom.list_cluster_custom_object(POOL_GROUP, "v1", "inferencepools", _preload_content=False))["items"]
+    except client.ApiException as exc:
+        if exc.status != 404:  # 404: the CRD is not installed
+            raise
+    try:
+        cluster.queue_limits = raw(custom.list_cluster_custom_object(*QUEUE_LIMIT_API, _preload_content=False))["items"]
     except client.ApiException as exc:
         if exc.status != 404:
             raise
@@ -378,6 +459,9 @@ class Fleet:
         self._demand_since: dict[str, tuple[Demand, float]] = {}  # key -> (demand, clock when set)
         self._round_robin = 0
         self.mirrors = MirrorLog()  # answers to requests mirrored by an HTTPRoute (infra/sandbox/answers.py)
+        self.queue_full: dict[tuple[str, str], int] = {}  # (namespace, route) -> requests the gateway refused
+        self._queued: dict[tuple[str, str], int] = {}  # pod -> requests waiting in its engine after the last tick
+        self._refusals = threading.Lock()
 
     def update(self, cluster: Cluster, real_dt: float) -> None:
         """Take a new snapshot, then advance every Ready replica by ``real_dt * time_scale``."""
@@ -393,7 +477,7 @@ class Fleet:
                 if key not in self.replicas and is_ready(pod):
                     info = PodInfo(key[0], key[1], labels[LABEL_APP], labels.get(LABEL_VERSION, ""), labels.get(LABEL_MODEL, ""), pod["spec"]["nodeName"])
                     profile = profile_for(cluster.profiles, info.model, info.version)
-                    self.replicas[key] = (info, Replica(profile, random.Random(self.rng.random()), clock=self.clock))
+                    self.replicas[key] = (info, Replica(profile, random.Random(self.rng.random()), clock=self.clock, args=container_args(pod)))
             for key in [k for k in self.replicas if k not in present]:
                 del self.replicas[key]
             dt = real_dt * self.time_scale
@@ -403,6 +487,7 @@ class Fleet:
             for key, (info, replica) in self.replicas.items():
                 replica.set_profile(profile_for(cluster.profiles, info.model, info.version))
                 replica.advance(rates.get(key, 0.0) if is_ready(present[key]) else 0.0, dt)
+            self._queued = {key: replica.waiting + len(replica.engine.inbound) for key, (_, replica) in self.replicas.items()}
             self._assign_gpus(present)
             self.mirrors.advance(demand, cluster.routes, self._serving_version, dt)
 
@@ -457,6 +542,48 @@ class Fleet:
             self._round_robin += 1
             return self.replicas[ready[self._round_robin % len(ready)]]
 
+    def gateway_route(self, namespace: str, route: str, headers) -> tuple[PodInfo, Replica] | str:
+        """The replica the gateway sends a request on ``route`` to, or why none (infra/sandbox/gateway.py)."""
+        with self.lock:
+            found = next((r for r in self.cluster.routes if r["metadata"].get("namespace") == namespace
+                          and r["metadata"]["name"] == route), None)
+            backend = backend_for(found, headers) if found else None
+            if backend is None:
+                return f"no HTTPRoute {namespace}/{route} rule takes this request"
+            if not is_pool(backend):
+                service = backend.get("name", "")
+            else:
+                pool = next((p for p in self.cluster.pools if p["metadata"].get("namespace") == namespace
+                             and p["metadata"]["name"] == backend.get("name")), None)
+                if pool is None:
+                    return f"no InferencePool {namespace}/{backend.get('name')}"
+                selector = ((pool.get("spec") or {}).get("selector") or {}).get("matchLabels")
+                queues = {(p["metadata"]["namespace"], p["metadata"]["name"]): 0 for p in self.cluster.pods
+                          if p["metadata"].get("namespace") == namespace and is_ready(p)
+                          and _selects(selector, p["metadata"].get("labels") or {})}
+                queues = {key: self.replicas[key][1].waiting + self.replicas[key][1].running for key in queues if key in self.replicas}
+                key = least_queue(queues)
+                return self.replicas[key] if key else f"no Ready replica in InferencePool {namespace}/{backend.get('name')}"
+        return self.route(namespace, service) or f"no Ready pod behind service {namespace}/{service}"
+    def refuse_when_queue_full(self, namespace: str, route: str) -> int | None:
+        """The gateway's queue limit on ``route``: Retry-After seconds when the requests waiting in
+        the engines behind it have reached its ``maxPendingRequests`` (refused and counted), else None.
+
+        Reads the queues as the last tick left them (plus requests proxied since), without the
+        simulator's lock: a gateway answers without waiting for the engines."""
+        cluster, queued, replicas = self.cluster, self._queued, self.replicas
+        limit = queue_limit_for(cluster.policies_of(namespace, route))
+        found = next((r for r in cluster.routes if r["metadata"].get("namespace") == namespace and r["metadata"]["name"] == route), None)
+        if limit is None or found is None:
+            return None
+        behind = cluster.pods_behind(found)
+        waiting = sum(queued.get(key, 0) + len(replicas[key][1].proxied) for key in behind if key in replicas)
+        if waiting < limit.max_pending:
+            return None
+        with self._refusals:
+            self.queue_full[(namespace, route)] = self.queue_full.get((namespace, route), 0) + 1
+        return limit.retry_after_s
+
     def wait_for(self, info: PodInfo, request: Request) -> str | None:
         """Block (real time) until the engine has answered a proxied request: "done", "timeout", or
         None when its pod is gone."""
@@ -486,6 +613,9 @@ class Fleet:
                 out.sample("vllm:request_success_total", "counter", "Successfully finished requests.", {**labels, "finished_reason": "length"}, replica.success)
                 for status, count in (("200", replica.success), ("500", replica.errors)):
                     out.sample("http_requests_total", "counter", "HTTP requests by status.", {**labels, "status": status, "handler": "/v1/completions"}, count)
+            for (namespace, route), count in self.queue_full.items():
+                out.sample("envoy_cluster_upstream_rq_pending_overflow", "counter", "Requests the gateway refused: queue full.",
+                           {"namespace": namespace, "deployment": route}, count)
             self._dcgm(out)
             self._node_labels(out)
             return out.text()
@@ -530,6 +660,7 @@ class Fleet:
 # HTTP
 
 _PROXY = re.compile(r"^/proxy/([a-z0-9-]+)/([a-z0-9-]+)(/.*)$")
+_GATEWAY = re.compile(r"^/gateway/([a-z0-9-]+)/([a-z0-9-]+)/v1/completions$")  # through an HTTPRoute, as clients call
 
 
 def completion_body(info: PodInfo, request: Request, max_tokens: int) -> dict:
@@ -554,9 +685,11 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
         def log_message(self, fmt: str, *args) -> None:  # access logs would flood the log file
             log.debug(fmt, *args)
 
-        def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        def _send(self, status: int, body: bytes, content_type: str = "application/json", headers: dict | None = None) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -598,7 +731,8 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
             match = _PROXY.match(self.path)
-            if not match or match.group(3) != "/v1/completions":
+            gateway = _GATEWAY.match(self.path)
+            if not gateway and (not match or match.group(3) != "/v1/completions"):
                 self._error(404, f"no route {self.path}")
                 return
             try:
@@ -608,11 +742,23 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
             except (ValueError, TypeError, AttributeError) as exc:
                 self._error(400, f"bad request body: {exc}")
                 return
-            namespace, service, _ = match.groups()
-            target = fleet.route(namespace, service)
-            if target is None:
-                self._error(503, f"no Ready pod behind service {namespace}/{service}")
-                return
+            if gateway:
+                retry_after = fleet.refuse_when_queue_full(*gateway.groups())
+                if retry_after is not None:
+                    message = f"queue full at {'/'.join(gateway.groups())}: retry after {retry_after}s"
+                    self._send(429, json.dumps({"object": "error", "message": message, "code": 429}).encode(),
+                               headers={"Retry-After": str(retry_after)})
+                    return
+                target = fleet.gateway_route(*gateway.groups(), self.headers)
+                if isinstance(target, str):
+                    self._error(503, target)
+                    return
+            else:
+                namespace, service, _ = match.groups()
+                target = fleet.route(namespace, service)
+                if target is None:
+                    self._error(503, f"no Ready pod behind service {namespace}/{service}")
+                    return
             info, replica = target
             with fleet.lock:
                 submitted = replica.submit(max(1, len(str(prompt)) // 4), max_tokens)
@@ -626,7 +772,7 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
             else:
                 body = completion_body(info, submitted, max_tokens)
                 body["choices"][0]["text"] = answer(str(prompt), info.version, replica.profile)  # infra/sandbox/answers.py
-                self._send(200, json.dumps(body).encode())
+                self._send(200, json.dumps(body).encode(), headers={"x-tideplane-pod": f"{info.namespace}/{info.name}"})
 
     return Handler
 

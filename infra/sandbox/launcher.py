@@ -24,6 +24,7 @@ from pathlib import Path
 from string import Template
 
 import boto3
+import yaml
 from kubernetes import client
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -36,11 +37,14 @@ from infra.sandbox.config import (
     load_config,
 )
 from infra.sandbox.kubeclient import api_client, kubeconfig_yaml, raw
+from infra.sandbox.node_agents import TARGETS_FILE
 from infra.sandbox.worker_identity import install_worker_identity
 from infra.sandbox.ports import free_port
 from workflows.search_attributes import CLI_TYPES
 
 REPO = Path(__file__).resolve().parents[2]
+INFERENCE_EXTENSION_CRDS = REPO / "infra" / "k8s" / "inference-extension" / "crds.yaml"
+ENVOY_GATEWAY_CRDS = REPO / "infra" / "k8s" / "envoy-gateway" / "crds.yaml"  # the queue limit's BackendTrafficPolicy
 BIN = Path(sys.executable).parent
 DEFAULT_STATE_DIR = Path(".tideplane/sandbox")
 PROMETHEUS = os.environ.get("TIDEPLANE_PROMETHEUS_BIN", "/usr/bin/prometheus")
@@ -151,6 +155,11 @@ class Sandbox:
         return self.state_dir / "worker-kubeconfig"
 
     @property
+    def node_cache_root(self) -> Path:
+        """The sandbox nodes' weight caches, a directory per node (infra/sandbox/node_agents.py)."""
+        return self.state_dir / "nodes"
+
+    @property
     def worker_pid_file(self) -> Path:
         """Written by any ``tideplane worker`` run with the env file (demo or foreground)."""
         return self.state_dir / "worker.pid"
@@ -237,7 +246,7 @@ class Sandbox:
             ),
             Component(
                 "nodes",
-                [py, "-m", "infra.sandbox.nodes", "--kube-url", u["kubeapi"], "--aws-endpoint-url", u["moto"], "--config", str(self.config_path.resolve()), "--time-scale", str(time_scale)],
+                [py, "-m", "infra.sandbox.nodes", "--kube-url", u["kubeapi"], "--aws-endpoint-url", u["moto"], "--config", str(self.config_path.resolve()), "--time-scale", str(time_scale), "--node-cache-root", str(self.node_cache_root)],
                 None,
             ),
         ]
@@ -312,6 +321,7 @@ class Sandbox:
                 rule_files=json.dumps(rules),
                 fleet=f"127.0.0.1:{self.ports.fleet_port}",
                 worker=f"127.0.0.1:{self.ports.worker_metrics_port}",
+                node_cache_targets=str(self.node_cache_root / TARGETS_FILE),
             )
         )
 
@@ -362,8 +372,9 @@ class Sandbox:
         boto3.client("sqs", **kwargs).create_queue(QueueName=SPOT_QUEUE)
 
     def _seed_cluster(self, config: SandboxConfig) -> None:
-        """The sandbox namespace with the fleet's runtime knobs (profiles, demand) as ConfigMaps, and
-        the worker's ServiceAccount, RBAC and kubeconfig."""
+        """The sandbox namespace with the fleet's runtime knobs (profiles, demand) as ConfigMaps, the
+        Gateway API Inference Extension's and Envoy Gateway's CRDs, and the worker's ServiceAccount,
+        RBAC and kubeconfig."""
         core = client.CoreV1Api(api_client(self.urls()["kubeapi"]))
         configmaps = {PROFILES_CONFIGMAP: config.profiles, DEMAND_CONFIGMAP: config.demand}
         creates = [lambda: core.create_namespace({"metadata": {"name": SANDBOX_NAMESPACE}})] + [
@@ -372,6 +383,11 @@ class Sandbox:
             )
             for name, data in configmaps.items()
         ]
+        extensions = client.ApiextensionsV1Api(core.api_client)
+        for crd in yaml.safe_load_all(INFERENCE_EXTENSION_CRDS.read_text()):  # a cluster with the extension installed
+            creates.append(lambda crd=crd: extensions.create_custom_resource_definition(crd))
+        for crd in yaml.safe_load_all(ENVOY_GATEWAY_CRDS.read_text()):  # ... and Envoy Gateway
+            creates.append(lambda crd=crd: extensions.create_custom_resource_definition(crd))
         for create in creates:
             try:
                 create()

@@ -26,13 +26,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import boto3
 from kubernetes import client
 
+from activities.clients.s3 import S3Client
 from infra.sandbox.config import (
     DEFAULT_CONFIG,
     ENGINE_CACHES_ANNOTATION,
@@ -44,6 +47,7 @@ from infra.sandbox.config import (
 from infra.sandbox.fleet import GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL
 from infra.sandbox.kubeapi.resources import KUBERNETES_VERSION
 from infra.sandbox.kubeclient import api_client, raw
+from infra.sandbox.node_agents import NodeAgents
 from workflows.naming import GPU_RESOURCE, LABEL_MODEL, NODE_CAPACITY_TYPE, NODE_INSTANCE_TYPE, NODE_POOL, NODE_ZONE
 
 log = logging.getLogger("tideplane.nodes")
@@ -414,13 +418,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default=str(DEFAULT_CONFIG))
     parser.add_argument("--time-scale", type=float, default=None, help="override the config's time_scale")
     parser.add_argument("--boot-seconds", type=float, default=BOOT_SECONDS, help="sandbox seconds for a new instance to join")
+    parser.add_argument("--node-cache-root", default=None, help="run a node agent per Node with its weight cache under this directory")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config: SandboxConfig = load_config(args.config)
     ec2, autoscaling = aws_clients(args.aws_endpoint_url)
     ensure_pools(ec2, autoscaling, config.node_pools)
     cloud = Cloud(ec2, autoscaling, api_client(args.kube_url), {p.name: p for p in config.node_pools}, args.time_scale or config.time_scale, args.boot_seconds)
+    if args.node_cache_root:
+        agents = NodeAgents(api_client(args.kube_url), args.kube_url, Path(args.node_cache_root),
+                            S3Client(args.aws_endpoint_url, "us-east-1", access_key_id="testing", secret_access_key="testing"))
+        threading.Thread(target=run_agents, args=(agents,), name="node-agents", daemon=True).start()
     cloud.run()
+
+
+def run_agents(agents: NodeAgents, interval: float = 0.3) -> None:
+    """Follow Nodes and staging pods forever; transient API errors are logged and retried."""
+    while True:
+        try:
+            agents.reconcile()
+        except Exception as exc:  # noqa: BLE001 - the agents outlive flaky calls
+            log.warning("node agents: %s", exc)
+        time.sleep(interval)
 
 
 if __name__ == "__main__":

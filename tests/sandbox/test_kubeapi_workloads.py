@@ -8,6 +8,9 @@ sandbox seconds pass 100 times faster) for the module, each test in a namespace 
 from __future__ import annotations
 
 import json
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 from kubernetes import client
@@ -16,6 +19,7 @@ from activities.clients.kube import KubeClient
 from activities.rollout import DELETION_COST, mark_deletion_costs
 from tests.kube_fixtures import emulated_cluster, kube_wait as wait, namespace_for
 from workflows.naming import GPU_RESOURCE
+from workflows.staging.activities import LABEL_COMPONENT, STAGER_COMPONENT
 
 
 @pytest.fixture(scope="module")
@@ -213,3 +217,37 @@ def test_scale_down_takes_the_replica_on_the_least_loaded_node(cluster, ns):
          "scaled down to one")
     [kept] = core.list_namespaced_pod(ns, label_selector="app=spread").items
     assert kept.spec.node_name == busy, "the replica alone on its node went: that node can empty"
+
+
+def test_a_node_cache_staging_pod_runs_until_its_node_agent_reports_the_exit(cluster, ns):
+    """The node agent (infra/sandbox/node_agents.py) runs a staging Job's pod; the kubelet holds it
+    Running until the agent's POST /sandbox/exit, then ends it with the report as termination message."""
+    batch, core = client.BatchV1Api(cluster.api), client.CoreV1Api(cluster.api)
+    staging = job("stage-node", "chat", backoffLimit=0)
+    staging["spec"]["template"]["metadata"]["labels"][LABEL_COMPONENT] = STAGER_COMPONENT
+    for name in ("stage-node", "stage-node-bad"):
+        batch.create_namespaced_job(ns, {**staging, "metadata": {"name": name}})
+
+    def running(name: str) -> str | None:
+        pods = core.list_namespaced_pod(ns, label_selector=f"job-name={name}").items
+        return pods[0].metadata.name if pods and pods[0].status.phase == "Running" else None
+
+    good, bad = wait(lambda: running("stage-node"), "the pod Running"), wait(lambda: running("stage-node-bad"), "Running")
+    time.sleep(0.2)  # 20x past the profile's 1 s load at the cluster's time scale: still running
+    assert running("stage-node") == good
+
+    def exit_(name: str, code: int, message: str) -> int:
+        body = json.dumps({"namespace": ns, "name": name, "exitCode": code, "message": message}).encode()
+        request = urllib.request.Request(f"{cluster.url}/sandbox/exit", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status
+
+    assert exit_(good, 0, '{"origin_bytes": 3}') == 200 and exit_(bad, 1, "NoRoom: full") == 200
+    wait(lambda: "Complete" in job_conditions(batch, "stage-node", ns), "the job complete")
+    wait(lambda: "Failed" in job_conditions(batch, "stage-node-bad", ns), "the other failed")
+    terminated = core.read_namespaced_pod(good, ns).status.container_statuses[0].state.terminated
+    assert (terminated.exit_code, terminated.message) == (0, '{"origin_bytes": 3}')
+    failed = core.read_namespaced_pod(bad, ns).status.container_statuses[0].state.terminated
+    assert (failed.exit_code, failed.message) == (1, "NoRoom: full")
+    with pytest.raises(urllib.error.HTTPError):  # a pod the agent does not run cannot be ended this way
+        exit_(good, 0, "again")

@@ -54,12 +54,15 @@ from workflows.rollout.activities import (
     ENSURE_VERSION,
     QUERY_GATES,
     SCALE_VERSION,
+    SET_ENGINE_ARGS,
     SET_ROUTE_WEIGHTS,
     STAGE_WEIGHTS,
+    SWEEP_BATCHING,
     WAIT_READY,
     WARM_UP,
     Benchmark,
     DeploymentState,
+    EngineArgsInput,
     EnsureVersionInput,
     GateQueriesInput,
     GateQueriesResult,
@@ -68,6 +71,8 @@ from workflows.rollout.activities import (
     ScaleVersionInput,
     StagedWeights,
     StageWeightsInput,
+    SweepBatchingInput,
+    SweepBatchingResult,
     VersionInfo,
     WaitReadyInput,
     WarmUpInput,
@@ -75,6 +80,7 @@ from workflows.rollout.activities import (
     RetireInput,
     retire_workflow_id,
 )
+from workflows.rollout.batching import VLLM_DEFAULT, BatchingSetting, SweepPoint
 from workflows.rollout.types import (
     DEFAULT_STEPS,
     AbortInput,
@@ -133,6 +139,7 @@ class Fleet:
         hook: Hook | None = None,
         checksum_ok: bool = True,
         warm_up_errors: int = 0,
+        sweep: Callable[[BatchingSetting], SweepPoint] | None = None,
     ) -> None:
         self.client = client
         self.workflow_id = ""
@@ -143,6 +150,7 @@ class Fleet:
         self.hook = hook
         self.checksum_ok = checksum_ok
         self.warm_up_errors = warm_up_errors
+        self.sweep = sweep  # a batching sweep's point per setting (None: the sweep fails)
         self.calls: list[tuple[str, Any]] = []
         self.times: list[datetime] = []
         self.gate_queries: dict[int, int] = {}
@@ -189,6 +197,8 @@ class Fleet:
             self.set_route_weights,
             self.warm_up,
             self.query_gates,
+            self.sweep_batching,
+            self.set_engine_args,
         ]
 
     # bookkeeping (registry, metrics): recorded apart from the cluster calls
@@ -282,6 +292,17 @@ class Fleet:
             p50_latency_seconds=0.4,
             p99_latency_seconds=0.9,
         )
+
+    @activity.defn(name=SWEEP_BATCHING)
+    async def sweep_batching(self, input: SweepBatchingInput) -> SweepBatchingResult:
+        await self._record(SWEEP_BATCHING, input)
+        if self.sweep is None:
+            raise ApplicationError("warm-up: 64 of 64 requests failed", non_retryable=True)
+        return SweepBatchingResult(points=[self.sweep(s) for s in input.candidates], prompt_tokens=500, output_tokens=100)
+
+    @activity.defn(name=SET_ENGINE_ARGS)
+    async def set_engine_args(self, input: EngineArgsInput) -> None:
+        await self._record(SET_ENGINE_ARGS, input)
 
     @activity.defn(name=QUERY_GATES)
     async def query_gates(self, input: GateQueriesInput) -> GateQueriesResult:
@@ -459,6 +480,31 @@ async def test_first_deploy_skips_the_ladder(client):
     assert fleet.names() == [STAGE_WEIGHTS, DESCRIBE_DEPLOYMENT, ENSURE_VERSION, WAIT_READY, WARM_UP, SET_ROUTE_WEIGHTS]
     assert fleet.calls[2][1].replicas == 3
     assert fleet.routes() == [{NEW: 100}]
+
+
+TUNED = BatchingSetting(max_num_seqs=256, max_num_batched_tokens=2048)
+SWEEP = {"candidates": [VLLM_DEFAULT.model_dump(), TUNED.model_dump()], "ttft_slo_seconds": 2, "tpot_slo_seconds": 0.1}
+
+
+async def test_batching_sweep_keeps_the_best_setting_within_the_slo_and_records_it(client):
+    measured = {VLLM_DEFAULT: (900.0, 3.1), TUNED: (800.0, 1.2)}  # (tokens/s, TTFT p99): the defaults miss the TTFT SLO
+    fleet = Fleet(client, stable=None, sweep=lambda s: SweepPoint(
+        setting=s, tokens_per_second=measured[s][0], ttft_p99_seconds=measured[s][1], tpot_p99_seconds=0.05, requests=64, errors=0))
+    result = await run_rollout(fleet, rollout_input(weights_uri=None, sha256=None, batching=SWEEP))
+    assert result.outcome is Outcome.PROMOTED and result.batching.setting == TUNED
+    assert fleet.names()[-5:] == [WAIT_READY, WARM_UP, SWEEP_BATCHING, SET_ENGINE_ARGS, SET_ROUTE_WEIGHTS]  # before any traffic
+    assert [arg.setting for name, arg in fleet.calls if name == SET_ENGINE_ARGS] == [TUNED]
+    [bench] = fleet.recorded(RECORD_REGISTRY_BENCHMARK)
+    assert bench.benchmark.batching.chosen == TUNED and len(bench.benchmark.batching.points) == 2
+    replayer = Replayer(workflows=[ModelRollout], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(await fleet.handle.fetch_history())
+
+
+async def test_a_failed_batching_sweep_rolls_back_before_traffic(client):
+    fleet = Fleet(client, sweep=None)
+    result = await run_rollout(fleet, rollout_input(batching=SWEEP))
+    assert result.outcome is Outcome.ROLLED_BACK and "batching sweep failed: warm-up: 64 of 64" in result.reason
+    assert SET_ENGINE_ARGS not in fleet.names() and fleet.route.get(NEW, 0) == 0
 
 
 async def test_registry_version_resolved_tracked_and_benchmarked(client):

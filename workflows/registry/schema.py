@@ -18,6 +18,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, Field, model_validator
 
+from workflows.rollout.batching import SweepRecord
 from workflows.rollout.quality import GoldenVerdict
 
 SCHEMA_VERSION = 1
@@ -176,6 +177,7 @@ class BenchmarkResult(BaseModel):
     image: str | None = Field(None, description="serving image the numbers were measured with")
     deployment: str | None = Field(None, description="NAMESPACE/NAME it ran in")
     golden: GoldenVerdict | None = Field(None, description="the golden-set gate's verdict at this warm-up")
+    batching: SweepRecord | None = Field(None, description="the warm-up's batching sweep and the setting it kept")
 
 
 class ManifestFile(BaseModel):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 
 from workflows.naming import DeploymentName, DeploymentRef, rollout_workflow_id
+from workflows.rollout.batching import BatchingSetting, SweepPoint
 from workflows.rollout.quality import CaseResult, GoldenSet, ShadowPair
 
 # Activity names (stable API: histories refer to them).
@@ -25,6 +26,8 @@ WAIT_READY = "wait_ready"
 SET_ROUTE_WEIGHTS = "set_route_weights"
 WARM_UP = "warm_up"
 QUERY_GATES = "query_gates"
+SWEEP_BATCHING = "sweep_batching"
+SET_ENGINE_ARGS = "set_engine_args"
 
 # ApplicationError type of a refusal: another workflow owns the deployment (naming.ANNOTATION_OWNER).
 DEPLOYMENT_OWNED = "DeploymentOwned"
@@ -182,6 +185,35 @@ class Benchmark(BaseModel):
     p99_latency_seconds: float
 
 
+class SweepBatchingInput(BaseModel):
+    """Measure each batching setting on the version's own replicas (workflows/rollout/batching.py)."""
+
+    deployment: DeploymentRef
+    version: str
+    model: str | None = Field(None, description="served model name sent as 'model'")
+    candidates: list[BatchingSetting] = Field(min_length=1)
+    requests: int = Field(64, ge=1)
+    concurrency: int = Field(32, ge=1)
+    prompt_tokens: int | None = Field(None, ge=1, description="None: the deployment's recent mean (Prometheus)")
+    output_tokens: int | None = Field(None, ge=1)
+    settle_seconds: float = Field(2.5, ge=0, description="wait after a run so Prometheus has scraped its last requests")
+
+
+class SweepBatchingResult(BaseModel):
+    points: list[SweepPoint]
+    prompt_tokens: int = Field(description="request size the sweep used")
+    output_tokens: int
+
+
+class EngineArgsInput(BaseModel):
+    """Give the version's serving container these batching arguments and wait until every replica runs them."""
+
+    deployment: DeploymentRef
+    version: str
+    setting: BatchingSetting
+    poll_seconds: float = 0.5
+
+
 class GateQueriesInput(BaseModel):
     """Rendered per observation: the activity substitutes ${...} and runs each query."""
 
@@ -278,6 +310,21 @@ class RolloutActivities:
     @activity.defn(name=READ_SHADOW_PAIRS)
     def read_shadow_pairs(self, req: ShadowPairsInput) -> ShadowPairsResult:
         """The (stable answer, canary answer) pairs of mirrored live requests recorded since ``after``."""
+        raise NotImplementedError
+
+
+class BatchingActivities:
+    """How ModelRollout tunes batching at warm-up on the new version's own replicas (implemented in
+    activities/batching.py; the choice among the measured settings is workflows/rollout/batching.py)."""
+
+    @activity.defn(name=SWEEP_BATCHING)
+    def sweep_batching(self, req: SweepBatchingInput) -> SweepBatchingResult:
+        """Per candidate: its engine args on the version's replicas, a load run, vLLM's TTFT/TPOT p99 of it."""
+        raise NotImplementedError
+
+    @activity.defn(name=SET_ENGINE_ARGS)
+    def set_engine_args(self, req: EngineArgsInput) -> None:
+        """The version's Deployment with these batching arguments, rolled out to every replica."""
         raise NotImplementedError
 
 

@@ -39,7 +39,9 @@ from workflows.bounds import (
 )
 from workflows.naming import DeploymentName, DeploymentRef, VersionLabel
 from workflows.rollout.activities import Benchmark, EnvFromSecret, StagedWeights, plain_credentials
+from workflows.rollout.batching import BatchingSweep, SweepChoice
 from workflows.rollout.quality import GoldenVerdict, ShadowSettings, ShadowVerdict
+from workflows.staging.activities import NodeStaging, PrestageSettings
 
 MAX_OBSERVATIONS = 3000  # ~11 history events each: well under Temporal's 51,200-event limit
 # The input travels in the history, the status query and activity inputs (args/env): keep it far below
@@ -188,6 +190,12 @@ class RolloutInput(_Strict):
     shadow: ShadowSettings | None = Field(
         None, description="mirror live requests to the canary and gate on answer drift (workflows/rollout/quality.py)"
     )
+    batching: BatchingSweep | None = Field(
+        None, description="tune vLLM's batching at warm-up: sweep settings, keep the best within the SLO (workflows/rollout/batching.py)"
+    )
+    prestage: PrestageSettings | None = Field(
+        None, description="stage the weights into the pool's node caches, peer to peer, before the version starts"
+    )
 
 
     @field_validator("sha256", mode="before")
@@ -321,6 +329,8 @@ class RolloutStatus(BaseModel):
     timings: dict[str, float] = Field(description="seconds spent per stage, and cold start")
     golden: GoldenVerdict | None = Field(None, description="the golden-set gate's verdict at warm-up")
     shadow: ShadowVerdict | None = Field(None, description="the last shadow comparison's verdict")
+    batching: SweepChoice | None = Field(None, description="the batching setting the warm-up's sweep kept")
+    nodes: list[NodeStaging] = Field(default_factory=list, description="pre-staging: each node's progress")
 
 
 class RolloutResult(BaseModel):
@@ -341,3 +351,4 @@ class RolloutResult(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)
     golden: GoldenVerdict | None = Field(None, description="the golden-set gate's verdict (names failing cases)")
     shadow: ShadowVerdict | None = Field(None, description="the last shadow comparison's verdict (with examples)")
+    batching: SweepChoice | None = Field(None, description="the batching setting the warm-up's sweep kept, and why")

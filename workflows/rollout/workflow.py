@@ -55,11 +55,14 @@ with workflow.unsafe.imports_passed_through():
         RegistryWeightsInput,
         SetRegistryStatusInput,
     )
+    from workflows.rollout.batching import SweepChoice, SweepRecord, choose_setting
     from workflows.rollout.activities import (
         DEPLOYMENT_OWNED,
+        BatchingActivities,
         Benchmark,
         CancelRetireInput,
         DeploymentState,
+        EngineArgsInput,
         EnsureVersionInput,
         GateQueriesInput,
         GoldenRunInput,
@@ -71,6 +74,7 @@ with workflow.unsafe.imports_passed_through():
         ScaleVersionInput,
         StagedWeights,
         StageWeightsInput,
+        SweepBatchingInput,
         VersionInfo,
         WaitReadyInput,
         ShadowPairsInput,
@@ -99,6 +103,7 @@ with workflow.unsafe.imports_passed_through():
         Stage,
         VerdictRecord,
     )
+    from workflows.staging.activities import NodeStaging, NodeStagingActivities, StartNodeStagingInput
     from workflows.search_attributes import CANARY_PERCENT, DEPLOYMENT, MODEL, STAGE, VERSION
     from workflows.steps import cause, validated, wait_until
     from workflows.telemetry import (
@@ -116,6 +121,10 @@ WORKFLOW_TYPE = "ModelRollout"
 RETIRE_PATCH = "retire-after-promotion"
 # Runs from before the quality gates (issue 21) never read a golden set at warm-up.
 GOLDEN_PATCH = "golden-gate"
+# Runs from before batching was tuned at warm-up (issue 19) never swept; asked only when a run has `batching`.
+BATCHING_PATCH = "batching-sweep"
+# Runs from before pre-staging (issue 18) never staged onto nodes.
+PRESTAGE_PATCH = "prestage-nodes"
 SHADOW_KEEP = 2000  # mirrored pairs kept in memory for one window's comparison
 VERDICT_HISTORY = 50  # kept in memory for the status query, not in history
 PAUSE_TICK = 3600.0  # seconds between wake-ups of a paused rollout
@@ -207,10 +216,13 @@ class ModelRollout:
         self._ended_in: str | None = None  # stage label where a rollback started
         self._golden: GoldenVerdict | None = None
         self._shadow: ShadowVerdict | None = None
+        self._batching: SweepChoice | None = None
+        self._sweep: SweepRecord | None = None
         self._mirror: RouteMirror | None = None  # set once the shadow comparison starts
         self._shadow_after = 0  # last mirrored pair read
         self._shadow_pairs: list[ShadowPair] = []  # the current window's pairs
         self._shadow_passed = False  # some window's comparison passed
+        self._nodes: list[NodeStaging] = []  # pre-staging progress per node
 
     @workflow.run
     async def run(self, input: RolloutInput) -> RolloutResult:
@@ -317,6 +329,8 @@ class ModelRollout:
             timings=self._all_timings(),
             golden=self._golden,
             shadow=self._shadow,
+            batching=self._batching,
+            nodes=self._nodes,
         )
 
     # ---- the stages --------------------------------------------------------------------------
@@ -333,6 +347,9 @@ class ModelRollout:
             heartbeat=60,
         )
         await self._checkpoint()
+        if inp.prestage is not None and workflow.patched(PRESTAGE_PATCH):
+            await self._prestage(files)
+            await self._checkpoint()
 
         self._set_stage(Stage.STARTING)
         state = await self._act(
@@ -383,6 +400,7 @@ class ModelRollout:
 
         self._set_stage(Stage.WARMING_UP)
         await self._warm_up(first)
+        await self._tune_batching()
         if self._registry and self._benchmark is not None:
             await self._registry_write(
                 RegistryActivities.record_registry_benchmark,
@@ -399,6 +417,7 @@ class ModelRollout:
                         errors=self._benchmark.errors,
                         image=inp.image,
                         deployment=inp.deployment,
+                        batching=self._sweep,
                     ),
                 ),
                 "record the warm-up benchmark in the registry",
@@ -471,6 +490,53 @@ class ModelRollout:
             ) from err
         if self._benchmark.errors >= self._benchmark.requests:
             raise _RollBack(f"warm-up: all {self._benchmark.requests} requests to {inp.version} failed")
+
+    async def _tune_batching(self) -> None:
+        """Measure each batching setting on the new replicas before they see users, keep the
+        highest throughput within the TTFT/TPOT SLO (workflows/rollout/batching.py) in the
+        Deployment's engine args; the sweep goes to the registry with the warm-up benchmark."""
+        inp = self._in
+        sweep_in = inp.batching
+        if sweep_in is None or not workflow.patched(BATCHING_PATCH):
+            return
+        try:
+            sweep = await self._act(
+                BatchingActivities.sweep_batching,
+                SweepBatchingInput(
+                    deployment=self._ref,
+                    version=inp.version,
+                    model=inp.model,
+                    candidates=sweep_in.candidates,
+                    requests=sweep_in.requests,
+                    concurrency=sweep_in.concurrency,
+                    prompt_tokens=sweep_in.prompt_tokens,
+                    output_tokens=sweep_in.output_tokens,
+                ),
+                summary=f"batching sweep of {inp.version}: {len(sweep_in.candidates)} settings, {sweep_in.requests} requests each",
+                schedule_to_close=sweep_in.deadline_seconds,
+                heartbeat=120,
+            )
+            choice = choose_setting(sweep.points, sweep_in.ttft_slo_seconds, sweep_in.tpot_slo_seconds)
+            await self._act(
+                BatchingActivities.set_engine_args,
+                EngineArgsInput(deployment=self._ref, version=inp.version, setting=choice.setting),
+                summary=f"keep {choice.setting.label()} in {inp.version}'s engine args",
+                schedule_to_close=inp.deadlines.step_ready_seconds,
+                heartbeat=60,
+            )
+        except ActivityError as err:
+            raise _RollBack(f"batching sweep failed: {cause(err)}") from err
+        self._batching = choice
+        self._sweep = SweepRecord(
+            ttft_slo_seconds=sweep_in.ttft_slo_seconds,
+            tpot_slo_seconds=sweep_in.tpot_slo_seconds,
+            prompt_tokens=sweep.prompt_tokens,
+            output_tokens=sweep.output_tokens,
+            points=sweep.points,
+            chosen=choice.setting,
+            reason=choice.reason,
+        )
+        self._show(f"batching: {choice.reason}")
 
     async def _shift(self, weight: int) -> None:
         """Scale the canary to carry ``weight`` %, wait until Ready, then move the route."""
@@ -738,6 +804,46 @@ class ModelRollout:
 
     # ---- helpers -----------------------------------------------------------------------------
 
+    async def _prestage(self, files: list[WeightFile]) -> None:
+        """Stage onto every node of the pool (one Job each, peers sharing chunks) and go on once
+        ``min_nodes`` hold the version; the others finish behind. Fewer by the deadline, or too many
+        failed to reach it, fails the rollout before the cluster's serving objects change."""
+        inp, spec = self._in, self._in.prestage
+        req = StartNodeStagingInput(
+            namespace=self._ref.namespace,
+            model=inp.model, version=inp.version, files=files, pool=spec.pool, run_id=workflow.info().run_id
+        )
+        status = await self._act(
+            NodeStagingActivities.start_node_staging,
+            req,
+            summary=f"start staging {inp.model} {inp.version} onto the nodes of {spec.pool or 'the GPU pools'}",
+        )
+        deadline = workflow.now() + timedelta(seconds=spec.timeout_seconds)
+        while True:
+            self._nodes = status.nodes
+            wanted = min(spec.min_nodes, len(status.nodes))
+            staged, failed = status.count("staged"), status.count("failed")
+            self._show(f"pre-staging: {staged} of {len(status.nodes)} node(s) staged, {wanted} needed")
+            if staged >= wanted:
+                return
+            if len(status.nodes) - failed < wanted:
+                raise ApplicationError(
+                    f"pre-staging: {failed} of {len(status.nodes)} node(s) failed, {wanted} needed: "
+                    + "; ".join(f"{n.node}: {n.message}" for n in status.nodes if n.state == "failed"),
+                    type="PrestageFailed",
+                    non_retryable=True,
+                )
+            if workflow.now() >= deadline:
+                raise ApplicationError(
+                    f"pre-staging: {staged} of {wanted} node(s) staged after {spec.timeout_seconds:.0f}s",
+                    type="PrestageFailed",
+                    non_retryable=True,
+                )
+            await workflow.sleep(spec.poll_seconds, summary="wait for the nodes' staging")
+            status = await self._act(
+                NodeStagingActivities.node_staging_status, req, summary="read the nodes' staging", read_only=True
+            )
+
     async def _checkpoint(self) -> None:
         """Between actions: stop for an abort, wait out a pause (promote also ends a pause)."""
         if self._abort_reason is not None:
@@ -978,6 +1084,8 @@ class ModelRollout:
         if note:
             lines.append(note)
         lines += [v.describe() for v in (self._golden, self._shadow) if v is not None]
+        if self._nodes:
+            lines.append("nodes: " + ", ".join(n.describe() for n in self._nodes))
         if self._verdicts:
             last = self._verdicts[-1]
             lines.append(
@@ -1004,6 +1112,7 @@ class ModelRollout:
             timings=self._all_timings(),
             golden=self._golden,
             shadow=self._shadow,
+            batching=self._batching,
         )
 
 

@@ -14,8 +14,10 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 
 from workflows.bounds import PromWindow
+from workflows.naming import DeploymentRef
 from workflows.scaling.decide import Signals
 from workflows.scaling.forecast import WEEK_S, DemandForecast
+from workflows.scaling.queue_limit import QueueLimit
 from workflows.scaling.placement import Node
 
 # Activity names (stable API: histories refer to them).
@@ -23,6 +25,7 @@ READ_SCALING_SIGNALS = "read_scaling_signals"  # Prometheus
 GET_SCALE = "get_scale"  # Kubernetes: replicas, ready, pending pods
 READ_REPLICA_HISTORY = "read_replica_history"  # Prometheus range query for pre-warm
 FORECAST_DEMAND = "forecast_demand"  # Prometheus range query + workflows.scaling.forecast
+SET_QUEUE_LIMIT = "set_queue_limit"  # the gateway's queue limit (an Envoy Gateway BackendTrafficPolicy)
 OBSERVE_NODE_POOL = "observe_node_pool"  # Kubernetes nodes and pods, the pool's Auto Scaling group
 SET_POOL_CAPACITY = "set_pool_capacity"
 REMOVE_POOL_NODE = "remove_pool_node"
@@ -41,6 +44,15 @@ DEFAULT_SIGNAL_QUERIES: dict[str, str] = {
         "histogram_quantile(0.99, sum by (le) "
         f"(rate(vllm:time_to_first_token_seconds_bucket{{{_SELECTOR}}}[${{window}}])))"
     ),
+    # the batch class's SLO: p95 completion time (workflows/scaling/completion.py)
+    "e2e_p95_seconds": (
+        "histogram_quantile(0.95, sum by (le) "
+        f"(rate(vllm:e2e_request_latency_seconds_bucket{{{_SELECTOR}}}[${{window}}])))"
+    ),
+    # requests/s the gateway refused because the queue was full (429): counted as demand. Envoy's
+    # circuit-breaker overflow counter, labelled with the route's namespace and deployment (the
+    # sandbox's gateway exports it so; on Envoy Gateway relabel envoy_cluster_name, or edit this).
+    "rejected_rate": f"sum(rate(envoy_cluster_upstream_rq_pending_overflow{{{_SELECTOR}}}[${{window}}]))",
     # GPUs held by the deployment's pods: DCGM series joined on the pods vLLM reports for. A duty
     # cycle under vLLM (~100 % whenever a batch runs): read and shown, a trigger only on request.
     "gpu_util_percent": (
@@ -114,6 +126,11 @@ class DemandForecastInput(BaseModel):
     query: str = DEFAULT_DEMAND_RATE_QUERY
 
 
+class QueueLimitInput(BaseModel):
+    deployment: DeploymentRef = Field(description="the logical deployment: its HTTPRoute is the policy's target")
+    limit: QueueLimit
+
+
 class ReplicaHistoryInput(BaseModel):
     namespace: str
     deployment: str
@@ -153,6 +170,11 @@ class ScalingActivities:
     def forecast_demand(self, req: DemandForecastInput) -> DemandForecast:
         """Peak demand over the horizon from the arrival rate's recent history (a Prometheus range
         query fed to ``workflows.scaling.forecast.forecast_demand``); an unreachable Prometheus is retried."""
+        raise NotImplementedError
+
+    @activity.defn(name=SET_QUEUE_LIMIT)
+    def set_queue_limit(self, req: QueueLimitInput) -> None:
+        """The gateway's queue limit for the deployment's route (create or update; unchanged: no write)."""
         raise NotImplementedError
 
 

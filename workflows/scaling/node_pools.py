@@ -46,9 +46,12 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     import workflows.scaling.activities as acts
+    import workflows.telemetry as telemetry
     from workflows.bounds import DAY_SECONDS, MAX_ITERATIONS
     from workflows.naming import split_deployment
     from workflows.scaling.activities import NodePoolActivities, ScalingActivities
+    from workflows.scaling.budget import MonthlyBudget
+    from workflows.scaling.budget_guard import BUDGET_PATCH, judge_growth
     from workflows.scaling.decide import ScalingPolicy, slo_replicas
     from workflows.scaling.placement import CLASS_FOR_CAPACITY, ModelNeed, PoolDecision, PoolSizing, plan_pending, size_pool
     from workflows.scaling.warm_pool import nodes_for, warm_pool_size
@@ -112,12 +115,21 @@ class NodePoolInput(BaseModel):
     interval_seconds: float = Field(15, ge=1, le=DAY_SECONDS)
     iterations_per_run: int = Field(240, ge=1, le=MAX_ITERATIONS)
     warm_pool: WarmPoolSettings | None = Field(None, description="None: no warm pool is managed")
+    budget: MonthlyBudget | None = Field(
+        None, description="growth whose nodes would take the month's GPU spend over this budget is refused"
+    )
     carry: NodePoolCarry | None = None
 
     @model_validator(mode="after")
     def _warm_pool_on_demand_only(self) -> NodePoolInput:
         if self.warm_pool is not None and self.pool.capacity_type == "spot":
             raise ValueError("warm_pool: EC2 Auto Scaling has no warm pools for Spot Instances (use it on an on-demand pool)")
+        return self
+
+    @model_validator(mode="after")
+    def _protected_on_demand(self) -> NodePoolInput:
+        if self.budget is not None and self.budget.protected and self.pool.capacity_type != "on-demand":
+            raise ValueError("budget.protected is for the realtime class's on-demand pools only")
         return self
 
 
@@ -191,6 +203,8 @@ class NodePoolScaling:
         decision: PoolDecision = size_pool(seen.nodes, seen.pending_gpus, pending_for, input.sizing, booting, plan)
         desired = min(decision.desired_nodes, seen.max_size)
         reason = decision.reason
+        if input.budget is not None and desired > seen.desired_capacity and workflow.patched(BUDGET_PATCH):
+            desired, reason = await self._within_budget(input, seen.desired_capacity, desired, reason)
         if input.warm_pool is not None and workflow.patched(WARM_POOL_PATCH):
             reason += await self._size_warm_pool(input.warm_pool, seen, input.sizing.gpus_per_node, now)
         if decision.drain:
@@ -272,6 +286,18 @@ class NodePoolScaling:
             per_node = max(1, gpus_per_node // max(1, wanted.policy.gpus_per_replica))
             nodes += nodes_for(slo_replicas(forecast.upper, wanted.policy), per_node)
         return nodes
+
+    async def _within_budget(self, input: NodePoolInput, current: int, desired: int, reason: str) -> tuple[int, str]:
+        """Nodes the monthly budget pays for (workflows/scaling/budget.py); a protected pool keeps its growth."""
+        verdict = await judge_growth(input.budget, workflow.now(), current, desired, input.sizing.gpus_per_node,
+                                     input.pool.capacity_type, pool=self._pool, unit="node")
+        if isinstance(verdict, str):
+            return desired, f"{reason}; {verdict}"
+        if verdict.over_budget:
+            outcome = "protected" if input.budget.protected else "refused"
+            telemetry.budget_refusal(workflow.metric_meter(), "", "", self._pool, outcome)
+            return verdict.allowed, f"{reason}; {verdict.reason}"
+        return desired, reason
 
     @workflow.query(name="status")
     def status(self) -> NodePoolStatus:

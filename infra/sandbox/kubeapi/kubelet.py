@@ -11,6 +11,10 @@ What a container does comes from its model version's fleet profile (ConfigMap
 - `oom_after_requests: N`: the fleet simulator reports (POST /sandbox/oom) when a container has
   served N requests; it is OOMKilled (exit 137, lastState.terminated.reason OOMKilled), restarted
   with back-off and loads again;
+- a node-cache staging pod (label `tideplane.io/component=node-cache-stage`, a staging Job's) is run
+  by the sandbox's node agent on its node (infra/sandbox/node_agents.py), the real staging code:
+  Running until the agent reports its exit (POST /sandbox/exit), then Succeeded or Failed with the
+  report as its termination message;
 - `shutdown_seconds` (default 5): how long the server drains after SIGTERM. A deleted pod is
   Terminating (deletionTimestamp) for its containers' preStop sleep and that long, at most its
   grace period, then removed.
@@ -41,6 +45,7 @@ import yaml
 
 from infra.sandbox.config import ENGINE_CACHES_ANNOTATION, NODE_START_ANNOTATION, PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
 from workflows.naming import LABEL_MODEL, LABEL_VERSION
+from workflows.staging.activities import LABEL_COMPONENT, STAGER_COMPONENT
 
 from .api import pod_ready
 from .conditions import node_ready, set_condition
@@ -92,6 +97,11 @@ def _number(profile: dict[str, Any], key: str, default: float = 0.0) -> float:
         return default
 
 
+def agent_run(pod: dict[str, Any]) -> bool:
+    """A pod whose container the sandbox's node agent runs (a node-cache staging Job's)."""
+    return (pod["metadata"].get("labels") or {}).get(LABEL_COMPONENT) == STAGER_COMPONENT
+
+
 def backoff(restarts: int) -> float:
     """Sandbox seconds before the next restart after `restarts` failures (10 s, 20 s, ... 300 s)."""
     return min(BACKOFF_SECONDS * 2 ** max(restarts - 1, 0), MAX_BACKOFF_SECONDS)
@@ -109,6 +119,7 @@ class Kubelet:
         self.gone_at: dict[str, float] = {}  # Terminating pod uid -> when its containers have exited
         self.oom: set[str] = set()  # pod uids the fleet reported out of memory
         self.cold_start: dict[str, tuple[list[tuple[str, float, str]], str | None]] = {}  # uid -> (parts, engine cache)
+        self.exited: dict[str, tuple[int, str]] = {}  # agent-run pod uid -> (exit code, termination message)
 
     def due(self) -> list[float]:
         return [t for t in (*self.ready_at.values(), *self.crash_at.values(), *self.restart_at.values(),
@@ -162,12 +173,16 @@ class Kubelet:
             for uid in [u for u in timers if u not in live]:
                 del timers[uid]
         self.oom &= live
+        self.exited = {uid: v for uid, v in self.exited.items() if uid in live}
 
     def _run(self, pod: dict[str, Any], node: dict[str, Any], now: float) -> None:
         uid = pod["metadata"]["uid"]
         if uid in self.oom:
             self.oom.discard(uid)
             return self._exit(pod, now, "OOMKilled", 137)
+        if uid in self.exited:
+            code, message = self.exited.pop(uid)
+            return self._finish(pod, "Succeeded" if code == 0 else "Failed", "Completed" if code == 0 else "Error", code, message)
         if now >= self.crash_at.get(uid, math.inf):
             return self._exit(pod, now, "Error", 1)
         if now >= self.restart_at.get(uid, math.inf):
@@ -223,7 +238,9 @@ class Kubelet:
         first start there, whose cold-start parts are measured (a restart pulls no image)."""
         uid = pod["metadata"]["uid"]
         profile = self.profile(pod)
-        if profile.get("crash_on_start"):
+        if agent_run(pod):
+            self.ready_at[uid] = math.inf  # until its node agent reports the exit
+        elif profile.get("crash_on_start"):
             self.crash_at[uid] = now + self.seconds(CRASH_AFTER_SECONDS)
             self.ready_at[uid] = math.inf
         elif profile.get("never_ready"):
@@ -285,7 +302,7 @@ class Kubelet:
         self.ready_at.pop(pod["metadata"]["uid"], None)
         self._finish(pod, "Succeeded", "Completed", 0)
 
-    def _finish(self, pod: dict[str, Any], phase: str, reason: str, code: int) -> None:
+    def _finish(self, pod: dict[str, Any], phase: str, reason: str, code: int, message: str | None = None) -> None:
         ts = now_iso()
         new = copy.deepcopy(pod)
         new["status"]["phase"] = phase
@@ -293,6 +310,8 @@ class Kubelet:
             started = (cs.get("state") or {}).get("running", {}).get("startedAt", ts)
             cs["state"] = {"terminated": {"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": ts,
                                           "containerID": cs.get("containerID")}}
+            if message:
+                cs["state"]["terminated"]["message"] = message
             cs["ready"], cs["started"] = False, False
         conditions = new["status"].setdefault("conditions", [])
         set_condition(conditions, "ContainersReady", "False", "PodCompleted")
@@ -371,6 +390,15 @@ class Kubelet:
         if now >= self.gone_at[uid]:
             del self.gone_at[uid]
             self.store.delete(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"])
+
+    def report_exit(self, namespace: str, name: str, code: int, message: str) -> bool:
+        """A node agent says this pod's container exited; False when there is no such agent-run running pod."""
+        pod = self.store.try_get(PODS, namespace, name)
+        if pod is None or not agent_run(pod) or pod["status"].get("phase") != "Running":
+            return False
+        self.exited[pod["metadata"]["uid"]] = (int(code), message[-4096:])  # the kubelet's message limit
+        self.store.dirty.set()
+        return True
 
     def report_oom(self, namespace: str, name: str) -> bool:
         """The fleet says this pod's server ran out of memory; False when there is no such running pod."""

@@ -126,6 +126,11 @@ class Handler(BaseHTTPRequestHandler):
                 body = self._json_body(raw) or {}
                 killed = self.server.controllers.kubelet.report_oom(body.get("namespace", ""), body.get("name", ""))
                 return self._send(200 if killed else 404, {"oomKilled": killed})
+            if path == "/sandbox/exit" and method == "POST":  # a node agent: this pod's container exited
+                body = self._json_body(raw) or {}
+                done = self.server.controllers.kubelet.report_exit(
+                    body.get("namespace", ""), body.get("name", ""), body.get("exitCode", 1), body.get("message", ""))
+                return self._send(200 if done else 404, {"exited": done})
             self.server.faults.inject(method)
             user = self._authorize(method, path, query)
             if method == "GET" and self._discovery(path):

@@ -1,0 +1,29 @@
+"""The sandbox gateway enforces the queue limit tideplane writes (an Envoy Gateway BackendTrafficPolicy)."""
+
+from __future__ import annotations
+
+from infra.sandbox.config import Demand
+from infra.sandbox.fleet import Cluster, Fleet
+from tests.sandbox.test_fleet import PROFILE, pod, route, service
+from workflows.naming import DeploymentRef
+
+from activities.scaling import queue_limit_policy
+from workflows.scaling.queue_limit import QueueLimit
+
+
+def test_requests_beyond_the_pending_limit_are_refused_and_counted():
+    policy = queue_limit_policy(DeploymentRef(namespace="llm-serving", name="chat"), QueueLimit(max_pending_requests=5, retry_after_seconds=3))
+    base = dict(pods=[pod("v1-a", "1")], services=[service("chat-v1", "1")], routes=[route({"chat-v1": 100})],
+                profiles={"default": PROFILE.model_copy(update={"capacity_rps": 1})})
+    fleet = Fleet(time_scale=10, seed=1)
+    fleet.update(Cluster(**base, queue_limits=[policy], demand={"llm-serving/chat": Demand(rps=0)}), 0.5)
+    assert fleet.refuse_when_queue_full("llm-serving", "chat") is None  # an idle engine admits
+
+    fleet.update(Cluster(**base, queue_limits=[policy], demand={"llm-serving/chat": Demand(rps=40)}), 2.0)  # 20 s far over capacity
+    waiting = fleet.replicas[("llm-serving", "v1-a")][1].waiting
+    assert waiting >= 5
+    assert fleet.refuse_when_queue_full("llm-serving", "chat") == 3
+    assert 'envoy_cluster_upstream_rq_pending_overflow{namespace="llm-serving",deployment="chat"} 1.0' in fleet.metrics()
+
+    fleet.update(Cluster(**base, demand={"llm-serving/chat": Demand(rps=40)}), 0.5)  # the policy deleted: no limit
+    assert fleet.refuse_when_queue_full("llm-serving", "chat") is None

@@ -1,0 +1,1 @@
+"""Weights on every node: the node-local chunk cache (pure decisions) and the pre-staging contract."""
