@@ -8,9 +8,18 @@ one the sandbox also runs) over the same arrivals and request sizes from a real 
 - hpa-gpu-util-T: Kubernetes HPA on ``DCGM_FI_DEV_GPU_UTIL``, swept over the target T;
 - keda-waiting-T / keda-in_flight-T: KEDA's Prometheus scaler on ``vllm:num_requests_waiting``
   (and on waiting + running), swept over the per-replica target T;
-- tideplane-reactive: ``workflows.scaling.decide`` alone, exactly as ReactiveScaling calls it;
-- tideplane: the same plus PredictivePrewarm's floor over the hourly peaks of the arrival rate,
-  sized by the loop's SLO model (``slo_replicas``), as its default demand query reads them.
+- tideplane's ablation (``ABLATION``), each lever added to the one before:
+  tideplane-reactive: ``workflows.scaling.decide`` alone, exactly as ReactiveScaling calls it (SLO
+  sizing); tideplane-forecast: plus the loop's forecast floor (``workflows.scaling.forecast`` over
+  the cold start, on the demand the loop's range query reads); tideplane-warm-pool: plus an EC2
+  warm pool sized by the forecast (``benchmarks.nodes``, ``workflows.scaling.warm_pool``), whose
+  nodes join faster with the image on their volume; tideplane-local-weights: plus the weights
+  staged on those nodes; tideplane: plus the engine caches (torch.compile cache) on them.
+
+Every replica's cold start is the sum of its parts in infra/fleetmodel/coldstart.yaml (cited
+figures; 524 s on a fresh node, which every baseline pays); a warm-pool node skips or shortens
+some. The warm pool's cost is in tideplane's GPU-hours: stopped nodes' disks at the GPU-hour price,
+and the instances launched into the pool, running while they initialise.
 
 Tideplane's SLO model gets the engine's figures as policy parameters: a replica's saturation
 throughput at the trace's typical request sizes and its unloaded TTFT.
@@ -69,10 +78,7 @@ LEVER_NAMES = {
     "tideplane": "+ engine caches (all levers)",
 }
 TUNING_GRID = tuple(  # ScalingPolicy overrides tried on the first week of m-large (capacity_share: see tideplane_policy)
-    {"capacity_share": share, "forecast_error_quantile": q, "slo_margin": margin}
-    for share in (1.0, 0.8, 0.6)
-    for q in (0.5, 0.9)
-    for margin in (0.8, 0.6)
+    {"capacity_share": share, "forecast_error_quantile": q} for share in (0.6, 0.5, 0.4, 0.3) for q in (0.5, 0.9)
 )
 TUNING_GOAL = 99.5  # SLO minutes, %: the cheapest overrides reaching it (or the best any reaches) are kept
 TUNED_FILE = "scaling-tideplane-tuned.json"
@@ -298,8 +304,7 @@ def suite(work: Workload, cfg: FleetConfig, overrides: dict | None, families: tu
                 continue
             nodes = None
             if levers is not None:
-                per_node = max(1, cold.node_gpus // cfg.load().gpus)
-                nodes = NodeLayer(cold, levers, cfg.cold_start_s, per_node, -(-policy.max_replicas // per_node), cfg.gpu_hour_price)
+                nodes = NodeLayer(cold, levers, cfg.cold_start_s, cfg.load().gpus, policy.max_replicas, cfg.gpu_hour_price)
             horizon = (cold.warm_s(levers) if levers else cfg.cold_start_s) if forecasting else 0.0
             policies.append(TideplanePolicy(
                 policy.model_copy(update={"forecast_horizon_seconds": horizon}), start, name=name, floors=floors.floors,

@@ -276,16 +276,17 @@ def test_warm_pool_starts_replicas_warm_while_it_has_slots_and_takes_freed_ones_
 
     cold = load_cold_start()
     levers = Levers(warm_pool=True, local_weights=True, engine_caches=True)
-    nodes = NodeLayer(cold, levers, fresh_s=cold.fresh_s, replicas_per_node=8, max_pool_nodes=4, gpu_hour_price=10.0)
-    nodes.resize(0, peak_within_refill=20, peak_within_break_even=20, running_replicas=4)  # 3 nodes wanted, 1 runs: launch 2
-    assert len(nodes.refilling) == 2 and nodes.standby_gpu_hours_per_hour == 16  # launching nodes run, all their GPUs
+    nodes = NodeLayer(cold, levers, fresh_s=cold.fresh_s, slot_gpus=1, max_pool_slots=30, gpu_hour_price=10.0)
+    nodes.resize(0, peak_within_refill=4, peak_within_break_even=4, running=4)  # prepared before the run: nothing wanted
+    nodes.resize(0, peak_within_refill=20, peak_within_break_even=20, running=4)  # 16 more wanted: launch them into the pool
+    assert len(nodes.refilling) == 16 and nodes.standby_gpu_hours_per_hour == 16  # launching capacity runs
     assert nodes.startup_seconds(60, 3) == [cold.fresh_s] * 3  # not usable before the refill is done
     later = cold.refill_s + 1
     assert nodes.startup_seconds(later, 18) == [cold.warm_s(levers)] * 16 + [cold.fresh_s] * 2
     assert nodes.standby_gpu_hours_per_hour == 0
-    # 8 replicas scaled down while the day's forecast still wants 30: their node goes back stopped
+    # 8 replicas scaled down while the day's forecast still wants 30: back to the pool, stopped
     nodes.release(later + 600, 8, running_after=17, peak_replicas_within_break_even=30)
-    assert nodes.warm_slots == 8 and 0 < nodes.standby_gpu_hours_per_hour < 0.01  # a stopped node costs its disks
+    assert nodes.warm_slots == 8 and 0 < nodes.standby_gpu_hours_per_hour < 0.01  # stopped capacity costs its disks
     nodes.release(later + 700, 8, running_after=9, peak_replicas_within_break_even=9)  # not needed again: terminated
     assert nodes.warm_slots == 8
 
