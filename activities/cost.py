@@ -13,8 +13,9 @@ from temporalio.exceptions import ApplicationError
 
 from activities.clients.prometheus import PrometheusClient, render
 from workflows.cost import activities as contract
-from workflows.cost.activities import CollectCostInput, CostInputs
-from workflows.cost.pricing import GpuSeconds, NodeInfo, PodInfo, TokenCount
+from workflows.cost.activities import CollectCostInput, CostInputs, MonthSpendInput
+from workflows.cost.pricing import GpuSeconds, NodeInfo, PodInfo, TokenCount, compute_cost
+from workflows.scaling.budget import Spend
 
 MAX_POINTS = 10_000  # per series and request; Prometheus refuses more than 11,000
 
@@ -94,3 +95,16 @@ class CostActivities(contract.CostActivities):
         activity.logger.info("cost inputs: %d GPU rows, %d pods, %d nodes, %d versions with tokens",
                              len(gpu), len(pods), len(nodes), len(tokens))
         return CostInputs(gpu=gpu, pods=pods, nodes=nodes, tokens=tokens)
+
+    @activity.defn(name="read_month_spend")
+    def read_month_spend(self, req: MonthSpendInput) -> Spend:
+        def cost_per_window(window_seconds: int) -> tuple[float, int]:
+            """The cost of the last ``window_seconds`` (rounded down to whole steps) and that window."""
+            window = max(req.step_seconds, window_seconds // req.step_seconds * req.step_seconds)
+            inputs = self.collect_cost_inputs(CollectCostInput(end=req.end, window_seconds=window, step_seconds=req.step_seconds,
+                                                               queries=req.queries))
+            return compute_cost(inputs.gpu, inputs.pods, inputs.nodes, inputs.tokens, req.prices).total_cost, window
+
+        spent, _ = cost_per_window(int((req.end - req.month_start).total_seconds()))
+        recent, window = cost_per_window(req.rate_window_seconds)
+        return Spend(spent_usd=spent, rate_usd_per_hour=recent * 3600 / window)

@@ -41,7 +41,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
+from activities.clients.kube import API_TIMEOUT, KubeClient, fail, gateway_parent_ref, is_ready, label_selector, read_or_none, selector
 from activities.clients.prometheus import PrometheusClient, render
 from activities.clients.s3 import (
     CHUNK_BYTES,
@@ -380,7 +380,7 @@ class RolloutActivities(contract.RolloutActivities):
                             "labels": {**selector(ref.name), naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
                         },
                         "spec": {
-                            "parentRefs": [self._parent_ref(ref.namespace)],
+                            "parentRefs": [gateway_parent_ref(self.gateway, ref.namespace)],
                             "rules": [{"backendRefs": backends, **({"filters": [mirror]} if mirror else {})}],
                         },
                     }
@@ -408,13 +408,6 @@ class RolloutActivities(contract.RolloutActivities):
             raise ApplicationError(f"{what} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
         self._claim_route(ref, req.owner, release=req.release)  # a route just created; or give it up
         telemetry.route_weights(activity.metric_meter(), ref.namespace, ref.name, req.weights)
-
-    def _parent_ref(self, namespace: str) -> dict:
-        gateway_ns, _, gateway = self.gateway.rpartition("/")
-        ref = {"group": ROUTE_API[0], "kind": "Gateway", "name": gateway}
-        if gateway_ns and gateway_ns != namespace:
-            ref["namespace"] = gateway_ns
-        return ref
 
     def _require_within_cluster(self, replicas: int, gpus_per_replica: int = 0) -> None:
         """Refuse, naming the field and the setting, what the cluster was configured never to run."""

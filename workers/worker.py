@@ -28,6 +28,7 @@ from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
 from activities.clients.shadow import ShadowPairsClient
 from activities.clients.vllm import VllmClient
+from activities.classes import RequestClassActivities
 from activities.cost import CostActivities
 from activities.registry import RegistryActivities
 from activities.rollout import RetireScheduling, RolloutActivities, ServingPods
@@ -39,6 +40,8 @@ from workers.config import Settings
 from workflows.spot.reclaim import SpotReclaim
 from workflows.spot.return_to_spot import ReturnToSpot
 from workflows.spot.watcher import SpotInterruptionWatcher
+from workflows.classes.activities import RequestClassActivities as RequestClassContract
+from workflows.classes.workflow import ApplyRequestClasses
 from workflows.cost.activities import CostActivities as CostContract
 from workflows.cost.report import CostReport
 from workflows.scaling.node_pools import NodePoolScaling
@@ -66,6 +69,7 @@ WORKFLOWS: list[type] = [
     NodePoolScaling,
     RegistryRetention,
     CostReport,
+    ApplyRequestClasses,
     SpotInterruptionWatcher,
     SpotReclaim,
     ReturnToSpot,
@@ -97,6 +101,7 @@ def build_activities(config: Settings) -> list[Callable]:
         *activity_methods(RetireScheduling(), RetireContract),
         *activity_methods(registry, RegistryContract),
         *activity_methods(cost, CostContract),
+        *activity_methods(RequestClassActivities(kube, config.gateway), RequestClassContract),
         *activity_methods(ScalingActivities(kube, prometheus), ScalingContract),
         *activity_methods(NodePoolActivities(kube, aws), NodePoolContract),
         *activity_methods(SpotActivities(kube, aws, config.spot_queue_url), spot_contract.SpotActivities),

@@ -114,7 +114,14 @@ METRIC_QUERY_ERRORS = Metric(
     ("source", "reason"),
 )
 
+BUDGET_REFUSALS = Metric(
+    "tideplane_budget_refusals_total", "counter",
+    "Growth over the monthly GPU budget: refused, or kept for a protected realtime class", "1",
+    (*_DEP, "pool", "outcome"),
+)
+
 METRICS: tuple[Metric, ...] = (
+    BUDGET_REFUSALS,
     ROLLOUTS, ROLLOUT_PAUSED, ROLLOUT_WEIGHT, GATE_VERDICTS, ROLLBACK_SECONDS,
     SCALING_DECISIONS, REPLICAS_DESIRED, REPLICAS_READY, SCALE_UP_ATTEMPTS, SCALE_UP_SUCCESSES, COLD_START_SECONDS,
     SPOT_FAILOVERS, CAPACITY_GAP_SECONDS, RETENTION_ACTIONS, METRIC_QUERY_ERRORS,
@@ -190,6 +197,14 @@ def scaling_decision(
 ) -> None:
     """A scaling decision and its reason (queue_depth, gpu_util, ttft, schedule, prewarm, ...)."""
     _add(meter, SCALING_DECISIONS, kube_namespace, deployment, direction, reason)
+
+
+def budget_refusal(
+    meter: MetricMeter, kube_namespace: str, deployment: str, pool: str, outcome: Literal["refused", "protected"]
+) -> None:
+    """Growth the monthly budget cannot pay for: cut (refused) or kept (protected realtime class).
+    A deployment's scale-up names its class's pool; a node pool's, the pool (namespace and deployment empty)."""
+    _add(meter, BUDGET_REFUSALS, kube_namespace, deployment, pool, outcome)
 
 
 def replicas(

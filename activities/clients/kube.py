@@ -107,5 +107,14 @@ def selector(name: str, version: str | None = None) -> dict[str, str]:
     return labels
 
 
+def gateway_parent_ref(gateway: str, namespace: str) -> dict[str, str]:
+    """The parentRef of a route in ``namespace`` to ``gateway`` ("NAMESPACE/NAME", or "NAME" in the route's namespace)."""
+    gateway_ns, _, name = gateway.rpartition("/")
+    ref = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": name}
+    if gateway_ns and gateway_ns != namespace:
+        ref["namespace"] = gateway_ns
+    return ref
+
+
 def label_selector(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in labels.items())

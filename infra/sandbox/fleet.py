@@ -8,7 +8,10 @@ score (``infra.fleetmodel``: continuous batching, KV cache, preemption, calibrat
 so waiting requests, TTFT and GPU utilisation behave here as the benchmark says they do.
 It serves what gates and scaling loops read in production — vLLM's and DCGM's metric names on
 ``GET /metrics`` — and an OpenAI-compatible ``POST /proxy/{namespace}/{service}/v1/completions``
-whose requests join the pod's engine and are answered when it has generated them.
+whose requests join the pod's engine and are answered when it has generated them, and
+``POST /gateway/{namespace}/{route}/v1/completions``, which routes as the Gateway would: the
+HTTPRoute's rule for the request's headers, then an InferencePool's replica with the least queue
+or a Service's (infra/sandbox/gateway.py); the answering pod is in the ``x-tideplane-pod`` header.
 
 Time is scaled: with ``--time-scale 10`` one real second is ten sandbox seconds, so counters grow
 ten times faster and a proxied request waits a tenth of its simulated latency. Latency values
@@ -43,6 +46,7 @@ from infra.sandbox.config import (
     Profile,
 )
 from infra.sandbox.answers import MirrorLog, answer
+from infra.sandbox.gateway import POOL_GROUP, backend_for, is_pool, least_queue
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.oom import OomWatch
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
@@ -312,6 +316,7 @@ class Cluster:
     pods: list[dict] = field(default_factory=list)
     services: list[dict] = field(default_factory=list)
     routes: list[dict] = field(default_factory=list)
+    pools: list[dict] = field(default_factory=list)  # InferencePools, where the Inference Extension's CRD is applied
     nodes: list[dict] = field(default_factory=list)
     profiles: dict[str, Profile] = field(default_factory=dict)
     demand: dict[str, Demand] = field(default_factory=dict)
@@ -330,6 +335,11 @@ def read_cluster(api: client.ApiClient) -> Cluster:
         cluster.routes = raw(custom.list_cluster_custom_object("gateway.networking.k8s.io", "v1", "httproutes", _preload_content=False))["items"]
     except client.ApiException as exc:
         if exc.status != 404:
+            raise
+    try:
+        cluster.pools = raw(custom.list_cluster_custom_object(POOL_GROUP, "v1", "inferencepools", _preload_content=False))["items"]
+    except client.ApiException as exc:
+        if exc.status != 404:  # 404: the CRD is not installed
             raise
     for name, parse in ((PROFILES_CONFIGMAP, Profile), (DEMAND_CONFIGMAP, Demand)):
         try:
@@ -457,6 +467,30 @@ class Fleet:
             self._round_robin += 1
             return self.replicas[ready[self._round_robin % len(ready)]]
 
+    def gateway_route(self, namespace: str, route: str, headers) -> tuple[PodInfo, Replica] | str:
+        """The replica the gateway sends a request on ``route`` to, or why none (infra/sandbox/gateway.py)."""
+        with self.lock:
+            found = next((r for r in self.cluster.routes if r["metadata"].get("namespace") == namespace
+                          and r["metadata"]["name"] == route), None)
+            backend = backend_for(found, headers) if found else None
+            if backend is None:
+                return f"no HTTPRoute {namespace}/{route} rule takes this request"
+            if not is_pool(backend):
+                service = backend.get("name", "")
+            else:
+                pool = next((p for p in self.cluster.pools if p["metadata"].get("namespace") == namespace
+                             and p["metadata"]["name"] == backend.get("name")), None)
+                if pool is None:
+                    return f"no InferencePool {namespace}/{backend.get('name')}"
+                selector = ((pool.get("spec") or {}).get("selector") or {}).get("matchLabels")
+                queues = {(p["metadata"]["namespace"], p["metadata"]["name"]): 0 for p in self.cluster.pods
+                          if p["metadata"].get("namespace") == namespace and is_ready(p)
+                          and _selects(selector, p["metadata"].get("labels") or {})}
+                queues = {key: self.replicas[key][1].waiting + self.replicas[key][1].running for key in queues if key in self.replicas}
+                key = least_queue(queues)
+                return self.replicas[key] if key else f"no Ready replica in InferencePool {namespace}/{backend.get('name')}"
+        return self.route(namespace, service) or f"no Ready pod behind service {namespace}/{service}"
+
     def wait_for(self, info: PodInfo, request: Request) -> str | None:
         """Block (real time) until the engine has answered a proxied request: "done", "timeout", or
         None when its pod is gone."""
@@ -530,6 +564,7 @@ class Fleet:
 # HTTP
 
 _PROXY = re.compile(r"^/proxy/([a-z0-9-]+)/([a-z0-9-]+)(/.*)$")
+_GATEWAY = re.compile(r"^/gateway/([a-z0-9-]+)/([a-z0-9-]+)/v1/completions$")  # through an HTTPRoute, as clients call
 
 
 def completion_body(info: PodInfo, request: Request, max_tokens: int) -> dict:
@@ -554,9 +589,11 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
         def log_message(self, fmt: str, *args) -> None:  # access logs would flood the log file
             log.debug(fmt, *args)
 
-        def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        def _send(self, status: int, body: bytes, content_type: str = "application/json", headers: dict | None = None) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -598,7 +635,8 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
             match = _PROXY.match(self.path)
-            if not match or match.group(3) != "/v1/completions":
+            gateway = _GATEWAY.match(self.path)
+            if not gateway and (not match or match.group(3) != "/v1/completions"):
                 self._error(404, f"no route {self.path}")
                 return
             try:
@@ -608,11 +646,17 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
             except (ValueError, TypeError, AttributeError) as exc:
                 self._error(400, f"bad request body: {exc}")
                 return
-            namespace, service, _ = match.groups()
-            target = fleet.route(namespace, service)
-            if target is None:
-                self._error(503, f"no Ready pod behind service {namespace}/{service}")
-                return
+            if gateway:
+                target = fleet.gateway_route(*gateway.groups(), self.headers)
+                if isinstance(target, str):
+                    self._error(503, target)
+                    return
+            else:
+                namespace, service, _ = match.groups()
+                target = fleet.route(namespace, service)
+                if target is None:
+                    self._error(503, f"no Ready pod behind service {namespace}/{service}")
+                    return
             info, replica = target
             with fleet.lock:
                 submitted = replica.submit(max(1, len(str(prompt)) // 4), max_tokens)
@@ -626,7 +670,7 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
             else:
                 body = completion_body(info, submitted, max_tokens)
                 body["choices"][0]["text"] = answer(str(prompt), info.version, replica.profile)  # infra/sandbox/answers.py
-                self._send(200, json.dumps(body).encode())
+                self._send(200, json.dumps(body).encode(), headers={"x-tideplane-pod": f"{info.namespace}/{info.name}"})
 
     return Handler
 

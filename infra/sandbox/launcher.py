@@ -24,6 +24,7 @@ from pathlib import Path
 from string import Template
 
 import boto3
+import yaml
 from kubernetes import client
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -41,6 +42,7 @@ from infra.sandbox.ports import free_port
 from workflows.search_attributes import CLI_TYPES
 
 REPO = Path(__file__).resolve().parents[2]
+INFERENCE_EXTENSION_CRDS = REPO / "infra" / "k8s" / "inference-extension" / "crds.yaml"
 BIN = Path(sys.executable).parent
 DEFAULT_STATE_DIR = Path(".tideplane/sandbox")
 PROMETHEUS = os.environ.get("TIDEPLANE_PROMETHEUS_BIN", "/usr/bin/prometheus")
@@ -362,8 +364,8 @@ class Sandbox:
         boto3.client("sqs", **kwargs).create_queue(QueueName=SPOT_QUEUE)
 
     def _seed_cluster(self, config: SandboxConfig) -> None:
-        """The sandbox namespace with the fleet's runtime knobs (profiles, demand) as ConfigMaps, and
-        the worker's ServiceAccount, RBAC and kubeconfig."""
+        """The sandbox namespace with the fleet's runtime knobs (profiles, demand) as ConfigMaps, the
+        Gateway API Inference Extension's CRDs, and the worker's ServiceAccount, RBAC and kubeconfig."""
         core = client.CoreV1Api(api_client(self.urls()["kubeapi"]))
         configmaps = {PROFILES_CONFIGMAP: config.profiles, DEMAND_CONFIGMAP: config.demand}
         creates = [lambda: core.create_namespace({"metadata": {"name": SANDBOX_NAMESPACE}})] + [
@@ -372,6 +374,9 @@ class Sandbox:
             )
             for name, data in configmaps.items()
         ]
+        extensions = client.ApiextensionsV1Api(core.api_client)
+        for crd in yaml.safe_load_all(INFERENCE_EXTENSION_CRDS.read_text()):  # a cluster with the extension installed
+            creates.append(lambda crd=crd: extensions.create_custom_resource_definition(crd))
         for create in creates:
             try:
                 create()

@@ -75,7 +75,7 @@ DESIGN_METRICS = {
 EXTERNAL = {"up", "kube_node_labels"}
 ALERTS = {
     "GPUUtilisationHigh", "GPUMemoryHigh", "RequestsWaitingHigh", "TTFTP99High", "TPOTP99High", "ScaleUpSuccessLow",
-    "ColdStartSlow", "RolloutPaused", "RolloutFailed", "MetricSourceDown", "MetricQueryErrors",
+    "ColdStartSlow", "RolloutPaused", "RolloutFailed", "MetricSourceDown", "MetricQueryErrors", "GPUBudgetExceeded",
 }
 
 
@@ -211,6 +211,7 @@ def record_after_first_scrape(meter) -> None:
     telemetry.scale_up_finished(meter, NS, DEP, "gpu-spot", ready=True, seconds=420)
     telemetry.scale_up_finished(meter, NS, DEP, "gpu-spot", ready=False, seconds=900)
     telemetry.metric_query_error(meter, "prometheus", "unreachable")
+    telemetry.budget_refusal(meter, NS, DEP, "batch", "refused")
 
 
 @pytest.fixture(scope="module")
@@ -254,6 +255,7 @@ def test_alerts_fire_when_their_conditions_hold(prometheus):
     assert firing["RolloutPaused"]["deployment"] == "embed"
     assert firing["MetricSourceDown"]["job"] == "gone"
     assert (firing["ColdStartSlow"]["pool"], firing["ScaleUpSuccessLow"]["deployment"]) == ("gpu-spot", DEP)
+    assert (firing["GPUBudgetExceeded"]["deployment"], firing["GPUBudgetExceeded"]["outcome"]) == (DEP, "refused")
     # Only the bad canary's latency alerts fire: the stable version's are under the thresholds.
     latency = [a for a in alerts if a["labels"]["alertname"] in ("TTFTP99High", "TPOTP99High", "RequestsWaitingHigh")]
     assert {a["labels"]["version"] for a in latency} == {"2.0.0"}
@@ -325,6 +327,7 @@ def query(url: str, promql: str) -> dict:
 # one rolled back by its error gate, a scale-up under queueing load, a loop whose signal query
 # Prometheus rejects, a registry retention run, then a spot node reclaimed.
 OBS_GOOD, OBS_BAD, OBS_SCALING, OBS_BLIND = "obs-rollout-good", "obs-rollout-bad", "obs-scaling", "obs-blind"
+OBS_BUDGET = "obs-budget"  # a loop whose scale-up the monthly budget refuses
 OBS_MODEL = "obs-llm"
 SCALING_POLICY = {
     "min_replicas": 1, "max_replicas": 3, "queue_per_replica": 2, "queue_capacity_per_replica": 4,
@@ -381,6 +384,7 @@ async def test_every_declared_metric_moves_after_real_runs(sandbox, kube, regist
     prepare(kube, registry, tmp_path, OBS_BAD, OBS_MODEL, {BAD: BAD_PROFILE})
     create_logical_deployment(kube, OBS_SCALING, NAME, STABLE, "llama-3-8b", replicas=1)
     create_logical_deployment(kube, OBS_BLIND, NAME, STABLE, "llama-3-8b", replicas=1, gpus=0)
+    create_logical_deployment(kube, OBS_BUDGET, NAME, STABLE, "llama-3-8b", replicas=1, gpus=0)
     worker.start()
     try:
         wait_until(lambda: stable_ready(kube, OBS_GOOD) and stable_ready(kube, OBS_BAD), 30, "the stable versions")
@@ -392,13 +396,16 @@ async def test_every_declared_metric_moves_after_real_runs(sandbox, kube, regist
                 "ModelRollout", inp, id=rollout_workflow_id(inp["deployment"]), task_queue=queue
             )
         set_demand(kube, f"{OBS_SCALING}/{NAME}", Demand(rps=12))  # one replica serves 4 rps: the rest queues
+        set_demand(kube, f"{OBS_BUDGET}/{NAME}", Demand(rps=12))
         loops = [
             await temporal.start_workflow(
                 "ReactiveScaling",
-                {"deployment": f"{ns}/{NAME}", "policy": SCALING_POLICY, "interval_seconds": 1, "window": "5s", "queries": queries},
+                {"deployment": f"{ns}/{NAME}", "policy": {**SCALING_POLICY, **extra}, "interval_seconds": 1, "window": "5s",
+                 "queries": queries},
                 id=scaling_workflow_id(f"{ns}/{NAME}"), task_queue=queue,
             )
-            for ns, queries in ((OBS_SCALING, {}), (OBS_BLIND, {"queue_waiting": "sum(vllm:num_requests_waiting"}))
+            for ns, queries, extra in ((OBS_SCALING, {}, {}), (OBS_BLIND, {"queue_waiting": "sum(vllm:num_requests_waiting"}, {}),
+                                       (OBS_BUDGET, {}, {"monthly_budget": {"monthly_usd": 1}}))
         ]
 
         # Paused by an operator at 5 %, then resumed.
@@ -430,12 +437,14 @@ async def test_every_declared_metric_moves_after_real_runs(sandbox, kube, regist
         await check(telemetry.SCALE_UP_SUCCESSES, f"tideplane_scale_up_successes_total{{{scaling}}}", lambda v: v >= 1, "a successful scale-up")
         await check(telemetry.COLD_START_SECONDS, f"tideplane_cold_start_seconds_count{{{scaling}}}", lambda v: v >= 1, "a cold start")
         assert prom.value(f"tideplane_cold_start_seconds_sum{{{scaling}}}") > 0
+        budget = f'kube_namespace="{OBS_BUDGET}",deployment="{NAME}",pool="realtime",outcome="refused",$q'
+        await check(telemetry.BUDGET_REFUSALS, f"tideplane_budget_refusals_total{{{budget}}}", lambda v: v >= 1, "a refused scale-up")
         await check(telemetry.METRIC_QUERY_ERRORS, 'tideplane_metric_query_errors_total{source="prometheus",reason="bad_query",$q}', lambda v: v >= 1, "the rejected query")
         for loop in loops:
             await loop.terminate()
-        for ns in (OBS_GOOD, OBS_BAD, OBS_SCALING, OBS_BLIND):
+        for ns in (OBS_GOOD, OBS_BAD, OBS_SCALING, OBS_BLIND, OBS_BUDGET):
             clean_up(kube, ns)
-        wait_until(lambda: not namespaces(kube) & {OBS_GOOD, OBS_BAD, OBS_SCALING, OBS_BLIND}, 30, "the namespaces gone")
+        wait_until(lambda: not namespaces(kube) & {OBS_GOOD, OBS_BAD, OBS_SCALING, OBS_BLIND, OBS_BUDGET}, 30, "the namespaces gone")
 
         # Retention: the rolled-back version was deprecated by its rollout and no Deployment uses
         # it any more: its weights go now.
@@ -460,7 +469,7 @@ async def test_every_declared_metric_moves_after_real_runs(sandbox, kube, regist
         await watcher.signal("stop")
     finally:
         worker.stop()
-        for ns in (OBS_GOOD, OBS_BAD, OBS_SCALING, OBS_BLIND):
+        for ns in (OBS_GOOD, OBS_BAD, OBS_SCALING, OBS_BLIND, OBS_BUDGET):
             clean_up(kube, ns)
     report(request, "metrics read from the sandbox's Prometheus after real runs: " + ", ".join(f"{k}={v:g}" for k, v in sorted(checked.items())))
     assert set(checked) == {m.name for m in telemetry.METRICS}, "a declared metric no real run was checked for"

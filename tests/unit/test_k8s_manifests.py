@@ -54,6 +54,8 @@ METHOD_RBAC = {
     "delete_namespaced_deployment": ("apps", "deployments", "delete"),
     "patch_namespaced_deployment_scale": ("apps", "deployments/scale", "patch"),
 }
+# Discovery (/apis): every authenticated user may read it (the bootstrap system:discovery ClusterRole).
+DISCOVERY_METHODS = {"get_api_versions"}
 CUSTOM_VERBS = {"get": "get", "list": "list", "create": "create", "replace": "update", "patch": "patch", "delete": "delete"}
 CUSTOM_METHOD = re.compile(r"^(get|list|create|replace|patch|delete)_(namespaced|cluster)_custom_object$")
 
@@ -110,7 +112,7 @@ def code_needs() -> dict[tuple[str, str, str], list[str]]:
         consts = _constants(tree)
         parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Attribute) and node.attr in methods):
+            if not (isinstance(node, ast.Attribute) and node.attr in methods) or node.attr in DISCOVERY_METHODS:
                 continue
             where = f"{path.relative_to(ROOT)}:{node.lineno}"
             if CUSTOM_METHOD.match(node.attr):

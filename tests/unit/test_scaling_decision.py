@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from workflows.scaling.prewarm import expected_peak, prewarm_floor
+from workflows.scaling.completion import drain_replicas, drain_seconds
 from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide, down_step, predicted_ttft_p99, slo_replicas
 
 POLICY = ScalingPolicy(min_replicas=1, max_replicas=40, queue_per_replica=5, queue_capacity_per_replica=20)
@@ -264,3 +265,20 @@ def test_prewarm_sizes_the_arrival_rate_history_with_the_declared_replica_capaci
     assert demand_replicas({"0:9": [0, 44]}, sizing["llm/code"]) == {"0:9": [0.0, 12.0]}  # 4 req/s per replica + headroom
     assert demand_replicas({"0:9": [44]}, sizing["llm/chat"]) == {"0:9": [float(slo_replicas(44, sizing["llm/chat"]))]}
     assert slo_replicas(44, sizing["llm/chat"]) < 12
+
+
+def test_a_batch_class_scales_on_completion_time_not_ttft():
+    policy = ScalingPolicy(priority_class="batch", min_replicas=0, max_replicas=20, replica_capacity_rps=4,
+                           completion_p95_slo_seconds=60, ttft_p99_slo_seconds=1, queue_per_replica=1000)
+    # TTFT far over its SLO, but 100 waiting drain in 100 / (2 * 4 - 3) = 20 s: within the 60 s completion SLO
+    calm = decide(0, 2, Signals(queue_waiting=100, request_rate=3, ttft_p99_seconds=9, e2e_p95_seconds=30), policy, ScalerState())
+    assert calm.desired == 2 and [t.name for t in calm.triggers] == ["completion", "queue"]
+    assert calm.triggers[0].value == 30 and not calm.triggers[0].fired
+    # 600 waiting: 120 s to drain on 2; ceil((600 / 60 + 3) / 4) = 4 replicas drain it in time
+    late = decide(0, 2, Signals(queue_waiting=600, request_rate=3, e2e_p95_seconds=40), policy, ScalerState())
+    assert (late.desired, late.cause) == (4, "completion_time") and drain_seconds(600, 3, 4, 4) <= 60
+    # the measured p95 over the SLO asks for its ratio even with no backlog
+    slow = decide(0, 2, Signals(queue_waiting=0, request_rate=3, e2e_p95_seconds=90), policy, ScalerState())
+    assert slow.desired == 3 and drain_replicas(0, 3, 60, 4) == 1
+    with pytest.raises(ValueError, match="completion_p95_slo_seconds is for the batch class only"):
+        ScalingPolicy(completion_p95_slo_seconds=60)

@@ -29,7 +29,7 @@ from infra.prometheus import running_prometheus, serve_registry
 from tests.servers import BIN
 from workers import cost_cli
 from workers.config import Settings
-from workflows.cost.activities import CollectCostInput, CostQueries
+from workflows.cost.activities import CollectCostInput, CostQueries, MonthSpendInput
 from workflows.cost.pricing import Prices
 from workflows.cost.report import CostReport, CostReportInput, CostReportResult, cost_report_schedule
 from workflows.naming import COST_REPORT_SCHEDULE_ID
@@ -140,6 +140,15 @@ async def test_cost_report_workflow_against_prometheus(time_skipping_env, cost, 
     assert v1.generated_tokens_per_gpu_second == pytest.approx(900 / 18, rel=0.01)  # 50 tok/s/GPU
     assert table.total_cost == pytest.approx(0.24)
     assert result.markdown.startswith("## Cost ") and "**Total: $0.24 for 0.01 GPU-hours**" in result.markdown
+
+
+def test_month_spend_is_the_cost_reports_total_and_its_current_rate(cost, window_end):
+    """What the monthly budget reads: the same pricing over the month so far, and the last window per hour."""
+    req = MonthSpendInput(month_start=window_end - timedelta(seconds=WINDOW), end=window_end, prices=PRICES,
+                          step_seconds=1, rate_window_seconds=3)
+    spend = ActivityEnvironment().run(cost.read_month_spend, req)
+    assert spend.spent_usd == pytest.approx(0.24)  # the report's total over the same 6 s
+    assert spend.rate_usd_per_hour == pytest.approx((3 * 36.0 + 2 * 18.0))  # 3 on-demand + 2 spot GPUs held: $144/h
 
 
 def test_bad_query_template_is_non_retryable(cost, window_end):

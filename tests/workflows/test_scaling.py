@@ -20,11 +20,15 @@ from temporalio.worker import Worker
 
 from workers.schedules import floor_spec
 from workflows import naming
+from workflows.cost.activities import MonthSpendInput
 from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
+from workflows.scaling.budget import MonthlyBudget, Spend
 from workflows.scaling import activities as acts
 from workflows.scaling.decide import ScalingPolicy, Signals, slo_replicas
 from workflows.scaling.forecast import DemandForecast, forecast_demand
 from workflows.scaling.floors import FloorEntry, ScheduleFloor, ScheduleFloorInput, SetFloor, floor_at
+from workflows.scaling.node_pools import NodePoolInput, NodePoolScaling
+from workflows.scaling.placement import PoolSizing
 from workflows.scaling.loop import PolicyPatch, ReactiveScaling, ScalingInput, ScalingStatus
 from workflows.scaling.prewarm import PredictivePrewarm, PrewarmInput
 
@@ -337,3 +341,86 @@ async def test_huge_floor_ttl_and_policy_are_refused_and_the_loop_goes_on(time_s
         await env.sleep(5)
         assert (await status(handle)).paused
         await handle.terminate()
+
+
+async def test_a_protected_realtime_class_grows_over_the_monthly_budget_and_says_so(time_skipping_env):
+    env = time_skipping_env
+    fake = FakeDeployment(replicas=2)
+    spend_reads: list[MonthSpendInput] = []
+
+    @activity.defn(name="read_month_spend")
+    async def read_month_spend(request: MonthSpendInput) -> Spend:
+        spend_reads.append(request)
+        return Spend(spent_usd=900, rate_usd_per_hour=40)  # already past a $100 month
+
+    budget = MonthlyBudget(monthly_usd=100, protected=True)
+    queue = f"q-{uuid.uuid4()}"
+    inp = ScalingInput(deployment=f"llm-serving/d{uuid.uuid4().hex[:8]}", policy=ScalingPolicy(max_replicas=20, monthly_budget=budget))
+    worker = Worker(env.client, task_queue=queue, workflows=[ReactiveScaling],
+                    activities=[*fake.activities(), read_month_spend], activity_executor=ThreadPoolExecutor(4))
+    async with worker:
+        handle = await env.client.start_workflow(
+            ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue
+        )
+        await env.sleep(45)
+        assert spend_reads == [], "no growth, no spend read"
+        fake.signals = Signals(queue_waiting=160, gpu_util_percent=60)
+        await env.sleep(30)
+        last = (await status(handle)).decisions[-1]
+        assert fake.replicas == 10 and (last.current, last.desired, last.applied) == (2, 10, True)
+        assert "over budget, growth kept (protected realtime class): forecast $" in last.reason
+        assert spend_reads[0].month_start.day == 1 and spend_reads[0].prices == budget.prices
+        meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+        assert "budget $100/month (protected)" in meta.current_details
+        await handle.terminate()
+
+
+async def test_a_node_pool_refuses_nodes_the_monthly_budget_cannot_pay_for(time_skipping_env):
+    env = time_skipping_env
+    capacity_set: list[int] = []
+
+    @activity.defn(name=acts.OBSERVE_NODE_POOL)
+    async def observe(pool: acts.PoolRef) -> acts.PoolObservation:
+        pending = [acts.PendingReplica(pod=f"llm-serving/batch-{i}", model="llama-3-8b", gpus=1) for i in range(8)]
+        return acts.PoolObservation(pending_gpus=8, pending_pods=[p.pod for p in pending], pending=pending,
+                                    desired_capacity=0, max_size=10)
+
+    @activity.defn(name=acts.SET_POOL_CAPACITY)
+    async def set_capacity(request: acts.SetCapacityInput) -> None:
+        capacity_set.append(request.desired)
+
+    @activity.defn(name="read_month_spend")
+    async def read_month_spend(request: MonthSpendInput) -> Spend:
+        return Spend(spent_usd=0, rate_usd_per_hour=0)
+
+    queue = f"q-{uuid.uuid4()}"
+    inp = NodePoolInput(pool=acts.PoolRef(pool="gpu-spot", capacity_type="spot"), budget=MonthlyBudget(monthly_usd=0.01),
+                        sizing=PoolSizing(warm_standby=0, gpus_per_node=4, pending_grace_seconds=0), interval_seconds=15)
+    async with Worker(env.client, task_queue=queue, workflows=[NodePoolScaling],
+                      activities=[observe, set_capacity, read_month_spend], activity_executor=ThreadPoolExecutor(2)):
+        handle = await env.client.start_workflow(NodePoolScaling.run, inp, id=f"nodepool/{uuid.uuid4().hex[:6]}", task_queue=queue)
+        await env.sleep(40)
+        record = (await handle.query(NodePoolScaling.status)).records[-1]
+        await handle.terminate()
+    assert capacity_set == [] and record.desired == 0
+    assert "monthly budget refuses 2 of 2 more node(s) (0 -> 0): forecast $" in record.reason
+    with pytest.raises(ValueError, match="protected is for the realtime class's on-demand pools only"):
+        NodePoolInput(pool=acts.PoolRef(pool="gpu-spot", capacity_type="spot"), budget=MonthlyBudget(monthly_usd=1, protected=True))
+
+
+async def test_a_batch_loop_scales_on_completion_time(time_skipping_env):
+    env = time_skipping_env
+    fake = FakeDeployment(replicas=2)
+    fake.signals = Signals(queue_waiting=600, request_rate=3, ttft_p99_seconds=0.1, e2e_p95_seconds=40)
+    policy = ScalingPolicy(priority_class="batch", min_replicas=0, max_replicas=20, replica_capacity_rps=4,
+                           queue_per_replica=1000, completion_p95_slo_seconds=60)
+    worker, queue, inp = await start_loop(env, fake, policy=policy)
+    async with worker:
+        handle = await env.client.start_workflow(
+            ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue
+        )
+        await env.sleep(5)
+        first = (await status(handle)).decisions[0]
+        await handle.terminate()
+    # TTFT is fine, the 600-request backlog would take 120 s on 2 replicas: 4 drain it within 60 s
+    assert (first.current, first.desired) == (2, 4) and first.reason.startswith("up: completion 120 > 60 (wants 4)")

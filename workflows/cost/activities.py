@@ -12,7 +12,8 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 from temporalio import activity
 
-from workflows.cost.pricing import GpuSeconds, NodeInfo, PodInfo, TokenCount
+from workflows.cost.pricing import GpuSeconds, NodeInfo, PodInfo, Prices, TokenCount
+from workflows.scaling.budget import Spend
 
 
 class CostQueries(BaseModel):
@@ -56,10 +57,24 @@ class CostInputs(BaseModel):
     tokens: list[TokenCount]
 
 
+class MonthSpendInput(BaseModel):
+    month_start: datetime
+    end: datetime
+    prices: Prices = Field(default_factory=Prices)
+    step_seconds: int = Field(60, gt=0)
+    rate_window_seconds: int = Field(300, gt=0, description="the current rate: the cost of this last window, per hour")
+    queries: CostQueries = Field(default_factory=CostQueries)
+
+
 class CostActivities:
     """Prometheus' view of GPU occupancy, pods, nodes and tokens over a window (activities/cost.py)."""
 
     @activity.defn(name="collect_cost_inputs")
     def collect_cost_inputs(self, req: CollectCostInput) -> CostInputs:
         """Every query pinned to the window's end, so a retry reads the same numbers."""
+        raise NotImplementedError
+
+    @activity.defn(name="read_month_spend")
+    def read_month_spend(self, req: MonthSpendInput) -> Spend:
+        """The fleet's GPU spend since ``month_start`` and its current hourly rate, priced like the cost report."""
         raise NotImplementedError

@@ -40,6 +40,11 @@ DEFAULT_SIGNAL_QUERIES: dict[str, str] = {
         "histogram_quantile(0.99, sum by (le) "
         f"(rate(vllm:time_to_first_token_seconds_bucket{{{_SELECTOR}}}[${{window}}])))"
     ),
+    # the batch class's SLO: p95 completion time (workflows/scaling/completion.py)
+    "e2e_p95_seconds": (
+        "histogram_quantile(0.95, sum by (le) "
+        f"(rate(vllm:e2e_request_latency_seconds_bucket{{{_SELECTOR}}}[${{window}}])))"
+    ),
     # GPUs held by the deployment's pods: DCGM series joined on the pods vLLM reports for. A duty
     # cycle under vLLM (~100 % whenever a batch runs): read and shown, a trigger only on request.
     "gpu_util_percent": (

@@ -35,6 +35,8 @@ import math
 from pydantic import BaseModel, Field, model_validator
 
 from workflows.bounds import DAY_SECONDS, MAX_GPUS_PER_REPLICA, MAX_REPLICAS, Replicas, Seconds, SecondsOrZero
+from workflows.scaling.budget import MonthlyBudget
+from workflows.scaling.completion import drain_replicas, drain_seconds
 from workflows.scaling.cpu_fallback import CpuFallback
 from workflows.scaling.placement import PoolClass
 
@@ -51,6 +53,10 @@ class ScalingPolicy(BaseModel):
         20, gt=0, description="waiting requests one added replica absorbs: +ceil(waiting / this)"
     )
     ttft_p99_slo_seconds: float = Field(2.0, gt=0)
+    completion_p95_slo_seconds: float | None = Field(
+        None, gt=0, description="batch only: the class's SLO in completion time (p95 end to end, and the backlog's drain"
+        " time), which replaces the TTFT triggers (workflows/scaling/completion.py)"
+    )
     replica_capacity_rps: float = Field(
         4, gt=0, description="requests/s one replica serves at full batch, at the deployment's usual request sizes"
         " (the SLO model's per-replica service rate; a load test or the fleet model measures it)"
@@ -90,6 +96,9 @@ class ScalingPolicy(BaseModel):
     cpu_fallback: CpuFallback | None = Field(
         None, description="batch only: CPU deployment scaled up while GPU replicas are unavailable"
     )
+    monthly_budget: MonthlyBudget | None = Field(
+        None, description="growth that would take the month's GPU spend over this budget is refused (workflows/scaling/budget.py)"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ScalingPolicy:
@@ -97,6 +106,10 @@ class ScalingPolicy(BaseModel):
             raise ValueError(
                 "a realtime deployment keeps its floor: min_replicas must be >= 1 (only batch scales to zero)"
             )
+        if self.monthly_budget is not None and self.monthly_budget.protected and self.priority_class != "realtime":
+            raise ValueError("monthly_budget.protected is for the realtime class only (priority_class is batch)")
+        if self.completion_p95_slo_seconds is not None and self.priority_class != "batch":
+            raise ValueError("completion_p95_slo_seconds is for the batch class only (realtime scales on TTFT)")
         if self.cpu_fallback is not None and self.priority_class != "batch":
             raise ValueError("cpu_fallback is for the batch class only (priority_class is realtime)")
         if self.min_replicas > self.max_replicas:
@@ -107,6 +120,11 @@ class ScalingPolicy(BaseModel):
                 f" exceeds max_gpus ({self.max_gpus})"
             )
         return self
+
+    @property
+    def completion_slo(self) -> float | None:
+        """The batch class's completion-time SLO, when it is the one this policy scales on."""
+        return self.completion_p95_slo_seconds if self.priority_class == "batch" else None
 
     @property
     def budget_replicas(self) -> int | None:
@@ -124,6 +142,7 @@ class Signals(BaseModel):
     request_rate: float | None = Field(None, description="requests/s the deployment starts serving (first tokens)")
     kv_cache_usage: float | None = Field(None, description="fraction 0..1 (max over replicas)")
     ttft_p99_seconds: float | None = None
+    e2e_p95_seconds: float | None = Field(None, description="p95 end-to-end request latency (the batch SLO's measure)")
     gpu_util_percent: float | None = Field(None, description="mean over the deployment's GPUs, 0..100")
     error: str | None = Field(None, description="why the metric source could not be read")
 
@@ -151,7 +170,7 @@ class Trigger(BaseModel):
     replicas: int = Field(description="replicas this trigger asks for")
 
 
-TRIGGER_CAUSES = {"slo": "slo", "queue": "queue_depth", "ttft_p99": "ttft", "kv_cache": "kv_cache", "gpu_util": "gpu_util"}
+TRIGGER_CAUSES = {"completion": "completion_time", "slo": "slo", "queue": "queue_depth", "ttft_p99": "ttft", "kv_cache": "kv_cache", "gpu_util": "gpu_util"}
 # Holds worth counting in the decisions metric; the others (at target, waiting out the window or
 # the cooldown) are the loop idling.
 NOTABLE_HOLDS = frozenset({"metric_fallback", "budget", "max_replicas"})
@@ -161,11 +180,11 @@ class ScalingDecision(BaseModel):
     desired: int
     reason: str
     cause: str = Field(
-        description="low-cardinality why, the decisions metric's reason label: a trigger (slo, queue_depth, ttft, kv_cache,"
-        " gpu_util), starting, below_target, stabilising, cooldown, at_target, metric_fallback, floor, max_replicas or budget"
+        description="low-cardinality why, the decisions metric's reason label: a trigger (slo, completion_time, queue_depth, ttft,"
+        " kv_cache, gpu_util), starting, below_target, stabilising, cooldown, at_target, metric_fallback, floor, max_replicas or budget"
     )
     triggers: list[Trigger] = Field(default_factory=list)
-    capped_by: str | None = Field(None, description="max_replicas | max_step_up | budget, when a cap cut the step")
+    capped_by: str | None = Field(None, description="max_replicas | max_step_up | budget | monthly_budget, when a cap cut the step")
     state: ScalerState
 
 
@@ -222,7 +241,9 @@ def _ratio_replicas(ready: int, value: float, target: float) -> int:
 def _triggers(now_s: float, ready: int, s: Signals, p: ScalingPolicy, util_since: float | None) -> list[Trigger]:
     """Each trigger's want, from the replicas whose load the signals measure (the Ready ones)."""
     out: list[Trigger] = []
-    if s.request_rate is not None:
+    if p.completion_slo is not None:
+        out.append(_completion_trigger(ready, s, p, p.completion_slo))
+    if s.request_rate is not None and p.completion_slo is None:
         predicted = predicted_ttft_p99(s.request_rate, ready, p)
         goal = p.slo_margin * p.ttft_p99_slo_seconds
         fired = predicted > goal
@@ -233,7 +254,7 @@ def _triggers(now_s: float, ready: int, s: Signals, p: ScalingPolicy, util_since
         fired = s.queue_waiting > limit
         extra = math.ceil(s.queue_waiting / p.queue_capacity_per_replica) if fired else 0
         out.append(Trigger(name="queue", value=s.queue_waiting, target=limit, fired=fired, replicas=ready + extra))
-    if s.ttft_p99_seconds is not None:
+    if s.ttft_p99_seconds is not None and p.completion_slo is None:
         fired = s.ttft_p99_seconds > p.ttft_p99_slo_seconds
         want = _ratio_replicas(ready, s.ttft_p99_seconds, p.ttft_p99_slo_seconds) if fired else ready
         out.append(Trigger(name="ttft_p99", value=s.ttft_p99_seconds, target=p.ttft_p99_slo_seconds, fired=fired, replicas=want))
@@ -249,6 +270,20 @@ def _triggers(now_s: float, ready: int, s: Signals, p: ScalingPolicy, util_since
     return out
 
 
+def _completion_trigger(ready: int, s: Signals, p: ScalingPolicy, slo: float) -> Trigger:
+    """Batch: the worse of the measured p95 completion time and the backlog's predicted drain time."""
+    waiting, rate = s.queue_waiting or 0.0, s.request_rate or 0.0
+    drain = drain_seconds(waiting, rate, ready, p.replica_capacity_rps)
+    value = max(drain, s.e2e_p95_seconds or 0.0)
+    fired = value > slo
+    want = ready
+    if fired:
+        want = max(ready + 1, drain_replicas(waiting, rate, slo, p.replica_capacity_rps))
+        if s.e2e_p95_seconds is not None and s.e2e_p95_seconds > slo:
+            want = max(want, _ratio_replicas(ready, s.e2e_p95_seconds, slo))
+    return Trigger(name="completion", value=round(min(value, 1e9), 3), target=slo, fired=fired, replicas=want)
+
+
 def _needed(current: int, ready: int, s: Signals, p: ScalingPolicy) -> int:
     """Replicas the load justifies when no trigger fires; ``current`` when that cannot be told.
 
@@ -260,7 +295,8 @@ def _needed(current: int, ready: int, s: Signals, p: ScalingPolicy) -> int:
         return current
     wants = []
     if s.request_rate is not None:
-        wants.append(slo_replicas(s.request_rate, p))
+        slo = p.completion_slo
+        wants.append(slo_replicas(s.request_rate, p) if slo is None else drain_replicas(0, s.request_rate, slo, p.replica_capacity_rps))
     if p.gpu_util_trigger and s.gpu_util_percent is not None:
         wants.append(math.ceil(ready * s.gpu_util_percent / p.gpu_util_target_percent))
     if not wants:

@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.rollout.activities import DEPLOYMENT_OWNED, RolloutActivities, ScaleVersionInput
     import workflows.scaling.activities as acts
     from workflows.scaling.activities import ScalingActivities
+    from workflows.scaling.budget_guard import BUDGET_PATCH, judge_growth
     from workflows.scaling.cpu_fallback import CpuFallbackState, decide_fallback
     from workflows.scaling.decide import (
         NOTABLE_HOLDS,
@@ -227,9 +228,13 @@ class ReactiveScaling:
             ready, policy = None, self._policy.model_copy(update={"scale_down_step_percent": 0})
         if not workflow.patched("slo-sizing"):  # decisions recorded before SLO sizing: DCGM utilisation triggered
             policy = policy.model_copy(update={"gpu_util_trigger": True})
+        if policy.completion_slo is not None and not workflow.patched("batch-completion-slo"):
+            policy = policy.model_copy(update={"completion_p95_slo_seconds": None})  # decided on TTFT before
         decision: ScalingDecision = decide(
             now.timestamp(), scale.replicas, signals, policy, self._state, floor, ready=ready, floor_by=self._floor_by()
         )
+        if policy.monthly_budget is not None and decision.desired > scale.replicas and workflow.patched(BUDGET_PATCH):
+            decision = await self._within_budget(namespace, name, now, scale, decision)
         self._state = decision.state
         record = DecisionRecord(
             at=now,
@@ -300,6 +305,27 @@ class ReactiveScaling:
         self._floors[FORECAST_FLOOR] = FloorClaim(
             replicas=slo_replicas(forecast.upper, p), expires_at=now + 2 * every, reason=reason
         )
+
+    async def _within_budget(
+        self, namespace: str, name: str, now: datetime, scale: acts.ScaleStatus, decision: ScalingDecision
+    ) -> ScalingDecision:
+        """Cut growth the monthly budget cannot pay for (workflows/scaling/budget.py); a protected
+        realtime class keeps it. Spend unreadable: the growth goes ahead, said in the reason."""
+        budget = self._policy.monthly_budget
+        verdict = await judge_growth(budget, now, scale.replicas, decision.desired, self._policy.gpus_per_replica,
+                                     CAPACITY_FOR_CLASS[self._policy.priority_class])
+        if isinstance(verdict, str):
+            return decision.model_copy(update={"reason": f"{decision.reason}; {verdict}"})
+        if not verdict.over_budget:
+            return decision
+        pool = scale.priority_class or self._policy.priority_class
+        telemetry.budget_refusal(workflow.metric_meter(), namespace, name, pool, "protected" if budget.protected else "refused")
+        update = {"reason": f"{decision.reason}; {verdict.reason}"}
+        if verdict.refused:
+            update.update(desired=verdict.allowed, capped_by="monthly_budget")
+            if verdict.allowed <= scale.replicas:
+                update["cause"] = "budget"
+        return decision.model_copy(update=update)
 
     async def _cpu_fallback(self, now: datetime, desired: int, scale: acts.ScaleStatus, record: DecisionRecord) -> None:
         """Batch only: scale the declared CPU deployment up while GPU replicas stay unavailable."""
@@ -400,6 +426,8 @@ class ReactiveScaling:
         lines = [
             f"**{self._input.deployment}** · {p.priority_class} ({CAPACITY_FOR_CLASS[p.priority_class]} GPUs)"
             f" · policy min {p.min_replicas} / max {p.max_replicas} · floors: {floors}"
+            + (f" · budget ${p.monthly_budget.monthly_usd:,.0f}/month{' (protected)' if p.monthly_budget.protected else ''}"
+               if p.monthly_budget else "")
         ]
         if note:
             lines.append(f"⚠ {note}")

@@ -23,14 +23,17 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     import workflows.scaling.activities as acts
+    import workflows.telemetry as telemetry
     from workflows.bounds import DAY_SECONDS, MAX_ITERATIONS
+    from workflows.scaling.budget import MonthlyBudget
+    from workflows.scaling.budget_guard import BUDGET_PATCH, judge_growth
     from workflows.scaling.activities import NodePoolActivities
     from workflows.scaling.placement import CLASS_FOR_CAPACITY, ModelNeed, PoolDecision, PoolSizing, plan_pending, size_pool
     from workflows.steps import cause
@@ -57,7 +60,16 @@ class NodePoolInput(BaseModel):
     sizing: PoolSizing = Field(default_factory=PoolSizing)
     interval_seconds: float = Field(15, ge=1, le=DAY_SECONDS)
     iterations_per_run: int = Field(240, ge=1, le=MAX_ITERATIONS)
+    budget: MonthlyBudget | None = Field(
+        None, description="growth whose nodes would take the month's GPU spend over this budget is refused"
+    )
     carry: NodePoolCarry | None = None
+
+    @model_validator(mode="after")
+    def _protected_on_demand(self) -> NodePoolInput:
+        if self.budget is not None and self.budget.protected and self.pool.capacity_type != "on-demand":
+            raise ValueError("budget.protected is for the realtime class's on-demand pools only")
+        return self
 
 
 class NodePoolStatus(BaseModel):
@@ -123,6 +135,8 @@ class NodePoolScaling:
         decision: PoolDecision = size_pool(seen.nodes, seen.pending_gpus, pending_for, input.sizing, booting, plan)
         desired = min(decision.desired_nodes, seen.max_size)
         reason = decision.reason
+        if input.budget is not None and desired > seen.desired_capacity and workflow.patched(BUDGET_PATCH):
+            desired, reason = await self._within_budget(input, seen.desired_capacity, desired, reason)
         if decision.drain:
             removed = await workflow.execute_activity_method(
                 NodePoolActivities.remove_pool_node, acts.RemoveNodeInput(pool=self._pool, node=decision.drain),
@@ -155,6 +169,18 @@ class NodePoolScaling:
         if plan and plan.fragmented:
             details += "\n\n⚠ fragmented: free GPUs are spread over nodes that cannot each hold a pending replica"
         workflow.set_current_details(details)
+
+    async def _within_budget(self, input: NodePoolInput, current: int, desired: int, reason: str) -> tuple[int, str]:
+        """Nodes the monthly budget pays for (workflows/scaling/budget.py); a protected pool keeps its growth."""
+        verdict = await judge_growth(input.budget, workflow.now(), current, desired, input.sizing.gpus_per_node,
+                                     input.pool.capacity_type, pool=self._pool, unit="node")
+        if isinstance(verdict, str):
+            return desired, f"{reason}; {verdict}"
+        if verdict.over_budget:
+            outcome = "protected" if input.budget.protected else "refused"
+            telemetry.budget_refusal(workflow.metric_meter(), "", "", self._pool, outcome)
+            return verdict.allowed, f"{reason}; {verdict.reason}"
+        return desired, reason
 
     @workflow.query(name="status")
     def status(self) -> NodePoolStatus:

@@ -40,7 +40,7 @@ class Resource:
 
 
 GATEWAY = "gateway.networking.k8s.io"
-CUSTOM_GROUPS = {GATEWAY}
+CUSTOM_GROUPS = {GATEWAY}  # grows with the groups of applied CRDs (crds.py)
 RBAC = "rbac.authorization.k8s.io"
 
 RESOURCES = [
@@ -58,6 +58,8 @@ RESOURCES = [
     Resource("coordination.k8s.io", "v1", "leases", "Lease", True),
     Resource(GATEWAY, "v1", "httproutes", "HTTPRoute", True, (), ("status",), ("gateway-api",)),
     Resource(GATEWAY, "v1", "gateways", "Gateway", True, ("gtw",), ("status",), ("gateway-api",)),
+    Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
+             ("crd", "crds"), ("status",), ("api-extensions",)),
     Resource("", "v1", "endpoints", "Endpoints", True, ("ep",)),
     Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True),
     Resource("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",), ("token",)),
@@ -70,6 +72,7 @@ RESOURCES = [
     Resource("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", False, verbs=("create",)),
 ]
 
+# Built-in kinds; crds.py adds and removes the versions of applied CustomResourceDefinitions.
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 BY_KEY = {r.key: r for r in RESOURCES}
 GROUP_VERSIONS: dict[str, list[str]] = {}

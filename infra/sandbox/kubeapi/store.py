@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from . import errors
+from . import crds, errors
 from .resources import BY_KEY, RESOURCES, Resource
 
 
@@ -72,6 +72,8 @@ class Store:
     # -- writes -----------------------------------------------------------------------------
     def _record(self, res: Resource, kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         self.log.append(Change(self.rv, res.key, kind, obj, old))
+        if res.key == crds.CRD_KEY:
+            crds.sync(self)
         if len(self.log) > 2 * self.history:
             self.first_replayable = self.log[self.history].rv - 1
             del self.log[: self.history]

@@ -8,6 +8,7 @@ import re
 import uuid
 from typing import Any
 
+from . import crds
 from .errors import ApiError, bad_request, invalid
 from .quantity import parse_quantity
 from .resources import KUBERNETES_VERSION, Resource
@@ -218,6 +219,8 @@ def _validate_kind(res: Resource, obj: dict[str, Any], causes: Causes) -> None:
         _containers(causes, template.get("spec") or {}, "spec.template.spec")
     elif res.kind == "HTTPRoute":
         _http_route(causes, spec)
+    elif res.key == crds.CRD_KEY:
+        crds.check_definition(causes, obj)
 
 
 def _schema_range(causes: Causes, value: Any, field: str, low: int, high: int) -> None:
@@ -336,6 +339,9 @@ def prepare(res: Resource, obj: Any, creating: bool) -> dict[str, Any]:
             _bad(causes, "metadata.name", name, why)
     check_labels(causes, meta.get("labels"), "metadata.labels")
     check_annotations(causes, meta.get("annotations"), "metadata.annotations")
+    schema = crds.schema_of(res)
+    if schema is not None:
+        obj = crds.check_object(causes, schema, obj)
     _validate_kind(res, obj, causes)
     if causes:
         raise invalid(res.kind, name if isinstance(name, str) else None, causes, res.group)
@@ -415,6 +421,8 @@ def reset_status_on_create(res: Resource, obj: dict[str, Any]) -> None:
         obj["status"] = {"replicas": 0}
     elif res.kind == "Job":
         obj["status"] = {}
+    elif res.key == crds.CRD_KEY:
+        obj["status"] = crds.established_status(obj)
     elif res.kind == "DaemonSet":
         obj["status"] = {"currentNumberScheduled": 0, "desiredNumberScheduled": 0, "numberMisscheduled": 0,
                          "numberReady": 0}

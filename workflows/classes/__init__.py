@@ -1,0 +1,1 @@
+"""Request classes: realtime and batch requests routed to their own pools through the gateway."""
