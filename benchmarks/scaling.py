@@ -105,7 +105,7 @@ class TideplanePolicy:
     _waiting: tuple[float, float | None] = (0.0, None)  # (when, queue_waiting) of the last decision
     _forecast_floor: int = 0
     _forecast_at: float = -math.inf
-    _keep_peak: float = 0.0  # replicas the forecast wants within the warm pool's break-even time
+    _keep_peak: float = 0.0  # replicas the demand will want again within the warm pool's break-even time
     _keep_at: float = -math.inf
 
     def initial(self) -> int:
@@ -178,10 +178,16 @@ class TideplanePolicy:
         self._forecast_floor = slo_replicas(forecast_demand(history, 60.0, horizon, q).upper, p)
         if self.nodes is None:
             return
-        if now_s - self._keep_at >= 3600:  # hours ahead: an hourly look is enough
+        if now_s - self._keep_at >= 600:
+            # what will be needed again within the break-even time: the peak of that span, which the
+            # daily tide brings back; a break-even beyond a day (here ~16 days: disks are cheap next
+            # to GPUs) outlasts what the history can say, so every freed slot is kept (up to the pool's maximum)
             self._keep_at = now_s
-            ahead = min(self.nodes.break_even_s, DAY_S)
-            self._keep_peak = slo_replicas(forecast_demand(history, 60.0, ahead, q, backtests=0).upper, p)
+            if self.nodes.break_even_s >= DAY_S:
+                self._keep_peak = p.max_replicas
+            else:
+                span = [v for v in history[-round(self.nodes.break_even_s / 60) :] if v is not None]
+                self._keep_peak = slo_replicas(max(span, default=0.0), p)
         refill = slo_replicas(forecast_demand(history, 60.0, self.nodes.cold.refill_s + horizon, q).upper, p)
         self.nodes.resize(now_s, refill, max(refill, self._keep_peak), current)
 
