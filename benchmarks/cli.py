@@ -19,7 +19,10 @@ def _scaling(args: argparse.Namespace) -> int:
     from benchmarks import scaling
     from infra.fleetmodel.fleet import FleetConfig
 
-    cfg = FleetConfig(engine=args.engine, cold_start_s=args.cold_start, ttft_slo_s=args.slo, scrape_s=args.scrape,
+    from infra.fleetmodel.coldstart import load_cold_start
+
+    cold_start = args.cold_start if args.cold_start is not None else load_cold_start().fresh_s
+    cfg = FleetConfig(engine=args.engine, cold_start_s=cold_start, ttft_slo_s=args.slo, scrape_s=args.scrape,
                       step_s=args.step, gpu_hour_price=args.gpu_price)
     floors = scaling.floors_from_file(args.schedule, args.start or scaling.DEFAULT_START) if args.schedule else scaling.Floors()
     overrides = json.loads(args.policy) if args.policy else None
@@ -27,6 +30,8 @@ def _scaling(args: argparse.Namespace) -> int:
                           days=args.days, overrides=overrides, tuned=not args.no_tune, floors=floors)
     for report in reports:
         print(f"\n## {report.label} ({'IN-SAMPLE: tideplane tuned here' if report.in_sample else 'out-of-sample'})")
+        print("\nAblation (each lever added to the ones above; GPU-hours include the warm pool's disks and launches):")
+        print(scaling.markdown_table(report.ablation, scaling.ABLATION_COLUMNS) + "\n")
         print(scaling.markdown_table(report.table, scaling.COLUMNS))
         print("\nAt equal SLO minutes (histogram_quantile), interpolated on each baseline's curve:")
         print(scaling.markdown_table(report.comparison, scaling.COMPARE_COLUMNS))
@@ -92,7 +97,8 @@ def add_bench_commands(subparsers) -> None:
     s.add_argument("--engine", default=None, help="calibrated engine of infra/fleetmodel/calibration.yaml (default: its default_engine)")
     s.add_argument("--step", type=float, default=15.0, help="aggregate-mode step, s (the backlog is kept per second regardless)")
     s.add_argument("--scrape", type=float, default=15.0, help="Prometheus scrape interval, s")
-    s.add_argument("--cold-start", type=float, default=240.0, help="node boot + weight load + warm-up, s")
+    s.add_argument("--cold-start", type=float, default=None,
+                   help="a replica's start on a fresh node, s (default: the sum of infra/fleetmodel/coldstart.yaml's parts)")
     s.add_argument("--slo", type=float, default=2.0, help="p99 TTFT SLO, s")
     s.add_argument("--gpu-price", type=float, default=10.32, help="$ per GPU-hour")
     s.add_argument("--schedule", type=Path, default=None, help="a `tideplane schedules apply` file: floors + prewarm for tideplane")

@@ -8,9 +8,18 @@ one the sandbox also runs) over the same arrivals and request sizes from a real 
 - hpa-gpu-util-T: Kubernetes HPA on ``DCGM_FI_DEV_GPU_UTIL``, swept over the target T;
 - keda-waiting-T / keda-in_flight-T: KEDA's Prometheus scaler on ``vllm:num_requests_waiting``
   (and on waiting + running), swept over the per-replica target T;
-- tideplane-reactive: ``workflows.scaling.decide`` alone, exactly as ReactiveScaling calls it;
-- tideplane: the same plus PredictivePrewarm's floor over the hourly peaks of the arrival rate,
-  sized by the loop's SLO model (``slo_replicas``), as its default demand query reads them.
+- tideplane's ablation (``ABLATION``), each lever added to the one before:
+  tideplane-reactive: ``workflows.scaling.decide`` alone, exactly as ReactiveScaling calls it (SLO
+  sizing); tideplane-forecast: plus the loop's forecast floor (``workflows.scaling.forecast`` over
+  the cold start, on the demand the loop's range query reads); tideplane-warm-pool: plus an EC2
+  warm pool sized by the forecast (``benchmarks.nodes``, ``workflows.scaling.warm_pool``), whose
+  nodes join faster with the image on their volume; tideplane-local-weights: plus the weights
+  staged on those nodes; tideplane: plus the engine caches (torch.compile cache) on them.
+
+Every replica's cold start is the sum of its parts in infra/fleetmodel/coldstart.yaml (cited
+figures; 524 s on a fresh node, which every baseline pays); a warm-pool node skips or shortens
+some. The warm pool's cost is in tideplane's GPU-hours: stopped nodes' disks at the GPU-hour price,
+and the instances launched into the pool, running while they initialise.
 
 Tideplane's SLO model gets the engine's figures as policy parameters: a replica's saturation
 throughput at the trace's typical request sizes and its unloaded TTFT.
@@ -34,12 +43,15 @@ from zoneinfo import ZoneInfo
 
 from benchmarks import traces
 from benchmarks.baselines import HpaPolicy, HpaRule, KedaPolicy, OraclePolicy, StaticPolicy
+from benchmarks.nodes import NodeLayer
+from infra.fleetmodel.coldstart import ColdStart, Levers, load_cold_start
 from infra.fleetmodel.fleet import Aggregate, FleetConfig, Result, simulate
 from infra.fleetmodel.sizes import SizeMix, from_requests, load_servegen_sizes
 from workflows.bounds import MAX_REPLICAS
 from workflows.scaling.prewarm import prewarm_floor, slot_key
 from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide, slo_replicas
 from workflows.scaling.floors import DeploymentFloors, PrewarmSpec, floor_at
+from workflows.scaling.forecast import DAY_S, forecast_demand
 
 DEFAULT_START = "2025-01-06T00:00:00+00:00"  # ServeGen gives offsets only: t=0 is taken as a Monday 00:00 UTC
 T0 = datetime.fromisoformat(DEFAULT_START)
@@ -50,11 +62,23 @@ HPA_TARGETS = (50.0, 80.0, 85.0, 88.0, 90.0, 92.0, 95.0)
 KEDA_WAITING = (1.0, 20.0)  # waiting requests per replica
 KEDA_IN_FLIGHT = (4.0, 8.0, 16.0, 64.0)  # waiting + running requests per replica
 STATIC_QUANTILES = (0.5, 0.8, 0.95, 0.98, 0.99, 0.995, 1.0)  # of the oracle's per-interval need
-TUNING_GRID = (  # ScalingPolicy overrides tried on the first week of m-large (capacity_share: see tideplane_policy)
-    {},
-    {"capacity_share": 0.8},
-    {"capacity_share": 0.7},
-    {"capacity_share": 0.6},
+# Tideplane's ablation, each lever added to the one before: (name, forecast, levers of its warm-pool nodes)
+ABLATION: tuple[tuple[str, bool, Levers | None], ...] = (
+    ("tideplane-reactive", False, None),  # SLO sizing alone
+    ("tideplane-forecast", True, None),
+    ("tideplane-warm-pool", True, Levers(warm_pool=True)),
+    ("tideplane-local-weights", True, Levers(warm_pool=True, local_weights=True)),
+    ("tideplane", True, Levers(warm_pool=True, local_weights=True, engine_caches=True)),
+)
+LEVER_NAMES = {
+    "tideplane-reactive": "SLO sizing alone",
+    "tideplane-forecast": "+ forecast over the cold start",
+    "tideplane-warm-pool": "+ warm pool (image on the node)",
+    "tideplane-local-weights": "+ node-local weights",
+    "tideplane": "+ engine caches (all levers)",
+}
+TUNING_GRID = tuple(  # ScalingPolicy overrides tried on the first week of m-large (capacity_share: see tideplane_policy)
+    {"capacity_share": share, "forecast_error_quantile": q} for share in (0.6, 0.5, 0.4, 0.3) for q in (0.5, 0.9)
 )
 TUNING_GOAL = 99.5  # SLO minutes, %: the cheapest overrides reaching it (or the best any reaches) are kept
 TUNED_FILE = "scaling-tideplane-tuned.json"
@@ -71,10 +95,18 @@ class TideplanePolicy:
     floors: DeploymentFloors | None = None
     time_zone: str = "UTC"
     t0: datetime = T0
+    cold_start_s: float = 240.0  # a replica on a fresh node (no node layer: every replica)
+    nodes: NodeLayer | None = None  # warm pool and node caches (None: every replica starts on a fresh node)
     state: ScalerState = field(default_factory=ScalerState)
     _hour_peaks: dict[int, float] = field(default_factory=dict)  # absolute hour -> peak replicas the arrival rate needed
     _prewarm: int = 0
     _prewarm_at: float = -math.inf
+    _minutes: list[float | None] = field(default_factory=list)  # demand, a sample a minute (``_record``)
+    _waiting: tuple[float, float | None] = (0.0, None)  # (when, queue_waiting) of the last decision
+    _forecast_floor: int = 0
+    _forecast_at: float = -math.inf
+    _keep_peak: float = 0.0  # replicas the demand will want again within the warm pool's break-even time
+    _keep_at: float = -math.inf
 
     def initial(self) -> int:
         return self.start
@@ -105,9 +137,67 @@ class TideplanePolicy:
         hour = int(now_s // 3600)
         needed = slo_replicas(signals.request_rate or 0.0, self.policy)
         self._hour_peaks[hour] = max(self._hour_peaks.get(hour, 0.0), float(needed))
-        decision = decide(now_s, current, signals, self.policy, self.state, self.floor(now_s), ready=ready)
+        self._record(now_s, signals)
+        floor = self.floor(now_s)
+        p = self.policy
+        if p.forecast_horizon_seconds > 0:
+            if now_s - self._forecast_at >= p.forecast_every_seconds:
+                self._forecast(now_s, current)
+            floor = max(floor, self._forecast_floor)
+        decision = decide(now_s, current, signals, p, self.state, floor, ready=ready)
         self.state = decision.state
+        if self.nodes is not None and decision.desired < current:
+            self.nodes.release(now_s, current - decision.desired, decision.desired, self._keep_peak)
         return decision.desired
+
+    def _record(self, now_s: float, signals: Signals) -> None:
+        """The demand a minute (the mean of the minute's decisions) as the loop's range query reads it:
+        requests served their first token plus the queue's growth (the served rate alone is capped
+        by the replicas there were)."""
+        minute = int(now_s // 60)
+        while len(self._minutes) <= minute:
+            self._minutes.append(None)
+        waiting, (then, before) = signals.queue_waiting, self._waiting
+        if waiting is not None:
+            self._waiting = (now_s, waiting)
+        if signals.request_rate is None:
+            return
+        growth = (waiting - before) / (now_s - then) if waiting is not None and before is not None and now_s > then else 0.0
+        demand = max(0.0, signals.request_rate + growth)
+        old = self._minutes[minute]
+        self._minutes[minute] = demand if old is None else (old + demand) / 2
+
+    def _forecast(self, now_s: float, current: int) -> None:
+        """The loop's forecast floor over the next replica's cold start; with a node layer, the warm
+        pool sized by the peaks over a refill and within the break-even time."""
+        p, q = self.policy, self.policy.forecast_error_quantile
+        self._forecast_at = now_s
+        history = self._minutes[: int(now_s // 60) + 1]
+        # the floor holds until the next forecast: the cold start, that wait and a decision interval ahead
+        horizon = (self.nodes.next_start_s() if self.nodes else p.forecast_horizon_seconds) + p.forecast_every_seconds + self.interval_s
+        self._forecast_floor = slo_replicas(forecast_demand(history, 60.0, horizon, q).upper, p)
+        if self.nodes is None:
+            return
+        if now_s - self._keep_at >= 600:
+            # what will be needed again within the break-even time: the peak of that span, which the
+            # daily tide brings back; a break-even beyond a day (here ~16 days: disks are cheap next
+            # to GPUs) outlasts what the history can say, so every freed slot is kept (up to the pool's maximum)
+            self._keep_at = now_s
+            if self.nodes.break_even_s >= DAY_S:
+                self._keep_peak = p.max_replicas
+            else:
+                span = [v for v in history[-round(self.nodes.break_even_s / 60) :] if v is not None]
+                self._keep_peak = slo_replicas(max(span, default=0.0), p)
+        refill = slo_replicas(forecast_demand(history, 60.0, self.nodes.cold.refill_s + horizon, q).upper, p)
+        self.nodes.resize(now_s, refill, max(refill, self._keep_peak), current)
+
+    def startup_seconds(self, now_s: float, count: int) -> list[float]:
+        """Cold starts of replicas ordered now (the fleet model asks)."""
+        return self.nodes.startup_seconds(now_s, count) if self.nodes else [self.cold_start_s] * count
+
+    @property
+    def standby_gpu_hours_per_hour(self) -> float:
+        return self.nodes.standby_gpu_hours_per_hour if self.nodes else 0.0
 
 
 @dataclass(frozen=True)
@@ -190,8 +280,9 @@ class Floors:
     t0: datetime = T0
 
 
-def suite(work: Workload, cfg: FleetConfig, overrides: dict | None, families: tuple[str, ...] | None = None, floors: Floors = Floors()) -> list[Result]:
-    """Every policy once over ``work``: oracle, the curves, tideplane (reactive and with pre-warm)."""
+def suite(work: Workload, cfg: FleetConfig, overrides: dict | None, families: tuple[str, ...] | None = None, floors: Floors = Floors(),
+          variants: tuple[str, ...] | None = None) -> list[Result]:
+    """Every policy once over ``work``: oracle, the curves, tideplane's ablation (``variants``: only those)."""
     probe = Aggregate(work.counts, cfg.step_s, work.sizes, cfg.load())
     capacity = lambda t: probe.window(t).capacity_rps  # noqa: E731
     oracle = OraclePolicy(work.counts, capacity, interval_s=cfg.scrape_s)
@@ -213,11 +304,18 @@ def suite(work: Workload, cfg: FleetConfig, overrides: dict | None, families: tu
     if want("tideplane"):
         # ScalingPolicy bounds max_replicas (workflows.bounds): m-mid's 1.5 x peak need exceeds it
         policy = tideplane_policy(typical, min(cap, MAX_REPLICAS), overrides, unloaded_ttft(probe, cfg.load()))
-        prewarm = floors.floors or DeploymentFloors(deployment="bench/fleet", prewarm=PrewarmSpec(startup_seconds=cfg.cold_start_s + 300))
-        policies += [
-            TideplanePolicy(policy, start, name="tideplane-reactive", time_zone=floors.time_zone, t0=floors.t0),
-            TideplanePolicy(policy, start, name="tideplane", floors=prewarm, time_zone=floors.time_zone, t0=floors.t0),
-        ]
+        cold = load_cold_start()
+        for name, forecasting, levers in ABLATION:
+            if variants is not None and name not in variants:
+                continue
+            nodes = None
+            if levers is not None:
+                nodes = NodeLayer(cold, levers, cfg.cold_start_s, cfg.load().gpus, policy.max_replicas, cfg.gpu_hour_price)
+            horizon = (cold.warm_s(levers) if levers else cfg.cold_start_s) if forecasting else 0.0
+            policies.append(TideplanePolicy(
+                policy.model_copy(update={"forecast_horizon_seconds": horizon}), start, name=name, floors=floors.floors,
+                time_zone=floors.time_zone, t0=floors.t0, cold_start_s=cfg.cold_start_s, nodes=nodes,
+            ))
     zero_start = FleetConfig(**{**cfg.__dict__, "cold_start_s": 0.0})
     return [run_policy(work, p, zero_start if p is oracle else cfg) for p in policies]
 
@@ -292,20 +390,27 @@ def rows(runs: list[list[Result]]) -> list[dict]:
     return table
 
 
+def at_equal_slo(runs: list[list[Result]], mine: str, fam: str) -> tuple[list[float], list[float]]:
+    """(baseline curve's GPU-hours at ``mine``'s SLO minutes, ``mine``'s GPU-hours), for the seeds where
+    ``mine``'s SLO minutes fall inside the curve."""
+    theirs, ours = [], []
+    for seed_runs in runs:
+        me = next(r for r in seed_runs if r.policy == mine)
+        curve = [(r.slo_minutes_percent, r.gpu_hours) for r in seed_runs if family(r.policy) == fam]
+        g = at_slo(curve, me.slo_minutes_percent)
+        if g is not None:
+            theirs.append(g)
+            ours.append(me.gpu_hours)
+    return theirs, ours
+
+
 def compare(runs: list[list[Result]]) -> list[dict]:
     """Each tideplane variant against each baseline curve at the same SLO minutes, per seed."""
     out = []
     names = [r.policy for r in runs[0]]
     for mine in (n for n in names if n.startswith("tideplane")):
         for fam in sorted({family(n) for n in names if family(n) not in ("tideplane", "oracle")}):
-            theirs, ours = [], []
-            for seed_runs in runs:
-                me = next(r for r in seed_runs if r.policy == mine)
-                curve = [(r.slo_minutes_percent, r.gpu_hours) for r in seed_runs if family(r.policy) == fam]
-                g = at_slo(curve, me.slo_minutes_percent)
-                if g is not None:
-                    theirs.append(g)
-                    ours.append(me.gpu_hours)
+            theirs, ours = at_equal_slo(runs, mine, fam)
             out.append({
                 "tideplane": mine,
                 "baseline": fam,
@@ -313,6 +418,46 @@ def compare(runs: list[list[Result]]) -> list[dict]:
                 "tideplane_gpu_hours": _spread(ours, _gpu_hour_digits(ours)) if ours else "",
                 "tideplane_vs_baseline": (_spread([o / t for o, t in zip(ours, theirs)], 2) + "×") if theirs else "",
             })
+    return out
+
+
+ABLATION_COLUMNS = ["lever", "policy", "cold_start_s", "gpu_hours", "warm_pool_gpu_hours", "slo_minutes_hist", "slo_minutes_exact",
+                    "vs_hpa", "vs_keda_in_flight", "vs_static", "vs_oracle"]
+
+
+def _ratio(runs: list[list[Result]], mine: str, fam: str) -> str:
+    theirs, ours = at_equal_slo(runs, mine, fam)
+    if not theirs:
+        return "outside the curve"
+    seeds = f" ({len(theirs)} of {len(runs)} seeds)" if len(theirs) < len(runs) else ""
+    return _spread([o / t for o, t in zip(ours, theirs)], 2) + "×" + seeds
+
+
+def ablation(runs: list[list[Result]]) -> list[dict]:
+    """Tideplane's levers one by one: GPU-hours (warm-pool disks and launches included), SLO minutes,
+    and the ratio to each baseline's curve at the same SLO minutes and to the oracle."""
+    cold = load_cold_start()
+    names = [r.policy for r in runs[0]]
+    out = []
+    for name, _, levers in ABLATION:
+        if name not in names:
+            continue
+        same = [next(r for r in seed_runs if r.policy == name) for seed_runs in runs]
+        oracle = [next(r.gpu_hours for r in seed_runs if r.policy == "oracle") for seed_runs in runs]
+        fresh = same[0].config.cold_start_s
+        out.append({
+            "lever": LEVER_NAMES[name],
+            "policy": name,
+            "cold_start_s": f"{cold.warm_s(levers):.0f} warm / {fresh:.0f} fresh" if levers else f"{fresh:.0f}",
+            "gpu_hours": _spread([r.gpu_hours for r in same], _gpu_hour_digits(same)),
+            "warm_pool_gpu_hours": _spread([r.standby_gpu_hours for r in same], 1),
+            "slo_minutes_hist": _spread([r.slo_minutes_percent for r in same], 2),
+            "slo_minutes_exact": _spread([r.slo_minutes_percent_exact for r in same], 2),
+            "vs_hpa": _ratio(runs, name, "hpa"),
+            "vs_keda_in_flight": _ratio(runs, name, "keda-in_flight"),
+            "vs_static": _ratio(runs, name, "static"),
+            "vs_oracle": _spread([r.gpu_hours / o for r, o in zip(same, oracle)], 2) + "×",
+        })
     return out
 
 
@@ -369,8 +514,8 @@ def tune(trace: Path, cfg: FleetConfig, seed: int, category: str, clients: int |
     week = load_workload(trace, seed, category, clients).slice(0, WEEK, "week 1")
     tried = []
     for overrides in TUNING_GRID:
-        (reactive, prewarm) = suite(week, cfg, overrides, families=("tideplane",))
-        tried.append({"overrides": overrides, "gpu_hours": round(prewarm.gpu_hours), "slo_minutes_hist": round(prewarm.slo_minutes_percent, 2)})
+        (full,) = suite(week, cfg, overrides, families=("tideplane",), variants=("tideplane",))
+        tried.append({"overrides": overrides, "gpu_hours": round(full.gpu_hours), "slo_minutes_hist": round(full.slo_minutes_percent, 2)})
     best_slo = max(t["slo_minutes_hist"] for t in tried)
     good = [t for t in tried if t["slo_minutes_hist"] >= min(TUNING_GOAL, best_slo)]
     return min(good, key=lambda t: t["gpu_hours"])["overrides"], tried
@@ -389,6 +534,10 @@ class Report:
     @property
     def comparison(self) -> list[dict]:
         return compare(self.runs)
+
+    @property
+    def ablation(self) -> list[dict]:
+        return ablation(self.runs)
 
 
 def run(
@@ -446,6 +595,8 @@ def write(reports: list[Report], out_dir: Path, cfg: FleetConfig, trace: Path, s
             f"Trace: {report.label} ({trace.name}), {sample}; seeds {list(seeds)} (mean (min–max))\n"
             f"Fleet: {json.dumps(cfg.__dict__)}; engine {cfg.load().name}\n"
             f"Tideplane overrides: {json.dumps(overrides or {})}\n\n"
+            + "Ablation: each of tideplane's levers added to the ones above (GPU-hours include the warm pool's disks and launches):\n\n"
+            + markdown_table(report.ablation, ABLATION_COLUMNS) + "\n\n"
             + markdown_table(report.table, COLUMNS) + "\n\nAt equal SLO minutes (histogram), GPU-hours of each baseline's curve:\n\n"
             + markdown_table(report.comparison, COMPARE_COLUMNS) + "\n"
             + (f"\nTuning on week 1: {json.dumps(tuning)}\n" if tuning else "")

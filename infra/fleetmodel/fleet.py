@@ -19,10 +19,11 @@ Modes (``Backend``):
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from infra.fleetmodel.engine import Engine, load_engine
@@ -91,10 +92,17 @@ class Result:
     scale_events: int
     preemptions: int
     config: FleetConfig
+    # per scrape, what capacity held in standby costs (a warm pool's disks), in GPU-hours per hour
+    standby: list[float] = field(default_factory=list)
 
     @property
     def gpu_hours(self) -> float:
-        return sum(self.replicas) * self.scrape_s / 3600 * self.gpus_per_replica
+        """GPU-hours paid: replicas from their order, plus standby capacity in GPU-hour equivalents."""
+        return (sum(self.replicas) * self.gpus_per_replica + sum(self.standby)) * self.scrape_s / 3600
+
+    @property
+    def standby_gpu_hours(self) -> float:
+        return sum(self.standby) * self.scrape_s / 3600
 
     @property
     def cost(self) -> float:
@@ -132,7 +140,7 @@ class Result:
         per_hour = round(3600 / self.scrape_s)
         scrapes = slice(start_h * per_hour, end_h * per_hour)
         return replace(
-            self, arrivals=self.arrivals[scrapes], replicas=self.replicas[scrapes], ready=self.ready[scrapes],
+            self, arrivals=self.arrivals[scrapes], replicas=self.replicas[scrapes], ready=self.ready[scrapes], standby=self.standby[scrapes],
             minute_p99_hist=self.minute_p99_hist[start_h * 60 : end_h * 60], minute_p99_exact=self.minute_p99_exact[start_h * 60 : end_h * 60],
             hour_buckets=self.hour_buckets[start_h:end_h], hour_fine=self.hour_fine[start_h:end_h],
         )
@@ -164,6 +172,7 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
     booting: deque[float] = deque()  # ready-at times, oldest first
     last: Scrape | None = None
     replicas_out, ready_out, minute_hist, minute_exact = [], [], [], []
+    standby_out: list[float] = []
     minute_points: list[tuple[float, float]] = []
     minute_buckets = [0.0] * (len(TTFT_BUCKETS) + 1)
     hour_buckets: list[list[float]] = []
@@ -181,8 +190,12 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
             signals = signals_of(window, last, scrape) if last is not None else Signals(error="no scrape yet")
             want = max(0, policy.desired(now, current, ready, signals))
             events += want != current
-            while want > ready + len(booting):
-                booting.append(now + cfg.cold_start_s)
+            if want > ready + len(booting):
+                # a policy that models its nodes (warm pool, caches) says how long each new replica takes
+                starts = getattr(policy, "startup_seconds", None)
+                count = want - ready - len(booting)
+                for seconds in starts(now, count) if starts else [cfg.cold_start_s] * count:
+                    bisect.insort(booting, now + seconds)
             while want < ready + len(booting):
                 if booting:
                     booting.pop()  # cancel the newest order first: it is furthest from serving
@@ -195,6 +208,7 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
         preemptions += out.preemptions
         replicas_out.append(ready + len(booting))
         ready_out.append(ready)
+        standby_out.append(getattr(policy, "standby_gpu_hours_per_hour", 0.0))
         counts = bucket_counts(TTFT_BUCKETS, out.ttft)
         window.append(counts)
         last = out
@@ -217,6 +231,7 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
         policy=policy.name, mode=mode, scrape_s=scrape, gpus_per_replica=engine.gpus, arrivals=list(arrivals),
         replicas=replicas_out, ready=ready_out, minute_p99_hist=minute_hist, minute_p99_exact=minute_exact,
         hour_buckets=hour_buckets, hour_fine=hour_fine, scale_events=events, preemptions=preemptions, config=cfg,
+        standby=standby_out,
     )
 
 

@@ -131,3 +131,27 @@ def test_unreachable_prometheus_is_retryable(make_rollout):
     with pytest.raises(ApplicationError) as err:
         _run(make_rollout(prometheus_url=f"http://127.0.0.1:{free_port()}"), GATES, _vars())
     assert not err.value.non_retryable and err.value.type == "MetricsUnavailable"
+
+
+def test_demand_forecast_reads_the_rate_history_from_prometheus(prometheus):
+    """forecast_demand's range query, a sample a step, from the deployment's first sample on."""
+    from kubernetes import client
+
+    from activities.clients.kube import KubeClient
+    from activities.clients.prometheus import PrometheusClient
+    from activities.scaling import ScalingActivities
+    from workflows.scaling.activities import DemandForecastInput
+
+    scaling = ScalingActivities(KubeClient(client.ApiClient()), PrometheusClient(prometheus))
+    query = 'sum(rate(http_requests_total{namespace="${namespace}",deployment="${deployment}",version="1.0.0"}[5s]))'
+    request = DemandForecastInput(namespace="llm-serving", deployment="chat", at=0, horizon_seconds=1, step_seconds=1, query=query)
+    deadline = time.monotonic() + 10
+    while True:  # the fixture returns after two scrapes: wait for a few seconds of rate samples
+        forecast = ActivityEnvironment().run(scaling.forecast_demand, request.model_copy(update={"at": time.time()}))
+        if forecast.checked or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert forecast.basis == "trend"  # seconds of history: no seasonality yet
+    assert 0 < forecast.level <= RPS * 1.05 and forecast.checked == 1  # a past origin was checked against what followed
+    nothing = request.model_copy(update={"at": time.time(), "query": 'sum(rate(http_requests_total{deployment="none"}[5s]))'})
+    assert ActivityEnvironment().run(scaling.forecast_demand, nothing).basis == "none"

@@ -252,3 +252,80 @@ async def test_control_plane_bench_runs_real_loops_and_measures_them():
     assert row["cycle_p50_ms"] > 0  # decisions that scaled went through scale_version
     assert 10 < row["history_events_per_decision"] < 40
     assert row["history_kib_per_run_max"] < 100  # continue-as-new every 3 decisions bounds a run
+
+
+# ------------------------------------------------------------------ cold start by its parts, warm pool
+
+
+def test_each_lever_takes_its_own_part_off_the_cold_start():
+    from infra.fleetmodel.coldstart import Levers, load_cold_start
+
+    cold = load_cold_start()
+    p = cold.parts_s
+    assert cold.fresh_s == sum(cold.fresh().values()) and "image_pull" in cold.fresh()
+    pool = cold.warm_s(Levers(warm_pool=True))
+    assert cold.fresh_s - pool == p["node_fresh"] - p["node_warm"] + p["image_pull"] - p["image_cached"]
+    weights = cold.warm_s(Levers(warm_pool=True, local_weights=True))
+    assert pool - weights == p["weights_s3"]
+    assert weights - cold.warm_s(Levers(warm_pool=True, local_weights=True, engine_caches=True)) == p["compile"] - p["compile_cached"]
+
+
+def test_warm_pool_starts_replicas_warm_while_it_has_slots_and_takes_freed_ones_back():
+    from benchmarks.nodes import NodeLayer
+    from infra.fleetmodel.coldstart import Levers, load_cold_start
+
+    cold = load_cold_start()
+    levers = Levers(warm_pool=True, local_weights=True, engine_caches=True)
+    nodes = NodeLayer(cold, levers, fresh_s=cold.fresh_s, slot_gpus=1, max_pool_slots=30, gpu_hour_price=10.0)
+    nodes.resize(0, peak_within_refill=4, peak_within_break_even=4, running=4)  # prepared before the run: nothing wanted
+    nodes.resize(0, peak_within_refill=20, peak_within_break_even=20, running=4)  # 16 more wanted: launch them into the pool
+    assert len(nodes.refilling) == 16 and nodes.standby_gpu_hours_per_hour == 16  # launching capacity runs
+    assert nodes.startup_seconds(60, 3) == [cold.fresh_s] * 3  # not usable before the refill is done
+    later = cold.refill_s + 1
+    assert nodes.startup_seconds(later, 18) == [cold.warm_s(levers)] * 16 + [cold.fresh_s] * 2
+    assert nodes.standby_gpu_hours_per_hour == 0
+    # 8 replicas scaled down while the day's forecast still wants 30: back to the pool, stopped
+    nodes.release(later + 600, 8, running_after=17, peak_replicas_within_break_even=30)
+    assert nodes.warm_slots == 8 and 0 < nodes.standby_gpu_hours_per_hour < 0.01  # stopped capacity costs its disks
+    nodes.release(later + 700, 8, running_after=9, peak_replicas_within_break_even=9)  # not needed again: terminated
+    assert nodes.warm_slots == 8
+
+
+def test_the_fleet_model_starts_each_replica_as_the_policy_says():
+    class TwoSpeeds:
+        name, interval_s = "two-speeds", 30.0
+
+        def initial(self) -> int:
+            return 1
+
+        def desired(self, now_s, current, ready, signals) -> int:
+            return 3
+
+        def startup_seconds(self, now_s, count):
+            return [60.0, 600.0][:count]
+
+    r = _run([0.0] * 1200, TwoSpeeds())
+    first = 2  # the first decision, at t = 30 s
+    assert r.replicas[first] == 3
+    assert r.ready[first + 60 // 15 - 1] == 1 and r.ready[first + 60 // 15] == 2 and r.ready[first + 600 // 15] == 3
+
+
+def test_forecast_has_the_ramp_ready_on_the_second_day():
+    """A daily step from 4 to 40 req/s at 08:00: on day 2 the forecast's floor has the replicas the
+    step needs ordered one cold start before it comes; the reactive loop orders them when it sees it."""
+    policy = ScalingPolicy(min_replicas=1, max_replicas=60, replica_capacity_rps=4)
+    reactive = TideplanePolicy(policy, start=2, cold_start_s=240)
+    ahead = TideplanePolicy(policy.model_copy(update={"forecast_horizon_seconds": 240}), start=2, cold_start_s=240)
+    rate = lambda t: 40.0 if 8 * 3600 <= t % 86400 < 20 * 3600 else 4.0  # noqa: E731
+    wants = {reactive.name: [], "ahead": []}
+    current = {id(reactive): 2, id(ahead): 2}
+    for half_minute in range(2 * 24 * 120 - 1):
+        now = half_minute * 30.0
+        for p, key in ((reactive, reactive.name), (ahead, "ahead")):
+            signals = Signals(queue_waiting=0, request_rate=rate(now - 60))  # a 1-minute rate window lags
+            current[id(p)] = p.desired(now, current[id(p)], current[id(p)], signals)
+            wants[key].append(current[id(p)])
+    before = (86400 + 8 * 3600 - 240) // 30  # day 2, 07:56: a cold start before the step
+    need = slo_replicas(40, policy)
+    assert wants["ahead"][before] >= need > wants[reactive.name][before]
+    assert ahead.policy.forecast_horizon_seconds == 240

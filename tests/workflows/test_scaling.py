@@ -246,13 +246,14 @@ async def test_forecast_holds_what_the_ramp_will_need_within_the_cold_start(time
         )
         await env.sleep(5)
         s = await status(handle)
-        ahead = slo_replicas(39 + 10, policy)  # ten more minutes of the ramp
+        # ahead: the cold start, the wait until the next forecast and a decision interval, 930 s = 16 minutes
+        ahead = slo_replicas(39 + 16, policy)
         assert ahead > slo_replicas(39, policy)
         assert s.floors["forecast"].replicas == ahead and fake.replicas == ahead
-        assert "forecast (trend: 49 req/s within 600s)" in s.decisions[-1].reason
+        assert "forecast (trend: 55 req/s within 930s)" in s.decisions[-1].reason
         # the history is read once per forecast_every_seconds, not at every decision
         await env.sleep(600)
-        assert len(fake.forecasts) == 3 and fake.forecasts[0].horizon_seconds == 600
+        assert len(fake.forecasts) == 3 and fake.forecasts[0].horizon_seconds == 930
         await handle.terminate()
 
 

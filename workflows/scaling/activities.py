@@ -110,9 +110,14 @@ class ScaleStatus(BaseModel):
     cold_start: ColdStart | None = Field(None, description="the newest Ready replica's start, by its parts")
 
 
-# The forecast's history: the arrival rate the loop's SLO sizing reads (requests/s that got a first
-# token), one sample a minute, over the last week and a half (weekly seasonality needs a week).
-DEFAULT_DEMAND_RATE_QUERY = f"sum(rate(vllm:time_to_first_token_seconds_count{{{_SELECTOR}}}[1m]))"
+# The forecast's history, one sample a minute over the last week and a half (weekly seasonality
+# needs a week): the demand, requests/s that got a first token plus the queue's growth (the served
+# rate alone is capped by the replicas there were, so a ramp the fleet was late for would be
+# remembered as smaller than it was).
+DEFAULT_DEMAND_RATE_QUERY = (
+    f"clamp_min(sum(rate(vllm:time_to_first_token_seconds_count{{{_SELECTOR}}}[1m]))"
+    f" + (sum(deriv(vllm:num_requests_waiting{{{_SELECTOR}}}[1m])) or vector(0)), 0)"
+)
 PROMETHEUS_MAX_POINTS = 11_000  # Prometheus refuses a range query of more points per series
 
 

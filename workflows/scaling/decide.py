@@ -34,7 +34,7 @@ import math
 
 from pydantic import BaseModel, Field, model_validator
 
-from workflows.bounds import DAY_SECONDS, MAX_GPUS_PER_REPLICA, MAX_REPLICAS, Replicas, Seconds, SecondsOrZero
+from workflows.bounds import DAY_SECONDS, MAX_GPUS_PER_REPLICA, MAX_REPLICAS, Replicas, SecondsOrZero
 from workflows.scaling.budget import MonthlyBudget
 from workflows.scaling.completion import drain_replicas, drain_seconds
 from workflows.scaling.cpu_fallback import CpuFallback
@@ -86,7 +86,9 @@ class ScalingPolicy(BaseModel):
     forecast_error_quantile: float = Field(
         0.9, ge=0, le=1, description="the forecast is sized up by this quantile of its own recent actual/forecast ratios"
     )
-    forecast_every_seconds: Seconds = Field(300, description="how often the loop reads the demand history and forecasts")
+    forecast_every_seconds: float = Field(
+        300, gt=0, le=DAY_SECONDS, description="how often the loop reads the demand history and forecasts"
+    )
     gateway_queue_limit: bool = Field(
         False, description="write the gateway's queue limit (an Envoy Gateway BackendTrafficPolicy on the route) from"
         " the Ready replicas' capacity within the SLO: beyond it requests get 429 at once (workflows/scaling/queue_limit.py)"

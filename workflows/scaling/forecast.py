@@ -115,18 +115,20 @@ def forecast_demand(
     first, the last sample now; None or NaN where nothing was measured)."""
     if step_s <= 0 or horizon_s < 0:
         raise ValueError(f"step_s must be > 0 and horizon_s >= 0, got {step_s}, {horizon_s}")
-    values = [math.nan if v is None else float(v) for v in history]
     horizon = max(1, math.ceil(horizon_s / step_s))
     level_n = max(1, round(level_s / step_s))
     trend_n = max(2, round(trend_s / step_s))
     periods = {"weekly": round(WEEK_S / step_s), "daily": round(DAY_S / step_s)}
+    stride = max(1, round(backtest_s / step_s / max(1, backtests)))
+    # only the last week, the backtests' origins and their horizons are ever read
+    needed = periods["weekly"] + level_n + trend_n + 2 * horizon + backtests * stride
+    values = [math.nan if v is None else float(v) for v in history[-needed:]]
     now = _path(values, len(values), horizon, level_n, trend_n, periods)
     if now is None:
         return DemandForecast(expected=0, upper=0, level=0, basis="none", error_ratio=1, checked=0, reason="no demand history yet")
     expected, level, basis = now
     # the same forecast at past origins whose horizon has passed, against the peak that followed
     ratios: list[float] = []
-    stride = max(1, round(backtest_s / step_s / max(1, backtests)))
     for k in range(backtests):
         origin = len(values) - horizon - k * stride
         if origin < 1:

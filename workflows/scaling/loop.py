@@ -306,6 +306,8 @@ class ReactiveScaling:
         p = self._policy
         held = self._floors.get(FORECAST_FLOOR)
         every = timedelta(seconds=p.forecast_every_seconds)
+        # the floor holds until the next forecast: it must cover that wait, a decision interval and the cold start
+        horizon = p.forecast_horizon_seconds + p.forecast_every_seconds + self._input.interval_seconds
         if held is not None and held.expires_at is not None and now < held.expires_at - every:
             return
         try:
@@ -315,17 +317,17 @@ class ReactiveScaling:
                     namespace=namespace,
                     deployment=name,
                     at=now.timestamp(),
-                    horizon_seconds=p.forecast_horizon_seconds,
+                    horizon_seconds=horizon,
                     error_quantile=p.forecast_error_quantile,
                 ),
                 start_to_close_timeout=timedelta(seconds=60),
                 retry_policy=_SHORT,
-                summary=f"demand forecast, {p.forecast_horizon_seconds:.0f}s ahead",
+                summary=f"demand forecast, {horizon:.0f}s ahead",
             )
         except ActivityError as err:
             self._details(f"demand forecast failed: {cause(err)}")
             return
-        reason = f"{forecast.basis}: {forecast.upper:.3g} req/s within {p.forecast_horizon_seconds:.0f}s"
+        reason = f"{forecast.basis}: {forecast.upper:.3g} req/s within {horizon:.0f}s"
         self._floors[FORECAST_FLOOR] = FloorClaim(
             replicas=slo_replicas(forecast.upper, p), expires_at=now + 2 * every, reason=reason
         )
