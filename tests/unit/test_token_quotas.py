@@ -91,3 +91,12 @@ def test_usage_rows_put_input_and_output_side_by_side():
                      UsageSample(labels={**base, "tenant": "beta", "gen_ai_token_type": "input"}, tokens=9)])
     assert [(r.tenant, r.input_tokens, r.output_tokens) for r in rows] == [("acme", 100, 40), ("beta", 9, 0)]
     assert "| acme | llama | 1.0.0 | realtime | 100 | 40 |" in render_markdown(rows, "day")
+
+
+def test_a_bad_quota_file_is_refused_naming_the_field(tmp_path):
+    from workers.quotas_cli import QuotaFileError, load_quota_file
+
+    path = tmp_path / "quotas.yaml"
+    path.write_text("namespace: llm-serving\nroute: chat\ntenants:\n  - {name: acme, tokens_per_minute: 10, monthly_tokens: -1}\n")
+    with pytest.raises(QuotaFileError, match=r"tenants\.0\.monthly_tokens: Input should be greater than 0"):
+        load_quota_file(path)
