@@ -22,6 +22,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
+    from workflows import telemetry
     from workflows.quotas.activities import MonthTokensInput, QuotaActivities, QuotaPolicyInput, UsageInput
     from workflows.quotas.metering import TokenQueries, TokenUsage, render_markdown, tabulate
     from workflows.naming import TOKEN_METERING_WORKFLOW_ID
@@ -59,6 +60,8 @@ class ApplyTokenQuotas:
             summary=f"BackendTrafficPolicy {q.namespace}/{policy_name(q.route)}",
         )
         cut_off = over_quota(q, used.tokens)
+        for t in q.tenants:
+            telemetry.tenant_tokens(workflow.metric_meter(), q.namespace, q.route, t.name, used.tokens.get(t.name, 0.0), t.monthly_tokens)
         rows = [f"| {t.name} | {used.tokens.get(t.name, 0):,.0f} | {t.monthly_tokens:,} | {t.tokens_per_minute:,} |"
                 f" {'refused' if t.name in cut_off else 'served'} |" for t in q.tenants]
         workflow.set_current_details("\n".join([
