@@ -23,7 +23,6 @@ from workers.config import Settings, load_settings
 from workflows.cost.report import CostReport, CostReportInput, CostReportResult
 
 
-
 async def run_now(client: Client, run, arg, id_prefix: str, task_queue: str, timeout: float):
     """Start a report workflow (ID ``<id_prefix>/cli-<time>``) and wait for its result; TimeoutError after ``timeout`` s."""
     workflow_id = f"{id_prefix}/cli-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%f}"
@@ -45,25 +44,30 @@ async def latest_result(client: Client, workflow_type: str, result_type: type):
     return None
 
 
-def cmd_report(args, config: Settings) -> int:
+def print_report(args, config: Settings, run, arg, workflow_type: str, result_type: type, id_prefix: str, command: str) -> int:
+    """Run a report workflow now and print its ``markdown``, or with ``args.latest`` the last completed one's."""
 
-    async def run() -> CostReportResult | None:
+    async def fetch():
         client = await connect(config)
         if args.latest:
-            return await latest_result(client, "CostReport", CostReportResult)
-        return await run_now(client, CostReport.run, CostReportInput(window_hours=args.window_hours), "cost-report",
-                             config.task_queue, args.timeout)
+            return await latest_result(client, workflow_type, result_type)
+        return await run_now(client, run, arg, id_prefix, config.task_queue, args.timeout)
 
     try:
-        result = asyncio.run(run())
+        result = asyncio.run(fetch())
     except TimeoutError as exc:
         print(f"tideplane: {exc}", file=sys.stderr)
         return 1
     if result is None:
-        print("tideplane: no completed CostReport yet (run `tideplane cost report`, or wait for the daily schedule)", file=sys.stderr)
+        print(f"tideplane: no completed {workflow_type} yet (run `{command}`, or wait for the daily schedule)", file=sys.stderr)
         return 1
     print(result.markdown)
     return 0
+
+
+def cmd_report(args, config: Settings) -> int:
+    return print_report(args, config, CostReport.run, CostReportInput(window_hours=args.window_hours), "CostReport", CostReportResult,
+                        "cost-report", "tideplane cost report")
 
 
 def window_hours(text: str) -> float:

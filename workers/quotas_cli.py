@@ -19,8 +19,6 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-import yaml
-from pydantic import ValidationError
 from temporalio.client import (
     Client,
     Schedule,
@@ -33,8 +31,8 @@ from temporalio.client import (
 
 from workers.client import connect
 from workers.config import Settings, load_settings
-from workers.cost_cli import latest_result, run_now, window_hours
-from workers.schedules import apply_schedule, field_errors, fingerprinted
+from workers.cost_cli import print_report, run_now, window_hours
+from workers.schedules import apply_schedule, fingerprinted, load_model_file
 from workflows import naming
 from workflows.quotas.policy import QuotaFile, QuotaInput
 from workflows.quotas.workflow import (
@@ -53,14 +51,7 @@ class QuotaFileError(ValueError):
 
 def load_quota_file(path: Path) -> QuotaFile:
     """YAML or JSON; errors name the field, e.g. ``tenants.0.monthly_tokens``."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise QuotaFileError(f"cannot read {path}: {exc}") from None
-    try:
-        return QuotaFile.model_validate(raw)
-    except ValidationError as exc:
-        raise QuotaFileError(f"invalid quota file {path}: {field_errors(exc)}") from None
+    return load_model_file(path, QuotaFile, "quota file", QuotaFileError)
 
 
 def quota_schedule(quotas: QuotaFile, task_queue: str, every_minutes: int) -> Schedule:
@@ -115,24 +106,9 @@ def cmd_apply(args, config: Settings) -> int:
 
 
 def cmd_usage(args, config: Settings) -> int:
-
-    async def run() -> TokenMeteringResult | None:
-        client = await connect(config)
-        if args.latest:
-            return await latest_result(client, "TokenMetering", TokenMeteringResult)
-        return await run_now(client, TokenMetering.run, TokenMeteringInput(window_hours=args.window_hours), "token-metering",
-                             config.task_queue, args.timeout)
-
-    try:
-        result = asyncio.run(run())
-    except TimeoutError as exc:
-        print(f"tideplane: {exc}", file=sys.stderr)
-        return 1
-    if result is None:
-        print("tideplane: no completed TokenMetering yet (run `tideplane quotas usage`, or wait for the daily schedule)", file=sys.stderr)
-        return 1
-    print(result.markdown)
-    return 0
+    return print_report(args, config, TokenMetering.run, TokenMeteringInput(window_hours=args.window_hours), "TokenMetering",
+                        TokenMeteringResult,
+                        "token-metering", "tideplane quotas usage")
 
 
 def add_quotas_commands(subparsers) -> None:

@@ -23,10 +23,11 @@ import json
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import TypeVar
 from zoneinfo import ZoneInfo
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from temporalio.client import (
     Client,
     Schedule,
@@ -48,6 +49,9 @@ from workflows import naming
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.floors import FloorEntry, ScheduleFile, ScheduleFloor, ScheduleFloorInput
 from workflows.scaling.prewarm import PredictivePrewarm, PrewarmInput
+from workflows.steps import field_errors
+
+M = TypeVar("M", bound=BaseModel)
 
 # A floor missed while the server or worker was down still applies if caught up within this.
 CATCHUP = timedelta(hours=1)
@@ -59,21 +63,20 @@ class ScheduleFileError(ValueError):
     """The schedule file is invalid; the message names the field or time zone."""
 
 
-def load_schedule_file(path: Path) -> ScheduleFile:
-    """YAML or JSON (JSON is YAML); errors name the field, e.g. ``schedules.0.time_zone``."""
+def load_model_file(path: Path, model: type[M], what: str, error: type[ValueError]) -> M:
+    """A YAML or JSON (JSON is YAML) file as ``model``; ``error`` names the field, e.g. ``schedules.0.time_zone``."""
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
-        raise ScheduleFileError(f"cannot read {path}: {exc}") from None
+        raise error(f"cannot read {path}: {exc}") from None
     try:
-        return ScheduleFile.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as exc:
-        raise ScheduleFileError(f"invalid schedule file {path}: {field_errors(exc)}") from None
+        raise error(f"invalid {what} {path}: {field_errors(exc, '(file)')}") from None
 
 
-def field_errors(exc: ValidationError) -> str:
-    """Every problem of a file, each naming its field (``schedules.0.time_zone: ...``), joined by ``; ``."""
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(file)'}: {e['msg']}" for e in exc.errors())
+def load_schedule_file(path: Path) -> ScheduleFile:
+    return load_model_file(path, ScheduleFile, "schedule file", ScheduleFileError)
 
 
 def _temporal_weekday(weekday: int) -> int:

@@ -23,6 +23,7 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from workflows import telemetry
+    from workflows.daily import daily_schedule
     from workflows.quotas.activities import MonthTokensInput, QuotaActivities, QuotaPolicyInput, UsageInput
     from workflows.quotas.metering import TokenQueries, TokenUsage, render_markdown, tabulate
     from workflows.naming import TOKEN_METERING_WORKFLOW_ID
@@ -104,21 +105,6 @@ class TokenMetering:
 
 
 def token_metering_schedule(input: TokenMeteringInput, task_queue: str, hour_utc: int = 0):
-    """The daily schedule, to apply with ``client.create_schedule(naming.TOKEN_METERING_SCHEDULE_ID, ...)``
-    (as ``cost_report_schedule``: fires at ``hour_utc``:00 UTC, catches up 6 h, never overlaps)."""
-    from temporalio.client import (
-        Schedule,
-        ScheduleActionStartWorkflow,
-        ScheduleCalendarSpec,
-        ScheduleOverlapPolicy,
-        SchedulePolicy,
-        ScheduleRange,
-        ScheduleSpec,
-    )
-
-    return Schedule(
-        action=ScheduleActionStartWorkflow(TokenMetering.run, input, id=TOKEN_METERING_WORKFLOW_ID, task_queue=task_queue),
-        spec=ScheduleSpec(calendars=[ScheduleCalendarSpec(hour=[ScheduleRange(hour_utc)], minute=[ScheduleRange(0)],
-                                                          second=[ScheduleRange(0)])]),
-        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=timedelta(hours=6)),
-    )
+    """The daily schedule (``naming.TOKEN_METERING_SCHEDULE_ID``; ``tideplane quotas apply`` keeps it):
+    with ``input.end`` unset each run records the 24 h before it."""
+    return daily_schedule(TokenMetering.run, input, TOKEN_METERING_WORKFLOW_ID, task_queue, hour_utc)
