@@ -22,6 +22,7 @@ from workers.codec_server import add_codec_server_command
 from workers.config import SettingsError, load_settings
 from workers.cost_cli import add_cost_commands
 from workers.node_cache_cli import add_node_cache_commands
+from workers.quotas_cli import add_quotas_commands
 from workers.registry_cli import add_registry_commands
 from workers.schedules import add_schedules_commands
 
@@ -57,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     add_schedules_commands(commands)
     add_cost_commands(commands)
     add_node_cache_commands(commands)
+    add_quotas_commands(commands)
     add_codec_server_command(commands)
     # Parsed by benchmarks.cli inside _bench: numpy, matplotlib and the simulators load only when asked for.
     bench = commands.add_parser("bench", help="benchmarks on real traces (tideplane bench --help)", add_help=False)

@@ -22,47 +22,52 @@ from workers.client import connect
 from workers.config import Settings, load_settings
 from workflows.cost.report import CostReport, CostReportInput, CostReportResult
 
-LATEST_QUERY = 'WorkflowType = "CostReport" AND ExecutionStatus = "Completed"'
 
-
-async def run_report(client: Client, task_queue: str, window_hours: float, timeout: float) -> CostReportResult:
-    """Start a CostReport over the last ``window_hours`` and wait for it; TimeoutError after ``timeout`` s."""
-    workflow_id = f"cost-report/cli-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%f}"
-    handle = await client.start_workflow(CostReport.run, CostReportInput(window_hours=window_hours), id=workflow_id, task_queue=task_queue)
+async def run_now(client: Client, run, arg, id_prefix: str, task_queue: str, timeout: float):
+    """Start a report workflow (ID ``<id_prefix>/cli-<time>``) and wait for its result; TimeoutError after ``timeout`` s."""
+    workflow_id = f"{id_prefix}/cli-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%f}"
+    handle = await client.start_workflow(run, arg, id=workflow_id, task_queue=task_queue)
     try:
         return await asyncio.wait_for(handle.result(), timeout)
     except asyncio.TimeoutError:
         raise TimeoutError(
-            f"no cost report after {timeout:g} s: is a worker polling task queue {task_queue!r}? ({workflow_id} keeps running)"
+            f"no result after {timeout:g} s: is a worker polling task queue {task_queue!r}? ({workflow_id} keeps running)"
         ) from None
 
 
-async def latest_report(client: Client) -> CostReportResult | None:
-    """The result of the most recently started CostReport that completed, None when there is none."""
-    async for execution in client.list_workflows(LATEST_QUERY, limit=1):
-        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id, result_type=CostReportResult)
+async def latest_result(client: Client, workflow_type: str, result_type: type):
+    """The result of the most recently started ``workflow_type`` run that completed, None when there is none."""
+    query = f'WorkflowType = "{workflow_type}" AND ExecutionStatus = "Completed"'
+    async for execution in client.list_workflows(query, limit=1):
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id, result_type=result_type)
         return await handle.result()
     return None
 
 
-def cmd_report(args, config: Settings) -> int:
+def print_report(args, config: Settings, run, arg, workflow_type: str, result_type: type, id_prefix: str, command: str) -> int:
+    """Run a report workflow now and print its ``markdown``, or with ``args.latest`` the last completed one's."""
 
-    async def run() -> CostReportResult | None:
+    async def fetch():
         client = await connect(config)
         if args.latest:
-            return await latest_report(client)
-        return await run_report(client, config.task_queue, args.window_hours, args.timeout)
+            return await latest_result(client, workflow_type, result_type)
+        return await run_now(client, run, arg, id_prefix, config.task_queue, args.timeout)
 
     try:
-        result = asyncio.run(run())
+        result = asyncio.run(fetch())
     except TimeoutError as exc:
         print(f"tideplane: {exc}", file=sys.stderr)
         return 1
     if result is None:
-        print("tideplane: no completed CostReport yet (run `tideplane cost report`, or wait for the daily schedule)", file=sys.stderr)
+        print(f"tideplane: no completed {workflow_type} yet (run `{command}`, or wait for the daily schedule)", file=sys.stderr)
         return 1
     print(result.markdown)
     return 0
+
+
+def cmd_report(args, config: Settings) -> int:
+    return print_report(args, config, CostReport.run, CostReportInput(window_hours=args.window_hours), "CostReport", CostReportResult,
+                        "cost-report", "tideplane cost report")
 
 
 def window_hours(text: str) -> float:

@@ -23,10 +23,11 @@ import json
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import TypeVar
 from zoneinfo import ZoneInfo
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from temporalio.client import (
     Client,
     Schedule,
@@ -48,6 +49,9 @@ from workflows import naming
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.floors import FloorEntry, ScheduleFile, ScheduleFloor, ScheduleFloorInput
 from workflows.scaling.prewarm import PredictivePrewarm, PrewarmInput
+from workflows.steps import field_errors
+
+M = TypeVar("M", bound=BaseModel)
 
 # A floor missed while the server or worker was down still applies if caught up within this.
 CATCHUP = timedelta(hours=1)
@@ -59,17 +63,20 @@ class ScheduleFileError(ValueError):
     """The schedule file is invalid; the message names the field or time zone."""
 
 
-def load_schedule_file(path: Path) -> ScheduleFile:
-    """YAML or JSON (JSON is YAML); errors name the field, e.g. ``schedules.0.time_zone``."""
+def load_model_file(path: Path, model: type[M], what: str, error: type[ValueError]) -> M:
+    """A YAML or JSON (JSON is YAML) file as ``model``; ``error`` names the field, e.g. ``schedules.0.time_zone``."""
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
-        raise ScheduleFileError(f"cannot read {path}: {exc}") from None
+        raise error(f"cannot read {path}: {exc}") from None
     try:
-        return ScheduleFile.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as exc:
-        problems = [f"{'.'.join(str(p) for p in e['loc']) or '(file)'}: {e['msg']}" for e in exc.errors()]
-        raise ScheduleFileError(f"invalid schedule file {path}: " + "; ".join(problems)) from None
+        raise error(f"invalid {what} {path}: {field_errors(exc, '(file)')}") from None
+
+
+def load_schedule_file(path: Path) -> ScheduleFile:
+    return load_model_file(path, ScheduleFile, "schedule file", ScheduleFileError)
 
 
 def _temporal_weekday(weekday: int) -> int:
@@ -92,7 +99,7 @@ def floor_spec(entry: FloorEntry, time_zone: str) -> ScheduleSpec:
     return ScheduleSpec(calendars=[calendar], time_zone_name=time_zone)
 
 
-def _fingerprinted(schedule: Schedule) -> Schedule:
+def fingerprinted(schedule: Schedule) -> Schedule:
     """``schedule`` with the digest of its declaration in its action's memo, for "unchanged"."""
     digest = hashlib.sha256(repr(schedule).encode()).hexdigest()[:16]
     schedule.action.memo = {SPEC_MEMO: digest}
@@ -106,7 +113,7 @@ def desired_schedules(file: ScheduleFile, task_queue: str) -> dict[str, Schedule
         tz = file.zone_of(item)
         for entry in item.floors:
             sid = naming.floor_schedule_id(item.deployment, entry.key)
-            out[sid] = _fingerprinted(Schedule(
+            out[sid] = fingerprinted(Schedule(
                 action=ScheduleActionStartWorkflow(
                     ScheduleFloor.run,
                     ScheduleFloorInput(deployment=item.deployment, replicas=entry.replicas),
@@ -120,7 +127,7 @@ def desired_schedules(file: ScheduleFile, task_queue: str) -> dict[str, Schedule
         if item.prewarm is not None:
             p = item.prewarm
             sid = naming.prewarm_schedule_id(item.deployment)
-            out[sid] = _fingerprinted(Schedule(
+            out[sid] = fingerprinted(Schedule(
                 action=ScheduleActionStartWorkflow(
                     PredictivePrewarm.run,
                     PrewarmInput(
@@ -171,30 +178,32 @@ async def _delete(client: Client, sid: str) -> bool:
     return True
 
 
+async def apply_schedule(client: Client, sid: str, schedule: Schedule) -> str:
+    """Create, update in place (keeping its state: a pause stays) or leave one ``fingerprinted`` schedule:
+    created | updated | unchanged."""
+    try:
+        await client.create_schedule(sid, schedule)
+        return "created"
+    except ScheduleAlreadyRunningError:
+        pass
+    handle = client.get_schedule_handle(sid)
+    if await _fingerprint(client, await handle.describe()) == schedule.action.memo[SPEC_MEMO]:
+        return "unchanged"
+
+    def keep_state(current: ScheduleUpdateInput) -> ScheduleUpdate:
+        return ScheduleUpdate(schedule=dataclasses.replace(schedule, state=current.description.schedule.state))
+
+    await handle.update(keep_state)
+    return "updated"
+
+
 async def apply(client: Client, file: ScheduleFile, task_queue: str) -> list[tuple[str, str]]:
     """Reconcile tideplane's schedules with the file: (id, created | updated | unchanged | deleted).
 
     An update keeps the schedule's state (a pause set with the temporal CLI stays).
     """
     wanted = desired_schedules(file, task_queue)
-    outcomes: list[tuple[str, str]] = []
-    for sid, schedule in wanted.items():
-        try:
-            await client.create_schedule(sid, schedule)
-            outcomes.append((sid, "created"))
-            continue
-        except ScheduleAlreadyRunningError:
-            pass
-        handle = client.get_schedule_handle(sid)
-        if await _fingerprint(client, await handle.describe()) == schedule.action.memo[SPEC_MEMO]:
-            outcomes.append((sid, "unchanged"))
-            continue
-
-        def keep_state(current: ScheduleUpdateInput, new: Schedule = schedule) -> ScheduleUpdate:
-            return ScheduleUpdate(schedule=dataclasses.replace(new, state=current.description.schedule.state))
-
-        await handle.update(keep_state)
-        outcomes.append((sid, "updated"))
+    outcomes = [(sid, await apply_schedule(client, sid, schedule)) for sid, schedule in wanted.items()]
     for sid in await _ids_with_prefix(client, TIDEPLANE_PREFIXES):
         if sid not in wanted and await _delete(client, sid):
             outcomes.append((sid, "deleted"))

@@ -31,6 +31,7 @@ from activities.clients.vllm import VllmClient
 from activities.classes import RequestClassActivities
 from activities.cost import CostActivities
 from activities.node_cache import NodeStagingActivities
+from activities.quotas import QuotaActivities
 from activities.registry import RegistryActivities
 from activities.batching import BatchingActivities
 from activities.rollout import RetireScheduling, RolloutActivities, ServingPods
@@ -46,6 +47,8 @@ from workflows.classes.activities import RequestClassActivities as RequestClassC
 from workflows.classes.workflow import ApplyRequestClasses
 from workflows.cost.activities import CostActivities as CostContract
 from workflows.cost.report import CostReport
+from workflows.quotas.activities import QuotaActivities as QuotaContract
+from workflows.quotas.workflow import ApplyTokenQuotas, TokenMetering
 from workflows.scaling.node_pools import NodePoolScaling
 from workflows.registry.activities import RegistryActivities as RegistryContract
 from workflows.registry.retention import RegistryRetention
@@ -74,6 +77,8 @@ WORKFLOWS: list[type] = [
     RegistryRetention,
     CostReport,
     ApplyRequestClasses,
+    ApplyTokenQuotas,
+    TokenMetering,
     SpotInterruptionWatcher,
     SpotReclaim,
     ReturnToSpot,
@@ -109,6 +114,7 @@ def build_activities(config: Settings) -> list[Callable]:
         *activity_methods(registry, RegistryContract),
         *activity_methods(cost, CostContract),
         *activity_methods(RequestClassActivities(kube, config.gateway), RequestClassContract),
+        *activity_methods(QuotaActivities(kube, prometheus), QuotaContract),
         *activity_methods(ScalingActivities(kube, prometheus), ScalingContract),
         *activity_methods(NodePoolActivities(kube, aws), NodePoolContract),
         *activity_methods(SpotActivities(kube, aws, config.spot_queue_url), spot_contract.SpotActivities),

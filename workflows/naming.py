@@ -162,6 +162,15 @@ RETENTION_WORKFLOW_ID = "registry-retention"  # its scheduled runs; `tideplane r
 RETENTION_SCHEDULE_ID = "registry-retention-daily"
 COST_REPORT_WORKFLOW_ID = "cost-report/daily"
 COST_REPORT_SCHEDULE_ID = "cost-report-daily"
+# Token metering (TokenMetering, daily) and quotas (ApplyTokenQuotas, a Schedule per quota file's route).
+TOKEN_METERING_WORKFLOW_ID = "token-metering/daily"
+TOKEN_METERING_SCHEDULE_ID = "token-metering-daily"
+QUOTA_SCHEDULE_PREFIX = "token-quotas"
+
+
+def quota_schedule_id(namespace: str, route: str) -> str:
+    """The Schedule that keeps a route's token quotas applied (``tideplane quotas apply``)."""
+    return f"{QUOTA_SCHEDULE_PREFIX}/{namespace}/{route}"
 
 
 def spot_reclaim_workflow_id(instance_id: str) -> str:

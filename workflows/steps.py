@@ -42,5 +42,9 @@ def validated(model: type[BaseModel], raw: object, what: str) -> BaseModel:
     try:
         return model.model_validate({} if raw is None else raw)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(input)'}: {e['msg']}" for e in exc.errors())
-        raise ApplicationError(f"invalid {what} input: {problems}", type="InvalidInput", non_retryable=True) from None
+        raise ApplicationError(f"invalid {what} input: {field_errors(exc)}", type="InvalidInput", non_retryable=True) from None
+
+
+def field_errors(exc: ValidationError, whole: str = "(input)") -> str:
+    """Every problem, each naming its field (``schedules.0.time_zone: ...``; ``whole`` for the whole value), joined by ``; ``."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or whole}: {e['msg']}" for e in exc.errors())

@@ -119,9 +119,17 @@ BUDGET_REFUSALS = Metric(
     "Growth over the monthly GPU budget: refused, or kept for a protected realtime class", "1",
     (*_DEP, "pool", "outcome"),
 )
+TENANT_MONTH_TOKENS = Metric(
+    "tideplane_tenant_month_tokens", "gauge", "Tokens a tenant used on a route this calendar month, as metered at the last quota check",
+    "1", ("kube_namespace", "route", "tenant"),
+)
+TENANT_MONTHLY_QUOTA = Metric(
+    "tideplane_tenant_monthly_token_quota", "gauge", "A tenant's monthly token quota on a route", "1",
+    ("kube_namespace", "route", "tenant"),
+)
 
 METRICS: tuple[Metric, ...] = (
-    BUDGET_REFUSALS,
+    BUDGET_REFUSALS, TENANT_MONTH_TOKENS, TENANT_MONTHLY_QUOTA,
     ROLLOUTS, ROLLOUT_PAUSED, ROLLOUT_WEIGHT, GATE_VERDICTS, ROLLBACK_SECONDS,
     SCALING_DECISIONS, REPLICAS_DESIRED, REPLICAS_READY, SCALE_UP_ATTEMPTS, SCALE_UP_SUCCESSES, COLD_START_SECONDS,
     SPOT_FAILOVERS, CAPACITY_GAP_SECONDS, RETENTION_ACTIONS, METRIC_QUERY_ERRORS,
@@ -244,6 +252,13 @@ def scale_up_finished(
     _add(meter, SCALE_UP_SUCCESSES, kube_namespace, deployment, pool, value=int(ready))
     if ready:
         _observe(meter, COLD_START_SECONDS, seconds, kube_namespace, deployment, pool)
+
+
+# --- token quotas (ApplyTokenQuotas) ---------------------------------------------------------
+def tenant_tokens(meter: MetricMeter, kube_namespace: str, route: str, tenant: str, month_tokens: float, monthly_quota: int) -> None:
+    """A tenant's metered tokens this month and its monthly quota; the TokenQuotaNearlySpent alert divides them."""
+    _set(meter, TENANT_MONTH_TOKENS, int(month_tokens), kube_namespace, route, tenant)
+    _set(meter, TENANT_MONTHLY_QUOTA, monthly_quota, kube_namespace, route, tenant)
 
 
 # --- spot, registry, metric sources -----------------------------------------------------------

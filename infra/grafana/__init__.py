@@ -15,6 +15,7 @@ DASHBOARDS = {
     "latency": DASHBOARD_DIR / "latency.json",
     "rollouts": DASHBOARD_DIR / "rollouts.json",
     "cost": DASHBOARD_DIR / "cost.json",
+    "tokens": DASHBOARD_DIR / "tokens.json",
 }
 
 

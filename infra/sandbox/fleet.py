@@ -17,6 +17,8 @@ The gateway enforces an Envoy Gateway ``BackendTrafficPolicy`` on the route: onc
 waiting in the engines behind it reach its ``circuitBreaker.maxPendingRequests``, a request is
 answered 429 with ``Retry-After`` at once and counted in ``envoy_cluster_upstream_rq_pending_overflow``
 (the simulated demand of ``fleet-demand`` enters the engines directly, not through the gateway).
+Its BackendTrafficPolicies' token rate limits answer 429, and it counts each answer's tokens per
+tenant in ``gen_ai_client_token_usage`` (infra/sandbox/ratelimit.py).
 
 Time is scaled: with ``--time-scale 10`` one real second is ten sandbox seconds, so counters grow
 ten times faster and a proxied request waits a tenth of its simulated latency. Latency values
@@ -54,6 +56,7 @@ from infra.sandbox.answers import MirrorLog, answer
 from infra.sandbox.gateway import POOL_GROUP, backend_for, is_pool, least_queue
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.oom import OomWatch
+from infra.sandbox.ratelimit import TOKEN_FAMILY, Admission, TokenGate
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 from workflows.rollout.batching import engine_overrides
 
@@ -358,7 +361,7 @@ class Cluster:
     services: list[dict] = field(default_factory=list)
     routes: list[dict] = field(default_factory=list)
     pools: list[dict] = field(default_factory=list)  # InferencePools, where the Inference Extension's CRD is applied
-    queue_limits: list[dict] = field(default_factory=list)  # Envoy Gateway BackendTrafficPolicies
+    traffic_policies: list[dict] = field(default_factory=list)  # Envoy Gateway BackendTrafficPolicies: queue limits, token quotas
     nodes: list[dict] = field(default_factory=list)
     profiles: dict[str, Profile] = field(default_factory=dict)
     demand: dict[str, Demand] = field(default_factory=dict)
@@ -366,7 +369,7 @@ class Cluster:
     def policies_of(self, namespace: str, route: str) -> list[dict]:
         """The BackendTrafficPolicies that target the HTTPRoute ``namespace/route``."""
         return [
-            p for p in self.queue_limits
+            p for p in self.traffic_policies
             if p["metadata"].get("namespace") == namespace
             and any(t.get("kind") == "HTTPRoute" and t.get("name") == route for t in (p.get("spec") or {}).get("targetRefs") or [])
         ]
@@ -408,7 +411,7 @@ def read_cluster(api: client.ApiClient) -> Cluster:
         if exc.status != 404:  # 404: the CRD is not installed
             raise
     try:
-        cluster.queue_limits = raw(custom.list_cluster_custom_object(*QUEUE_LIMIT_API, _preload_content=False))["items"]
+        cluster.traffic_policies = raw(custom.list_cluster_custom_object(*QUEUE_LIMIT_API, _preload_content=False))["items"]
     except client.ApiException as exc:
         if exc.status != 404:
             raise
@@ -462,6 +465,7 @@ class Fleet:
         self.queue_full: dict[tuple[str, str], int] = {}  # (namespace, route) -> requests the gateway refused
         self._queued: dict[tuple[str, str], int] = {}  # pod -> requests waiting in its engine after the last tick
         self._refusals = threading.Lock()
+        self.token_gate = TokenGate()  # the gateway's token rate limits and counters (infra/sandbox/ratelimit.py)
 
     def update(self, cluster: Cluster, real_dt: float) -> None:
         """Take a new snapshot, then advance every Ready replica by ``real_dt * time_scale``."""
@@ -618,7 +622,28 @@ class Fleet:
                            {"namespace": namespace, "deployment": route}, count)
             self._dcgm(out)
             self._node_labels(out)
+            self._token_usage(out)
             return out.text()
+
+    def gateway_admit(self, namespace: str, route: str, headers) -> Admission | str:
+        """The gateway's rate limits on a request to ``route``: let through, or why not (a 429)."""
+        with self.lock:
+            policies, now = self.cluster.policies_of(namespace, route), self.clock
+        return self.token_gate.admit(policies, namespace, headers, now)
+
+    def gateway_answered(self, admission: Admission, namespace: str, route: str, info: PodInfo, headers, usage: dict) -> None:
+        """An answer through the gateway: its tokens count against the rate limits and in the token counters."""
+        labels = {"namespace": namespace, "route": route, "gen_ai_operation_name": "completion",
+                  "gen_ai_request_model": info.model, "version": info.version}
+        self.token_gate.answered(admission, labels, headers, usage["prompt_tokens"], usage["completion_tokens"])
+
+    def _token_usage(self, out: Exposition) -> None:
+        """Envoy AI Gateway's token histogram (one +Inf bucket: the sum and count are what metering reads)."""
+        help_text = "Number of tokens processed."
+        for labels, tokens, answers in self.token_gate.series():
+            out.sample(TOKEN_FAMILY, "histogram", help_text, {**labels, "le": "+Inf"}, answers, "_bucket")
+            out.sample(TOKEN_FAMILY, "histogram", help_text, labels, tokens, "_sum")
+            out.sample(TOKEN_FAMILY, "histogram", help_text, labels, answers, "_count")
 
     def _node_labels(self, out: Exposition) -> None:
         """kube-state-metrics' ``kube_node_labels``, which cost queries join GPUs to pools with."""
@@ -743,6 +768,10 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
                 self._error(400, f"bad request body: {exc}")
                 return
             if gateway:
+                admission = fleet.gateway_admit(*gateway.groups(), self.headers)
+                if isinstance(admission, str):
+                    self._error(429, admission)
+                    return
                 retry_after = fleet.refuse_when_queue_full(*gateway.groups())
                 if retry_after is not None:
                     message = f"queue full at {'/'.join(gateway.groups())}: retry after {retry_after}s"
@@ -772,6 +801,8 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
             else:
                 body = completion_body(info, submitted, max_tokens)
                 body["choices"][0]["text"] = answer(str(prompt), info.version, replica.profile)  # infra/sandbox/answers.py
+                if gateway:
+                    fleet.gateway_answered(admission, *gateway.groups(), info, self.headers, body["usage"])
                 self._send(200, json.dumps(body).encode(), headers={"x-tideplane-pod": f"{info.namespace}/{info.name}"})
 
     return Handler

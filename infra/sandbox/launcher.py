@@ -44,7 +44,7 @@ from workflows.search_attributes import CLI_TYPES
 
 REPO = Path(__file__).resolve().parents[2]
 INFERENCE_EXTENSION_CRDS = REPO / "infra" / "k8s" / "inference-extension" / "crds.yaml"
-ENVOY_GATEWAY_CRDS = REPO / "infra" / "k8s" / "envoy-gateway" / "crds.yaml"  # the queue limit's BackendTrafficPolicy
+ENVOY_GATEWAY_CRDS = REPO / "infra" / "k8s" / "envoy-gateway" / "crds.yaml"  # BackendTrafficPolicy: queue limits, token quotas
 BIN = Path(sys.executable).parent
 DEFAULT_STATE_DIR = Path(".tideplane/sandbox")
 PROMETHEUS = os.environ.get("TIDEPLANE_PROMETHEUS_BIN", "/usr/bin/prometheus")

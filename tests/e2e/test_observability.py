@@ -73,9 +73,12 @@ DESIGN_METRICS = {
     "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
 } | {f"{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
 EXTERNAL = {"up", "kube_node_labels"}
+# Envoy AI Gateway's token counter (a histogram; its _sum counts tokens), which token metering reads.
+GATEWAY_METRICS = {f"gen_ai_client_token_usage{suffix}" for suffix in ("_bucket", "_sum", "_count")}
 ALERTS = {
     "GPUUtilisationHigh", "GPUMemoryHigh", "RequestsWaitingHigh", "TTFTP99High", "TPOTP99High", "ScaleUpSuccessLow",
     "ColdStartSlow", "RolloutPaused", "RolloutFailed", "MetricSourceDown", "MetricQueryErrors", "GPUBudgetExceeded",
+    "TokenQuotaNearlySpent",
 }
 
 
@@ -90,7 +93,7 @@ def recording_rules() -> set[str]:
     return {rule["record"] for group in groups for rule in group["rules"]}
 
 
-KNOWN = DESIGN_METRICS | EXTERNAL | telemetry_metrics() | recording_rules()
+KNOWN = DESIGN_METRICS | EXTERNAL | GATEWAY_METRICS | telemetry_metrics() | recording_rules()
 
 _KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan", "by", "without", "on", "ignoring", "group_left", "group_right"}
 
@@ -189,6 +192,11 @@ class Fleet:
         nodes.add_metric(["node-a", "gpu-on-demand", "on-demand"], 1)
         nodes.add_metric(["node-b", "gpu-spot", "spot"], 1)
         yield from (util, used, free, nodes)
+        tokens = HistogramMetricFamily("gen_ai_client_token_usage", "", labels=[
+            "namespace", "route", "tenant", "gen_ai_request_model", "version", "request_class", "gen_ai_token_type"])
+        for tenant, kind, per_request in (("acme", "input", 500), ("acme", "output", 200), ("beta", "input", 50)):
+            tokens.add_metric([NS, DEP, tenant, "llama", "1.0.0", "realtime", kind], [("+Inf", n)], sum_value=n * per_request)
+        yield tokens
 
 
 def record_before_first_scrape(meter) -> None:
@@ -201,6 +209,8 @@ def record_before_first_scrape(meter) -> None:
     telemetry.spot_failover(meter, "gpu-spot", "drained", 42)
     telemetry.retention_action(meter, "llama", "deleted")
     telemetry.gate_verdict(meter, NS, DEP, "2.0.0", "pass")
+    telemetry.tenant_tokens(meter, NS, DEP, "acme", 900, 1000)  # 90 % of its monthly quota
+    telemetry.tenant_tokens(meter, NS, DEP, "beta", 100, 1000)
 
 
 def record_after_first_scrape(meter) -> None:
@@ -256,6 +266,7 @@ def test_alerts_fire_when_their_conditions_hold(prometheus):
     assert firing["MetricSourceDown"]["job"] == "gone"
     assert (firing["ColdStartSlow"]["pool"], firing["ScaleUpSuccessLow"]["deployment"]) == ("gpu-spot", DEP)
     assert (firing["GPUBudgetExceeded"]["deployment"], firing["GPUBudgetExceeded"]["outcome"]) == (DEP, "refused")
+    assert [a["labels"]["tenant"] for a in alerts if a["labels"]["alertname"] == "TokenQuotaNearlySpent"] == ["acme"]
     # Only the bad canary's latency alerts fire: the stable version's are under the thresholds.
     latency = [a for a in alerts if a["labels"]["alertname"] in ("TTFTP99High", "TPOTP99High", "RequestsWaitingHigh")]
     assert {a["labels"]["version"] for a in latency} == {"2.0.0"}
@@ -440,6 +451,15 @@ async def test_every_declared_metric_moves_after_real_runs(sandbox, kube, regist
         budget = f'kube_namespace="{OBS_BUDGET}",deployment="{NAME}",pool="realtime",outcome="refused",$q'
         await check(telemetry.BUDGET_REFUSALS, f"tideplane_budget_refusals_total{{{budget}}}", lambda v: v >= 1, "a refused scale-up")
         await check(telemetry.METRIC_QUERY_ERRORS, 'tideplane_metric_query_errors_total{source="prometheus",reason="bad_query",$q}', lambda v: v >= 1, "the rejected query")
+        # Token quotas checked once against the month's metered tokens (none here: no tenant called).
+        applied = await temporal.execute_workflow(
+            "ApplyTokenQuotas", {"quotas": {"namespace": OBS_SCALING, "route": NAME,
+                                            "tenants": [{"name": "obs-tenant", "tokens_per_minute": 100, "monthly_tokens": 5000}]}},
+            id=f"token-quotas-{queue}", task_queue=queue)
+        assert applied["outcome"] == "created"
+        tenant = f'kube_namespace="{OBS_SCALING}",route="{NAME}",tenant="obs-tenant",$q'
+        await check(telemetry.TENANT_MONTHLY_QUOTA, f"tideplane_tenant_monthly_token_quota{{{tenant}}}", lambda v: v == 5000, "the quota")
+        await check(telemetry.TENANT_MONTH_TOKENS, f"tideplane_tenant_month_tokens{{{tenant}}}", lambda v: v == 0, "its tokens")
         for loop in loops:
             await loop.terminate()
         for ns in (OBS_GOOD, OBS_BAD, OBS_SCALING, OBS_BLIND, OBS_BUDGET):

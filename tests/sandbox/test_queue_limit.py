@@ -16,10 +16,10 @@ def test_requests_beyond_the_pending_limit_are_refused_and_counted():
     base = dict(pods=[pod("v1-a", "1")], services=[service("chat-v1", "1")], routes=[route({"chat-v1": 100})],
                 profiles={"default": PROFILE.model_copy(update={"capacity_rps": 1})})
     fleet = Fleet(time_scale=10, seed=1)
-    fleet.update(Cluster(**base, queue_limits=[policy], demand={"llm-serving/chat": Demand(rps=0)}), 0.5)
+    fleet.update(Cluster(**base, traffic_policies=[policy], demand={"llm-serving/chat": Demand(rps=0)}), 0.5)
     assert fleet.refuse_when_queue_full("llm-serving", "chat") is None  # an idle engine admits
 
-    fleet.update(Cluster(**base, queue_limits=[policy], demand={"llm-serving/chat": Demand(rps=40)}), 2.0)  # 20 s far over capacity
+    fleet.update(Cluster(**base, traffic_policies=[policy], demand={"llm-serving/chat": Demand(rps=40)}), 2.0)  # 20 s far over capacity
     waiting = fleet.replicas[("llm-serving", "v1-a")][1].waiting
     assert waiting >= 5
     assert fleet.refuse_when_queue_full("llm-serving", "chat") == 3

@@ -21,6 +21,7 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from workflows.cost.activities import CollectCostInput, CostActivities, CostQueries
     from workflows.cost.pricing import CostTable, Prices, compute_cost, render_markdown
+    from workflows.daily import daily_schedule
     from workflows.naming import COST_REPORT_WORKFLOW_ID
 
 
@@ -68,19 +69,4 @@ def cost_report_schedule(input: CostReportInput, task_queue: str, hour_utc: int 
     Fires at ``hour_utc``:00 UTC; with ``input.end`` unset each run reports the 24 h before it.
     A run missed while the server was down is caught up within 6 hours; runs never overlap.
     """
-    from temporalio.client import (
-        Schedule,
-        ScheduleActionStartWorkflow,
-        ScheduleCalendarSpec,
-        ScheduleOverlapPolicy,
-        SchedulePolicy,
-        ScheduleRange,
-        ScheduleSpec,
-    )
-
-    return Schedule(
-        action=ScheduleActionStartWorkflow(CostReport.run, input, id=COST_REPORT_WORKFLOW_ID, task_queue=task_queue),
-        spec=ScheduleSpec(calendars=[ScheduleCalendarSpec(hour=[ScheduleRange(hour_utc)], minute=[ScheduleRange(0)],
-                                                          second=[ScheduleRange(0)])]),
-        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=timedelta(hours=6)),
-    )
+    return daily_schedule(CostReport.run, input, COST_REPORT_WORKFLOW_ID, task_queue, hour_utc)

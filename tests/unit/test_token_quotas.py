@@ -1,0 +1,102 @@
+"""Token quotas and metering: the gateway policy tideplane writes, how the sandbox gateway enforces
+it and counts tokens, and the daily usage table."""
+
+import json
+from datetime import datetime, timezone
+
+import pytest
+from pydantic import ValidationError
+
+from infra.sandbox.ratelimit import Admission, TokenGate
+from workflows.quotas.metering import UsageSample, render_markdown, tabulate
+from workflows.quotas.policy import QuotaFile, over_quota, quota_policy
+from workflows.quotas.workflow import month_start
+
+QUOTAS = QuotaFile(namespace="llm-serving", route="chat", tenants=[
+    {"name": "acme", "tokens_per_minute": 100, "monthly_tokens": 10_000},
+    {"name": "beta", "tokens_per_minute": 50, "monthly_tokens": 1_000}])
+
+
+def test_one_rule_per_tenant_costed_in_the_answers_tokens():
+    policy = quota_policy(QUOTAS, {"acme": 5_000})
+    assert (policy["apiVersion"], policy["kind"]) == ("gateway.envoyproxy.io/v1alpha1", "BackendTrafficPolicy")
+    assert policy["metadata"]["name"] == "chat-token-quotas"
+    assert policy["spec"]["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "chat"}]
+    acme, beta = policy["spec"]["rateLimit"]["global"]["rules"]
+    assert acme["clientSelectors"] == [{"headers": [{"name": "x-tenant", "type": "Exact", "value": "acme"}]}]
+    assert acme["limit"] == {"requests": 100, "unit": "Minute"} and beta["limit"]["requests"] == 50
+    assert acme["cost"]["request"] == {"from": "Number", "number": 0}
+    assert acme["cost"]["response"]["metadata"] == {"namespace": "io.envoy.ai_gateway", "key": "llm_total_token"}
+    assert json.loads(policy["metadata"]["annotations"]["tideplane.io/monthly-token-quotas"]) == {"acme": 10_000, "beta": 1_000}
+
+
+def test_a_tenant_at_its_monthly_quota_gets_a_limit_of_zero():
+    used = {"acme": 9_999, "beta": 1_000}
+    assert over_quota(QUOTAS, used) == ["beta"]
+    policy = quota_policy(QUOTAS, used)
+    acme, beta = policy["spec"]["rateLimit"]["global"]["rules"]
+    assert beta["limit"]["requests"] == 0 and beta["cost"] == {"request": {"from": "Number", "number": 1}}
+    assert acme["limit"]["requests"] == 100
+    assert policy["metadata"]["annotations"]["tideplane.io/over-monthly-quota"] == "beta"
+    assert quota_policy(QUOTAS, used) == policy, "same input, same object: applying again changes nothing"
+
+
+def test_the_file_refuses_a_tenant_twice_and_names_the_field():
+    with pytest.raises(ValidationError, match="each tenant once"):
+        QuotaFile(namespace="ns", route="chat", tenants=[{"name": "a", "tokens_per_minute": 1, "monthly_tokens": 1}] * 2)
+    with pytest.raises(ValidationError, match="tenants.0.tokens_per_minute"):
+        QuotaFile(namespace="ns", route="chat", tenants=[{"name": "a", "tokens_per_minute": 0, "monthly_tokens": 1}])
+
+
+def test_quotas_are_per_calendar_month_utc():
+    assert month_start(datetime(2026, 12, 17, 13, 5, tzinfo=timezone.utc)) == datetime(2026, 12, 1, tzinfo=timezone.utc)
+
+
+def test_the_sandbox_gateway_refuses_a_tenant_at_its_rate_until_the_window_turns():
+    gate, policies = TokenGate(), [quota_policy(QUOTAS, {})]
+    beta = {"X-Tenant": "beta"}
+    first = gate.admit(policies, "llm-serving", beta, now=0.0)
+    assert isinstance(first, Admission)
+    gate.answered(first, {"version": "1.0.0"}, beta, prompt_tokens=30, completion_tokens=20)  # 50: beta's rate
+    refused = gate.admit(policies, "llm-serving", beta, now=59.0)
+    assert refused == ("rate limit reached: 50 tokens per Minute for x-tenant=beta "
+                       "(BackendTrafficPolicy llm-serving/chat-token-quotas)")
+    assert isinstance(gate.admit(policies, "llm-serving", {"x-tenant": "acme"}, now=59.0), Admission)
+    assert isinstance(gate.admit(policies, "llm-serving", beta, now=60.0), Admission), "a new minute"
+
+
+def test_the_sandbox_gateway_refuses_a_tenant_over_its_monthly_quota_naming_it():
+    gate, policies = TokenGate(), [quota_policy(QUOTAS, {"beta": 1_200})]
+    refused = gate.admit(policies, "llm-serving", {"x-tenant": "beta"}, now=0.0)
+    assert refused.startswith("tenant beta is over its monthly token quota (1000 tokens)")
+    assert isinstance(gate.admit(policies, "llm-serving", {"x-tenant": "acme"}, now=0.0), Admission)
+
+
+def test_the_sandbox_gateway_counts_tokens_per_tenant_version_and_class():
+    gate = TokenGate()
+    admitted = gate.admit([], "ns", {}, now=0.0)
+    labels = {"gen_ai_request_model": "llama", "version": "1.0.0"}
+    gate.answered(admitted, labels, {"x-tenant": "acme", "x-request-class": "batch"}, 7, 3)
+    gate.answered(admitted, labels, {"x-tenant": "acme", "x-request-class": "batch"}, 5, 4)
+    gate.answered(admitted, labels, {}, 1, 1)
+    series = {(s[0]["tenant"], s[0]["request_class"], s[0]["gen_ai_token_type"]): s[1:] for s in gate.series()}
+    assert series[("acme", "batch", "input")] == (12, 2) and series[("acme", "batch", "output")] == (7, 2)
+    assert series[("anonymous", "default", "input")] == (1, 1)
+
+
+def test_usage_rows_put_input_and_output_side_by_side():
+    base = {"tenant": "acme", "gen_ai_request_model": "llama", "version": "1.0.0", "request_class": "realtime"}
+    rows = tabulate([UsageSample(labels={**base, "gen_ai_token_type": "output"}, tokens=40),
+                     UsageSample(labels={**base, "gen_ai_token_type": "input"}, tokens=100),
+                     UsageSample(labels={**base, "tenant": "beta", "gen_ai_token_type": "input"}, tokens=9)])
+    assert [(r.tenant, r.input_tokens, r.output_tokens) for r in rows] == [("acme", 100, 40), ("beta", 9, 0)]
+    assert "| acme | llama | 1.0.0 | realtime | 100 | 40 |" in render_markdown(rows, "day")
+
+
+def test_a_bad_quota_file_is_refused_naming_the_field(tmp_path):
+    from workers.quotas_cli import QuotaFileError, load_quota_file
+
+    path = tmp_path / "quotas.yaml"
+    path.write_text("namespace: llm-serving\nroute: chat\ntenants:\n  - {name: acme, tokens_per_minute: 10, monthly_tokens: -1}\n")
+    with pytest.raises(QuotaFileError, match=r"tenants\.0\.monthly_tokens: Input should be greater than 0"):
+        load_quota_file(path)

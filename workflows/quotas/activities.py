@@ -1,0 +1,62 @@
+"""What ApplyTokenQuotas and TokenMetering ask of Prometheus and the cluster: the contract
+``QuotaActivities`` (activities/quotas.py) and its I/O. Activity names are a stable API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from temporalio import activity
+
+from workflows.quotas.metering import TokenQueries, UsageSample
+
+
+class MonthTokensInput(BaseModel):
+    namespace: str
+    route: str
+    query: str = Field(description="PromQL template with ${namespace}, ${route}, ${window}; returns the label tenant")
+    month_start: datetime
+    end: datetime
+
+
+class TenantTokens(BaseModel):
+    tokens: dict[str, float] = Field(default_factory=dict, description="tenant -> tokens since the month began")
+
+
+class QuotaPolicyInput(BaseModel):
+    body: dict = Field(description="the BackendTrafficPolicy (workflows/quotas/policy.py)")
+
+
+class AppliedQuotaPolicy(BaseModel):
+    name: str = Field(description="NAMESPACE/NAME of the BackendTrafficPolicy")
+    outcome: Literal["created", "updated", "unchanged"]
+
+
+class UsageInput(BaseModel):
+    end: datetime
+    window_seconds: int = Field(gt=0)
+    queries: TokenQueries = Field(default_factory=TokenQueries)
+
+
+class UsageSamples(BaseModel):
+    samples: list[UsageSample]
+
+
+class QuotaActivities:
+    """Metered tokens from Prometheus, and the gateway's rate-limit policy in the cluster (activities/quotas.py)."""
+
+    @activity.defn(name="read_month_tokens")
+    def read_month_tokens(self, req: MonthTokensInput) -> TenantTokens:
+        """Pinned to ``req.end``, so a retry reads the same numbers."""
+        raise NotImplementedError
+
+    @activity.defn(name="apply_quota_policy")
+    def apply_quota_policy(self, req: QuotaPolicyInput) -> AppliedQuotaPolicy:
+        """Idempotent: a policy already as wanted is left alone."""
+        raise NotImplementedError
+
+    @activity.defn(name="read_token_usage")
+    def read_token_usage(self, req: UsageInput) -> UsageSamples:
+        """Tokens per tenant, model, version, class and type over the window ending at ``req.end``."""
+        raise NotImplementedError

@@ -1,0 +1,103 @@
+"""Per-tenant token quotas as the gateway's rate limiting, built from plain values (pure; unit-tested).
+
+A quota file names the HTTPRoute tenants call and, per tenant, a token rate and a monthly token
+quota. tideplane writes them as one Envoy Gateway ``BackendTrafficPolicy``
+(``gateway.envoyproxy.io/v1alpha1``) targeting that route: one global rate-limit rule per tenant,
+selected by the tenant header (``x-tenant: acme``), whose cost is the tokens of each answer (Envoy
+AI Gateway's ``io.envoy.ai_gateway``/``llm_total_token`` response metadata) and not the request,
+so a tenant is refused (429) once its tokens within the minute reach its rate. A tenant whose
+metered tokens this month reached its monthly quota gets a rule of limit 0 costing 1 per request:
+every request is refused until the month turns (the next apply after the 1st lifts it) or the
+quota is raised. The annotations say which tenants are cut off and why, for people and for the
+sandbox gateway's refusal message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from pydantic import BaseModel, Field, model_validator
+
+from workflows.naming import LABEL_MANAGED_BY, MANAGED_BY
+
+POLICY_API_VERSION = "gateway.envoyproxy.io/v1alpha1"
+ROUTE_GROUP = "gateway.networking.k8s.io"
+TENANT_HEADER = "x-tenant"
+TOKEN_COST = {"from": "Metadata", "metadata": {"namespace": "io.envoy.ai_gateway", "key": "llm_total_token"}}
+MONTHLY_QUOTAS_ANNOTATION = "tideplane.io/monthly-token-quotas"  # JSON {tenant: tokens}
+OVER_QUOTA_ANNOTATION = "tideplane.io/over-monthly-quota"  # comma-separated tenants cut off this month
+QUOTAS_LABEL = "tideplane.io/token-quotas"  # the route whose quotas the object holds
+
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class TenantQuota(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
+                      description="the tenant header's value (also its Prometheus label)")
+    tokens_per_minute: int = Field(gt=0, description="prompt + completion tokens a minute; more is answered 429")
+    monthly_tokens: int = Field(gt=0, description="prompt + completion tokens a calendar month (UTC)")
+
+
+class QuotaFile(BaseModel):
+    """What ``tideplane quotas apply FILE`` reads: every tenant's quotas on one route."""
+
+    namespace: str = Field(pattern=_DNS_LABEL, max_length=63)
+    route: str = Field(pattern=_DNS_LABEL, max_length=50, description="the HTTPRoute tenants call")
+    tenant_header: str = Field(TENANT_HEADER, pattern=r"^[A-Za-z0-9-]+$", description="the header naming the tenant")
+    tenants: list[TenantQuota] = Field(min_length=1, max_length=256)
+
+    @model_validator(mode="after")
+    def _unique(self) -> QuotaFile:
+        names = [t.name for t in self.tenants]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"tenants: each tenant once, {twice} appear more than once")
+        return self
+
+
+class QuotaInput(BaseModel):
+    """ApplyTokenQuotas' input: the file, and how to read a tenant's tokens this month."""
+
+    quotas: QuotaFile
+    month_tokens_query: str = Field(
+        'sum by (tenant) (increase(gen_ai_client_token_usage_sum{namespace="${namespace}", route="${route}"}[${window}]))',
+        description="PromQL template: tokens per tenant on the route since the month began (${window})",
+    )
+
+
+def policy_name(route: str) -> str:
+    return f"{route}-token-quotas"
+
+
+def over_quota(quotas: QuotaFile, used: Mapping[str, float]) -> list[str]:
+    """The tenants whose tokens this month reached their monthly quota, sorted."""
+    return sorted(t.name for t in quotas.tenants if used.get(t.name, 0.0) >= t.monthly_tokens)
+
+
+def quota_policy(quotas: QuotaFile, used: Mapping[str, float]) -> dict:
+    """The BackendTrafficPolicy for the file, given each tenant's tokens this month."""
+    cut_off = set(over_quota(quotas, used))
+    rules = []
+    for tenant in quotas.tenants:
+        selector = {"headers": [{"name": quotas.tenant_header, "type": "Exact", "value": tenant.name}]}
+        if tenant.name in cut_off:
+            rules.append({"clientSelectors": [selector], "limit": {"requests": 0, "unit": "Minute"},
+                          "cost": {"request": {"from": "Number", "number": 1}}})
+        else:
+            rules.append({"clientSelectors": [selector], "limit": {"requests": tenant.tokens_per_minute, "unit": "Minute"},
+                          "cost": {"request": {"from": "Number", "number": 0}, "response": TOKEN_COST}})
+    monthly = {t.name: t.monthly_tokens for t in quotas.tenants}
+    return {
+        "apiVersion": POLICY_API_VERSION, "kind": "BackendTrafficPolicy",
+        "metadata": {
+            "name": policy_name(quotas.route), "namespace": quotas.namespace,
+            "labels": {LABEL_MANAGED_BY: MANAGED_BY, QUOTAS_LABEL: quotas.route},
+            "annotations": {MONTHLY_QUOTAS_ANNOTATION: json.dumps(monthly, sort_keys=True),
+                            OVER_QUOTA_ANNOTATION: ",".join(sorted(cut_off))},
+        },
+        "spec": {
+            "targetRefs": [{"group": ROUTE_GROUP, "kind": "HTTPRoute", "name": quotas.route}],
+            "rateLimit": {"type": "Global", "global": {"rules": rules}},
+        },
+    }
