@@ -41,8 +41,8 @@ async def test_the_last_scale_up_shows_its_cold_start_by_parts(time_skipping_env
             await env.sleep(5)
         fake.signals = calm
         await env.sleep(30)
-        [target] = fake.scale_calls
         up = (await status(handle)).last_scale_up
+        target = fake.replicas
         assert up is not None and up.replicas == target and up.cold_start.parts == PARTS and up.cold_start.pod == f"chat-{target}"
         meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
         assert f"{target} replica(s) Ready in" in meta.current_details
