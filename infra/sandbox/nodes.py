@@ -56,6 +56,7 @@ BOOT_SECONDS = 90.0  # sandbox seconds from InService to a registered Node (boot
 # A stopped warm-pool instance starts and joins in about a minute (no launch, no first boot).
 WARM_START_SECONDS = 60.0
 WARM_POOL_TAG = "tideplane.io/warm-pool"  # on the stopped instances played as a group's warm pool
+RETURNED_TAG = "tideplane.io/returned-from"  # on one of them: the scaled-in instance it stands for
 REUSE_PAIRING_SECONDS = 5.0  # real seconds a scale-in and a gone node may be apart to be paired
 IMAGE_SIZE_BYTES = 10 * 1024**3  # a vLLM serving image, as status.images reports it
 POOL_TAG = "tideplane.io/node-pool"
@@ -235,7 +236,7 @@ class Cloud:
     from_warm_pool: set[str] = field(default_factory=set)  # InService instances that took a warm one's place
     desired_seen: dict[str, int] = field(default_factory=dict)  # group -> desired capacity at the last pass
     scaled_in: dict[str, list[float]] = field(default_factory=dict)  # group -> desired-capacity drops not yet paired
-    departed: dict[str, list[tuple[float, Disk]]] = field(default_factory=dict)  # group -> gone nodes' disks not yet paired
+    departed: dict[str, list[tuple[float, Disk, str]]] = field(default_factory=dict)  # group -> gone nodes' (disk, instance) not yet paired
 
     def groups(self) -> list[dict]:
         return self.autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=list(self.pools))["AutoScalingGroups"]
@@ -266,7 +267,7 @@ class Cloud:
             if provider_id and provider_id.startswith(PROVIDER_PREFIX) and provider_id not in running:
                 name = node["metadata"]["name"]
                 pool = (node["metadata"].get("labels") or {}).get(NODE_POOL, "")
-                self.departed.setdefault(pool, []).append((now, Disk.of_node(node)))
+                self.departed.setdefault(pool, []).append((now, Disk.of_node(node), provider_id.rsplit("/", 1)[-1]))
                 log.info("instance of node %s is gone: deleting the node", name)
                 try:
                     core.delete_node(name)
@@ -306,13 +307,13 @@ class Cloud:
         drops, departed = self.scaled_in[pool], self.departed.setdefault(pool, [])
         while drops and departed:
             drops.pop(0)
-            _, disk = departed.pop()
+            _, disk, instance_id = departed.pop()
             if policy.get("ReuseOnScaleIn"):
-                log.info("a node of %s was scaled in: its instance goes back to the warm pool", pool)
-                warm.append(self.launch_warm(pool, disk, prepared=True, now=now))
+                log.info("%s of %s was scaled in: it goes back to the warm pool", instance_id, pool)
+                warm.append(self.launch_warm(pool, disk, prepared=True, now=now, returned=instance_id))
         horizon = now - REUSE_PAIRING_SECONDS
         self.scaled_in[pool] = [t for t in drops if t > horizon]
-        self.departed[pool] = [(t, d) for t, d in departed if t > horizon]
+        self.departed[pool] = [entry for entry in departed if entry[0] > horizon]
 
     def warm_instances(self) -> dict[str, list[str]]:
         """Pool -> its warm (stopped or stopping) instance ids, oldest first."""
@@ -327,10 +328,12 @@ class Cloud:
                 found.setdefault(pool, []).append((str(i.get("LaunchTime", "")), i["InstanceId"]))
         return {pool: [i for _, i in sorted(ids)] for pool, ids in found.items()}
 
-    def launch_warm(self, pool: str, disk: Disk, prepared: bool, now: float) -> str:
+    def launch_warm(self, pool: str, disk: Disk, prepared: bool, now: float, returned: str | None = None) -> str:
         """A stopped instance in ``pool``'s warm pool holding ``disk``; a new one is prepared (booted,
-        images pulled, stopped) boot_seconds later, one returned by scale-in at once."""
-        tags = [{"Key": k, "Value": v} for k, v in {**pool_tags(self.pools[pool]), WARM_POOL_TAG: pool}.items()]
+        images pulled, stopped) boot_seconds later, one ``returned`` by scale-in (the instance it plays,
+        tagged) at once."""
+        tags = {**pool_tags(self.pools[pool]), WARM_POOL_TAG: pool} | ({RETURNED_TAG: returned} if returned else {})
+        tags = [{"Key": k, "Value": v} for k, v in tags.items()]
         instance_id = self.ec2.run_instances(
             LaunchTemplate={"LaunchTemplateName": pool, "Version": "$Latest"}, MinCount=1, MaxCount=1,
             TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],

@@ -25,7 +25,7 @@ from activities.clients.vllm import VllmClient
 from activities.rollout import RolloutActivities, ServingPods
 from infra.sandbox.config import PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.launcher import AWS_ENV
-from infra.sandbox.nodes import WARM_POOL_TAG, aws_clients
+from infra.sandbox.nodes import RETURNED_TAG, aws_clients
 from infra.sandbox.worker_identity import enable_serving_namespace
 from tests.e2e.test_scaling import MODEL_CACHE, scaling_activities
 from tests.e2e.test_scaling_layers import node_pool_activities
@@ -42,12 +42,12 @@ ENGINE_CACHE = Path("/var/cache/tideplane/engine")
 PROFILE = {"image_pull_seconds": 40, "load_seconds": 20, "compile_seconds": 40, "warmup_seconds": 10}
 
 
-def warm_instances(sandbox) -> set[str]:
-    """The stopped instances the sandbox's cloud keeps as warm pools (moto lists none in DescribeWarmPool)."""
+def returned_to_warm_pool(sandbox, instance_id: str) -> bool:
+    """Whether the sandbox's cloud stopped ``instance_id`` back into a warm pool (moto lists no warm
+    instances in DescribeWarmPool: the cloud plays them as stopped instances, tagged)."""
     ec2 = aws_clients(sandbox.urls["moto"])[0]
-    reservations = ec2.describe_instances(Filters=[{"Name": "tag-key", "Values": [WARM_POOL_TAG]},
-                                                   {"Name": "instance-state-name", "Values": ["stopping", "stopped"]}])["Reservations"]
-    return {i["InstanceId"] for r in reservations for i in r["Instances"]}
+    return bool(ec2.describe_instances(Filters=[{"Name": f"tag:{RETURNED_TAG}", "Values": [instance_id]},
+                                                {"Name": "instance-state-name", "Values": ["stopping", "stopped"]}])["Reservations"])
 
 
 def cold_start(core: client.CoreV1Api, pod: str) -> dict[str, float]:
@@ -97,9 +97,9 @@ def test_a_warm_pool_node_with_the_engine_cache_starts_a_replica_sooner_than_a_f
     run(pools.set_warm_pool, SetWarmPoolInput(pool=POOL, size=1, reuse_on_scale_in=True))
     run(rollout.scale_version, ScaleVersionInput(deployment=ref, version="1.0.0", replicas=len(nodes)))
     wait_until(lambda: all(p.spec.node_name in nodes for p in live_pods()), 10, "the new node's replica gone")
-    warm_before = warm_instances(sandbox)
+    instance = core.read_node(fresh_pod.spec.node_name).spec.provider_id.rsplit("/", 1)[-1]
     assert run(pools.remove_pool_node, RemoveNodeInput(pool=POOL, node=fresh_pod.spec.node_name)).removed
-    wait_until(lambda: warm_instances(sandbox) - warm_before, 10, "the instance stopped back into the warm pool")
+    wait_until(lambda: returned_to_warm_pool(sandbox, instance), 10, f"{instance} stopped back into the warm pool")
 
     # Scale out again: the stopped instance starts with the image and the engine cache on its disk.
     warm_pod, warm_seconds = scale_out(len(nodes) + 1)
