@@ -59,6 +59,7 @@ from infra.sandbox.oom import OomWatch
 from infra.sandbox.ratelimit import TOKEN_FAMILY, Admission, TokenGate
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 from workflows.rollout.batching import engine_overrides
+from workflows.scaling.gpu_sharing import gpu_memory_utilization
 
 log = logging.getLogger("tideplane.fleet")
 
@@ -76,9 +77,11 @@ RETRY_AFTER_ANNOTATION = "tideplane.io/retry-after-seconds"
 
 def engine_of(profile: Profile, args: tuple[str, ...] = ()) -> Engine:
     """The profile's calibrated engine, or one with its stated TTFT, TPOT and capacity, under the
-    batching arguments of the pod's container (``--max-num-seqs`` ..., as vLLM reads them)."""
+    batching arguments of the pod's container (``--max-num-seqs`` ..., as vLLM reads them); a
+    calibrated engine gets the KV cache its ``--gpu-memory-utilization`` leaves (a replica sharing
+    a GPU gets a smaller one; ``ValueError`` when the weights leave none: vLLM would not start)."""
     if profile.engine:
-        engine = load_engine(profile.engine)
+        engine = load_engine(profile.engine, gpu_memory_utilization=gpu_memory_utilization(list(args)))
     else:
         engine = engine_for_service(profile.ttft_seconds, profile.tpot_seconds, profile.prompt_tokens, profile.output_tokens,
                                     profile.capacity_rps, profile.gpu_memory_gib)
@@ -481,7 +484,12 @@ class Fleet:
                 if key not in self.replicas and is_ready(pod):
                     info = PodInfo(key[0], key[1], labels[LABEL_APP], labels.get(LABEL_VERSION, ""), labels.get(LABEL_MODEL, ""), pod["spec"]["nodeName"])
                     profile = profile_for(cluster.profiles, info.model, info.version)
-                    self.replicas[key] = (info, Replica(profile, random.Random(self.rng.random()), clock=self.clock, args=container_args(pod)))
+                    try:
+                        replica = Replica(profile, random.Random(self.rng.random()), clock=self.clock, args=container_args(pod))
+                    except ValueError as exc:  # vLLM exits at start: the weights leave no room for a KV cache
+                        log.warning("pod %s/%s cannot serve: %s", *key, exc)
+                        continue
+                    self.replicas[key] = (info, replica)
             for key in [k for k in self.replicas if k not in present]:
                 del self.replicas[key]
             dt = real_dt * self.time_scale

@@ -76,6 +76,15 @@ def test_calibrated_engine_profile_uses_the_fleet_model_table():
         Profile(engine="gpt-5/TPU")
 
 
+def test_a_replica_sharing_a_gpu_gets_the_kv_cache_its_claim_leaves():
+    profile = Profile(engine="llama-3.1-8b/H200x1")
+    whole, third = Replica(profile), Replica(profile, args=("--model", "/w", "--gpu-memory-utilization", "0.3"))
+    # 141 GiB x 0.3 - 2 GiB of activations - 15 GiB of weights = 25 GiB, against 110 GiB at vLLM's default 0.9
+    assert 0.2 < third.engine.engine.kv_capacity_tokens / whole.engine.engine.kv_capacity_tokens < 0.25
+    with pytest.raises(ValueError, match="do not fit"):
+        Replica(profile, args=("--gpu-memory-utilization", "0.1"))  # vLLM would not start: no room for a KV cache
+
+
 def test_errors_are_drawn_per_request_at_the_profile_rate():
     replica = Replica(PROFILE.model_copy(update={"error_rate": 0.1}), random.Random(1))
     for _ in range(300):
