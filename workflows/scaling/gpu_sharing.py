@@ -127,60 +127,76 @@ class PackLimits(BaseModel):
     new_node_prefix: str = "new"
 
 
-def _room(gpu: SharedGpu, replica: SharedReplica, limits: PackLimits) -> bool:
+def _room(gpu: SharedGpu, replica: SharedReplica, limits: PackLimits, added: list[SharedReplica] = (),
+          removed: list[SharedReplica] = ()) -> bool:
+    """Whether ``replica`` fits on ``gpu`` once ``added`` are on it and ``removed`` are off it."""
+    if gpu.used_fraction + sum(r.fraction for r in added) - sum(r.fraction for r in removed) + replica.fraction > 1 + EPSILON:
+        return False
     if not replica.share.fits_gpu(gpu.memory_gib, limits.reserve_gib):
         return False
-    if gpu.used_fraction + replica.fraction > 1 + EPSILON:
-        return False
-    if gpu.replicas and gpu.compute + replica.compute_share > limits.max_compute_share + EPSILON:
-        return False
-    return True
+    others = len(gpu.replicas) + len(added) - len(removed)
+    compute = gpu.compute + sum(r.compute_share for r in added) - sum(r.compute_share for r in removed)
+    return not (others and compute + replica.compute_share > limits.max_compute_share + EPSILON)
 
 
-def first_fit(gpus: list[SharedGpu], replica: SharedReplica, limits: PackLimits, exclude: str | None = None) -> SharedGpu | None:
-    """The GPU with the least free memory that still holds ``replica`` (ties: node, index)."""
-    fitting = [g for g in gpus if g.key != exclude and _room(g, replica, limits)]
-    return min(fitting, key=lambda g: (g.free_fraction, g.node, g.index), default=None)
+def first_fit(gpus: list[SharedGpu], replica: SharedReplica, limits: PackLimits, exclude: str | None = None,
+              added: dict[str, list[SharedReplica]] | None = None) -> SharedGpu | None:
+    """The GPU with the least free memory that still holds ``replica`` (ties: node, index);
+    ``added``: replicas planned onto GPUs (by key) but not placed yet."""
+    added = added or {}
+    fitting = [g for g in gpus if g.key != exclude and _room(g, replica, limits, added.get(g.key, []))]
+    return min(fitting, key=lambda g: (g.free_fraction - sum(r.fraction for r in added.get(g.key, [])), g.node, g.index),
+               default=None)
+
+
+def _copy(gpus: list[SharedGpu]) -> list[SharedGpu]:
+    """New GPU lists to place into; the replicas themselves are never changed, so they are shared."""
+    return [g.model_copy(update={"replicas": list(g.replicas)}) for g in gpus]
 
 
 def _make_room(gpus: list[SharedGpu], replica: SharedReplica, limits: PackLimits) -> tuple[SharedGpu, list[Move]] | None:
     """Free one GPU for ``replica`` by moving replicas smaller than it elsewhere: the GPU needing
-    the fewest moves (then the least memory moved) wins; None when no GPU can be freed enough."""
-    best: tuple[tuple[int, float, str], SharedGpu, list[Move], list[SharedGpu]] | None = None
-    for candidate in gpus:
-        if not replica.share.fits_gpu(candidate.memory_gib, limits.reserve_gib):
-            continue
-        trial = [g.model_copy(deep=True) for g in gpus]
-        target = next(g for g in trial if g.key == candidate.key)
-        moves: list[Move] = []
-        moved = 0.0
-        for small in sorted(target.replicas, key=lambda r: (r.fraction, r.name)):
-            if _room(target, replica, limits):
+    the fewest moves (then the least memory moved) wins; None when no GPU can be freed enough.
+    Changes ``gpus`` only when it succeeds."""
+    best: tuple[tuple[int, float, str], SharedGpu, dict[str, list[SharedReplica]], list[SharedReplica]] | None = None
+    most_free = max((g.free_fraction for g in gpus), default=0.0)
+    for target in gpus:
+        # only smaller models move for a larger one, and only those some GPU has room for
+        smaller = sorted((r for r in target.replicas if r.fraction < replica.fraction and r.fraction <= most_free + EPSILON),
+                         key=lambda r: (r.fraction, r.name))
+        if (not smaller or not replica.share.fits_gpu(target.memory_gib, limits.reserve_gib)
+                or target.used_fraction - sum(r.fraction for r in smaller) + replica.fraction > 1 + EPSILON):
+            continue  # even moving all of them would not make room
+        added: dict[str, list[SharedReplica]] = {}
+        leaving: list[SharedReplica] = []
+        for small in smaller:
+            if _room(target, replica, limits, removed=leaving):
                 break
-            if small.fraction >= replica.fraction:
-                break  # only smaller models move for a larger one
-            dest = first_fit(trial, small, limits, exclude=target.key)
-            if dest is None:
-                continue
-            target.replicas.remove(small)
-            dest.replicas.append(small)
-            moves.append(Move(replica=small.name, source=target.key, target=dest.key))
-            moved += small.fraction
-        if moves and _room(target, replica, limits):
-            score = (len(moves), moved, target.key)
+            dest = first_fit(gpus, small, limits, exclude=target.key, added=added)
+            if dest is not None:
+                added.setdefault(dest.key, []).append(small)
+                leaving.append(small)
+        if leaving and _room(target, replica, limits, removed=leaving):
+            score = (len(leaving), sum(r.fraction for r in leaving), target.key)
             if best is None or score < best[0]:
-                best = (score, target, moves, trial)
+                best = (score, target, added, leaving)
     if best is None:
         return None
-    _, target, moves, trial = best
-    gpus[:] = trial
+    _, target, added, leaving = best
+    by_key = {g.key: g for g in gpus}
+    moves = []
+    for key, arriving in added.items():
+        for small in arriving:
+            target.replicas.remove(small)
+            by_key[key].replicas.append(small)
+            moves.append(Move(replica=small.name, source=target.key, target=key))
     return target, moves
 
 
 def pack(gpus: list[SharedGpu], replicas: list[SharedReplica], limits: PackLimits) -> PackPlan:
     """Place ``replicas`` (largest claim first): first fit by free memory, else consolidate by
     moving smaller replicas, else on a new node of the pool's shape."""
-    state = [g.model_copy(deep=True) for g in gpus]
+    state = _copy(gpus)
     plan = PackPlan()
     for replica in sorted(replicas, key=lambda r: (-r.fraction, -r.compute_share, r.name)):
         if not replica.share.fits_gpu(limits.gpu_memory_gib, limits.reserve_gib) and not any(
@@ -220,7 +236,7 @@ def pack(gpus: list[SharedGpu], replicas: list[SharedReplica], limits: PackLimit
 
 def release(gpus: list[SharedGpu], names: set[str]) -> list[SharedGpu]:
     """The GPUs without the replicas ``names`` (scaled down or gone)."""
-    out = [g.model_copy(deep=True) for g in gpus]
+    out = _copy(gpus)
     for gpu in out:
         gpu.replicas = [r for r in gpu.replicas if r.name not in names]
     return out
