@@ -54,6 +54,7 @@ from infra.sandbox.config import (
 )
 from infra.sandbox.answers import MirrorLog, answer
 from infra.sandbox.gateway import POOL_GROUP, backend_for, is_pool, least_queue
+from infra.sandbox.kubeapi.gpushare import gpu_index, physical_gpus, shared_resource
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.oom import OomWatch
 from infra.sandbox.ratelimit import TOKEN_FAMILY, Admission, TokenGate
@@ -318,6 +319,20 @@ def queue_limit_for(policies: list[dict]) -> QueueLimit | None:
     return min(limits, key=lambda q: q.max_pending) if limits else None
 
 
+def shared_gpu_holders(nodes: list[dict], pods: list[dict]) -> dict[str, list[list[str]]]:
+    """Pods (``namespace/name``) on each physical GPU of the time-sliced nodes, as the scheduler annotated them."""
+    out: dict[str, list[list[str]]] = {}
+    for node in nodes:
+        if shared_resource(node):
+            out[node["metadata"]["name"]] = [[] for _ in range(physical_gpus(node))]
+    for pod in pods:
+        gpus = out.get((pod.get("spec") or {}).get("nodeName"))
+        index = gpu_index(pod)
+        if gpus is not None and index is not None and index < len(gpus) and (pod.get("status") or {}).get("phase") in ("Pending", "Running"):
+            gpus[index].append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Exposition
 
@@ -461,6 +476,7 @@ class Fleet:
         self.cluster = Cluster()
         self.replicas: dict[tuple[str, str], tuple[PodInfo, Replica]] = {}
         self.gpus: dict[str, list[str | None]] = {}
+        self.shared_gpus: dict[str, list[list[str]]] = {}  # time-sliced node -> pods on each physical GPU
         self.clock = 0.0  # sandbox seconds simulated so far
         self._demand_since: dict[str, tuple[Demand, float]] = {}  # key -> (demand, clock when set)
         self._round_robin = 0
@@ -535,6 +551,7 @@ class Fleet:
             if node and phase in ("Pending", "Running") and pod_gpus(pod):
                 wanted.setdefault(node, []).append((f"{pod['metadata']['namespace']}/{pod['metadata']['name']}", pod_gpus(pod)))
         self.gpus = assign_gpus(self.gpus, node_gpus, wanted)
+        self.shared_gpus = shared_gpu_holders(self.cluster.nodes, self.cluster.pods)
 
     def route(self, namespace: str, service: str) -> tuple[PodInfo, Replica] | None:
         """A Ready pod of the Service (round robin), or None."""
@@ -667,6 +684,17 @@ class Fleet:
             name = node["metadata"]["name"]
             node_labels = node["metadata"].get("labels") or {}
             total = int(node_labels.get(GPU_MEMORY_LABEL, DEFAULT_GPU_MEMORY_MIB))
+            for index, holders in enumerate(self.shared_gpus.get(name, [])):
+                # a time-sliced GPU is one device to DCGM: its pods' claims are preallocated, and a
+                # kernel of any of them counts as the device busy (no pod label: it has several)
+                labels = {"gpu": str(index), "UUID": f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{name}/{index}')}",
+                          "device": f"nvidia{index}", "modelName": node_labels.get(GPU_PRODUCT_LABEL, ""), "Hostname": name}
+                used = min(total, int(sum(gpu_memory_utilization(list(container_args(pods[h]))) for h in holders) * total))
+                util = min(100.0, sum(self.replicas[k][1].gpu_utilisation for h in holders
+                                      if (k := tuple(h.split("/", 1))) in self.replicas))
+                out.sample("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", labels, util)
+                out.sample("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", labels, used)
+                out.sample("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", labels, total - used)
             for index, holder in enumerate(self.gpus.get(name, [])):
                 labels = {
                     "gpu": str(index),

@@ -178,3 +178,23 @@ def test_changed_demand_restarts_its_curve_clock():
     steady = Cluster(demand={"ns/chat": Demand(curve=[(0, 1), (10, 1)])})
     fleet.update(steady, 5)
     assert fleet._current_demand(steady.demand) == {"ns/chat": 1}
+
+
+def test_a_time_sliced_gpu_is_one_dcgm_device_holding_its_pods_claims():
+    fleet = Fleet(time_scale=10, seed=1)
+    node = {"metadata": {"name": "node-s", "labels": {"nvidia.com/gpu.memory": "81920", "nvidia.com/gpu.count": "1",
+                                                       "nvidia.com/gpu.sharing-strategy": "time-slicing"}},
+            "status": {"allocatable": {"nvidia.com/gpu.shared": "4"}}}
+    pods = []
+    for name, claim in (("chat-a", "0.45"), ("embed-a", "0.3")):
+        p = pod(name, "1", node="node-s")
+        p["metadata"]["annotations"] = {"sandbox.tideplane.io/gpu-index": "0"}
+        p["spec"]["containers"][0] = {"name": "vllm", "args": ["--gpu-memory-utilization", claim],
+                                      "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}
+        pods.append(p)
+    fleet.update(Cluster(pods=pods, nodes=[node], profiles={"default": PROFILE}), 0.5)
+    text = fleet.metrics()
+    assert 'DCGM_FI_DEV_FB_USED{gpu="0",' in text and 'Hostname="node-s"} 61440.0' in text  # 0.75 of 80 GiB
+    assert 'DCGM_FI_DEV_FB_FREE{gpu="0",' in text and 'Hostname="node-s"} 20480.0' in text
+    assert 'gpu="1"' not in text  # one physical GPU, although it advertises 4 shares
+
