@@ -53,8 +53,10 @@ from infra.sandbox.config import (
     Profile,
 )
 from infra.sandbox.answers import MirrorLog, answer
-from infra.sandbox.gateway import POOL_GROUP, backend_for, is_pool, least_queue
+from infra.sandbox.gateway import MODEL_HEADER, POOL_GROUP, backend_for, headers_set_by, is_pool, least_queue
 from infra.sandbox.kubeapi.gpushare import gpu_index, physical_gpus, shared_resource
+from infra.sandbox.lora import LoraAdapters, ModelRequests, lora_settings
+from infra.sandbox.lora import error as lora_error
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.oom import OomWatch
 from infra.sandbox.ratelimit import TOKEN_FAMILY, Admission, TokenGate
@@ -113,6 +115,7 @@ class Replica:
         self.generation_tokens = 0
         self.busy_fraction = 0.0  # of the last tick: what DCGM samples
         self._proxied: list[Request] = []  # arrived through the proxy since the last tick
+        self.lora = LoraAdapters()  # dynamically loaded adapters (infra/sandbox/lora.py); set from the pod
 
     def set_profile(self, profile: Profile) -> None:
         if profile != self.profile:
@@ -485,6 +488,7 @@ class Fleet:
         self._queued: dict[tuple[str, str], int] = {}  # pod -> requests waiting in its engine after the last tick
         self._refusals = threading.Lock()
         self.token_gate = TokenGate()  # the gateway's token rate limits and counters (infra/sandbox/ratelimit.py)
+        self.model_requests = ModelRequests()  # gateway requests per served model (adapter canaries' gates)
 
     def update(self, cluster: Cluster, real_dt: float) -> None:
         """Take a new snapshot, then advance every Ready replica by ``real_dt * time_scale``."""
@@ -505,6 +509,7 @@ class Fleet:
                     except ValueError as exc:  # vLLM exits at start: the weights leave no room for a KV cache
                         log.warning("pod %s/%s cannot serve: %s", *key, exc)
                         continue
+                    replica.lora = LoraAdapters(*lora_settings(pod))
                     self.replicas[key] = (info, replica)
             for key in [k for k in self.replicas if k not in present]:
                 del self.replicas[key]
@@ -576,9 +581,10 @@ class Fleet:
         with self.lock:
             found = next((r for r in self.cluster.routes if r["metadata"].get("namespace") == namespace
                           and r["metadata"]["name"] == route), None)
-            backend = backend_for(found, headers) if found else None
+            backend = backend_for(found, headers, self.rng.random()) if found else None
             if backend is None:
                 return f"no HTTPRoute {namespace}/{route} rule takes this request"
+            headers.update(headers_set_by(backend))  # e.g. the adapter version X-Gateway-Model-Name names
             if not is_pool(backend):
                 service = backend.get("name", "")
             else:
@@ -645,6 +651,7 @@ class Fleet:
             for (namespace, route), count in self.queue_full.items():
                 out.sample("envoy_cluster_upstream_rq_pending_overflow", "counter", "Requests the gateway refused: queue full.",
                            {"namespace": namespace, "deployment": route}, count)
+            self.model_requests.expose(out)
             self._dcgm(out)
             self._node_labels(out)
             self._token_usage(out)
@@ -669,6 +676,17 @@ class Fleet:
             out.sample(TOKEN_FAMILY, "histogram", help_text, {**labels, "le": "+Inf"}, answers, "_bucket")
             out.sample(TOKEN_FAMILY, "histogram", help_text, labels, tokens, "_sum")
             out.sample(TOKEN_FAMILY, "histogram", help_text, labels, answers, "_count")
+
+    def adapter_fails(self, adapter: str) -> bool:
+        """A request an adapter answered fails with the ``fleet-profiles`` entry of its name, if any
+        (a bad adapter version on a healthy base)."""
+        profile = self.cluster.profiles.get(adapter)
+        return profile is not None and self.rng.random() < profile.error_rate
+
+    def pod(self, namespace: str, name: str) -> tuple[PodInfo, Replica] | None:
+        """One pod's replica, as its own address reaches it (the LoRA API is per vLLM process)."""
+        with self.lock:
+            return self.replicas.get((namespace, name))
 
     def _node_labels(self, out: Exposition) -> None:
         """kube-state-metrics' ``kube_node_labels``, which cost queries join GPUs to pools with."""
@@ -722,6 +740,8 @@ class Fleet:
 
 _PROXY = re.compile(r"^/proxy/([a-z0-9-]+)/([a-z0-9-]+)(/.*)$")
 _GATEWAY = re.compile(r"^/gateway/([a-z0-9-]+)/([a-z0-9-]+)/v1/completions$")  # through an HTTPRoute, as clients call
+_POD = re.compile(r"^/pods/([a-z0-9-]+)/([a-z0-9.-]+)(/.*)$")  # one pod, as http://<pod IP>:8000 reaches it
+_LORA_ROUTES = {"/v1/load_lora_adapter": LoraAdapters.load, "/v1/unload_lora_adapter": LoraAdapters.unload}
 
 
 def completion_body(info: PodInfo, request: Request, max_tokens: int) -> dict:
@@ -772,6 +792,8 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
                     self._error(404, f"no route {self.path}: use /mirror/<namespace>/<route>")
                 else:
                     self._send(200, json.dumps(pairs).encode())
+            elif pod := _POD.match(self.path):
+                self._pod_request(*pod.groups(), None)
             elif self.path in ("/healthz", "/"):
                 self._send(200, b'{"status": "ok"}')
             elif match := _PROXY.match(self.path):
@@ -782,7 +804,7 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
                 elif rest == "/health":
                     self._send(200, b"")
                 elif rest == "/v1/models":
-                    self._send(200, json.dumps({"object": "list", "data": [{"id": target[0].model, "object": "model"}]}).encode())
+                    self._send(200, json.dumps({"object": "list", "data": target[1].lora.model_cards(target[0].model)}).encode())
                 else:
                     self._error(404, f"no route {rest}")
             else:
@@ -791,6 +813,9 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
+            if pod := _POD.match(self.path):
+                self._pod_request(*pod.groups(), body)
+                return
             match = _PROXY.match(self.path)
             gateway = _GATEWAY.match(self.path)
             if not gateway and (not match or match.group(3) != "/v1/completions"):
@@ -803,6 +828,7 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
             except (ValueError, TypeError, AttributeError) as exc:
                 self._error(400, f"bad request body: {exc}")
                 return
+            model = request.get("model") if isinstance(request.get("model"), str) else None
             if gateway:
                 admission = fleet.gateway_admit(*gateway.groups(), self.headers)
                 if isinstance(admission, str):
@@ -814,7 +840,9 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
                     self._send(429, json.dumps({"object": "error", "message": message, "code": 429}).encode(),
                                headers={"Retry-After": str(retry_after)})
                     return
-                target = fleet.gateway_route(*gateway.groups(), self.headers)
+                headers = {**self.headers, **({MODEL_HEADER: model} if model else {})}  # body-based routing
+                target = fleet.gateway_route(*gateway.groups(), headers)
+                model = headers.get(MODEL_HEADER, model)  # the endpoint picker writes it back into the body
                 if isinstance(target, str):
                     self._error(503, target)
                     return
@@ -825,9 +853,18 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
                     self._error(503, f"no Ready pod behind service {namespace}/{service}")
                     return
             info, replica = target
+            if not replica.lora.serves(model, info.model):
+                self._send(404, json.dumps(lora_error(404, f"The model `{model}` does not exist.", "NotFoundError")[1]).encode())
+                return
             with fleet.lock:
                 submitted = replica.submit(max(1, len(str(prompt)) // 4), max_tokens)
             outcome = fleet.wait_for(info, submitted)
+            if outcome == "done" and model in replica.lora.loaded:
+                submitted.failed = submitted.failed or fleet.adapter_fails(model)
+            if gateway and outcome == "done":
+                requested = json.loads(body or b"{}").get("model") or info.model
+                latency = (submitted.finished_s - submitted.arrival_s) if submitted.finished_s is not None else None
+                fleet.model_requests.record((*gateway.groups(), str(requested), model or info.model), submitted.failed, latency)
             if outcome is None:
                 self._error(503, f"pod {info.name} went away before answering")
             elif outcome == "timeout":
@@ -836,10 +873,34 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
                 self._error(500, f"simulated failure of {info.model}@{info.version} in pod {info.name}")
             else:
                 body = completion_body(info, submitted, max_tokens)
+                body["model"] = model or info.model
                 body["choices"][0]["text"] = answer(str(prompt), info.version, replica.profile)  # infra/sandbox/answers.py
                 if gateway:
                     fleet.gateway_answered(admission, *gateway.groups(), info, self.headers, body["usage"])
                 self._send(200, json.dumps(body).encode(), headers={"x-tideplane-pod": f"{info.namespace}/{info.name}"})
+
+        def _pod_request(self, namespace: str, name: str, rest: str, body: bytes | None) -> None:
+            """``/pods/<namespace>/<pod>``: ``GET /v1/models``, ``POST /v1/{load,unload}_lora_adapter``."""
+            target = fleet.pod(namespace, name)
+            call = _LORA_ROUTES.get(rest) if body is not None else None
+            if target is None:
+                self._error(503, f"no simulated replica for pod {namespace}/{name}")
+            elif body is None and rest == "/v1/models":
+                self._send(200, json.dumps({"object": "list", "data": target[1].lora.model_cards(target[0].model)}).encode())
+            elif call is None or not target[1].lora.runtime_updating:
+                self._error(404, f"no route {rest}")  # vLLM adds the LoRA routes only with runtime updating
+            else:
+                try:
+                    request = json.loads(body or b"{}")
+                except ValueError as exc:
+                    self._error(400, f"bad request body: {exc}")
+                    return
+                with fleet.lock:
+                    status, answer_body = call(target[1].lora, request if isinstance(request, dict) else {})
+                if isinstance(answer_body, str):
+                    self._send(status, answer_body.encode(), "text/plain; charset=utf-8")
+                else:
+                    self._send(status, json.dumps(answer_body).encode())
 
     return Handler
 
