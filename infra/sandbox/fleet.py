@@ -677,10 +677,11 @@ class Fleet:
             out.sample(TOKEN_FAMILY, "histogram", help_text, labels, tokens, "_sum")
             out.sample(TOKEN_FAMILY, "histogram", help_text, labels, answers, "_count")
 
-    def adapter_fails(self, adapter: str) -> bool:
-        """A request an adapter answered fails with the ``fleet-profiles`` entry of its name, if any
-        (a bad adapter version on a healthy base)."""
-        profile = self.cluster.profiles.get(adapter)
+    def adapter_fails(self, served: str) -> bool:
+        """A request an adapter version answered (served as ``<adapter>-<version>``) fails with the
+        error rate of its ``fleet-profiles`` entry ``<adapter>@<version>``, if any: a bad adapter on a
+        healthy base."""
+        profile = next((p for key, p in self.cluster.profiles.items() if key.replace("@", "-") == served), None)
         return profile is not None and self.rng.random() < profile.error_rate
 
     def pod(self, namespace: str, name: str) -> tuple[PodInfo, Replica] | None:

@@ -1,15 +1,17 @@
-"""End to end against the sandbox: a LoRA adapter version canaried by model name, then rolled back.
+"""End to end against the sandbox: a LoRA adapter version canaried by model name, rolled back by its gate.
 
 The base model runs with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``; the
 production activities register nothing by hand in the cluster: they load the adapter versions into
 every replica through the fleet's per-pod vLLM LoRA API, write the HTTPRoute rule that matches the
-adapter's model name, and unload the rolled-back version. Requests go through the fleet's gateway
-with the adapter's name in the body's ``model``.
+adapter's model name, read the gates from Prometheus (the fleet's per-model counts) and unload the
+rolled-back version. Requests go through the fleet's gateway with the adapter's name in ``model``;
+the bad version fails half of its requests (its ``fleet-profiles`` entry).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,12 +28,15 @@ from activities.clients.s3 import S3Client
 from activities.clients.vllm import VllmClient
 from activities.registry import Registry, RegistryActivities
 from activities.rollout import RolloutActivities, ServingPods
+from infra.sandbox.config import Profile
+from infra.sandbox.knobs import set_profile
 from infra.sandbox.launcher import AWS_ENV, WEIGHTS_BUCKET
 from tests.sandbox_fixtures import create_logical_deployment, wait_for
-from workflows.adapters.types import AdapterAbortInput, AdapterRolloutInput
+from workflows.adapters.types import AdapterRolloutInput
 from workflows.adapters.workflow import AdapterRollout
 from workflows.registry.schema import AdapterOf
-from workflows.rollout.types import Outcome, Stage
+from workflows.rollout.gates import ERROR_RATE
+from workflows.rollout.types import Outcome
 
 NAMESPACE = "e2e-adapters"
 LORA = {"args": ["--enable-lora"], "env": [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}]}
@@ -59,6 +64,14 @@ def answered_by(fleet: str, requests: int) -> list[str]:
         answers = list(pool.map(one, range(requests)))
     assert all(r.status_code in (200, 500) for r in answers), [r.text for r in answers]
     return [r.json()["model"] for r in answers if r.status_code == 200]
+
+
+def gateway_models(fleet: str) -> set[str] | None:
+    """The models 4 requests for the adapter were answered with; None while the gateway refuses them."""
+    try:
+        return set(answered_by(fleet, 4))
+    except AssertionError:
+        return None
 
 
 async def test_an_adapter_version_is_canaried_by_model_name_and_rolled_back(sandbox, sandbox_env, tmp_path):
@@ -99,27 +112,39 @@ async def test_an_adapter_version_is_canaried_by_model_name_and_rolled_back(sand
             AdapterRollout.run, AdapterRolloutInput(deployment=f"{NAMESPACE}/chat", adapter="sql-lora", version="1.0.0"),
             id=f"adapter-rollout/{uuid.uuid4().hex[:6]}", task_queue=queue)
         assert first.outcome is Outcome.PROMOTED and first.previous_version is None
-        assert set(answered_by(fleet, 3)) == {"sql-lora-1.0.0"}
+        await wait_for(lambda: gateway_models(fleet) == {"sql-lora-1.0.0"}, 5, "the gateway to apply the adapter's rule")
 
+        set_profile(api, "sql-lora", "1.1.0", Profile(error_rate=0.5))  # the bad version, on a healthy base
         canary = AdapterRolloutInput(deployment=f"{NAMESPACE}/chat", adapter="sql-lora", version="1.1.0",
-                                     steps=[{"weight": 50, "window_seconds": 600}, {"weight": 100, "window_seconds": 600}],
-                                     gate_interval_seconds=600)
-        handle = await temporal.start_workflow(AdapterRollout.run, canary, id=f"adapter-rollout/{uuid.uuid4().hex[:6]}", task_queue=queue)
-        for _ in range(100):
-            status = await handle.query(AdapterRollout.status)
-            if status.stage is Stage.CANARY and status.weight == 50:
-                break
-            await asyncio.sleep(0.2)
-        assert (status.stage, status.weight, status.stable_version) == (Stage.CANARY, 50, "1.0.0")
-        assert served_models(fleet, pods) == [{"llama-3-8b", "sql-lora-1.0.0", "sql-lora-1.1.0"}] * 2
-        split = answered_by(fleet, 24)
-        assert set(split) == {"sql-lora-1.0.0", "sql-lora-1.1.0"}, split  # 50/50: both with probability 1 - 2^-23
+                                     steps=[{"weight": 50, "window_seconds": 60}, {"weight": 100, "window_seconds": 60}],
+                                     gate_interval_seconds=2, query_window_seconds=10, gates={"min_requests": 5},
+                                     drain_seconds=1)
+        seen: list[str] = []
+        done = threading.Event()
 
-        await handle.signal(AdapterRollout.abort, AdapterAbortInput(reason="e2e: roll the adapter back"))
-        result = await handle.result()
-    assert result.outcome is Outcome.ABORTED and result.previous_version == "1.0.0"
+        problems: list[str] = []
+
+        def traffic() -> None:
+            while not done.is_set():
+                try:
+                    seen.extend(answered_by(fleet, 8))
+                except AssertionError as exc:  # e.g. a 404: a version unloaded while the gateway still sent to it
+                    problems.append(str(exc))
+
+        sender = threading.Thread(target=traffic, daemon=True)
+        sender.start()
+        try:
+            result = await temporal.execute_workflow(AdapterRollout.run, canary, id=f"adapter-rollout/{uuid.uuid4().hex[:6]}",
+                                                     task_queue=queue)
+        finally:
+            done.set()
+            sender.join(30)
+    assert result.outcome is Outcome.ROLLED_BACK and result.previous_version == "1.0.0" and result.weight_reached == 50, result.reason
+    assert ERROR_RATE in [c.gate for c in result.failing_verdict.evaluation.failed], result.reason
+    assert {"sql-lora-1.0.0", "sql-lora-1.1.0"} <= set(seen), "the canary answered its share by model name"
+    assert problems == [], "every request answered (or failed by the bad version), none refused"
     assert sorted(result.unloaded_from) == pods
     assert served_models(fleet, pods) == [{"llama-3-8b", "sql-lora-1.0.0"}] * 2, "1.1.0 unloaded from every replica"
-    assert set(answered_by(fleet, 8)) == {"sql-lora-1.0.0"}
-    assert registry.show("sql-lora", "1.1.0").status.state == "testing"
+    assert gateway_models(fleet) == {"sql-lora-1.0.0"}
+    assert registry.show("sql-lora", "1.1.0").status.state == "deprecated", "a gate failure: never again"
     assert registry.show("sql-lora", "1.0.0").deployments[f"{NAMESPACE}/chat"].state == "stable"

@@ -6,6 +6,7 @@ route rule, and record every call in order; gate values are scripted per canary 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,7 +16,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.worker import Worker
 
 from workflows.adapters.activities import AdapterOnReplicasInput, AdapterReplicas, AdapterRouteInput, ResolveAdapterInput, ResolvedAdapter
-from workflows.adapters.types import AdapterRolloutInput
+from workflows.adapters.types import AdapterAbortInput, AdapterRolloutInput
 from workflows.adapters.workflow import AdapterRollout
 from workflows.naming import DeploymentRef
 from workflows.registry.activities import ListVersionsInput, RegistryStatusResult, SetRegistryStatusInput, VersionList
@@ -158,3 +159,22 @@ async def test_an_adapter_of_another_base_version_is_refused_before_anything_loa
         await run(time_skipping_env, stubs)
     assert "base_version: sql-lora@1.1.0 is an adapter of llama@1.0.0, but llm/chat serves llama@2.0.0" in str(failure.value.cause)
     assert stubs.calls == []
+
+
+async def test_an_abort_routes_back_and_unloads_without_deprecating(time_skipping_env):
+    stubs = Stubs(stable="1.0.0", gate_values={10: GOOD})
+    queue = f"adapters-{uuid.uuid4().hex[:6]}"
+    inp = AdapterRolloutInput(deployment="llm/chat", adapter="sql-lora", version="1.1.0", gate_interval_seconds=600)
+    async with Worker(time_skipping_env.client, task_queue=queue, workflows=[AdapterRollout], activities=stubs.activities(),
+                      activity_executor=ThreadPoolExecutor(4)):
+        handle = await time_skipping_env.client.start_workflow(
+            AdapterRollout.run, inp, id=f"adapter-rollout/{uuid.uuid4().hex[:6]}", task_queue=queue)
+        for _ in range(100):  # queries do not skip time: the first gate check is 10 minutes away
+            if (await handle.query(AdapterRollout.status)).weight == 10:
+                break
+            await asyncio.sleep(0.05)
+        await handle.signal(AdapterRollout.abort, AdapterAbortInput(reason="wrong adapter"))
+        result = await handle.result()
+    assert result.outcome is Outcome.ABORTED and result.reason == "aborted: wrong adapter" and result.weight_reached == 10
+    assert stubs.calls[-2:] == ["route [('sql-lora-1.0.0', 100)]", "unload sql-lora-1.1.0"]
+    assert stubs.statuses == ["canary", "testing"], "an abort leaves the version for another try"

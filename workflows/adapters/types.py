@@ -51,6 +51,9 @@ class AdapterRolloutInput(BaseModel):
     gates: Gates = Field(default_factory=Gates)
     analysis: AnalysisLimits = Field(default_factory=AnalysisLimits)
     queries: GateQueries = Field(default_factory=lambda: ADAPTER_QUERIES.model_copy())
+    drain_seconds: float = Field(
+        5, ge=0, le=600, description="after traffic left a version, before it is unloaded: the gateway's config to propagate"
+    )
     registry_status: bool = Field(True, description="move the adapter version's registry status as the model rollout does")
 
     @property

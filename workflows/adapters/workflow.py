@@ -10,7 +10,8 @@ canary moves no pods: the new version is loaded beside the stable one under its 
 requests between the two (workflows/adapters/routing.py). The ladder, the gates and the verdict
 rules are the model rollout's (workflows/rollout/gates.py, its ``query_gates`` activity), on
 queries per served name. Promotion unloads the old version; rollback — a failed gate, an abort,
-an error — routes everything back to stable first, then unloads the new version.
+an error — routes everything back to stable first, then unloads the new version, each unload
+``drain_seconds`` after its version's traffic left (the gateway applies a route change late).
 """
 
 from __future__ import annotations
@@ -205,6 +206,7 @@ class AdapterRollout:
         self._stage = Stage.PROMOTING
         await self._route({inp.version: 100}, f"promote: route 100 % to {inp.version}")
         await self._registry(Stable(since=workflow.now()), f"promoted over {self._stable}")
+        await workflow.sleep(inp.drain_seconds, summary=f"drain {self._stable} before unloading it")
         old = await self._act(
             AdapterActivities.unload_lora_adapter, self._on_replicas(self._stable),
             f"unload the old version {served_name(inp.adapter, self._stable)}", retry=_BACK,
@@ -223,6 +225,7 @@ class AdapterRollout:
         self._paused = False
         if self._stable is not None:
             await self._route({self._stable: 100}, f"roll back: route 100 % to {self._stable}", retry=_BACK)
+            await workflow.sleep(inp.drain_seconds, summary=f"drain {inp.version} before unloading it")
         unloaded = await self._act(
             AdapterActivities.unload_lora_adapter, self._on_replicas(inp.version),
             f"unload {served_name(inp.adapter, inp.version)}", retry=_BACK,
