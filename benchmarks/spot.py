@@ -34,14 +34,15 @@ from pathlib import Path
 from benchmarks import traces
 from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
+from workflows.spot.mix import DomainNow, SpotDomain, SpotMixPolicy, markets, observe, plan_spot_mix
 from workflows.spot.policy import (
     DomainRisk,
     PrewarmRule,
-    ZoneMarket,
     on_demand_needed,
     on_demand_target,
-    plan_mix,
     preemption_predicted,
+    preemption_rate,
+    warm_pool_needed,
 )
 
 TICK_S = 60.0
@@ -56,6 +57,10 @@ class Model:
     notice_s: float = 120.0
     cold_start_s: float = 240.0
     on_demand_capacity: int | None = None  # instances per region; None: target
+    warm_start_s: float = 60.0  # a stopped warm-pool instance started until it serves (infra/fleetmodel/coldstart.yaml's node_warm)
+    # A stopped instance pays its EBS volumes only: 1,000 GiB gp3 (image, weights, engine caches of an
+    # 8-GPU replica) at $0.08/GiB-month over 730 h (Amazon EBS pricing, as coldstart.yaml cites).
+    warm_disk_usd_per_hour: float = 1000 * 0.08 / 730
 
 
 @dataclass(frozen=True)
@@ -69,12 +74,14 @@ class Settings:
     stabilisation_s: float = 300.0
     max_stabilisation_s: float = 3600.0
     survive_region_loss: bool = True  # only matters when the zones span regions
+    warm_pool: bool = False  # hold warm_pool_needed stopped on-demand instances (EC2 warm pool)
 
     @property
     def label(self) -> str:
         over = "2x" if self.max_overprovision is None else f"+{self.max_overprovision}"
         pre = "no pre-warm" if math.isinf(self.prewarm.preemption_rate) else f"pre-warm at rate>={self.prewarm.preemption_rate:g}"
-        return f"avail {self.availability:g}, over {over}, {pre}" + ("" if self.survive_region_loss else ", no region hedge")
+        return (f"avail {self.availability:g}, over {over}, {pre}" + (", warm pool" if self.warm_pool else "")
+                + ("" if self.survive_region_loss else ", no region hedge"))
 
 
 @dataclass
@@ -96,6 +103,9 @@ class Replay:
     preempted: int = 0
     refused_on_demand: int = 0  # on-demand launches refused for want of capacity (per minute wanted)
     refused_spot: int = 0  # spot launches the plan wanted that the domain could not hold
+    warm: list[int] = field(default_factory=list)  # stopped warm-pool instances held per minute
+    warm_starts: int = 0  # on-demand launches served from the warm pool
+    warm_cost: float = 0.0  # the warm pool's disks and refill launches (in ``cost`` too)
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,10 @@ class _Fleet:
         self.spot_price = {z.domain: z.spot_price for z in s.zones}
         self.od_price = _od_prices(s)
         self.od_cap = model.on_demand_capacity if model.on_demand_capacity is not None else model.target
+        self.warm_region = min(self.od_price, key=self.od_price.get)  # one warm pool, in the cheapest region
+        self.warm = 0  # stopped instances ready to start
+        self.refilling: list[float] = []  # when each refill launch is prepared (billed running until then)
+        self.warm_size = 0
 
     def alive(self, domain: str | None) -> list[_Replica]:
         """Held and not under a notice."""
@@ -134,9 +148,20 @@ class _Fleet:
         drop = {id(r) for r in mine[: max(0, len(mine) - keep)]}
         self.replicas = [r for r in self.replicas if id(r) not in drop]
 
-    def set_on_demand(self, want: int, at: float) -> None:
+    def set_warm_pool(self, size: int, t: float) -> None:
+        """Hold ``size`` stopped instances: refill launches run (and are billed) for a cold start, extras are terminated."""
+        self.warm_size = size
+        self.warm = min(self.warm, size)
+        missing = size - self.warm - len(self.refilling)
+        self.refilling += [t + self.model.cold_start_s] * max(0, missing)
+
+    def set_on_demand(self, want: int, t: float, first: bool = False) -> None:
+        """Grow from the warm pool first (serving after ``warm_start_s``), then fresh launches; a
+        shrink stops instances back into the warm pool while it is short (ReuseOnScaleIn)."""
         held = self.alive(None)
         if want < len(held):
+            back = min(len(held) - want, max(0, self.warm_size - self.warm - len(self.refilling)))
+            self.warm += back
             self.shrink(None, want)
             return
         per_region = {reg: sum(1 for r in held if r.region == reg) for reg in self.od_price}
@@ -144,9 +169,15 @@ class _Fleet:
             room = [reg for reg in sorted(self.od_price, key=self.od_price.get) if per_region[reg] < self.od_cap]
             if not room:
                 self.out.refused_on_demand += 1
-                return
+                break
             per_region[room[0]] += 1
-            self.replicas.append(_Replica(None, room[0], at))
+            if self.warm and room[0] == self.warm_region:
+                self.warm -= 1
+                self.out.warm_starts += 1
+                self.replicas.append(_Replica(None, room[0], t if first else t + self.model.warm_start_s))
+            else:
+                self.replicas.append(_Replica(None, room[0], t if first else t + self.model.cold_start_s))
+        self.set_warm_pool(self.warm_size, t)
 
     def notice(self, domains: set[str], at: float) -> None:
         for r in self.replicas:
@@ -169,6 +200,13 @@ class _Fleet:
         self.out.cost += sum(
             self.od_price[r.region] if r.domain is None else self.spot_price[r.domain] for r in self.replicas
         ) * TICK_S / 3600
+        prepared = [x for x in self.refilling if x <= t]
+        self.refilling = [x for x in self.refilling if x > t]
+        self.warm += len(prepared)
+        warm = (self.warm * self.model.warm_disk_usd_per_hour + len(self.refilling) * self.od_price[self.warm_region]) * TICK_S / 3600
+        self.out.warm.append(self.warm)
+        self.out.warm_cost += warm
+        self.out.cost += warm
 
     def tick(self, t: float) -> None:
         """A minute with no decision in it."""
@@ -221,7 +259,13 @@ def policy_mix(s: Scenario, model: Model, settings: Settings) -> Replay:
     fleet = _Fleet(s, model, out)
     step_s, per_step = s.zones[0].step_s, _ticks(s)
     window = max(1, round(settings.window_s / step_s))
-    preempted_hist = {z.domain: deque(maxlen=window) for z in s.zones}
+    mix = SpotMixPolicy(  # what a scaling loop's spot_mix holds; each trace domain is one spot pool
+        domains=[SpotDomain(pool=z.domain, zone=z.zone, instance_type=z.instance_type, spot_price=z.spot_price, region=z.region)
+                 for z in s.zones],
+        on_demand_price=s.on_demand_price, availability=settings.availability, max_overprovision=settings.max_overprovision,
+        window_samples=window, survive_region_loss=settings.survive_region_loss,
+    )
+    history: dict[str, list[int]] = {}
     failed_hist = {z.domain: deque(maxlen=window) for z in s.zones}
     healthy_since: float | None = 0.0
     flaps: list[float] = []
@@ -231,20 +275,19 @@ def policy_mix(s: Scenario, model: Model, settings: Settings) -> Replay:
         if any(fleet.alive(d) for d in down):
             flaps.append(t0)
         fleet.notice(down, t0)
+        now = [DomainNow(pool=z.domain, available=z.available[step], capacity=z.capacity(step)) for z in s.zones]
+        history = observe(history, now, window)
         for z in s.zones:
-            preempted_hist[z.domain].append(0 if z.available[step] else 1)
             if z.available[step] and z.launched is not None and z.requested:
                 failed_hist[z.domain].append(1 - z.launched[step] / z.requested)
-        rate = {d: sum(h) / len(h) for d, h in preempted_hist.items()}
+        rate = {d: preemption_rate(h, window) for d, h in history.items()}
         failures = {d: (sum(h) / len(h) if h else 0.0) for d, h in failed_hist.items()}
-        plan = plan_mix(
-            model.target,
-            settings.availability,
-            [ZoneMarket(z.domain, rate[z.domain], z.spot_price, z.available[step], z.capacity(step), z.region) for z in s.zones],
-            s.on_demand_price,
-            max_overprovision=settings.max_overprovision,
-            survive_group_loss=settings.survive_region_loss,
-        )
+        plan = plan_spot_mix(model.target, mix, now, history)
+        if settings.warm_pool:
+            size = warm_pool_needed(plan, markets(mix, now, history))
+            if step == s.first_step:
+                fleet.warm = size  # prepared before the trace starts, like the first fleet
+            fleet.set_warm_pool(size, t0)
         start = t0 if step > s.first_step else t0 - model.cold_start_s  # the first fleet serves at t=0
         for z in s.zones:  # make before break: grow now, shrink once the new placement serves
             want, have = plan.spot_per_zone.get(z.domain, 0), len(fleet.alive(z.domain))
@@ -277,7 +320,7 @@ def policy_mix(s: Scenario, model: Model, settings: Settings) -> Replay:
             keep = on_demand_target(
                 len(fleet.alive(None)), need, healthy_since, t, settings.stabilisation_s, max(0, recent - 1), settings.max_stabilisation_s
             )
-            fleet.set_on_demand(keep, t + model.cold_start_s if step > s.first_step or k else t)
+            fleet.set_on_demand(keep, t, first=step == s.first_step and not k)
             fleet.record(t)
     return out
 
