@@ -138,8 +138,8 @@ def _versioned(pod_labels: dict[str, str]) -> str | None:
     return naming.versioned_name(app, version) if app and version else None
 
 
-class SpotActivities(contract.SpotActivities):
-    """The spot workflows' side effects on SQS, one cluster and EC2 Auto Scaling."""
+class SpotActivities(contract.SpotActivities, contract.SpotMixActivities):
+    """The spot workflows' side effects on SQS, one cluster and EC2 Auto Scaling (and the spot mix's)."""
 
     def __init__(self, kube: KubeClient, aws: AwsClient, queue_url: str | None = None) -> None:
         """``queue_url``: the SQS queue EventBridge feeds, for watchers that name none."""

@@ -78,4 +78,6 @@ async def test_the_loop_places_its_total_as_plan_mix_says_and_leaves_a_lost_pool
         assert moved.spot["spot-a"] == 0 and sum(moved.spot.values()) + moved.on_demand >= 8, moved
         s = await status(handle)
         assert s.decisions[-1].spot_mix.unavailable == ["spot-a"] and s.decisions[-1].applied
+        # one region's pools (no region given: each its own group): the warm pool covers the pool holding the most
+        assert s.decisions[-1].spot_mix.warm_pool == max(0, max(moved.spot.values()) - (sum(moved.spot.values()) + moved.on_demand - 8))
         await handle.terminate()

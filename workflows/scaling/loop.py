@@ -49,8 +49,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.scaling.floors import SET_FLOOR_SIGNAL, FloorClaim, SetFloor, floor_label
     from workflows.scaling.placement import CAPACITY_FOR_CLASS
     from workflows.scaling.queue_limit import QueueLimit, queue_limit
-    from workflows.spot.activities import ApplySpotMixInput, SpotActivities, SpotDomainsInput
-    from workflows.spot.mix import SpotMixPolicy, observe, plan_spot_mix, replicas_per_pool
+    from workflows.spot.activities import ApplySpotMixInput, SpotDomainsInput, SpotMixActivities
+    from workflows.spot.mix import SpotMixPolicy, markets, observe, plan_spot_mix, replicas_per_pool
+    from workflows.spot.policy import warm_pool_needed
     from workflows.steps import cause, validated, wait_until
 
 DECISIONS_KEPT = 20
@@ -68,6 +69,7 @@ class SpotMixRecord(BaseModel):
     availability: float = Field(description="P(Ready >= target) under the plan's model")
     cost_per_hour: float
     unavailable: list[str] = Field(default_factory=list, description="pools read unavailable now")
+    warm_pool: int = Field(0, description="stopped on-demand instances that cover the plan's worst loss in time (warm_pool_needed)")
 
 
 class DecisionRecord(BaseModel):
@@ -318,7 +320,7 @@ class ReactiveScaling:
         """
         try:
             now = await workflow.execute_activity_method(
-                SpotActivities.read_spot_domains, SpotDomainsInput(domains=mix.domains),
+                SpotMixActivities.read_spot_domains, SpotDomainsInput(domains=mix.domains),
                 start_to_close_timeout=timedelta(seconds=30), retry_policy=_SHORT, summary="read spot pools",
             )
         except ActivityError as err:
@@ -329,6 +331,7 @@ class ReactiveScaling:
         split = SpotMixRecord(
             spot=replicas_per_pool(plan, mix), on_demand=plan.on_demand, availability=round(plan.availability, 6),
             cost_per_hour=round(plan.cost_per_hour, 4), unavailable=[d.pool for d in now.domains if not d.available],
+            warm_pool=warm_pool_needed(plan, markets(mix, now.domains, self._spot_history)),
         )
         record.spot_mix = split
         applied = self._spot_mix_applied
@@ -336,7 +339,7 @@ class ReactiveScaling:
             return
         try:
             await workflow.execute_activity_method(
-                SpotActivities.apply_spot_mix,
+                SpotMixActivities.apply_spot_mix,
                 ApplySpotMixInput(deployment=DeploymentRef(namespace=namespace, name=name), version=version, total=total,
                                   spot=split.spot, on_demand=split.on_demand),
                 start_to_close_timeout=timedelta(seconds=30), retry_policy=_SHORT,
@@ -488,7 +491,7 @@ class ReactiveScaling:
                 m = d.spot_mix
                 lines.append(
                     "spot mix: " + ", ".join(f"{pool} {n}" for pool, n in m.spot.items()) + f" · on-demand {m.on_demand}"
-                    + f" · P(at target) {m.availability:.4f} · ${m.cost_per_hour:,.2f}/h"
+                    + f" · P(at target) {m.availability:.4f} · ${m.cost_per_hour:,.2f}/h · warm pool wanted {m.warm_pool}"
                     + (f" · unavailable: {', '.join(m.unavailable)}" if m.unavailable else "")
                 )
             if d.fallback_reason:

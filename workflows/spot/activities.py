@@ -1,11 +1,12 @@
 """The contract between the spot workflows and the activities that act for them (activities/spot.py).
 
-Pydantic inputs/outputs and two contract classes, in a module with no I/O imports so the
+Pydantic inputs/outputs and three contract classes, in a module with no I/O imports so the
 workflows reference them deterministically:
 
 - ``SpotActivities``: SQS (notices), Kubernetes (nodes, serving pods, evictions, the on-demand
-  fallback Deployments, the spot mix's per-pool Deployments) and EC2 Auto Scaling (the on-demand
-  pool, the spot pools' room);
+  fallback Deployments) and EC2 Auto Scaling (the on-demand pool);
+- ``SpotMixActivities``: the spot pools' room and the split's Deployments, for a scaling loop
+  with a spot mix (workflows/spot/mix.py);
 - ``SpotWorkflowStarts``: the workflows one workflow starts that outlive it (through the
   activity's own Temporal client), needing no other client.
 
@@ -255,6 +256,10 @@ class SpotActivities:
     @activity.defn(name="sync_on_demand_pool")
     def sync_on_demand_pool(self, req: PoolInput) -> PoolState:
         raise NotImplementedError
+
+
+class SpotMixActivities:
+    """What a scaling loop with a spot mix asks of the spot pools and the cluster (activities/spot.py)."""
 
     @activity.defn(name="read_spot_domains")
     def read_spot_domains(self, req: SpotDomainsInput) -> SpotDomainsNow:
