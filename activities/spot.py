@@ -390,9 +390,10 @@ class SpotActivities(contract.SpotActivities, contract.SpotMixActivities):
 
     @activity.defn(name="sync_on_demand_pool")
     def sync_on_demand_pool(self, req: PoolInput) -> PoolState:
-        """Desired capacity = base + one node per instance that still claims fallback replicas."""
+        """Desired capacity = base + one node per instance that still claims fallback replicas (the spot mix's base aside)."""
         fallbacks = self._kube.apps.list_deployment_for_all_namespaces(label_selector=FALLBACK_FOR, _request_timeout=API_TIMEOUT)
-        claimants = sorted({claimant for d in fallbacks.items for claimant in _claims(self._as_dict(d))})
+        # the spot mix's base is a standing need (the pool's own scaling serves it), not a reclaimed instance
+        claimants = sorted({c for d in fallbacks.items for c in _claims(self._as_dict(d)) if c != MIX_CLAIMANT})
         group = self._aws.auto_scaling_group(req.asg)
         tags = {t["Key"]: t["Value"] for t in group.get("Tags", [])}
         base = int(tags.get(POOL_BASE_TAG, group["DesiredCapacity"]))

@@ -20,6 +20,7 @@ from workflows.spot.activities import (
     ApplySpotMixInput,
     ClaimFallbackInput,
     CountsInput,
+    PoolInput,
     ReleaseFallbackInput,
     SpotDomainsInput,
 )
@@ -77,6 +78,9 @@ def test_a_split_is_written_per_pool_converges_and_keeps_its_base_through_a_retu
     spot.claim_spot_fallback(ClaimFallbackInput(deployment=key, claimant="i-0abc", replicas=2))
     [counts] = spot.spot_replica_counts(CountsInput(deployments=[key])).counts
     assert (counts.desired, counts.fallback_desired) == (4, 3)
+    _spot_group(aws, "mix-on-demand", 4)
+    aws.set_desired_capacity("mix-on-demand", 1)
+    assert spot.sync_on_demand_pool(PoolInput(asg="mix-on-demand")).claimants == ["i-0abc"]  # one node for the reclaim, none for the base
     released = spot.release_spot_fallback(ReleaseFallbackInput(deployment=key))
     assert released.claims == {"i-0abc": 2}
     assert kube.apps.read_namespaced_deployment(fallback_name(name), REF.namespace).spec.replicas == 1  # the mix's base stays
