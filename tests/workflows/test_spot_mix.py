@@ -10,6 +10,7 @@ from temporalio import activity
 
 from tests.workflows.test_scaling import FakeDeployment, start_loop, status
 from workflows import naming
+from workflows.scaling import activities as acts
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.loop import ReactiveScaling
 from workflows.spot.activities import AppliedSpotMix, ApplySpotMixInput, SpotDomainsInput, SpotDomainsNow
@@ -38,8 +39,13 @@ class FakeSpotPools(FakeDeployment):
                       "spot-b": DomainNow(pool="spot-b", available=True, capacity=6),
                       "spot-c": DomainNow(pool="spot-c", available=True, capacity=6)}
         self.applied: list[ApplySpotMixInput] = []
+        self.version = "1.0.0"
 
     def activities(self):
+        @activity.defn(name=acts.GET_SCALE)
+        async def get_scale(target: acts.ScaleTarget) -> acts.ScaleStatus:
+            return acts.ScaleStatus(version=self.version, replicas=self.replicas, ready_replicas=self.replicas)
+
         @activity.defn(name="read_spot_domains")
         async def read_spot_domains(req: SpotDomainsInput) -> SpotDomainsNow:
             return SpotDomainsNow(domains=[self.pools[d.pool] for d in req.domains])
@@ -50,7 +56,8 @@ class FakeSpotPools(FakeDeployment):
             self.replicas = req.total
             return AppliedSpotMix(deployments=req.spot)
 
-        return [*super().activities(), read_spot_domains, apply_spot_mix]
+        stubs = [a for a in super().activities() if a.__name__ != "get_scale"]
+        return [*stubs, get_scale, read_spot_domains, apply_spot_mix]
 
 
 async def test_the_loop_places_its_total_as_plan_mix_says_and_leaves_a_lost_pool(time_skipping_env):
@@ -80,4 +87,8 @@ async def test_the_loop_places_its_total_as_plan_mix_says_and_leaves_a_lost_pool
         assert s.decisions[-1].spot_mix.unavailable == ["spot-a"] and s.decisions[-1].applied
         # one region's pools (no region given: each its own group): the warm pool covers the pool holding the most
         assert s.decisions[-1].spot_mix.warm_pool == max(0, max(moved.spot.values()) - (sum(moved.spot.values()) + moved.on_demand - 8))
+
+        fake.version = "1.1.0"  # a rollout promoted a new version: the same split is written for it
+        await env.sleep(30)
+        assert (fake.applied[-1].version, fake.applied[-1].spot) == ("1.1.0", moved.spot)
         await handle.terminate()

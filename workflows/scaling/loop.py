@@ -64,6 +64,7 @@ SPOT_MIX_PATCH = "spot-mix"
 class SpotMixRecord(BaseModel):
     """How the decided total was placed: spot replicas per pool and the on-demand base (plan_mix)."""
 
+    version: str
     spot: dict[str, int]
     on_demand: int
     availability: float = Field(description="P(Ready >= target) under the plan's model")
@@ -309,6 +310,7 @@ class ReactiveScaling:
             if verdict.allowed <= scale.replicas:
                 update["cause"] = "budget"
         return decision.model_copy(update=update)
+
     async def _apply_spot_mix(
         self, namespace: str, name: str, version: str, total: int, mix: SpotMixPolicy, record: DecisionRecord
     ) -> None:
@@ -329,13 +331,14 @@ class ReactiveScaling:
         self._spot_history = observe(self._spot_history, now.domains, mix.window_samples)
         plan = plan_spot_mix(total, mix, now.domains, self._spot_history)
         split = SpotMixRecord(
-            spot=replicas_per_pool(plan, mix), on_demand=plan.on_demand, availability=round(plan.availability, 6),
+            version=version, spot=replicas_per_pool(plan, mix), on_demand=plan.on_demand, availability=round(plan.availability, 6),
             cost_per_hour=round(plan.cost_per_hour, 4), unavailable=[d.pool for d in now.domains if not d.available],
             warm_pool=warm_pool_needed(plan, markets(mix, now.domains, self._spot_history)),
         )
         record.spot_mix = split
         applied = self._spot_mix_applied
-        if applied is not None and (applied.spot, applied.on_demand) == (split.spot, split.on_demand) and total == record.current:
+        same = applied is not None and (applied.version, applied.spot, applied.on_demand) == (split.version, split.spot, split.on_demand)
+        if same and total == record.current:
             return
         try:
             await workflow.execute_activity_method(
