@@ -37,9 +37,10 @@ def _spot(args: argparse.Namespace) -> int:
     from benchmarks import spot
 
     model = spot.Model(target=args.target, notice_s=args.notice, cold_start_s=args.cold_start,
-                       on_demand_capacity=args.on_demand_capacity)
+                       on_demand_capacity=args.on_demand_capacity, warm_start_s=args.warm_start,
+                       warm_disk_usd_per_hour=args.warm_disk_cost)
     settings = spot.Settings(availability=args.availability, max_overprovision=args.max_overprovision,
-                             window_s=args.window, stabilisation_s=args.stabilisation)
+                             window_s=args.window, stabilisation_s=args.stabilisation, warm_pool=args.warm_pool)
     table = spot.run(args.trace, args.out, model, settings, region=args.region, split_day=args.split_day,
                      sweep=not args.no_sweep)
     print(spot.markdown_table(table))
@@ -115,6 +116,7 @@ def add_bench_commands(subparsers) -> None:
     s.add_argument("--out", type=Path, default=RESULTS)
     s.set_defaults(func=_scaling)
 
+    from benchmarks import spot
     from benchmarks.spot import DEFAULT as spot_defaults
 
     p = kinds.add_parser("spot", help="a spot availability trace: on-demand vs spot-only vs tideplane's spot policy")
@@ -127,6 +129,10 @@ def add_bench_commands(subparsers) -> None:
     p.add_argument("--stabilisation", type=float, default=spot_defaults.stabilisation_s, help="spot healthy this long before on-demand goes, s")
     p.add_argument("--cold-start", type=float, default=240.0, help="a launched instance's start-up until it serves, s")
     p.add_argument("--notice", type=float, default=120.0, help="interruption notice, s (AWS: 120, GCP: 30)")
+    p.add_argument("--warm-pool", action=argparse.BooleanOptionalAction, default=spot_defaults.warm_pool,
+                   help="hold the policy's warm_pool_needed stopped on-demand instances (EC2 warm pool)")
+    p.add_argument("--warm-start", type=float, default=spot.Model.warm_start_s, help="a warm-pool instance's start until it serves, s")
+    p.add_argument("--warm-disk-cost", type=float, default=spot.Model.warm_disk_usd_per_hour, help="$ per hour of a stopped instance (its EBS volumes)")
     p.add_argument("--on-demand-capacity", type=int, default=None, help="on-demand instances per region (default: target)")
     p.add_argument("--region", default=None, help="the one-region cluster (default: the region with most zones)")
     p.add_argument("--split-day", type=float, default=7.0, help="tune before this day, hold out after it")

@@ -120,7 +120,8 @@ def build_activities(config: Settings) -> list[Callable]:
         *activity_methods(QuotaActivities(kube, prometheus), QuotaContract),
         *activity_methods(ScalingActivities(kube, prometheus), ScalingContract),
         *activity_methods(NodePoolActivities(kube, aws), NodePoolContract),
-        *activity_methods(SpotActivities(kube, aws, config.spot_queue_url), spot_contract.SpotActivities),
+        *activity_methods(spot := SpotActivities(kube, aws, config.spot_queue_url), spot_contract.SpotActivities),
+        *activity_methods(spot, spot_contract.SpotMixActivities),
         *activity_methods(SpotWorkflowStarts(), spot_contract.SpotWorkflowStarts),
         *activity_methods(
             NodeStagingActivities(
