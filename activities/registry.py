@@ -77,6 +77,7 @@ from workflows.registry.activities import (
 )
 from workflows.registry.schema import (
     ANY_DEPLOYMENT,
+    AdapterOf,
     BenchmarkResult,
     Canary,
     Deprecated,
@@ -116,6 +117,10 @@ class NotFound(RegistryError):
 
 class ChecksumMismatch(RegistryError):
     pass
+
+
+class BaseNotRegistered(RegistryError):
+    """An adapter names a base model version the registry does not hold."""
 
 
 def _now() -> datetime:
@@ -298,14 +303,18 @@ class Registry:
         image: str | None = None,
         at: datetime | None = None,
         progress: Callable[[int], None] = lambda n: None,
+        adapter: AdapterOf | None = None,
     ) -> Manifest:
         """Register ``model@version`` with weights from a local file/directory (uploaded,
         multipart and parallel) or from objects already in S3 (checksummed by streaming them).
 
         Registering the same weights again returns the existing manifest; different weights
-        under an existing version are refused (versions are immutable).
+        under an existing version are refused (versions are immutable). ``adapter``: the files
+        are a LoRA adapter of that base version, which must be registered (checked first).
         """
         at = at or _now()
+        if adapter is not None:
+            self._require_base(adapter)
         key = self.manifest_key(model, version)
         upload: list[tuple[Path, str]] = []
         if source.startswith("s3://"):
@@ -329,6 +338,7 @@ class Registry:
             model=model,
             version=version,
             weights=weights,
+            adapter=adapter,
             quantization=quantization or NoQuantization(),
             image=image,
             status=Testing(),
@@ -349,6 +359,14 @@ class Registry:
         self._sync_index(manifest)
         self._add_model(model)
         return manifest
+
+    def _require_base(self, adapter: AdapterOf) -> None:
+        """An adapter's base version must be in the registry, as a model, not an adapter."""
+        base, _ = self._read(self.manifest_key(adapter.base_model, adapter.base_version), Manifest)
+        if base is None:
+            raise BaseNotRegistered(f"adapter.base_version: {adapter.base_ref} is not in the registry (register the base model first)")
+        if base.adapter is not None:
+            raise BaseNotRegistered(f"adapter.base_model: {adapter.base_ref} is itself an adapter, not a base model")
 
     def _checksum_local(self, root: Path, progress) -> tuple[list[Path], list[ManifestFile]]:
         """The files under ``root`` (or the one file) and their manifest entries."""

@@ -27,6 +27,8 @@ from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, lab
 from workflows import naming
 from workflows.spot import activities as contract
 from workflows.spot.activities import (
+    AppliedSpotMix,
+    ApplySpotMixInput,
     ClaimFallbackInput,
     CountsInput,
     CountsResult,
@@ -46,18 +48,23 @@ from workflows.spot.activities import (
     ReplicaCounts,
     ReturnToSpotInput,
     ServingPod,
+    SpotDomainsInput,
+    SpotDomainsNow,
     SpotNode,
     StartedWorkflow,
     StartReclaimInput,
     UnschedulableInput,
 )
 from workflows.spot.events import MalformedEvent, instance_id_from_provider_id, parse_event
+from workflows.spot.mix import MIX_CLAIMANT, MIX_TARGET_ANNOTATION, DomainNow
 from workflows.spot.reclaim import SpotReclaim, SpotReclaimInput
 from workflows.spot.return_to_spot import ReturnToSpot
 
 FALLBACK_FOR = "tideplane.io/fallback-for"  # label: on the fallback Deployment and its pods
 CLAIMS_ANNOTATION = "tideplane.io/spot-claims"  # JSON {instance-id: replicas}
 POOL_BASE_TAG = "tideplane.io/spot-base-capacity"
+MIX_FOR = "tideplane.io/spot-mix-for"  # label: on a spot mix Deployment and its pods (the versioned name)
+MIX_POOL = "tideplane.io/spot-pool"  # label: on a spot mix Deployment's pods, its node pool
 _CONFLICT_RETRIES = 5
 
 
@@ -100,13 +107,39 @@ def fallback_manifest(original: dict, claims: dict[str, int], capacity_type: str
     }
 
 
+def mix_name(name: str, pool: str) -> str:
+    return f"{name[:40].rstrip('-')}-{pool[:22]}".rstrip("-")
+
+
+def mix_manifest(original: dict, pool: str, replicas: int) -> dict:
+    """The versioned Deployment's pods pinned to one spot node pool (a failure domain of the mix).
+
+    Same serving labels (its Service routes to them, the loop counts them Ready) plus
+    ``tideplane.io/spot-mix-for``; no ``tideplane.io/fallback-for``, so they count as spot.
+    """
+    name, ns = original["metadata"]["name"], original["metadata"]["namespace"]
+    template = copy.deepcopy(original["spec"]["template"])
+    labels = template.setdefault("metadata", {}).setdefault("labels", {})
+    labels[MIX_FOR] = name
+    spec = template.setdefault("spec", {})
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), naming.NODE_CAPACITY_TYPE: "spot", naming.NODE_POOL: pool}
+    labels[MIX_POOL] = pool
+    selector = {k: v for k, v in labels.items() if k in (naming.LABEL_APP, naming.LABEL_VERSION, MIX_FOR, MIX_POOL)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": mix_name(name, pool), "namespace": ns, "labels": {naming.LABEL_MANAGED_BY: naming.MANAGED_BY, MIX_FOR: name}},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": selector}, "template": template},
+    }
+
+
 def _versioned(pod_labels: dict[str, str]) -> str | None:
     app, version = pod_labels.get(naming.LABEL_APP), pod_labels.get(naming.LABEL_VERSION)
     return naming.versioned_name(app, version) if app and version else None
 
 
-class SpotActivities(contract.SpotActivities):
-    """The spot workflows' side effects on SQS, one cluster and EC2 Auto Scaling."""
+class SpotActivities(contract.SpotActivities, contract.SpotMixActivities):
+    """The spot workflows' side effects on SQS, one cluster and EC2 Auto Scaling (and the spot mix's)."""
 
     def __init__(self, kube: KubeClient, aws: AwsClient, queue_url: str | None = None) -> None:
         """``queue_url``: the SQS queue EventBridge feeds, for watchers that name none."""
@@ -240,13 +273,13 @@ class SpotActivities(contract.SpotActivities):
 
     @activity.defn(name="release_spot_fallback")
     def release_spot_fallback(self, req: ReleaseFallbackInput) -> FallbackClaims:
-        """Withdraw every claim: the fallback scales to zero. Returns what was released."""
+        """Withdraw every reclaim's claim (the spot mix's on-demand base stays). Returns what was released."""
         released: dict[str, int] = {}
 
         def update(claims: dict[str, int]) -> dict[str, int]:
             released.clear()
-            released.update(claims)
-            return {}
+            released.update({k: v for k, v in claims.items() if k != MIX_CLAIMANT})
+            return {k: v for k, v in claims.items() if k == MIX_CLAIMANT}
 
         state = self._write_fallback(req.deployment, update, "on-demand")
         return FallbackClaims(name=state.name, replicas=sum(released.values()), claims=dict(released))
@@ -289,23 +322,78 @@ class SpotActivities(contract.SpotActivities):
             selector = label_selector({k: labels[k] for k in (naming.LABEL_APP, naming.LABEL_VERSION) if k in labels})
             pods = core.list_namespaced_pod(key.namespace, label_selector=selector, _request_timeout=API_TIMEOUT).items
             ready = [p for p in pods if is_ready(p)]
+            mix_target = (original.metadata.annotations or {}).get(MIX_TARGET_ANNOTATION)
+            base = _claims(self._as_dict(fallback)).get(MIX_CLAIMANT, 0)
             counts.append(ReplicaCounts(
                 namespace=key.namespace,
                 name=key.name,
-                desired=original.spec.replicas or 0,
+                # under a spot mix: what spot must hold Ready for the total, the on-demand base aside
+                desired=max(0, int(mix_target) - base) if mix_target is not None else original.spec.replicas or 0,
                 ready=sum(1 for p in ready if FALLBACK_FOR not in (p.metadata.labels or {})),
                 fallback_desired=(fallback.spec.replicas or 0) if fallback else 0,
                 fallback_ready=sum(1 for p in ready if (p.metadata.labels or {}).get(FALLBACK_FOR) == key.name),
             ))
         return CountsResult(counts=counts)
 
+    # ------------------------------------------------------------ the spot mix
+
+    @activity.defn(name="read_spot_domains")
+    def read_spot_domains(self, req: SpotDomainsInput) -> SpotDomainsNow:
+        """A pool whose group may not grow (MaxSize 0: capacity withdrawn) is unavailable; its room is MaxSize nodes."""
+        out = SpotDomainsNow()
+        for d in req.domains:
+            group = self._aws.auto_scaling_group(d.pool)
+            out.domains.append(DomainNow(pool=d.pool, available=group["MaxSize"] > 0, capacity=group["MaxSize"] * d.replicas_per_node))
+        return out
+
+    @activity.defn(name="apply_spot_mix")
+    def apply_spot_mix(self, req: ApplySpotMixInput) -> AppliedSpotMix:
+        """Idempotent: every write sets a count. The versioned Deployment keeps the pod template and
+        records the total (its own replicas go to 0: every replica is in a pool's Deployment or on-demand)."""
+        ref, apps = req.deployment, self._kube.apps
+        name = ref.versioned(req.version)
+        original = self._as_dict(read_or_none(apps.read_namespaced_deployment, name, ref.namespace))
+        if original is None:
+            raise ApplicationError(f"Deployment {ref.namespace}/{name} not found", non_retryable=True)
+        written: dict[str, int] = {}
+        for pool, replicas in sorted(req.spot.items()):
+            body = mix_manifest(original, pool, replicas)
+            current = read_or_none(apps.read_namespaced_deployment, body["metadata"]["name"], ref.namespace)
+            try:
+                if current is None:
+                    if replicas:
+                        apps.create_namespaced_deployment(ref.namespace, body, _request_timeout=API_TIMEOUT)
+                else:
+                    apps.patch_namespaced_deployment_scale(
+                        body["metadata"]["name"], ref.namespace, {"spec": {"replicas": replicas}}, _request_timeout=API_TIMEOUT
+                    )
+            except ApiException as exc:
+                fail(exc, f"spot mix Deployment {ref.namespace}/{body['metadata']['name']}")
+            written[body["metadata"]["name"]] = replicas
+        key = naming.DeploymentRef(namespace=ref.namespace, name=name)
+
+        def base(claims: dict[str, int]) -> dict[str, int]:
+            return {k: v for k, v in claims.items() if k != MIX_CLAIMANT} | ({MIX_CLAIMANT: req.on_demand} if req.on_demand else {})
+
+        fallback = self._write_fallback(key, base, req.capacity_type)
+        written[fallback.name] = fallback.replicas
+        patch = {"metadata": {"annotations": {MIX_TARGET_ANNOTATION: str(req.total)}}, "spec": {"replicas": 0}}
+        try:
+            apps.patch_namespaced_deployment(name, ref.namespace, patch, _request_timeout=API_TIMEOUT)
+        except ApiException as exc:
+            fail(exc, f"Deployment {ref.namespace}/{name}")
+        written[name] = 0
+        activity.logger.info("spot mix of %s/%s: total %d, %s", ref.namespace, name, req.total, written)
+        return AppliedSpotMix(deployments=written)
+
     # ------------------------------------------------------------ EC2 Auto Scaling
 
     @activity.defn(name="sync_on_demand_pool")
     def sync_on_demand_pool(self, req: PoolInput) -> PoolState:
-        """Desired capacity = base + one node per instance that still claims fallback replicas."""
+        """Desired capacity = base + one node per instance that still claims fallback replicas (the spot mix's base aside)."""
         fallbacks = self._kube.apps.list_deployment_for_all_namespaces(label_selector=FALLBACK_FOR, _request_timeout=API_TIMEOUT)
-        claimants = sorted({claimant for d in fallbacks.items for claimant in _claims(self._as_dict(d))})
+        # the spot mix's base is a standing need (the pool's own scaling serves it), not a reclaimed instance
+        claimants = sorted({c for d in fallbacks.items for c in _claims(self._as_dict(d)) if c != MIX_CLAIMANT})
         group = self._aws.auto_scaling_group(req.asg)
         tags = {t["Key"]: t["Value"] for t in group.get("Tags", [])}
         base = int(tags.get(POOL_BASE_TAG, group["DesiredCapacity"]))

@@ -1,4 +1,4 @@
-"""``tideplane bench scaling|spot|staging|control-plane|batching``; also ``python -m benchmarks.cli ...``.
+"""``tideplane bench scaling|spot|staging|control-plane|batching|models``; also ``python -m benchmarks.cli ...``.
 
 Each command prints its table (markdown) and writes its files under ``--out``.
 """
@@ -42,9 +42,10 @@ def _spot(args: argparse.Namespace) -> int:
     from benchmarks import spot
 
     model = spot.Model(target=args.target, notice_s=args.notice, cold_start_s=args.cold_start,
-                       on_demand_capacity=args.on_demand_capacity)
+                       on_demand_capacity=args.on_demand_capacity, warm_start_s=args.warm_start,
+                       warm_disk_usd_per_hour=args.warm_disk_cost)
     settings = spot.Settings(availability=args.availability, max_overprovision=args.max_overprovision,
-                             window_s=args.window, stabilisation_s=args.stabilisation)
+                             window_s=args.window, stabilisation_s=args.stabilisation, warm_pool=args.warm_pool)
     table = spot.run(args.trace, args.out, model, settings, region=args.region, split_day=args.split_day,
                      sweep=not args.no_sweep)
     print(spot.markdown_table(table))
@@ -83,8 +84,21 @@ def _batching(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models(args: argparse.Namespace) -> int:
+    from benchmarks import models
+    from infra.fleetmodel.fleet import FleetConfig
+
+    cfg = FleetConfig(cold_start_s=args.cold_start, ttft_slo_s=args.slo, step_s=args.step, gpu_hour_price=args.gpu_price)
+    outcome = models.run(args.out, cfg, days=args.days, seed=args.seed, tail=args.tail,
+                         max_compute_share=args.max_compute_share, gpus_per_node=args.gpus_per_node, path=args.trace)
+    print(models.markdown_table(models.summary(outcome), models.SUMMARY_COLUMNS))
+    print()
+    print(models.markdown_table(models.rows(outcome), models.COLUMNS))
+    return 0
+
+
 def add_bench_commands(subparsers) -> None:
-    """Registers ``bench`` and its four benchmarks on the ``tideplane`` CLI's subparsers."""
+    """Registers ``bench`` and its benchmarks on the ``tideplane`` CLI's subparsers."""
     bench = subparsers.add_parser("bench", help="benchmarks on real traces (results under benchmarks/results/)")
     kinds = bench.add_subparsers(dest="bench", required=True)
 
@@ -108,6 +122,7 @@ def add_bench_commands(subparsers) -> None:
     s.add_argument("--out", type=Path, default=RESULTS)
     s.set_defaults(func=_scaling)
 
+    from benchmarks import spot
     from benchmarks.spot import DEFAULT as spot_defaults
 
     p = kinds.add_parser("spot", help="a spot availability trace: on-demand vs spot-only vs tideplane's spot policy")
@@ -120,6 +135,10 @@ def add_bench_commands(subparsers) -> None:
     p.add_argument("--stabilisation", type=float, default=spot_defaults.stabilisation_s, help="spot healthy this long before on-demand goes, s")
     p.add_argument("--cold-start", type=float, default=240.0, help="a launched instance's start-up until it serves, s")
     p.add_argument("--notice", type=float, default=120.0, help="interruption notice, s (AWS: 120, GCP: 30)")
+    p.add_argument("--warm-pool", action=argparse.BooleanOptionalAction, default=spot_defaults.warm_pool,
+                   help="hold the policy's warm_pool_needed stopped on-demand instances (EC2 warm pool)")
+    p.add_argument("--warm-start", type=float, default=spot.Model.warm_start_s, help="a warm-pool instance's start until it serves, s")
+    p.add_argument("--warm-disk-cost", type=float, default=spot.Model.warm_disk_usd_per_hour, help="$ per hour of a stopped instance (its EBS volumes)")
     p.add_argument("--on-demand-capacity", type=int, default=None, help="on-demand instances per region (default: target)")
     p.add_argument("--region", default=None, help="the one-region cluster (default: the region with most zones)")
     p.add_argument("--split-day", type=float, default=7.0, help="tune before this day, hold out after it")
@@ -154,6 +173,21 @@ def add_bench_commands(subparsers) -> None:
     b.add_argument("--engine", default=None, help="calibrated engine of infra/fleetmodel/calibration.yaml (default: its default_engine)")
     b.add_argument("--out", type=Path, default=RESULTS)
     b.set_defaults(func=_batching)
+
+    m = kinds.add_parser("models", help="many models: dedicated per-model GPU pools vs one shared, packed pool (GPU-hours, SLO minutes)")
+    m.add_argument("--trace", type=Path, default=traces.SERVEGEN, help="ServeGen .tar.gz (its categories and clients are the models)")
+    m.add_argument("--days", type=float, default=7.0, help="simulate the first N days")
+    m.add_argument("--seed", type=int, default=0, help="arrival draw")
+    m.add_argument("--tail", type=int, default=20, help="at most N small models, one per smaller m-large client (mean 0.2-5 req/s, <= 10 %% of windows missing)")
+    m.add_argument("--max-compute-share", type=float, default=0.5,
+                   help="compute shares a shared GPU's replicas may add up to; shared replicas run 1/(1-x) slower")
+    m.add_argument("--gpus-per-node", type=int, default=8, help="GPUs of a node (the shared pool is also counted on 1-GPU nodes)")
+    m.add_argument("--step", type=float, default=15.0, help="aggregate-mode step, s")
+    m.add_argument("--cold-start", type=float, default=240.0, help="node boot + weight load + warm-up, s")
+    m.add_argument("--slo", type=float, default=2.0, help="p99 TTFT SLO, s")
+    m.add_argument("--gpu-price", type=float, default=10.32, help="$ per GPU-hour")
+    m.add_argument("--out", type=Path, default=RESULTS)
+    m.set_defaults(func=_models)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,10 @@
 """Spot benchmark: replay a spot availability trace against on-demand, spot-only and the spot policy.
 
 The ``tideplane`` mix runs ``workflows.spot.policy``, the functions the spot workflows call
-(tests/unit/test_spot_policy.py checks the identity): ``plan_mix`` at every trace sample (spot
+(tests/unit/test_spot_policy.py checks the identity): ``plan_spot_mix`` (``plan_mix`` as a batch
+scaling loop with ``spot_mix`` calls it, workflows/spot/mix.py) at every trace sample (spot
 replicas per failure domain plus an on-demand base, from each domain's recent preemption rate
-and launchable capacity), ``preemption_predicted`` + ``on_demand_needed`` every minute (on-demand
+and launchable capacity), ``warm_pool_needed`` when the settings hold an EC2 warm pool, ``preemption_predicted`` + ``on_demand_needed`` every minute (on-demand
 for replicas under a notice, and ahead of time for shaky domains when the settings say so), and
 ``on_demand_target`` (``return_to_spot`` after ``stabilisation_delay``) to give on-demand back.
 
@@ -22,6 +23,13 @@ The model, and what it does not know:
 - One cluster is one region (its zones); ``all regions`` is the multi-region case, with
   on-demand from the cheapest region that has room.
 - Every launch (spot or on-demand) takes ``cold_start_s`` to serve; the replay runs per minute.
+- With ``Settings.warm_pool``: one EC2 warm pool of stopped on-demand instances in the cheapest
+  region, sized ``warm_pool_needed`` every sample; an on-demand launch draws on it first and serves
+  after ``warm_start_s``; a drawn instance is replaced by a refill launch billed at the on-demand
+  price for ``cold_start_s``; a stopped instance costs ``warm_disk_usd_per_hour``; given-back
+  on-demand instances stop back into the pool while it is short (ReuseOnScaleIn). Not modelled:
+  EC2 refusing to start a stopped instance, refills counted against on-demand capacity. AWS has no
+  warm pools for spot, so spot launches always take ``cold_start_s``.
 """
 
 from __future__ import annotations
@@ -34,14 +42,15 @@ from pathlib import Path
 from benchmarks import traces
 from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
+from workflows.spot.mix import DomainNow, SpotDomain, SpotMixPolicy, markets, observe, plan_spot_mix
 from workflows.spot.policy import (
     DomainRisk,
     PrewarmRule,
-    ZoneMarket,
     on_demand_needed,
     on_demand_target,
-    plan_mix,
     preemption_predicted,
+    preemption_rate,
+    warm_pool_needed,
 )
 
 TICK_S = 60.0
@@ -56,6 +65,10 @@ class Model:
     notice_s: float = 120.0
     cold_start_s: float = 240.0
     on_demand_capacity: int | None = None  # instances per region; None: target
+    warm_start_s: float = 60.0  # a stopped warm-pool instance started until it serves (infra/fleetmodel/coldstart.yaml's node_warm)
+    # A stopped instance pays its EBS volumes only: 1,000 GiB gp3 (image, weights, engine caches of an
+    # 8-GPU replica) at $0.08/GiB-month over 730 h (Amazon EBS pricing, as coldstart.yaml cites).
+    warm_disk_usd_per_hour: float = 1000 * 0.08 / 730
 
 
 @dataclass(frozen=True)
@@ -69,12 +82,14 @@ class Settings:
     stabilisation_s: float = 300.0
     max_stabilisation_s: float = 3600.0
     survive_region_loss: bool = True  # only matters when the zones span regions
+    warm_pool: bool = False  # hold warm_pool_needed stopped on-demand instances (EC2 warm pool)
 
     @property
     def label(self) -> str:
         over = "2x" if self.max_overprovision is None else f"+{self.max_overprovision}"
         pre = "no pre-warm" if math.isinf(self.prewarm.preemption_rate) else f"pre-warm at rate>={self.prewarm.preemption_rate:g}"
-        return f"avail {self.availability:g}, over {over}, {pre}" + ("" if self.survive_region_loss else ", no region hedge")
+        return (f"avail {self.availability:g}, over {over}, {pre}" + (", warm pool" if self.warm_pool else "")
+                + ("" if self.survive_region_loss else ", no region hedge"))
 
 
 @dataclass
@@ -96,6 +111,9 @@ class Replay:
     preempted: int = 0
     refused_on_demand: int = 0  # on-demand launches refused for want of capacity (per minute wanted)
     refused_spot: int = 0  # spot launches the plan wanted that the domain could not hold
+    warm: list[int] = field(default_factory=list)  # stopped warm-pool instances held per minute
+    warm_starts: int = 0  # on-demand launches served from the warm pool
+    warm_cost: float = 0.0  # the warm pool's disks and refill launches (in ``cost`` too)
 
 
 @dataclass(frozen=True)
@@ -121,6 +139,10 @@ class _Fleet:
         self.spot_price = {z.domain: z.spot_price for z in s.zones}
         self.od_price = _od_prices(s)
         self.od_cap = model.on_demand_capacity if model.on_demand_capacity is not None else model.target
+        self.warm_region = min(self.od_price, key=self.od_price.get)  # one warm pool, in the cheapest region
+        self.warm = 0  # stopped instances ready to start
+        self.refilling: list[float] = []  # when each refill launch is prepared (billed running until then)
+        self.warm_size = 0
 
     def alive(self, domain: str | None) -> list[_Replica]:
         """Held and not under a notice."""
@@ -134,9 +156,20 @@ class _Fleet:
         drop = {id(r) for r in mine[: max(0, len(mine) - keep)]}
         self.replicas = [r for r in self.replicas if id(r) not in drop]
 
-    def set_on_demand(self, want: int, at: float) -> None:
+    def set_warm_pool(self, size: int, t: float) -> None:
+        """Hold ``size`` stopped instances: refill launches run (and are billed) for a cold start, extras are terminated."""
+        self.warm_size = size
+        self.warm = min(self.warm, size)
+        missing = size - self.warm - len(self.refilling)
+        self.refilling += [t + self.model.cold_start_s] * max(0, missing)
+
+    def set_on_demand(self, want: int, t: float, first: bool = False) -> None:
+        """Grow from the warm pool first (serving after ``warm_start_s``), then fresh launches; a
+        shrink stops instances back into the warm pool while it is short (ReuseOnScaleIn)."""
         held = self.alive(None)
         if want < len(held):
+            back = min(len(held) - want, max(0, self.warm_size - self.warm - len(self.refilling)))
+            self.warm += back
             self.shrink(None, want)
             return
         per_region = {reg: sum(1 for r in held if r.region == reg) for reg in self.od_price}
@@ -144,9 +177,15 @@ class _Fleet:
             room = [reg for reg in sorted(self.od_price, key=self.od_price.get) if per_region[reg] < self.od_cap]
             if not room:
                 self.out.refused_on_demand += 1
-                return
+                break
             per_region[room[0]] += 1
-            self.replicas.append(_Replica(None, room[0], at))
+            if self.warm and room[0] == self.warm_region:
+                self.warm -= 1
+                self.out.warm_starts += 1
+                self.replicas.append(_Replica(None, room[0], t if first else t + self.model.warm_start_s))
+            else:
+                self.replicas.append(_Replica(None, room[0], t if first else t + self.model.cold_start_s))
+        self.set_warm_pool(self.warm_size, t)
 
     def notice(self, domains: set[str], at: float) -> None:
         for r in self.replicas:
@@ -169,6 +208,13 @@ class _Fleet:
         self.out.cost += sum(
             self.od_price[r.region] if r.domain is None else self.spot_price[r.domain] for r in self.replicas
         ) * TICK_S / 3600
+        prepared = [x for x in self.refilling if x <= t]
+        self.refilling = [x for x in self.refilling if x > t]
+        self.warm += len(prepared)
+        warm = (self.warm * self.model.warm_disk_usd_per_hour + len(self.refilling) * self.od_price[self.warm_region]) * TICK_S / 3600
+        self.out.warm.append(self.warm)
+        self.out.warm_cost += warm
+        self.out.cost += warm
 
     def tick(self, t: float) -> None:
         """A minute with no decision in it."""
@@ -221,7 +267,13 @@ def policy_mix(s: Scenario, model: Model, settings: Settings) -> Replay:
     fleet = _Fleet(s, model, out)
     step_s, per_step = s.zones[0].step_s, _ticks(s)
     window = max(1, round(settings.window_s / step_s))
-    preempted_hist = {z.domain: deque(maxlen=window) for z in s.zones}
+    mix = SpotMixPolicy(  # what a scaling loop's spot_mix holds; each trace domain is one spot pool
+        domains=[SpotDomain(pool=z.domain, zone=z.zone, instance_type=z.instance_type, spot_price=z.spot_price, region=z.region)
+                 for z in s.zones],
+        on_demand_price=s.on_demand_price, availability=settings.availability, max_overprovision=settings.max_overprovision,
+        window_samples=window, survive_region_loss=settings.survive_region_loss,
+    )
+    history: dict[str, list[int]] = {}
     failed_hist = {z.domain: deque(maxlen=window) for z in s.zones}
     healthy_since: float | None = 0.0
     flaps: list[float] = []
@@ -231,20 +283,18 @@ def policy_mix(s: Scenario, model: Model, settings: Settings) -> Replay:
         if any(fleet.alive(d) for d in down):
             flaps.append(t0)
         fleet.notice(down, t0)
+        now = [DomainNow(pool=z.domain, available=z.available[step], capacity=z.capacity(step)) for z in s.zones]
+        history = observe(history, now, window)
         for z in s.zones:
-            preempted_hist[z.domain].append(0 if z.available[step] else 1)
             if z.available[step] and z.launched is not None and z.requested:
                 failed_hist[z.domain].append(1 - z.launched[step] / z.requested)
-        rate = {d: sum(h) / len(h) for d, h in preempted_hist.items()}
+        rate = {d: preemption_rate(h, window) for d, h in history.items()}
         failures = {d: (sum(h) / len(h) if h else 0.0) for d, h in failed_hist.items()}
-        plan = plan_mix(
-            model.target,
-            settings.availability,
-            [ZoneMarket(z.domain, rate[z.domain], z.spot_price, z.available[step], z.capacity(step), z.region) for z in s.zones],
-            s.on_demand_price,
-            max_overprovision=settings.max_overprovision,
-            survive_group_loss=settings.survive_region_loss,
-        )
+        plan = plan_spot_mix(model.target, mix, now, history)
+        warm_size = warm_pool_needed(plan, markets(mix, now, history)) if settings.warm_pool else 0
+        if step == s.first_step:
+            fleet.warm = warm_size  # prepared before the trace starts, like the first fleet
+        fleet.set_warm_pool(max(warm_size, fleet.warm_size), t0)  # grown now, shrunk once this sample's launches drew on it
         start = t0 if step > s.first_step else t0 - model.cold_start_s  # the first fleet serves at t=0
         for z in s.zones:  # make before break: grow now, shrink once the new placement serves
             want, have = plan.spot_per_zone.get(z.domain, 0), len(fleet.alive(z.domain))
@@ -277,14 +327,16 @@ def policy_mix(s: Scenario, model: Model, settings: Settings) -> Replay:
             keep = on_demand_target(
                 len(fleet.alive(None)), need, healthy_since, t, settings.stabilisation_s, max(0, recent - 1), settings.max_stabilisation_s
             )
-            fleet.set_on_demand(keep, t + model.cold_start_s if step > s.first_step or k else t)
+            fleet.set_on_demand(keep, t, first=step == s.first_step and not k)
             fleet.record(t)
+        fleet.set_warm_pool(warm_size, t0 + (per_step - 1) * TICK_S)
     return out
 
 
 COLUMNS = [
     "scenario", "policy", "cost_usd", "cost_vs_on_demand_percent", "minutes_at_target_percent", "gap_minutes",
     "gap_replica_minutes", "instances_preempted", "mean_spot", "mean_on_demand", "on_demand_refused", "spot_refused",
+    "mean_warm_pool", "warm_starts", "warm_pool_cost_usd",
 ]
 
 
@@ -303,6 +355,9 @@ def row(r: Replay, base_cost: float, target: int) -> dict:
         "mean_on_demand": round(sum(r.on_demand) / minutes, 2),
         "on_demand_refused": r.refused_on_demand,
         "spot_refused": r.refused_spot,
+        "mean_warm_pool": round(sum(r.warm) / len(r.warm), 2) if r.warm else 0.0,
+        "warm_starts": r.warm_starts,
+        "warm_pool_cost_usd": round(r.warm_cost),
     }
 
 
@@ -332,14 +387,16 @@ def scenarios(trace: traces.AvailabilityTrace, region: str | None, split_day: fl
 
 
 SWEEP = [
-    Settings(availability=a, max_overprovision=o, prewarm=p, window_s=6 * 3600.0)
+    Settings(availability=a, max_overprovision=o, prewarm=p, window_s=6 * 3600.0, warm_pool=w)
+    for w in (False, True)
     for a in (0.9, 0.95, 0.98, 0.99, 0.999)
     for o in (4, 8)
     for p in (PrewarmRule(), PrewarmRule(preemption_rate=0.1))
 ]
-# Chosen on the first week of us-central1 only (the most minutes at target under 50 % of on-demand there);
-# the second week, the other regions and the multi-region case are reported with it, untuned.
-DEFAULT = Settings(availability=0.98, max_overprovision=8, window_s=6 * 3600.0)
+# Chosen on the first week of us-central1 only (the most minutes at target under 50 % of on-demand there,
+# then the cheapest: with the warm pool every setting swept holds 100.0 %); the second week, the other
+# regions and the multi-region case are reported with it, untuned.
+DEFAULT = Settings(availability=0.9, max_overprovision=4, window_s=6 * 3600.0, warm_pool=True)
 
 
 def run(
@@ -379,6 +436,7 @@ def _write(trace: traces.AvailabilityTrace, model: Model, settings: Settings, ta
         f"Trace: {trace.name} ({trace.source}), {len(trace.zones)} domains, step {trace.step_s:g} s, "
         f"{trace.steps * trace.step_s / 86400:.1f} days.\n"
         f"Target {model.target} instances, notice {model.notice_s:g} s, cold start {model.cold_start_s:g} s, "
+        f"warm-pool start {model.warm_start_s:g} s, stopped instance ${model.warm_disk_usd_per_hour:.3f}/h, "
         f"on-demand capacity {model.on_demand_capacity or model.target} instances per region. "
         f"Policy: {settings.label}, rate window {settings.window_s:g} s, stabilisation {settings.stabilisation_s:g} s.\n\n"
     )
@@ -400,11 +458,14 @@ def _plot(trace: traces.AvailabilityTrace, points: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(14, 6))
     sweep = points["sweep full"]
     for ax, zoom in zip(axes, (False, True)):
-        ax.scatter([r["cost_vs_on_demand_percent"] for r in sweep], [r["minutes_at_target_percent"] for r in sweep],
-                   s=18, c="tab:gray", label="policy settings swept (availability/over-provision[/pre-warm])")
+        for warm, color, what in ((False, "tab:gray", "no warm pool"), (True, "tab:orange", "EC2 warm pool (wp)")):
+            mine = [r for r, x in zip(sweep, SWEEP) if x.warm_pool == warm]
+            ax.scatter([r["cost_vs_on_demand_percent"] for r in mine], [r["minutes_at_target_percent"] for r in mine],
+                       s=18, c=color, label=f"settings swept, {what} (availability/over-provision[/pre-warm])")
         if zoom:
             for r, x in zip(sweep, SWEEP):
-                short = f"{x.availability:g}/+{x.max_overprovision}" + ("" if math.isinf(x.prewarm.preemption_rate) else "/pw")
+                short = (f"{x.availability:g}/+{x.max_overprovision}" + ("" if math.isinf(x.prewarm.preemption_rate) else "/pw")
+                         + ("/wp" if x.warm_pool else ""))
                 ax.annotate(short, (r["cost_vs_on_demand_percent"], r["minutes_at_target_percent"]), fontsize=6, alpha=0.8)
         for r, color in zip(points["fleets"], ("tab:blue", "tab:red", "tab:green")):
             ax.scatter([r["cost_vs_on_demand_percent"]], [r["minutes_at_target_percent"]], s=60, c=color, label=r["policy"])

@@ -78,10 +78,11 @@ class RateTrace:
         return out
 
 
-def load_servegen(category: str = "m-large", path: Path = SERVEGEN, clients: int | None = None) -> RateTrace:
+def load_servegen(category: str = "m-large", path: Path = SERVEGEN, clients: int | None = None, exclude: frozenset[str] = frozenset()) -> RateTrace:
     """Total demand of one ServeGen model category (sum of its clients' rates per window).
 
-    ``clients`` limits the number of client files read (sorted by name), for small test slices.
+    ``clients`` limits the number of client files read (sorted by name), for small test slices;
+    ``exclude`` leaves out clients by name (``chunk-N``: served as models of their own).
     A window where every client reports zero is a gap in the release: its rate is None. So is a
     window whose total is under ``PARTIAL_GAP_FRACTION`` of the median: m-mid's gaps have ragged
     edges where only a few small clients report (0-2 % of the median, while real troughs stay
@@ -89,6 +90,25 @@ def load_servegen(category: str = "m-large", path: Path = SERVEGEN, clients: int
     """
     rates: dict[int, float] = {}
     weighted_cv2: dict[int, float] = {}
+    for name, rows in _servegen_clients(category, path, clients):
+        if name in exclude:
+            continue
+        for start, rate, cv in rows:
+            rates[start] = rates.get(start, 0.0) + rate
+            weighted_cv2[start] = weighted_cv2.get(start, 0.0) + rate * cv * cv
+    return _rate_trace(f"servegen/{category}", rates, weighted_cv2)
+
+
+def load_servegen_clients(category: str, path: Path = SERVEGEN) -> dict[str, RateTrace]:
+    """Each client of a ServeGen category on its own (``chunk-N`` -> its demand), e.g. as one small model each."""
+    return {
+        name: _rate_trace(f"servegen/{category}/{name}", {t: r for t, r, _ in rows}, {t: r * cv * cv for t, r, cv in rows})
+        for name, rows in _servegen_clients(category, path, None)
+    }
+
+
+def _servegen_clients(category: str, path: Path, clients: int | None):
+    """(client name, [(window start, rate, cv)]) of the first ``clients`` rate files of a category, by name."""
     prefix = f"data/language/{category}/"
     with tarfile.open(path, "r|gz") as tar:  # streamed: random access into a .tar.gz re-inflates from the start
         names = sorted(m.name for m in tar if m.name.startswith(prefix) and m.name.endswith(".csv"))
@@ -100,11 +120,12 @@ def load_servegen(category: str = "m-large", path: Path = SERVEGEN, clients: int
             if member.name not in chosen:
                 continue
             text = tar.extractfile(member).read().decode()
-            for row in csv.reader(io.StringIO(text)):
-                start, rate = int(float(row[0])), float(row[1] or 0)
-                cv = float(row[2]) if row[2] else 1.0
-                rates[start] = rates.get(start, 0.0) + rate
-                weighted_cv2[start] = weighted_cv2.get(start, 0.0) + rate * cv * cv
+            rows = [(int(float(row[0])), float(row[1] or 0), float(row[2]) if row[2] else 1.0) for row in csv.reader(io.StringIO(text))]
+            yield member.name[len(prefix):].removesuffix("-trace.csv"), rows
+
+
+def _rate_trace(name: str, rates: dict[int, float], weighted_cv2: dict[int, float]) -> RateTrace:
+    """Windows of summed rates, with the gaps of the release (see ``load_servegen``) as None."""
     positive = sorted(r for r in rates.values() if r > 0)
     cutoff = PARTIAL_GAP_FRACTION * positive[len(positive) // 2] if positive else 0.0
     windows = [
@@ -115,7 +136,7 @@ def load_servegen(category: str = "m-large", path: Path = SERVEGEN, clients: int
         )
         for start in sorted(rates)
     ]
-    return RateTrace(name=f"servegen/{category}", window_s=600.0, windows=windows)
+    return RateTrace(name=name, window_s=600.0, windows=windows)
 
 
 @dataclass(frozen=True)

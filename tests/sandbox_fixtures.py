@@ -150,10 +150,12 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.25):
 
 
 def create_logical_deployment(
-    api: client.ApiClient, namespace: str, name: str, version: str, model: str, replicas: int, gpus: int = 1
+    api: client.ApiClient, namespace: str, name: str, version: str, model: str, replicas: int, gpus: int = 1,
+    container: dict | None = None,
 ) -> str:
     """Namespace, one version's Deployment + Service, and the HTTPRoute sending it all traffic,
-    as tideplane lays them out; returns the versioned Deployment/Service name."""
+    as tideplane lays them out; returns the versioned Deployment/Service name. ``container``
+    replaces fields of the serving container (e.g. its resources and vLLM args)."""
     core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
     labels = {LABEL_APP: name, LABEL_VERSION: version, LABEL_MODEL: model}
     versioned = versioned_name(name, version)
@@ -163,7 +165,7 @@ def create_logical_deployment(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.6.3", "resources": {"limits": {GPU_RESOURCE: str(gpus)}}}]}},
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.6.3", "resources": {"limits": {GPU_RESOURCE: str(gpus)}}, **(container or {})}]}},
         },
     })
     core.create_namespaced_service(namespace, {"metadata": {"name": versioned}, "spec": {"selector": labels, "ports": [{"port": 8000}]}})

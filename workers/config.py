@@ -104,6 +104,10 @@ class Settings(BaseSettings):
         validation_alias=_env("SERVICE_URL_TEMPLATE"),
     )
 
+    # How the worker reaches one serving pod (vLLM's LoRA API is per process): {pod_ip}, {namespace},
+    # {pod}, {port}.
+    pod_url_template: str = Field("http://{pod_ip}:{port}", validation_alias=_env("POD_URL_TEMPLATE"))
+
     # Where answers to requests mirrored to a canary are recorded (the shadow gate reads them):
     # "{namespace}" and "{name}" are the HTTPRoute's; unset, a rollout asking for shadow fails.
     shadow_pairs_url: str | None = Field(None, validation_alias=_env("SHADOW_PAIRS_URL"))

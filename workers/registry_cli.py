@@ -34,7 +34,7 @@ from workers.progress import ProgressLine, size
 from workers.wording import counted
 from workflows.naming import RETENTION_SCHEDULE_ID, RETENTION_WORKFLOW_ID
 from workflows.registry.retention import RegistryRetention, RetentionInput, RetentionResult, render_plan
-from workflows.registry.schema import ANY_DEPLOYMENT, parse_quantization, parse_ref
+from workflows.registry.schema import ANY_DEPLOYMENT, AdapterOf, parse_quantization, parse_ref
 
 
 def open_registry(settings: Settings) -> Registry:
@@ -70,12 +70,20 @@ def cmd_register(args, settings: Settings) -> int:
         quant = parse_quantization(args.quantization)
     except ValueError as exc:
         raise SystemExit(f"error: --quantization: {exc}") from None
+    adapter = None
+    if args.base:
+        base_model, base_version = _ref(args.base, need_version=True)
+        adapter = AdapterOf(base_model=base_model, base_version=base_version)
     progress = ProgressLine(f"register {args.ref}", _register_bytes(args.source))
     try:
-        manifest = open_registry(settings).register(model, version, args.source, quant, args.image, progress=progress)
+        manifest = open_registry(settings).register(
+            model, version, args.source, quant, args.image, progress=progress, adapter=adapter
+        )
     finally:
         progress.close()
-    print(f"registered {manifest.ref}: {counted(len(manifest.weights.files), 'file')}, {size(manifest.weights.size_bytes)}")
+    what = f"LoRA adapter of {manifest.adapter.base_ref}" if manifest.adapter else ""
+    print(f"registered {manifest.ref}: {counted(len(manifest.weights.files), 'file')}, {size(manifest.weights.size_bytes)}"
+          + (f", {what}" if what else ""))
     print(f"  location {manifest.weights.location}\n  digest   {manifest.weights.digest}")
     return 0
 
@@ -192,6 +200,7 @@ def add_registry_commands(subparsers) -> None:
     p.add_argument("source", help="a local file or directory (uploaded), or s3://bucket/prefix/ (checksummed in place)")
     p.add_argument("--quantization", default="none", help="none | gguf:Q4_K_M | awq:4 | gptq:4 (default none)")
     p.add_argument("--image", help="serving image the version was validated with")
+    p.add_argument("--base", metavar="MODEL@VERSION", help="the files are a LoRA adapter of this registered base model version")
     p.set_defaults(func=_guard(cmd_register))
 
     p = sub.add_parser("list", help="every model's versions and status (reads only the indexes)")

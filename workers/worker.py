@@ -28,6 +28,7 @@ from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
 from activities.clients.shadow import ShadowPairsClient
 from activities.clients.vllm import VllmClient
+from activities.adapters import AdapterActivities
 from activities.classes import RequestClassActivities
 from activities.cost import CostActivities
 from activities.node_cache import NodeStagingActivities
@@ -40,6 +41,8 @@ from activities.spot import SpotActivities, SpotWorkflowStarts
 from workers import telemetry
 from workers.client import connect
 from workers.config import Settings
+from workflows.adapters.activities import AdapterActivities as AdapterContract
+from workflows.adapters.workflow import AdapterRollout
 from workflows.spot.reclaim import SpotReclaim
 from workflows.spot.return_to_spot import ReturnToSpot
 from workflows.spot.watcher import SpotInterruptionWatcher
@@ -69,6 +72,7 @@ log = logging.getLogger("tideplane.worker")
 
 WORKFLOWS: list[type] = [
     ModelRollout,
+    AdapterRollout,
     RetireVersion,
     ReactiveScaling,
     ScheduleFloor,
@@ -112,12 +116,14 @@ def build_activities(config: Settings) -> list[Callable]:
         *activity_methods(RetireScheduling(), RetireContract),
         *activity_methods(BatchingActivities(kube, prometheus, VllmClient(), config.service_url_template), BatchingContract),
         *activity_methods(registry, RegistryContract),
+        *activity_methods(AdapterActivities(kube, registry.registry, config.pod_url_template), AdapterContract),
         *activity_methods(cost, CostContract),
         *activity_methods(RequestClassActivities(kube, config.gateway), RequestClassContract),
         *activity_methods(QuotaActivities(kube, prometheus), QuotaContract),
         *activity_methods(ScalingActivities(kube, prometheus), ScalingContract),
         *activity_methods(NodePoolActivities(kube, aws), NodePoolContract),
-        *activity_methods(SpotActivities(kube, aws, config.spot_queue_url), spot_contract.SpotActivities),
+        *activity_methods(spot := SpotActivities(kube, aws, config.spot_queue_url), spot_contract.SpotActivities),
+        *activity_methods(spot, spot_contract.SpotMixActivities),
         *activity_methods(SpotWorkflowStarts(), spot_contract.SpotWorkflowStarts),
         *activity_methods(
             NodeStagingActivities(

@@ -48,7 +48,11 @@ class NodePool(_Strict):
     memory_gib: int = Field(256, gt=0)
     taints: list[dict] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
-
+    gpu_sharing: Literal["none", "time-slicing"] = Field(
+        "none", description="the NVIDIA device plugin's sharing: time-slicing advertises gpu_replicas shares per GPU"
+        " as nvidia.com/gpu.shared (renameByDefault), so only pods asking for a share land there",
+    )
+    gpu_replicas: int = Field(1, ge=1, description="shares per GPU with time-slicing (sharing.timeSlicing.resources[].replicas)")
 
     @model_validator(mode="after")
     def _fits(self) -> NodePool:

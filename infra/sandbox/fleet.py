@@ -53,12 +53,16 @@ from infra.sandbox.config import (
     Profile,
 )
 from infra.sandbox.answers import MirrorLog, answer
-from infra.sandbox.gateway import POOL_GROUP, backend_for, is_pool, least_queue
+from infra.sandbox.gateway import MODEL_HEADER, POOL_GROUP, backend_for, headers_set_by, is_pool, least_queue
+from infra.sandbox.kubeapi.gpushare import gpu_index, physical_gpus, shared_resource
+from infra.sandbox.lora import LoraAdapters, ModelRequests, lora_settings
+from infra.sandbox.lora import error as lora_error
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.oom import OomWatch
 from infra.sandbox.ratelimit import TOKEN_FAMILY, Admission, TokenGate
 from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 from workflows.rollout.batching import engine_overrides
+from workflows.scaling.gpu_sharing import gpu_memory_utilization
 
 log = logging.getLogger("tideplane.fleet")
 
@@ -76,9 +80,11 @@ RETRY_AFTER_ANNOTATION = "tideplane.io/retry-after-seconds"
 
 def engine_of(profile: Profile, args: tuple[str, ...] = ()) -> Engine:
     """The profile's calibrated engine, or one with its stated TTFT, TPOT and capacity, under the
-    batching arguments of the pod's container (``--max-num-seqs`` ..., as vLLM reads them)."""
+    batching arguments of the pod's container (``--max-num-seqs`` ..., as vLLM reads them); a
+    calibrated engine gets the KV cache its ``--gpu-memory-utilization`` leaves (a replica sharing
+    a GPU gets a smaller one; ``ValueError`` when the weights leave none: vLLM would not start)."""
     if profile.engine:
-        engine = load_engine(profile.engine)
+        engine = load_engine(profile.engine, gpu_memory_utilization=gpu_memory_utilization(list(args)))
     else:
         engine = engine_for_service(profile.ttft_seconds, profile.tpot_seconds, profile.prompt_tokens, profile.output_tokens,
                                     profile.capacity_rps, profile.gpu_memory_gib)
@@ -109,6 +115,7 @@ class Replica:
         self.generation_tokens = 0
         self.busy_fraction = 0.0  # of the last tick: what DCGM samples
         self._proxied: list[Request] = []  # arrived through the proxy since the last tick
+        self.lora = LoraAdapters()  # dynamically loaded adapters (infra/sandbox/lora.py); set from the pod
 
     def set_profile(self, profile: Profile) -> None:
         if profile != self.profile:
@@ -315,6 +322,20 @@ def queue_limit_for(policies: list[dict]) -> QueueLimit | None:
     return min(limits, key=lambda q: q.max_pending) if limits else None
 
 
+def shared_gpu_holders(nodes: list[dict], pods: list[dict]) -> dict[str, list[list[str]]]:
+    """Pods (``namespace/name``) on each physical GPU of the time-sliced nodes, as the scheduler annotated them."""
+    out: dict[str, list[list[str]]] = {}
+    for node in nodes:
+        if shared_resource(node):
+            out[node["metadata"]["name"]] = [[] for _ in range(physical_gpus(node))]
+    for pod in pods:
+        gpus = out.get((pod.get("spec") or {}).get("nodeName"))
+        index = gpu_index(pod)
+        if gpus is not None and index is not None and index < len(gpus) and (pod.get("status") or {}).get("phase") in ("Pending", "Running"):
+            gpus[index].append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Exposition
 
@@ -458,6 +479,7 @@ class Fleet:
         self.cluster = Cluster()
         self.replicas: dict[tuple[str, str], tuple[PodInfo, Replica]] = {}
         self.gpus: dict[str, list[str | None]] = {}
+        self.shared_gpus: dict[str, list[list[str]]] = {}  # time-sliced node -> pods on each physical GPU
         self.clock = 0.0  # sandbox seconds simulated so far
         self._demand_since: dict[str, tuple[Demand, float]] = {}  # key -> (demand, clock when set)
         self._round_robin = 0
@@ -466,6 +488,7 @@ class Fleet:
         self._queued: dict[tuple[str, str], int] = {}  # pod -> requests waiting in its engine after the last tick
         self._refusals = threading.Lock()
         self.token_gate = TokenGate()  # the gateway's token rate limits and counters (infra/sandbox/ratelimit.py)
+        self.model_requests = ModelRequests()  # gateway requests per served model (adapter canaries' gates)
 
     def update(self, cluster: Cluster, real_dt: float) -> None:
         """Take a new snapshot, then advance every Ready replica by ``real_dt * time_scale``."""
@@ -481,7 +504,13 @@ class Fleet:
                 if key not in self.replicas and is_ready(pod):
                     info = PodInfo(key[0], key[1], labels[LABEL_APP], labels.get(LABEL_VERSION, ""), labels.get(LABEL_MODEL, ""), pod["spec"]["nodeName"])
                     profile = profile_for(cluster.profiles, info.model, info.version)
-                    self.replicas[key] = (info, Replica(profile, random.Random(self.rng.random()), clock=self.clock, args=container_args(pod)))
+                    try:
+                        replica = Replica(profile, random.Random(self.rng.random()), clock=self.clock, args=container_args(pod))
+                    except ValueError as exc:  # vLLM exits at start: the weights leave no room for a KV cache
+                        log.warning("pod %s/%s cannot serve: %s", *key, exc)
+                        continue
+                    replica.lora = LoraAdapters(*lora_settings(pod))
+                    self.replicas[key] = (info, replica)
             for key in [k for k in self.replicas if k not in present]:
                 del self.replicas[key]
             dt = real_dt * self.time_scale
@@ -527,6 +556,7 @@ class Fleet:
             if node and phase in ("Pending", "Running") and pod_gpus(pod):
                 wanted.setdefault(node, []).append((f"{pod['metadata']['namespace']}/{pod['metadata']['name']}", pod_gpus(pod)))
         self.gpus = assign_gpus(self.gpus, node_gpus, wanted)
+        self.shared_gpus = shared_gpu_holders(self.cluster.nodes, self.cluster.pods)
 
     def route(self, namespace: str, service: str) -> tuple[PodInfo, Replica] | None:
         """A Ready pod of the Service (round robin), or None."""
@@ -551,9 +581,10 @@ class Fleet:
         with self.lock:
             found = next((r for r in self.cluster.routes if r["metadata"].get("namespace") == namespace
                           and r["metadata"]["name"] == route), None)
-            backend = backend_for(found, headers) if found else None
+            backend = backend_for(found, headers, self.rng.random()) if found else None
             if backend is None:
                 return f"no HTTPRoute {namespace}/{route} rule takes this request"
+            headers.update(headers_set_by(backend))  # e.g. the adapter version X-Gateway-Model-Name names
             if not is_pool(backend):
                 service = backend.get("name", "")
             else:
@@ -620,6 +651,7 @@ class Fleet:
             for (namespace, route), count in self.queue_full.items():
                 out.sample("envoy_cluster_upstream_rq_pending_overflow", "counter", "Requests the gateway refused: queue full.",
                            {"namespace": namespace, "deployment": route}, count)
+            self.model_requests.expose(out)
             self._dcgm(out)
             self._node_labels(out)
             self._token_usage(out)
@@ -645,6 +677,18 @@ class Fleet:
             out.sample(TOKEN_FAMILY, "histogram", help_text, labels, tokens, "_sum")
             out.sample(TOKEN_FAMILY, "histogram", help_text, labels, answers, "_count")
 
+    def adapter_fails(self, served: str) -> bool:
+        """A request an adapter version answered (served as ``<adapter>-<version>``) fails with the
+        error rate of its ``fleet-profiles`` entry ``<adapter>@<version>``, if any: a bad adapter on a
+        healthy base."""
+        profile = next((p for key, p in self.cluster.profiles.items() if key.replace("@", "-") == served), None)
+        return profile is not None and self.rng.random() < profile.error_rate
+
+    def pod(self, namespace: str, name: str) -> tuple[PodInfo, Replica] | None:
+        """One pod's replica, as its own address reaches it (the LoRA API is per vLLM process)."""
+        with self.lock:
+            return self.replicas.get((namespace, name))
+
     def _node_labels(self, out: Exposition) -> None:
         """kube-state-metrics' ``kube_node_labels``, which cost queries join GPUs to pools with."""
         for node in self.cluster.nodes:
@@ -659,6 +703,17 @@ class Fleet:
             name = node["metadata"]["name"]
             node_labels = node["metadata"].get("labels") or {}
             total = int(node_labels.get(GPU_MEMORY_LABEL, DEFAULT_GPU_MEMORY_MIB))
+            for index, holders in enumerate(self.shared_gpus.get(name, [])):
+                # a time-sliced GPU is one device to DCGM: its pods' claims are preallocated, and a
+                # kernel of any of them counts as the device busy (no pod label: it has several)
+                labels = {"gpu": str(index), "UUID": f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{name}/{index}')}",
+                          "device": f"nvidia{index}", "modelName": node_labels.get(GPU_PRODUCT_LABEL, ""), "Hostname": name}
+                used = min(total, int(sum(gpu_memory_utilization(list(container_args(pods[h]))) for h in holders) * total))
+                util = min(100.0, sum(self.replicas[k][1].gpu_utilisation for h in holders
+                                      if (k := tuple(h.split("/", 1))) in self.replicas))
+                out.sample("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", labels, util)
+                out.sample("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", labels, used)
+                out.sample("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", labels, total - used)
             for index, holder in enumerate(self.gpus.get(name, [])):
                 labels = {
                     "gpu": str(index),
@@ -686,6 +741,8 @@ class Fleet:
 
 _PROXY = re.compile(r"^/proxy/([a-z0-9-]+)/([a-z0-9-]+)(/.*)$")
 _GATEWAY = re.compile(r"^/gateway/([a-z0-9-]+)/([a-z0-9-]+)/v1/completions$")  # through an HTTPRoute, as clients call
+_POD = re.compile(r"^/pods/([a-z0-9-]+)/([a-z0-9.-]+)(/.*)$")  # one pod, as http://<pod IP>:8000 reaches it
+_LORA_ROUTES = {"/v1/load_lora_adapter": LoraAdapters.load, "/v1/unload_lora_adapter": LoraAdapters.unload}
 
 
 def completion_body(info: PodInfo, request: Request, max_tokens: int) -> dict:
@@ -736,6 +793,8 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
                     self._error(404, f"no route {self.path}: use /mirror/<namespace>/<route>")
                 else:
                     self._send(200, json.dumps(pairs).encode())
+            elif pod := _POD.match(self.path):
+                self._pod_request(*pod.groups(), None)
             elif self.path in ("/healthz", "/"):
                 self._send(200, b'{"status": "ok"}')
             elif match := _PROXY.match(self.path):
@@ -746,7 +805,7 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
                 elif rest == "/health":
                     self._send(200, b"")
                 elif rest == "/v1/models":
-                    self._send(200, json.dumps({"object": "list", "data": [{"id": target[0].model, "object": "model"}]}).encode())
+                    self._send(200, json.dumps({"object": "list", "data": target[1].lora.model_cards(target[0].model)}).encode())
                 else:
                     self._error(404, f"no route {rest}")
             else:
@@ -755,6 +814,9 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
+            if pod := _POD.match(self.path):
+                self._pod_request(*pod.groups(), body)
+                return
             match = _PROXY.match(self.path)
             gateway = _GATEWAY.match(self.path)
             if not gateway and (not match or match.group(3) != "/v1/completions"):
@@ -767,6 +829,7 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
             except (ValueError, TypeError, AttributeError) as exc:
                 self._error(400, f"bad request body: {exc}")
                 return
+            model = request.get("model") if isinstance(request.get("model"), str) else None
             if gateway:
                 admission = fleet.gateway_admit(*gateway.groups(), self.headers)
                 if isinstance(admission, str):
@@ -778,7 +841,9 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
                     self._send(429, json.dumps({"object": "error", "message": message, "code": 429}).encode(),
                                headers={"Retry-After": str(retry_after)})
                     return
-                target = fleet.gateway_route(*gateway.groups(), self.headers)
+                headers = {**self.headers, **({MODEL_HEADER: model} if model else {})}  # body-based routing
+                target = fleet.gateway_route(*gateway.groups(), headers)
+                model = headers.get(MODEL_HEADER, model)  # the endpoint picker writes it back into the body
                 if isinstance(target, str):
                     self._error(503, target)
                     return
@@ -789,9 +854,18 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
                     self._error(503, f"no Ready pod behind service {namespace}/{service}")
                     return
             info, replica = target
+            if not replica.lora.serves(model, info.model):
+                self._send(404, json.dumps(lora_error(404, f"The model `{model}` does not exist.", "NotFoundError")[1]).encode())
+                return
             with fleet.lock:
                 submitted = replica.submit(max(1, len(str(prompt)) // 4), max_tokens)
             outcome = fleet.wait_for(info, submitted)
+            if outcome == "done" and model in replica.lora.loaded:
+                submitted.failed = submitted.failed or fleet.adapter_fails(model)
+            if gateway and outcome == "done":
+                requested = json.loads(body or b"{}").get("model") or info.model
+                latency = (submitted.finished_s - submitted.arrival_s) if submitted.finished_s is not None else None
+                fleet.model_requests.record((*gateway.groups(), str(requested), model or info.model), submitted.failed, latency)
             if outcome is None:
                 self._error(503, f"pod {info.name} went away before answering")
             elif outcome == "timeout":
@@ -800,10 +874,34 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
                 self._error(500, f"simulated failure of {info.model}@{info.version} in pod {info.name}")
             else:
                 body = completion_body(info, submitted, max_tokens)
+                body["model"] = model or info.model
                 body["choices"][0]["text"] = answer(str(prompt), info.version, replica.profile)  # infra/sandbox/answers.py
                 if gateway:
                     fleet.gateway_answered(admission, *gateway.groups(), info, self.headers, body["usage"])
                 self._send(200, json.dumps(body).encode(), headers={"x-tideplane-pod": f"{info.namespace}/{info.name}"})
+
+        def _pod_request(self, namespace: str, name: str, rest: str, body: bytes | None) -> None:
+            """``/pods/<namespace>/<pod>``: ``GET /v1/models``, ``POST /v1/{load,unload}_lora_adapter``."""
+            target = fleet.pod(namespace, name)
+            call = _LORA_ROUTES.get(rest) if body is not None else None
+            if target is None:
+                self._error(503, f"no simulated replica for pod {namespace}/{name}")
+            elif body is None and rest == "/v1/models":
+                self._send(200, json.dumps({"object": "list", "data": target[1].lora.model_cards(target[0].model)}).encode())
+            elif call is None or not target[1].lora.runtime_updating:
+                self._error(404, f"no route {rest}")  # vLLM adds the LoRA routes only with runtime updating
+            else:
+                try:
+                    request = json.loads(body or b"{}")
+                except ValueError as exc:
+                    self._error(400, f"bad request body: {exc}")
+                    return
+                with fleet.lock:
+                    status, answer_body = call(target[1].lora, request if isinstance(request, dict) else {})
+                if isinstance(answer_body, str):
+                    self._send(status, answer_body.encode(), "text/plain; charset=utf-8")
+                else:
+                    self._send(status, json.dumps(answer_body).encode())
 
     return Handler
 

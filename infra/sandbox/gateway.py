@@ -6,6 +6,11 @@ header matches first, then rule order); a backend that is an ``InferencePool`` g
 Ready replica with the least queue (waiting + running requests, the endpoint picker's queue
 scorer), a Service backend round robin (the fleet picks). Used by the fleet's
 ``POST /gateway/{namespace}/{route}/v1/completions``.
+
+Model-name routing as the Inference Extension's body-based router does it: the request's ``model``
+is copied into the ``X-Gateway-Model-Name`` header, which rules match on; a rule's backends are
+drawn by weight, and a backend's ``RequestHeaderModifier`` may set that header to another name
+(an adapter version), which the endpoint picker writes back into the body's ``model``.
 """
 
 from __future__ import annotations
@@ -23,16 +28,38 @@ def _matches(match: dict, headers: Mapping[str, str]) -> bool:
     return True
 
 
-def backend_for(route: dict, headers: Mapping[str, str]) -> dict | None:
-    """The first backendRef of the rule that takes a request with ``headers`` (None: no rule does)."""
+MODEL_HEADER = "X-Gateway-Model-Name"
+
+
+def backend_for(route: dict, headers: Mapping[str, str], draw: float = 0.0) -> dict | None:
+    """The backendRef of the rule that takes a request with ``headers`` (None: no rule does),
+    drawn by weight with ``draw`` in [0, 1) (a rule whose weights are all 0 takes its first)."""
     candidates = []
     for order, rule in enumerate((route.get("spec") or {}).get("rules") or []):
         matches = rule.get("matches") or [{}]
         met = [m for m in matches if _matches(m, headers)]
         if met and rule.get("backendRefs"):
             specificity = max(len(m.get("headers") or []) for m in met)
-            candidates.append((-specificity, order, rule["backendRefs"][0]))
-    return min(candidates, key=lambda c: c[:2])[2] if candidates else None
+            candidates.append((-specificity, order, rule["backendRefs"]))
+    if not candidates:
+        return None
+    backends = min(candidates, key=lambda c: c[:2])[2]
+    total = sum(int(b.get("weight", 1)) for b in backends)
+    point = draw * total
+    for backend in backends:
+        point -= int(backend.get("weight", 1))
+        if point < 0:
+            return backend
+    return backends[0]
+
+
+def headers_set_by(backend: dict) -> dict[str, str]:
+    """The headers a backendRef's ``RequestHeaderModifier`` filters set."""
+    return {
+        h["name"]: h["value"]
+        for f in backend.get("filters") or [] if f.get("type") == "RequestHeaderModifier"
+        for h in (f.get("requestHeaderModifier") or {}).get("set") or []
+    }
 
 
 def is_pool(backend: dict) -> bool:

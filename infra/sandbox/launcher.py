@@ -207,6 +207,7 @@ class Sandbox:
             "PROMETHEUS_URL": u["prometheus"],
             "TIDEPLANE_PROMETHEUS_URL": u["prometheus"],
             "TIDEPLANE_SERVICE_URL_TEMPLATE": service_urls,
+            "TIDEPLANE_POD_URL_TEMPLATE": u["fleet"] + "/pods/{namespace}/{pod}",
             "TIDEPLANE_SHADOW_PAIRS_URL": u["fleet"] + "/mirror/{namespace}/{name}",
             "TIDEPLANE_MODEL_CACHE_DIR": str(self.state_dir / "model-cache"),
             "TIDEPLANE_WEIGHTS_BUCKET": WEIGHTS_BUCKET,

@@ -49,6 +49,13 @@ from infra.sandbox.kubeapi.resources import KUBERNETES_VERSION
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.node_agents import NodeAgents
 from workflows.naming import GPU_RESOURCE, LABEL_MODEL, NODE_CAPACITY_TYPE, NODE_INSTANCE_TYPE, NODE_POOL, NODE_ZONE
+from workflows.scaling.gpu_sharing import (
+    GPU_COUNT_LABEL,
+    GPU_REPLICAS_LABEL,
+    SHARED_GPU_RESOURCE,
+    SHARED_PRODUCT_SUFFIX,
+    SHARING_STRATEGY_LABEL,
+)
 
 log = logging.getLogger("tideplane.nodes")
 
@@ -181,7 +188,7 @@ def node_manifest(instance: Instance, pool: NodePool, disk: Disk | None = None, 
     }
     if pool.gpus:
         labels |= {
-            "nvidia.com/gpu.count": str(pool.gpus),
+            GPU_COUNT_LABEL: str(pool.gpus),
             GPU_MEMORY_LABEL: str(int(pool.gpu_memory_gib * 1024)),
             GPU_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3",
         }
@@ -191,6 +198,12 @@ def node_manifest(instance: Instance, pool: NodePool, disk: Disk | None = None, 
         annotations[NODE_START_ANNOTATION] = start
     if disk and disk.engine_caches:
         annotations[ENGINE_CACHES_ANNOTATION] = json.dumps(disk.engine_caches)
+    if pool.gpus and pool.gpu_sharing == "time-slicing":
+        # as the device plugin with sharing.timeSlicing (renameByDefault) and GPU feature discovery show it
+        labels |= {SHARING_STRATEGY_LABEL: "time-slicing", GPU_REPLICAS_LABEL: str(pool.gpu_replicas),
+                   GPU_PRODUCT_LABEL: labels[GPU_PRODUCT_LABEL] + SHARED_PRODUCT_SUFFIX}
+        del resources[GPU_RESOURCE]
+        resources[SHARED_GPU_RESOURCE] = str(pool.gpus * pool.gpu_replicas)
     return {
         "apiVersion": "v1",
         "kind": "Node",

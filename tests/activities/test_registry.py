@@ -31,6 +31,7 @@ from workflows import search_attributes
 from workflows.registry import activities as ra
 from workflows.registry.activities import DeleteWeightsInput, ListVersionsInput
 from workflows.registry.schema import (
+    AdapterOf,
     BenchmarkResult,
     Canary,
     Deprecated,
@@ -567,3 +568,26 @@ def test_listing_many_models_reads_only_the_indexes(registry, tmp_path):
     assert len(listed) == models * versions
     assert calls == {"GetObject": 1 + models}, "models.json + one index per model, no bucket listing"
     assert elapsed < 2.0, f"listing took {elapsed:.2f}s"
+
+
+def test_lora_adapters_are_registered_against_a_registered_base_version(tmp_path, bucket, capsys):
+    """An adapter's files are checksummed like a model's and its base recorded; a base version the
+    registry lacks is refused naming the field, and manifests from before adapters load as models."""
+    settings = Settings(weights_bucket=bucket)
+    registry = registry_cli.open_registry(settings)
+    assert registry_cli.main(["registry", "register", "sql-lora@1.0.0", str(weights_dir(tmp_path, seed=b"a")),
+                              "--base", "llama@1.0.0"], settings) == 1
+    assert "adapter.base_version: llama@1.0.0 is not in the registry" in capsys.readouterr().err
+    assert registry.list_models() == [], "nothing registered for the refused adapter"
+    registry.register("llama", "1.0.0", str(weights_dir(tmp_path)), at=T0)
+    adapter_files = weights_dir(tmp_path, seed=b"b")
+    assert registry_cli.main(["registry", "register", "sql-lora@1.0.0", str(adapter_files), "--base", "llama@1.0.0"], settings) == 0
+    assert "LoRA adapter of llama@1.0.0" in capsys.readouterr().out
+    adapter = registry.resolve("sql-lora", "1.0.0", verify=True)
+    assert adapter.adapter is not None and adapter.adapter.base_ref == "llama@1.0.0"
+    assert {f.path: f.sha256 for f in adapter.weights.files}["config.json"] == sha(adapter_files / "config.json")
+    with pytest.raises(RegistryError, match="adapter.base_model: sql-lora@1.0.0 is itself an adapter"):
+        registry.register("sql-lora-2", "1.0.0", str(adapter_files), adapter=AdapterOf(base_model="sql-lora", base_version="1.0.0"))
+    base = registry.show("llama", "1.0.0")
+    assert base.adapter is None
+    assert Manifest.model_validate({k: v for k, v in json.loads(base.model_dump_json()).items() if k != "adapter"}) == base

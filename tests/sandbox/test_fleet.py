@@ -76,6 +76,15 @@ def test_calibrated_engine_profile_uses_the_fleet_model_table():
         Profile(engine="gpt-5/TPU")
 
 
+def test_a_replica_sharing_a_gpu_gets_the_kv_cache_its_claim_leaves():
+    profile = Profile(engine="llama-3.1-8b/H200x1")
+    whole, third = Replica(profile), Replica(profile, args=("--model", "/w", "--gpu-memory-utilization", "0.3"))
+    # 141 GiB x 0.3 - 2 GiB of activations - 15 GiB of weights = 25 GiB, against 110 GiB at vLLM's default 0.9
+    assert 0.2 < third.engine.engine.kv_capacity_tokens / whole.engine.engine.kv_capacity_tokens < 0.25
+    with pytest.raises(ValueError, match="do not fit"):
+        Replica(profile, args=("--gpu-memory-utilization", "0.1"))  # vLLM would not start: no room for a KV cache
+
+
 def test_errors_are_drawn_per_request_at_the_profile_rate():
     replica = Replica(PROFILE.model_copy(update={"error_rate": 0.1}), random.Random(1))
     for _ in range(300):
@@ -169,3 +178,23 @@ def test_changed_demand_restarts_its_curve_clock():
     steady = Cluster(demand={"ns/chat": Demand(curve=[(0, 1), (10, 1)])})
     fleet.update(steady, 5)
     assert fleet._current_demand(steady.demand) == {"ns/chat": 1}
+
+
+def test_a_time_sliced_gpu_is_one_dcgm_device_holding_its_pods_claims():
+    fleet = Fleet(time_scale=10, seed=1)
+    node = {"metadata": {"name": "node-s", "labels": {"nvidia.com/gpu.memory": "81920", "nvidia.com/gpu.count": "1",
+                                                       "nvidia.com/gpu.sharing-strategy": "time-slicing"}},
+            "status": {"allocatable": {"nvidia.com/gpu.shared": "4"}}}
+    pods = []
+    for name, claim in (("chat-a", "0.45"), ("embed-a", "0.3")):
+        p = pod(name, "1", node="node-s")
+        p["metadata"]["annotations"] = {"sandbox.tideplane.io/gpu-index": "0"}
+        p["spec"]["containers"][0] = {"name": "vllm", "args": ["--gpu-memory-utilization", claim],
+                                      "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}
+        pods.append(p)
+    fleet.update(Cluster(pods=pods, nodes=[node], profiles={"default": PROFILE}), 0.5)
+    text = fleet.metrics()
+    assert 'DCGM_FI_DEV_FB_USED{gpu="0",' in text and 'Hostname="node-s"} 61440.0' in text  # 0.75 of 80 GiB
+    assert 'DCGM_FI_DEV_FB_FREE{gpu="0",' in text and 'Hostname="node-s"} 20480.0' in text
+    assert 'gpu="1"' not in text  # one physical GPU, although it advertises 4 shares
+

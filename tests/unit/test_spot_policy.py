@@ -150,6 +150,8 @@ def test_a_notice_lives_until_its_instance_is_gone_and_a_rebalance_for_its_hold(
 def test_workflows_and_the_benchmark_call_the_same_policy_functions():
     """The benchmark's figures are for the code that runs: the same function objects, not copies."""
     import benchmarks.spot as bench
+    import workflows.scaling.loop as loop
+    import workflows.spot.mix as mix
     import workflows.spot.reclaim as reclaim
     import workflows.spot.return_to_spot as back
     import workflows.spot.watcher as watcher
@@ -159,11 +161,18 @@ def test_workflows_and_the_benchmark_call_the_same_policy_functions():
         reclaim: ["on_demand_needed", "preemption_predicted", "DomainRisk", "rebalance_hold"],
         back: ["on_demand_needed", "on_demand_target", "stabilisation_delay"],
         watcher: ["notice_expiry", "notice_key", "rebalance_hold"],
-        bench: ["plan_mix", "on_demand_needed", "on_demand_target", "preemption_predicted", "DomainRisk", "ZoneMarket"],
+        mix: ["plan_mix", "preemption_rate", "ZoneMarket"],
+        loop: ["warm_pool_needed"],
+        bench: ["on_demand_needed", "on_demand_target", "preemption_predicted", "preemption_rate", "warm_pool_needed", "DomainRisk"],
     }
     for module, names in used.items():
         for name in names:
             assert getattr(module, name) is getattr(policy, name), f"{module.__name__}.{name}"
+    # the scaling loop's spot mix and the benchmark plan with the same function, fed the same way
+    for name in ("plan_spot_mix", "observe", "markets", "SpotMixPolicy"):
+        assert getattr(loop, name) is getattr(mix, name), f"loop.{name}"
+    for name in ("plan_spot_mix", "observe", "markets", "SpotMixPolicy", "DomainNow"):
+        assert getattr(bench, name) is getattr(mix, name), f"bench.{name}"
     # what the workflows decide with, the benchmark decides with too
     assert {"on_demand_needed", "on_demand_target", "preemption_predicted"} <= set(used[bench])
 
@@ -216,3 +225,31 @@ def test_across_regions_the_plan_survives_losing_the_region_holding_the_most():
     # one region only: nothing to hedge across, the plan is the independent-domain one
     one = [ZoneMarket(z.zone, z.preemption_rate, z.spot_price, group="east") for z in markets[:2]]
     assert plan_mix(4, 0.98, one, OD, survive_group_loss=True) == plan_mix(4, 0.98, one, OD)
+
+
+def test_the_spot_mix_rates_each_pool_over_its_window_and_names_every_pool():
+    from workflows.spot.mix import DomainNow, SpotDomain, SpotMixPolicy, markets, observe, plan_spot_mix, replicas_per_pool
+
+    mix = SpotMixPolicy(domains=[SpotDomain(pool="a", zone="z-a", instance_type="t", spot_price=1.0),
+                                 SpotDomain(pool="b", zone="z-b", instance_type="t", spot_price=1.5)],
+                        on_demand_price=4.0, window_samples=4)
+    history: dict[str, list[int]] = {}
+    for available in (False, False, True, True, True):  # pool a lost twice, long ago; pool b always there
+        history = observe(history, [DomainNow(pool="a", available=available, capacity=8), DomainNow(pool="b", available=True, capacity=8)], 4)
+    assert history == {"a": [1, 0, 0, 0], "b": [0, 0, 0, 0]}  # the last 4 samples, 1 = unavailable
+    now = [DomainNow(pool="a", available=True, capacity=8), DomainNow(pool="b", available=False, capacity=0)]
+    rated = {m.zone: m for m in markets(mix, now, history)}
+    assert rated["t/z-a"].preemption_rate == 0.25 and not rated["t/z-b"].available
+    plan = plan_spot_mix(6, mix, now, history)
+    assert replicas_per_pool(plan, mix) == {"a": plan.spot, "b": 0}  # nothing on the pool that is gone
+
+
+def test_the_warm_pool_covers_the_worst_group_loss_beyond_the_base_and_spare():
+    from workflows.spot.policy import MixPlan, ZoneMarket, warm_pool_needed
+
+    zones = [ZoneMarket("a", 0.1, 1.0, group="r1"), ZoneMarket("b", 0.1, 1.0, group="r1"), ZoneMarket("c", 0.1, 1.0, group="r2")]
+    # one region holds 6 of 10 spot replicas: losing it leaves 4 + base 2 of 8, so 2 must start warm
+    assert warm_pool_needed(MixPlan(8, {"a": 3, "b": 3, "c": 4}, 2, 0.99, 0.0), zones) == 2
+    # all spot in one region (one cluster): the warm pool covers all of the spot share
+    assert warm_pool_needed(MixPlan(8, {"a": 4, "b": 4}, 1, 0.99, 0.0), zones) == 7
+    assert warm_pool_needed(MixPlan(8, {}, 8, 1.0, 0.0), zones) == 0

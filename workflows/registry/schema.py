@@ -221,12 +221,24 @@ class Weights(BaseModel):
         return self.location.rstrip("/") + "/" + path
 
 
+class AdapterOf(BaseModel):
+    """The base model version a LoRA adapter was trained on: vLLM loads it only beside that base."""
+
+    base_model: ModelName
+    base_version: SemVer
+
+    @property
+    def base_ref(self) -> str:
+        return f"{self.base_model}@{self.base_version}"
+
+
 class Manifest(BaseModel):
     schema_version: Literal[1] = SCHEMA_VERSION
     model: ModelName
     version: SemVer
     revision: int = Field(1, ge=1, description="incremented on every write; orders index updates")
     weights: Weights
+    adapter: AdapterOf | None = Field(None, description="set for a LoRA adapter: the base model version it applies to")
     quantization: Quantization = Field(default_factory=NoQuantization)
     image: str | None = Field(None, description="serving image the version was validated with")
     benchmarks: list[BenchmarkResult] = Field(default_factory=list)

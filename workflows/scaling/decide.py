@@ -39,6 +39,7 @@ from workflows.scaling.budget import MonthlyBudget
 from workflows.scaling.completion import drain_replicas, drain_seconds
 from workflows.scaling.cpu_fallback import CpuFallback
 from workflows.scaling.placement import PoolClass
+from workflows.spot.mix import SpotMixPolicy
 
 
 class ScalingPolicy(BaseModel):
@@ -101,6 +102,10 @@ class ScalingPolicy(BaseModel):
     )
     cpu_fallback: CpuFallback | None = Field(
         None, description="batch only: CPU deployment scaled up while GPU replicas are unavailable"
+    )
+    spot_mix: SpotMixPolicy | None = Field(
+        None, description="batch only: place the replicas as the spot policy's plan_mix says, per spot pool plus an"
+        " on-demand base (workflows/spot/mix.py), instead of scaling the versioned Deployment"
     )
     monthly_budget: MonthlyBudget | None = Field(
         None, description="growth that would take the month's GPU spend over this budget is refused (workflows/scaling/budget.py)"

@@ -58,12 +58,29 @@ with workflow.unsafe.imports_passed_through():
     from workflows.scaling.floors import SET_FLOOR_SIGNAL, FloorClaim, SetFloor, floor_label
     from workflows.scaling.placement import CAPACITY_FOR_CLASS
     from workflows.scaling.queue_limit import QueueLimit, queue_limit
+    from workflows.spot.activities import ApplySpotMixInput, SpotDomainsInput, SpotMixActivities
+    from workflows.spot.mix import SpotMixPolicy, markets, observe, plan_spot_mix, replicas_per_pool
+    from workflows.spot.policy import warm_pool_needed
     from workflows.steps import cause, validated, wait_until
 
 DECISIONS_KEPT = 20
 FORECAST_FLOOR = "forecast"  # the floor source the loop's own demand forecast holds
 # Runs from before the gateway's queue limit (issue 19) never wrote one.
 QUEUE_LIMIT_PATCH = "queue-limit"
+# Runs from before the spot mix scaled the versioned Deployment whatever the policy said.
+SPOT_MIX_PATCH = "spot-mix"
+
+
+class SpotMixRecord(BaseModel):
+    """How the decided total was placed: spot replicas per pool and the on-demand base (plan_mix)."""
+
+    version: str
+    spot: dict[str, int]
+    on_demand: int
+    availability: float = Field(description="P(Ready >= target) under the plan's model")
+    cost_per_hour: float
+    unavailable: list[str] = Field(default_factory=list, description="pools read unavailable now")
+    warm_pool: int = Field(0, description="stopped on-demand instances that cover the plan's worst loss in time (warm_pool_needed)")
 
 
 class DecisionRecord(BaseModel):
@@ -80,6 +97,7 @@ class DecisionRecord(BaseModel):
     signals: Signals | None = None
     fallback_replicas: int | None = Field(None, description="CPU fallback replicas wanted (batch with cpu_fallback)")
     fallback_reason: str | None = None
+    spot_mix: SpotMixRecord | None = Field(None, description="the split applied (with a spot_mix policy)")
 
 
 class PendingScaleUp(BaseModel):
@@ -112,6 +130,8 @@ class ScalingCarry(BaseModel):
     fallback_applied: int | None = Field(None, description="CPU fallback replicas last set (None: not yet)")
     scale_up: PendingScaleUp | None = Field(None, description="the scale-up whose replicas are not all Ready yet")
     last_scale_up: LastScaleUp | None = None
+    spot_history: dict[str, list[int]] = Field(default_factory=dict, description="spot pool -> recent samples, 1 = unavailable")
+    spot_mix_applied: SpotMixRecord | None = Field(None, description="the split last written")
 
 
 class ScalingInput(BaseModel):
@@ -191,6 +211,8 @@ class ReactiveScaling:
         self._fallback_applied = carry.fallback_applied
         self._scale_up = carry.scale_up
         self._last_scale_up = carry.last_scale_up
+        self._spot_history = dict(carry.spot_history)
+        self._spot_mix_applied = carry.spot_mix_applied
         self._iteration = 0
         self._wake = False
         self._queue_limit: QueueLimit | None = None  # last written to the gateway (written again after continue-as-new)
@@ -277,7 +299,9 @@ class ReactiveScaling:
             record.reason += (
                 f"; the Deployment declares class {scale.priority_class}, the policy {self._policy.priority_class}"
             )
-        if decision.desired != scale.replicas:
+        if self._policy.spot_mix is not None and workflow.patched(SPOT_MIX_PATCH):
+            await self._apply_spot_mix(namespace, name, scale.version, decision.desired, self._policy.spot_mix, record)
+        elif decision.desired != scale.replicas:
             try:
                 await workflow.execute_activity_method(
                     RolloutActivities.scale_version,
@@ -352,6 +376,48 @@ class ReactiveScaling:
             if verdict.allowed <= scale.replicas:
                 update["cause"] = "budget"
         return decision.model_copy(update=update)
+
+    async def _apply_spot_mix(
+        self, namespace: str, name: str, version: str, total: int, mix: SpotMixPolicy, record: DecisionRecord
+    ) -> None:
+        """Place the total as ``plan_mix`` says (workflows/spot/mix.py), written when the split changes.
+
+        Every decision reads the pools and extends their availability history, so a pool lost now
+        is left and a pool lost often is rated as such, as in the benchmark's replay. A pool that
+        cannot be read keeps the last split (the reason says why).
+        """
+        try:
+            now = await workflow.execute_activity_method(
+                SpotMixActivities.read_spot_domains, SpotDomainsInput(domains=mix.domains),
+                start_to_close_timeout=timedelta(seconds=30), retry_policy=_SHORT, summary="read spot pools",
+            )
+        except ActivityError as err:
+            record.reason += f"; spot pools unreadable, split kept: {cause(err)}"
+            return
+        self._spot_history = observe(self._spot_history, now.domains, mix.window_samples)
+        plan = plan_spot_mix(total, mix, now.domains, self._spot_history)
+        split = SpotMixRecord(
+            version=version, spot=replicas_per_pool(plan, mix), on_demand=plan.on_demand, availability=round(plan.availability, 6),
+            cost_per_hour=round(plan.cost_per_hour, 4), unavailable=[d.pool for d in now.domains if not d.available],
+            warm_pool=warm_pool_needed(plan, markets(mix, now.domains, self._spot_history)),
+        )
+        record.spot_mix = split
+        applied = self._spot_mix_applied
+        same = applied is not None and (applied.version, applied.spot, applied.on_demand) == (split.version, split.spot, split.on_demand)
+        if same and total == record.current:
+            return
+        try:
+            await workflow.execute_activity_method(
+                SpotMixActivities.apply_spot_mix,
+                ApplySpotMixInput(deployment=DeploymentRef(namespace=namespace, name=name), version=version, total=total,
+                                  spot=split.spot, on_demand=split.on_demand),
+                start_to_close_timeout=timedelta(seconds=30), retry_policy=_SHORT,
+                summary=f"spot mix of {name}: {total} = spot {sum(split.spot.values())} + on-demand {split.on_demand}",
+            )
+            self._spot_mix_applied = split
+            record.applied = True
+        except ActivityError as err:
+            record.reason += f"; spot mix not applied: {cause(err)}"
 
     async def _set_queue_limit(self, namespace: str, name: str, ready: int, record: DecisionRecord) -> None:
         """Tell the gateway how many requests the Ready replicas serve within the SLO
@@ -466,6 +532,8 @@ class ReactiveScaling:
             fallback_applied=self._fallback_applied,
             scale_up=self._scale_up,
             last_scale_up=self._last_scale_up,
+            spot_history=self._spot_history,
+            spot_mix_applied=self._spot_mix_applied,
         )
 
     def _details(self, note: str = "") -> None:
@@ -492,6 +560,13 @@ class ReactiveScaling:
                 )
             if self._last_scale_up is not None:
                 lines.append(cold_start_line(self._last_scale_up))
+            if d.spot_mix:
+                m = d.spot_mix
+                lines.append(
+                    "spot mix: " + ", ".join(f"{pool} {n}" for pool, n in m.spot.items()) + f" · on-demand {m.on_demand}"
+                    + f" · P(at target) {m.availability:.4f} · ${m.cost_per_hour:,.2f}/h · warm pool wanted {m.warm_pool}"
+                    + (f" · unavailable: {', '.join(m.unavailable)}" if m.unavailable else "")
+                )
             if d.fallback_reason:
                 lines.append(f"CPU fallback {p.cpu_fallback.deployment if p.cpu_fallback else ''}: {d.fallback_reason}")
             if d.triggers:

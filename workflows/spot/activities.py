@@ -1,10 +1,12 @@
 """The contract between the spot workflows and the activities that act for them (activities/spot.py).
 
-Pydantic inputs/outputs and two contract classes, in a module with no I/O imports so the
+Pydantic inputs/outputs and three contract classes, in a module with no I/O imports so the
 workflows reference them deterministically:
 
 - ``SpotActivities``: SQS (notices), Kubernetes (nodes, serving pods, evictions, the on-demand
   fallback Deployments) and EC2 Auto Scaling (the on-demand pool);
+- ``SpotMixActivities``: the spot pools' room and the split's Deployments, for a scaling loop
+  with a spot mix (workflows/spot/mix.py);
 - ``SpotWorkflowStarts``: the workflows one workflow starts that outlive it (through the
   activity's own Temporal client), needing no other client.
 
@@ -21,6 +23,7 @@ from temporalio.common import RetryPolicy
 
 from workflows.naming import DeploymentRef
 from workflows.spot.events import SpotNotice
+from workflows.spot.mix import DomainNow, SpotDomain
 
 # How the spot workflows call these: most calls are short and give up after a few tries (the
 # workflow decides what then); the watcher's long poll retries for as long as SQS is away.
@@ -187,6 +190,27 @@ class ReturnToSpotInput(BaseModel):
     flaps: int = 0
 
 
+class SpotDomainsInput(BaseModel):
+    domains: list[SpotDomain] = Field(description="the mix's domains, each a spot node pool")
+
+
+class SpotDomainsNow(BaseModel):
+    domains: list[DomainNow] = Field(default_factory=list)
+
+
+class ApplySpotMixInput(BaseModel):
+    deployment: DeploymentRef = Field(description="the logical deployment")
+    version: str
+    total: int = Field(ge=0, description="the loop's replica target, recorded on the versioned Deployment")
+    spot: dict[str, int] = Field(description="spot node pool -> replicas (0: none there)")
+    on_demand: int = Field(ge=0, description="the on-demand base, claimed on the version's fallback Deployment")
+    capacity_type: str = "on-demand"
+
+
+class AppliedSpotMix(BaseModel):
+    deployments: dict[str, int] = Field(default_factory=dict, description="Deployment name -> replicas written")
+
+
 class SpotActivities:
     """What the spot workflows ask of SQS, Kubernetes and EC2 Auto Scaling (activities/spot.py)."""
 
@@ -231,6 +255,20 @@ class SpotActivities:
 
     @activity.defn(name="sync_on_demand_pool")
     def sync_on_demand_pool(self, req: PoolInput) -> PoolState:
+        raise NotImplementedError
+
+
+class SpotMixActivities:
+    """What a scaling loop with a spot mix asks of the spot pools and the cluster (activities/spot.py)."""
+
+    @activity.defn(name="read_spot_domains")
+    def read_spot_domains(self, req: SpotDomainsInput) -> SpotDomainsNow:
+        """Each domain's spot pool now: obtainable (its group may grow) and how many replicas it holds at most."""
+        raise NotImplementedError
+
+    @activity.defn(name="apply_spot_mix")
+    def apply_spot_mix(self, req: ApplySpotMixInput) -> AppliedSpotMix:
+        """Write the split: one spot Deployment per pool, the on-demand base claim, the total on the version."""
         raise NotImplementedError
 
 

@@ -12,6 +12,9 @@ tests/workflows/test_spot.py check that the workflows and ``benchmarks.spot`` us
   sizes its claims with it; the benchmark pre-warms with it);
 - ``on_demand_target``: the same need with the return-to-spot hysteresis (``return_to_spot``
   after ``stabilisation_delay``): ``ReturnToSpot`` and the benchmark give on-demand back with it;
+- ``warm_pool_needed``: how many stopped on-demand instances (an EC2 warm pool) cover the plan's
+  worst loss within the notice (the benchmark holds them; the scaling loop records it with the
+  split it applies);
 - ``rebalance_hold`` and ``notice_expiry``: how long a rebalance pre-warm is held and a notice
   deduplicated (``SpotReclaim``, ``SpotInterruptionWatcher``).
 
@@ -167,6 +170,23 @@ def preemption_predicted(risk: DomainRisk, rule: PrewarmRule = PrewarmRule()) ->
 def on_demand_needed(target: int, spot_ready: int, at_risk: int = 0, base: int = 0) -> int:
     """On-demand replicas to have now: the base, or what ``target`` lacks once the at-risk spot replicas are gone."""
     return max(base, target - (spot_ready - at_risk), 0)
+
+
+def warm_pool_needed(plan: MixPlan, zones: list[ZoneMarket] | tuple[ZoneMarket, ...]) -> int:
+    """Stopped on-demand instances to hold in an EC2 warm pool so the plan's worst loss is covered in time.
+
+    A replacement from a fresh launch starts after the notice has run out (240 s vs 120 s); a
+    stopped warm-pool instance joins in about a minute. The worst loss is the spot of the group
+    (a region's zones, lost together) holding the most; what the on-demand base and the spot left
+    elsewhere cover needs no warm instance (``on_demand_needed``).
+    """
+    group_of = {z.zone: z.group or z.zone for z in zones}
+    per_group: dict[str, int] = {}
+    for zone, count in plan.spot_per_zone.items():
+        key = group_of.get(zone, zone)
+        per_group[key] = per_group.get(key, 0) + count
+    lost = max(per_group.values(), default=0)
+    return on_demand_needed(plan.target, plan.spot, lost, plan.on_demand) - plan.on_demand
 
 
 def on_demand_target(

@@ -20,6 +20,7 @@ from typing import Any
 
 from workflows.naming import GPU_RESOURCE
 
+from . import gpushare
 from .conditions import condition, node_ready, set_condition
 from .workloads import Workloads
 from .kubelet import Kubelet
@@ -239,13 +240,26 @@ class Controllers(threading.Thread):
             if p["spec"].get("nodeName") in used and p["status"].get("phase") not in ("Succeeded", "Failed"):
                 used[p["spec"]["nodeName"]].update(pod_requests(p["spec"]) + Counter(pods=1))
                 owners_on[p["spec"]["nodeName"]].update(_owners(p))
+        # VRAM of shared GPUs (time-slicing / MPS replicas): claimed fraction per physical GPU
+        live = [p for p in pods if p["status"].get("phase") not in ("Succeeded", "Failed")]
+        vram = {n["metadata"]["name"]: gpushare.used_fractions(n, [p for p in live if p["spec"].get("nodeName") == n["metadata"]["name"]])
+                for n in nodes if gpushare.shared_resource(n)}
         pending = [p for p in pods if not p["spec"].get("nodeName") and p["status"].get("phase") == "Pending"]
         for pod in sorted(pending, key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"])):
             request = pod_requests(pod["spec"]) + Counter(pods=1)
             reasons: Counter = Counter()
             feasible = []
+            gpu_of: dict[str, tuple[int, float]] = {}  # shared node -> (GPU index, claimed fraction)
             for node in nodes:
-                why = self._unfit(pod, node, request, used[node["metadata"]["name"]])
+                name = node["metadata"]["name"]
+                why = self._unfit(pod, node, request, used[name])
+                if not why and name in vram:
+                    fraction = gpushare.claim(pod["spec"], gpushare.shared_resource(node))
+                    index = gpushare.pick_gpu(vram[name], fraction) if fraction else None
+                    if fraction and index is None:
+                        why = gpushare.no_room_message(fraction)
+                    elif fraction:
+                        gpu_of[name] = (index, fraction)
                 if why:
                     reasons[why] += 1
                 else:
@@ -253,9 +267,13 @@ class Controllers(threading.Thread):
             if feasible:
                 node = min(feasible, key=lambda n: self._rank(pod, n, used[n["metadata"]["name"]],
                                                               owners_on[n["metadata"]["name"]]))
-                used[node["metadata"]["name"]].update(request)
-                owners_on[node["metadata"]["name"]].update(_owners(pod))
-                self._bind(pod, node)
+                name = node["metadata"]["name"]
+                used[name].update(request)
+                owners_on[name].update(_owners(pod))
+                shared_gpu = gpu_of.get(name)
+                if shared_gpu:
+                    vram[name][shared_gpu[0]] += shared_gpu[1]
+                self._bind(pod, node, shared_gpu[0] if shared_gpu else None)
             else:
                 detail = ", ".join(f"{count} {why}" for why, count in sorted(reasons.items()))
                 message = (f"0/{len(nodes)} nodes are available: {detail}. preemption: not eligible."
@@ -295,10 +313,12 @@ class Controllers(threading.Thread):
         siblings = sum(owners_on[uid] for uid in _owners(pod))
         return (-preference_score(pod["spec"], node), siblings, -free_gpu, node["metadata"]["name"])
 
-    def _bind(self, pod: dict[str, Any], node: dict[str, Any]) -> None:
+    def _bind(self, pod: dict[str, Any], node: dict[str, Any], gpu_index: int | None = None) -> None:
         new = copy.deepcopy(pod)
         node_name = node["metadata"]["name"]
         new["spec"]["nodeName"] = node_name
+        if gpu_index is not None:
+            new["metadata"]["annotations"] = {**(new["metadata"].get("annotations") or {}), gpushare.GPU_INDEX_ANNOTATION: str(gpu_index)}
         conditions = new["status"].setdefault("conditions", [])
         set_condition(conditions, "PodScheduled", "True")
         self.store.update(PODS, new)

@@ -1,0 +1,91 @@
+"""The spot mix's activities against the Kubernetes emulator and moto over HTTP.
+
+``apply_spot_mix`` writes the split a scaling loop planned (one spot Deployment per pool, the
+on-demand base as a claim, the total on the versioned Deployment) and converges when written
+again; ``read_spot_domains`` reads a pool's room from its Auto Scaling group; SpotReclaim's and
+ReturnToSpot's counts and release keep working on top of a mix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from activities.clients.aws import AwsClient
+from activities.clients.kube import KubeClient
+from activities.rollout import ServingPods, deployment_manifest
+from activities.spot import MIX_FOR, SpotActivities, fallback_name, mix_name
+from workflows.naming import NODE_CAPACITY_TYPE, DeploymentRef
+from workflows.rollout.activities import EnsureVersionInput
+from workflows.spot.activities import (
+    ApplySpotMixInput,
+    ClaimFallbackInput,
+    CountsInput,
+    PoolInput,
+    ReleaseFallbackInput,
+    SpotDomainsInput,
+)
+from workflows.spot.mix import MIX_CLAIMANT, MIX_TARGET_ANNOTATION, SpotDomain
+
+REF = DeploymentRef(namespace="default", name="summarise")
+
+
+def _batch_version(kube: KubeClient) -> str:
+    req = EnsureVersionInput(
+        deployment=REF, model="llama-3-8b", version="1.0.0", image="vllm/vllm-openai:v0.8.5", gpus_per_replica=1,
+        replicas=3, weights_path="/var/cache/tideplane/models/llama-3-8b/1.0.0", priority_class="batch",
+    )
+    body = deployment_manifest(req, ServingPods(model_cache_dir=Path("/var/cache/tideplane/models")))
+    kube.apps.create_namespaced_deployment(REF.namespace, body)
+    return body["metadata"]["name"]
+
+
+def _spot_group(aws: AwsClient, name: str, max_size: int) -> None:
+    template = aws.ec2.create_launch_template(
+        LaunchTemplateName=f"{name}-lt", LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "p4d.24xlarge"}
+    )["LaunchTemplate"]
+    aws.autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName=name, MinSize=0, MaxSize=max_size, DesiredCapacity=0,
+        LaunchTemplate={"LaunchTemplateId": template["LaunchTemplateId"]}, AvailabilityZones=["us-east-1a"],
+    )
+
+
+def test_a_split_is_written_per_pool_converges_and_keeps_its_base_through_a_return_to_spot(kube_api, moto_url):
+    kube = KubeClient(kube_api)
+    aws = AwsClient("us-east-1", moto_url, access_key_id="testing", secret_access_key="testing")
+    spot = SpotActivities(kube, aws)
+    name = _batch_version(kube)
+    _spot_group(aws, "mix-spot-a", 4)
+    _spot_group(aws, "mix-spot-b", 0)  # capacity withdrawn (what spot-replay does to a lost zone)
+    domains = [SpotDomain(pool=p, zone=z, instance_type="p4d.24xlarge", spot_price=10.0, replicas_per_node=2)
+               for p, z in (("mix-spot-a", "us-east-1a"), ("mix-spot-b", "us-east-1b"))]
+    assert [(d.pool, d.available, d.capacity) for d in spot.read_spot_domains(SpotDomainsInput(domains=domains)).domains] == [
+        ("mix-spot-a", True, 8), ("mix-spot-b", False, 0)
+    ]
+
+    split = ApplySpotMixInput(deployment=REF, version="1.0.0", total=5, spot={"mix-spot-a": 4, "mix-spot-b": 0}, on_demand=1)
+    for _ in range(2):  # a retried or repeated write converges
+        written = spot.apply_spot_mix(split)
+    a = kube.apps.read_namespaced_deployment(mix_name(name, "mix-spot-a"), REF.namespace)
+    assert a.spec.replicas == 4 and a.spec.template.metadata.labels[MIX_FOR] == name
+    assert a.spec.template.spec.node_selector == {NODE_CAPACITY_TYPE: "spot", "karpenter.sh/nodepool": "mix-spot-a"}
+    assert mix_name(name, "mix-spot-b") not in [d.metadata.name for d in kube.apps.list_namespaced_deployment(REF.namespace).items]
+    versioned = kube.apps.read_namespaced_deployment(name, REF.namespace)
+    assert versioned.spec.replicas == 0 and versioned.metadata.annotations[MIX_TARGET_ANNOTATION] == "5"
+    assert written.deployments == {mix_name(name, "mix-spot-a"): 4, mix_name(name, "mix-spot-b"): 0, fallback_name(name): 1, name: 0}
+
+    # a reclaim claims on top of the base; spot must hold the total less the base
+    key = DeploymentRef(namespace=REF.namespace, name=name)
+    spot.claim_spot_fallback(ClaimFallbackInput(deployment=key, claimant="i-0abc", replicas=2))
+    [counts] = spot.spot_replica_counts(CountsInput(deployments=[key])).counts
+    assert (counts.desired, counts.fallback_desired) == (4, 3)
+    _spot_group(aws, "mix-on-demand", 4)
+    aws.set_desired_capacity("mix-on-demand", 1)
+    assert spot.sync_on_demand_pool(PoolInput(asg="mix-on-demand")).claimants == ["i-0abc"]  # one node for the reclaim, none for the base
+    released = spot.release_spot_fallback(ReleaseFallbackInput(deployment=key))
+    assert released.claims == {"i-0abc": 2}
+    assert kube.apps.read_namespaced_deployment(fallback_name(name), REF.namespace).spec.replicas == 1  # the mix's base stays
+
+    spot.apply_spot_mix(split.model_copy(update={"spot": {"mix-spot-a": 0, "mix-spot-b": 0}, "on_demand": 5}))
+    assert kube.apps.read_namespaced_deployment(mix_name(name, "mix-spot-a"), REF.namespace).spec.replicas == 0
+    od = kube.apps.read_namespaced_deployment(fallback_name(name), REF.namespace)
+    assert od.spec.replicas == 5 and MIX_CLAIMANT in od.metadata.annotations["tideplane.io/spot-claims"]

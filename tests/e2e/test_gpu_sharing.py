@@ -1,0 +1,84 @@
+"""End to end against the sandbox: two models share one time-sliced GPU, a third does not fit.
+
+Real parts: the Kubernetes API emulator's scheduler with VRAM accounting on shared GPUs, its
+kubelet, and the fleet simulator's OpenAI-compatible proxy. The shared node is registered the way
+the sandbox's cloud registers its nodes (``node_manifest`` of a pool with ``gpu_sharing:
+time-slicing``), outside the cloud's Auto Scaling groups so the other modules' pools are unchanged.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from kubernetes import client
+
+from infra.sandbox.config import NodePool
+from infra.sandbox.kubeapi.gpushare import GPU_INDEX_ANNOTATION
+from infra.sandbox.nodes import Instance, node_manifest
+from tests.sandbox_fixtures import create_logical_deployment, wait_until
+from workflows.scaling.gpu_sharing import GPU_MEMORY_UTILIZATION_FLAG, SHARED_GPU_RESOURCE
+
+NAMESPACE = "e2e-gpu-sharing"
+CLAIM = 0.45  # two fit on one GPU, a third does not (although the GPU has 4 time-slicing replicas)
+
+
+@pytest.fixture(scope="module")
+def shared_node(kube):
+    core = client.CoreV1Api(kube)
+    pool = NodePool(name="gpu-shared", count=1, capacity_type="on-demand", instance_type="g6e.xlarge", gpus=1,
+                    gpu_memory_gib=80, gpu_sharing="time-slicing", gpu_replicas=4)
+    body = node_manifest(Instance("i-0shared0000000001", pool.name, "us-east-1a", pool.instance_type,
+                                  "ip-10-0-99-1.ec2.internal", "10.0.99.1", "running"), pool)
+    body["spec"]["providerID"] = "sandbox:///e2e/gpu-shared"  # not an instance of the cloud: it leaves the node alone
+    core.create_node(body)
+    yield body["metadata"]["name"]
+    core.delete_node(body["metadata"]["name"])
+    wait_until(lambda: not core.list_node(field_selector=f"metadata.name={body['metadata']['name']}").items, 10, "the shared node to go")
+
+
+def shared_model(kube, name: str, model: str) -> str:
+    return create_logical_deployment(kube, NAMESPACE, name, "1.0.0", model, replicas=1, container={
+        "resources": {"limits": {SHARED_GPU_RESOURCE: "1"}},
+        "args": ["--model", f"/models/{model}", "--served-model-name", model, GPU_MEMORY_UTILIZATION_FLAG, str(CLAIM)],
+    })
+
+
+def pods_of(core, versioned: str) -> list:
+    return [p for p in core.list_namespaced_pod(NAMESPACE).items if p.metadata.name.startswith(versioned + "-")]
+
+
+def test_two_models_share_a_gpu_and_a_third_that_does_not_fit_waits(sandbox, kube, shared_node):
+    core = client.CoreV1Api(kube)
+    served = {"chat": shared_model(kube, "chat", "llama-3-8b"), "embed": shared_model(kube, "embed", "bge-m3")}
+
+    def running() -> list | None:
+        pods = [p for v in served.values() for p in pods_of(core, v)]
+        ready = [p for p in pods if p.status.phase == "Running"
+                 and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+        return ready if len(ready) == 2 else None
+
+    pods = wait_until(running, 15, "both models Running")
+    assert {p.spec.node_name for p in pods} == {shared_node}
+    assert {(p.metadata.annotations or {}).get(GPU_INDEX_ANNOTATION) for p in pods} == {"0"}  # the same GPU
+
+    third = shared_model(kube, "rerank", "bge-reranker")
+
+    def refused():
+        pod = next(iter(pods_of(core, third)), None)
+        cond = next((c for c in (pod.status.conditions or []) if c.type == "PodScheduled"), None) if pod else None
+        return (pod, cond) if cond is not None and cond.status == "False" else None
+
+    pod, cond = wait_until(refused, 10, "the third model's pod to be refused")
+    assert pod.status.phase == "Pending" and pod.spec.node_name is None and cond.reason == "Unschedulable"
+    nodes = len(core.list_node().items)
+    assert cond.message.startswith(f"0/{nodes} nodes are available: ")
+    assert f"1 Insufficient GPU memory (no shared GPU has {CLAIM:g} of its memory free" in cond.message
+    assert f"Insufficient {SHARED_GPU_RESOURCE}" in cond.message  # the unshared GPU nodes advertise no shares
+    events = core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={pod.metadata.name}").items
+    assert any(e.reason == "FailedScheduling" and e.type == "Warning" and e.message == cond.message for e in events)
+
+    for name, versioned in served.items():
+        url = f"{sandbox.urls['fleet']}/proxy/{NAMESPACE}/{versioned}/v1/completions"
+        answer = wait_until(lambda: (r := httpx.post(url, json={"prompt": "tide", "max_tokens": 4}, timeout=10)).status_code == 200 and r,
+                            10, f"{name} to answer through the gateway")
+        assert answer.json()["model"] == {"chat": "llama-3-8b", "embed": "bge-m3"}[name]

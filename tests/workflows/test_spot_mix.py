@@ -1,0 +1,94 @@
+"""ReactiveScaling with a spot mix, on the time-skipping server with stub activities under the real names.
+
+The loop owns the total and places it as ``plan_mix`` says; the stubs play the spot pools (the
+test withdraws one's capacity) and record every split written.
+"""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from tests.workflows.test_scaling import FakeDeployment, start_loop, status
+from workflows import naming
+from workflows.scaling import activities as acts
+from workflows.scaling.decide import ScalingPolicy
+from workflows.scaling.loop import ReactiveScaling
+from workflows.spot.activities import AppliedSpotMix, ApplySpotMixInput, SpotDomainsInput, SpotDomainsNow
+from workflows.spot.mix import DomainNow, SpotDomain, SpotMixPolicy, observe, plan_spot_mix, replicas_per_pool
+from workflows.spot.policy import ZoneMarket, plan_mix
+
+MIX = SpotMixPolicy(
+    domains=[
+        SpotDomain(pool="spot-a", zone="us-central1-a", instance_type="a3-highgpu-8g", spot_price=30.0),
+        SpotDomain(pool="spot-b", zone="us-central1-b", instance_type="a3-highgpu-8g", spot_price=32.0),
+        SpotDomain(pool="spot-c", zone="us-central1-c", instance_type="a3-highgpu-8g", spot_price=35.0),
+    ],
+    on_demand_price=88.0,
+    availability=0.98,
+    max_overprovision=8,
+    window_samples=10,
+)
+
+
+class FakeSpotPools(FakeDeployment):
+    """The deployment plus its spot pools: room per pool, and whether each may grow now."""
+
+    def __init__(self) -> None:
+        super().__init__(replicas=0)
+        self.pools = {"spot-a": DomainNow(pool="spot-a", available=True, capacity=6),
+                      "spot-b": DomainNow(pool="spot-b", available=True, capacity=6),
+                      "spot-c": DomainNow(pool="spot-c", available=True, capacity=6)}
+        self.applied: list[ApplySpotMixInput] = []
+        self.version = "1.0.0"
+
+    def activities(self):
+        @activity.defn(name=acts.GET_SCALE)
+        async def get_scale(target: acts.ScaleTarget) -> acts.ScaleStatus:
+            return acts.ScaleStatus(version=self.version, replicas=self.replicas, ready_replicas=self.replicas)
+
+        @activity.defn(name="read_spot_domains")
+        async def read_spot_domains(req: SpotDomainsInput) -> SpotDomainsNow:
+            return SpotDomainsNow(domains=[self.pools[d.pool] for d in req.domains])
+
+        @activity.defn(name="apply_spot_mix")
+        async def apply_spot_mix(req: ApplySpotMixInput) -> AppliedSpotMix:
+            self.applied.append(req)
+            self.replicas = req.total
+            return AppliedSpotMix(deployments=req.spot)
+
+        stubs = [a for a in super().activities() if a.__name__ != "get_scale"]
+        return [*stubs, get_scale, read_spot_domains, apply_spot_mix]
+
+
+async def test_the_loop_places_its_total_as_plan_mix_says_and_leaves_a_lost_pool(time_skipping_env):
+    env = time_skipping_env
+    fake = FakeSpotPools()
+    policy = ScalingPolicy(priority_class="batch", min_replicas=8, max_replicas=8, spot_mix=MIX)
+    worker, queue, inp = await start_loop(env, fake, policy=policy, interval_seconds=30)
+    async with worker:
+        handle = await env.client.start_workflow(ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue)
+        await env.sleep(95)  # four decisions, the split unchanged: written once
+        assert len(fake.applied) == 1 and fake.scale_calls == []
+        first = fake.applied[0]
+        now = list(fake.pools.values())
+        expected = plan_spot_mix(8, MIX, now, observe({}, now, MIX.window_samples))
+        assert (first.total, first.spot, first.on_demand) == (8, replicas_per_pool(expected, MIX), expected.on_demand)
+        # the same call as the benchmark's: plan_mix over ZoneMarkets of the domains' rates
+        direct = plan_mix(8, 0.98, [ZoneMarket(d.key, 0.0, d.spot_price, True, 6, None) for d in MIX.domains], 88.0,
+                          max_overprovision=8, survive_group_loss=True)
+        assert direct.spot_per_zone == expected.spot_per_zone and direct.on_demand == expected.on_demand
+        assert sum(first.spot.values()) + first.on_demand >= 8 and first.spot["spot-a"] > 0
+
+        fake.pools["spot-a"] = DomainNow(pool="spot-a", available=False, capacity=0)  # the zone's capacity is withdrawn
+        await env.sleep(30)
+        moved = fake.applied[-1]
+        assert moved.spot["spot-a"] == 0 and sum(moved.spot.values()) + moved.on_demand >= 8, moved
+        s = await status(handle)
+        assert s.decisions[-1].spot_mix.unavailable == ["spot-a"] and s.decisions[-1].applied
+        # one region's pools (no region given: each its own group): the warm pool covers the pool holding the most
+        assert s.decisions[-1].spot_mix.warm_pool == max(0, max(moved.spot.values()) - (sum(moved.spot.values()) + moved.on_demand - 8))
+
+        fake.version = "1.1.0"  # a rollout promoted a new version: the same split is written for it
+        await env.sleep(30)
+        assert (fake.applied[-1].version, fake.applied[-1].spot) == ("1.1.0", moved.spot)
+        await handle.terminate()

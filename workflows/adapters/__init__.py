@@ -1,0 +1,1 @@
+"""LoRA adapters: loaded on a base model's running replicas, canaried by model name (issue 18)."""
