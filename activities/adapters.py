@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, selector
 from activities.registry import Registry, RegistryError
-from activities.rollout import ROUTE_API, read_route
+from activities.rollout import read_route
 from workflows.adapters import activities as contract
 from workflows.adapters.activities import (
     AdapterOnReplicasInput,
@@ -151,7 +151,7 @@ class AdapterActivities(contract.AdapterActivities):
             route["spec"]["rules"] = wanted
             try:
                 self.kube.custom.replace_namespaced_custom_object(
-                    *ROUTE_API, ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
+                    "gateway.networking.k8s.io", "v1", ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
                 )
                 return
             except ApiException as exc:
