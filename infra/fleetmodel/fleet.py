@@ -330,8 +330,8 @@ def requests_from_counts(counts: list[float], step_s: float, sizes: SizeMix, see
 # body as one point, the top decile finely, since only the tail decides a p99.
 # body as one point, the top decile in five, the 1 % that decides a p99 centred on 0.99.
 _PROMPT_POINTS = ((0.45, 0.9), (0.925, 0.05), (0.9625, 0.025), (0.98, 0.01), (0.99, 0.01), (0.9975, 0.005))
-_QUARTILES = (0.25, 0.75)  # where in a step the arrivals standing for it come
-_FIFTHS = (0.1, 0.3, 0.5, 0.7, 0.9)  # where in a burst (its tail decides the p99)
+_QUARTILES = (0.25, 0.75)  # where in a stretch of arrivals the points standing for it come
+_GAUSS = ((-math.sqrt(3), 1 / 6), (0.0, 2 / 3), (math.sqrt(3), 1 / 6))  # 3-point Gauss-Hermite: a normal's first five moments
 
 
 @dataclass
@@ -343,25 +343,30 @@ class _Window:
     kv_per_request: float  # E[decode steps x context read]: KV tokens one request keeps read per step, integrated
     prompts: list[tuple[int, float]]
     capacity_rps: float
+    prompt_var: float = 0.0  # variance of the prompt tokens
 
 
 class Aggregate:
     """Mean-field replicas and a fleet-wide fluid backlog.
 
-    ``counts`` are arrivals per ``base_s`` (1 s: the resolution of the arrival data). The backlog
-    is kept second by second; the seconds of a ``step_s`` step that cannot queue (no backlog, fewer
-    arrivals than the fleet admits in a second) are merged into one mean-field step, and each
-    second that queues is a step of its own, so bursts queue as they would and the answer hardly
-    depends on ``step_s`` (only on where merged stretches are cut). ``bursts``: the requests of
-    one second arrive together (real timestamps such as Azure's, 67 in one second) rather than
-    spread over it (arrivals drawn from rates).
+    ``counts`` are arrivals per ``base_s`` (1 s: the resolution of the arrival data). The seconds
+    of a ``step_s`` step that cannot queue (no backlog, fewer arrivals than the fleet sustains in a
+    second) are merged into one mean-field step; each second that queues is run as vLLM's scheduler
+    runs a burst (``_busy``: steps back to back over a FIFO fluid queue), so bursts queue as they
+    would and the answer hardly depends on ``step_s``. ``bursts``: the requests of one second
+    arrive together (real timestamps such as Azure's, 67 in one second) rather than spread over it
+    (arrivals drawn from rates).
     """
 
     def __init__(self, counts: list[float], step_s: float, sizes: SizeMix, engine: Engine, base_s: float = 1.0, bursts: bool = False):
         self.counts, self.base_s, self.sizes, self.engine, self.bursts = counts, base_s, sizes, engine, bursts
         self.per_step = max(1, round(step_s / base_s))
-        self.backlog = 0.0
+        self.backlog = 0.0  # requests queued fleet-wide (the sum of ``queue``)
         self.in_flight_rate = 0.0  # admitted req/s per replica, smoothed over a request's residence
+        self.queue: deque[list[float]] = deque()  # FIFO of arrival stretches, see ``_busy``
+        self.step_end = 0.0  # when the step in progress ends (a busy second's last step may run into the next)
+        self.batch = 0.0  # requests decoding per replica
+        self.queue_var = 0.0  # variance of the work (prompt tokens per replica) arrived since the queue last emptied
         self.windows: dict[int, _Window] = {}
 
     def window(self, t: float) -> _Window:
@@ -371,7 +376,7 @@ class Aggregate:
             mp, mo = prompt.mean(), output.mean()
             kv = mo * mp + output.second_moment() / 2
             pts = [(prompt.quantile(q), w) for q, w in _PROMPT_POINTS]
-            self.windows[key] = _Window(mp, mo, kv, pts, 0.0)
+            self.windows[key] = _Window(mp, mo, kv, pts, 0.0, prompt.second_moment() - mp * mp)
             self.windows[key].capacity_rps = self._capacity(self.windows[key])
         return self.windows[key]
 
@@ -416,7 +421,7 @@ class Aggregate:
                 if calm_n:
                     self._step(calm, calm_n * base, ready, w, points, acc)
                     calm, calm_n = 0.0, 0
-                self._step(arriving, base, ready, w, points, acc)
+                self._busy(k * base, arriving, ready, w, points, acc)
             if calm_n:
                 self._step(calm, calm_n * base, ready, w, points, acc)
             i = j
@@ -425,43 +430,140 @@ class Aggregate:
                       gpu_util=util / n if ready and n else None)
 
     def _step(self, arriving: float, span: float, ready: int, w: _Window, points: list, acc: list) -> None:
+        """Seconds that do not queue: each request is scheduled at once and prefilled in a step
+        shared with the others' tokens, as the load's mean-field steady state has them."""
         e = self.engine
-        before = self.backlog
-        rate = ready * w.capacity_rps  # requests/s the fleet admits when saturated
-        served = min(before + arriving, rate * span)
-        self.backlog = before + arriving - served
-        x = served / (ready * span) if ready else 0.0
+        x = arriving / (ready * span) if ready else 0.0
         state = self._state(x, w) or self._state(w.capacity_rps, w)
         tau, in_batch = state if state else (e.overhead_s + e.weight_read_s, 0.0)
-        if served > 0:
-            if self.bursts and span <= self.base_s and arriving > 1:
-                # the second's requests arrive together: FIFO behind the backlog and the burst's
-                # earlier requests, admitted at the fleet's saturated rate
-                waits = [(before + u * arriving) / rate for u in _FIFTHS]
-            elif before or self.backlog:  # spread over the step: one arriving at fraction u waits backlog(u) / rate
-                waits = [max(0.0, before + u * (arriving - rate * span)) / rate for u in _QUARTILES]
-            else:
-                waits = [0.0]
+        if arriving > 0:
             others = x * tau * (w.prompt_mean + w.output_mean)
             kv_read = x * tau * w.kv_per_request
-            share_of_wait = served / len(waits)
             budget = e.max_num_batched_tokens
             for prompt, share in w.prompts:
                 chunks = -(-prompt // budget) if e.chunked_prefill else 1
-                # its own prefill step(s), shared with the others' tokens; adding the step in progress
-                # (mean tau / 2) made the p99 worse against the request-level mode near the SLO
                 own = e.frontend_s + e.step_seconds(others + prompt / chunks, kv_read) * chunks
-                weight = share_of_wait * share
-                for wait in waits:
-                    points.append((wait + own, weight))
+                points.append((own, arriving * share))
+        self.batch = in_batch
+        self._gauges(x, span, ready, w, tau, acc)
+
+    def _gauges(self, x: float, span: float, ready: int, w: _Window, tau: float, acc: list) -> None:
+        e = self.engine
         # Gauges see the requests in flight, which outlive a one-second step: the admitted rate is
         # smoothed over a request's time in the engine, so they do not depend on the step either.
         residence = tau * (w.output_mean + 1) + e.frontend_s
         self.in_flight_rate += (x - self.in_flight_rate) * (1 - math.exp(-span / residence))
         smooth = self._state(self.in_flight_rate, w) or self._state(w.capacity_rps, w)
-        in_batch = smooth[1] if smooth else in_batch
+        in_batch = smooth[1] if smooth else self.batch
         busy = 1.0 if self.backlog > 0 else 1 - math.exp(-in_batch)
         acc[0] += span * dcgm_gpu_util(busy, e.busy_duty) if ready else 0.0  # time-weighted means
         acc[1] += span * ready * min(e.max_num_seqs, in_batch)
         acc[2] = max(acc[2], min(1.0, self.in_flight_rate * tau * w.kv_per_request / e.kv_capacity_tokens) if ready else 0.0)
         acc[3] += span
+
+    def _busy(self, t0: float, arriving: float, ready: int, w: _Window, points: list, acc: list) -> None:
+        """A second that queues, as vLLM's scheduler runs it: steps back to back, each prefilling
+        the head of the FIFO queue with the token budget the decoding batch leaves, the step lasting
+        what its tokens cost; a request's first token comes at the end of the step that completes
+        its prompt. So a burst's steps grow as the queue does (a replica idle at its start answers
+        its first requests in milliseconds, a long backlog in full-budget steps), and the decoding
+        batch grows with what was prefilled and takes its share of each step's budget."""
+        e, base = self.engine, self.base_s
+        t1 = t0 + base
+        queue = self.queue
+        if arriving > 0:
+            per_replica = arriving / max(1, ready)
+            v0 = self.queue_var
+            self.queue_var += per_replica * w.prompt_var
+            # (first, last arrival, requests) of the fleet still queued; the second's bounds, its requests
+            # per replica, and the variance of the work arrived before it in this busy period
+            queue.append([t0, t0 if self.bursts else t1, arriving, t0, t0 if self.bursts else t1, per_replica, v0])
+            self.backlog += arriving
+        if not ready:
+            acc[3] += base
+            return
+        budget, prompt, ctx = e.max_num_batched_tokens, w.prompt_mean, w.kv_per_request / max(1.0, w.output_mean)
+        big = [(-(-p // budget), share) for p, share in w.prompts if p > budget and e.chunked_prefill]  # prefilled over several steps
+        big_share = sum(share for _, share in big)
+        decode_steps = max(1.0, w.output_mean)
+        t = max(t0, self.step_end)
+        served_total = 0.0
+        while t < t1 and queue:
+            # what has arrived by t (the last segment may be arriving still)
+            lo, hi, n = queue[-1][:3]  # only this second's arrivals may still be arriving
+            avail = self.backlog - (n * (hi - t) / (hi - lo) if hi > t else 0.0)
+            batch = self.batch
+            room = min(max(0.0, budget - batch), max(0.0, e.max_num_seqs - batch) * prompt,
+                       max(0.0, e.kv_capacity_tokens - batch * ctx))
+            tokens = min(room, avail / ready * prompt)
+            step = e.step_seconds(batch + tokens, batch * ctx + tokens)
+            full = e.step_seconds(batch + room, batch * ctx + room)  # a step with the whole budget
+            per_token = full / max(room, 1.0)  # what one more queued prompt token delays those behind it
+            steps = 1
+            if tokens >= room > 0:  # a backlog that outlasts several full steps: take them at once
+                steps = max(1, min(math.ceil((t1 - t) / full), int(avail / (room / prompt * ready))))
+            admit = steps * tokens / prompt * ready  # fleet requests whose prompt these steps complete
+            left = admit
+            while left > 1e-12 and queue:
+                lo, hi, n, s0, s1, n_r, v0 = queue[0]
+                arrived = n if hi <= t else n * (t - lo) / (hi - lo)
+                take = min(left, arrived)
+                if take <= 0:
+                    break
+                upto = lo + (hi - lo) * take / n if n > 0 else lo  # the fluid taken arrived in [lo, upto]
+                # a full step ends inside one replica's prompt: that request's first token comes a step later
+                spilled = min(take, ready * left / admit) if tokens >= room - 1e-9 else 0.0
+                for f in _QUARTILES:  # the fluid taken arrived uniformly over [lo, upto]
+                    at = lo + (upto - lo) * f
+                    done = t + (step if steps == 1 else full * (1 + int((admit - left + take * f) / admit * steps)))
+                    ttft = done - at + e.frontend_s
+                    # the fluid is the mean: the work ahead of a request is a sum of random prompt sizes
+                    # arriving at random times; its variance since the queue last emptied spreads the wait
+                    u = (at - s0) / (s1 - s0) if s1 > s0 else f
+                    var = v0 + n_r * u * w.prompt_var + (0.0 if s1 == s0 else n_r * u * (1 - u) * prompt * prompt)
+                    sd = math.sqrt(var) * per_token
+                    half = (take - spilled) / len(_QUARTILES)
+                    pieces = [(ttft + step, spilled / len(_QUARTILES)), (ttft, half * (1 - big_share))]
+                    pieces += [(ttft + (chunks - 1) * step, half * share) for chunks, share in big]
+                    for value, weight in pieces:
+                        if weight > 0:
+                            points.extend((max(step, value + z * sd), weight * p) for z, p in _GAUSS)
+                left -= take
+                self.backlog -= take
+                if take >= n - 1e-12:
+                    queue.popleft()
+                else:
+                    queue[0] = [upto, hi, n - take, s0, s1, n_r, v0]
+            served_total += admit
+            for _ in range(steps):
+                batch += tokens / prompt - batch / decode_steps
+            self.batch = batch
+            t += step if steps == 1 else steps * full
+            if tokens >= room:
+                continue
+            if not queue:  # the steps took all that had arrived: the queue's random walk restarts
+                self.queue_var = 0.0
+                continue
+            lo, hi, n, s0, s1, n_r, v0 = queue[0]  # this second's arrivals, still coming
+            if s1 > s0 and n_r / (s1 - s0) * prompt < room / full:
+                # and they come slower than full steps drain them: steps settle at the length whose
+                # arrivals they prefill; one waits for the step in progress, then for its own
+                rate = n / (hi - lo) / ready * prompt  # prompt tokens per second per replica
+                settled = step
+                for _ in range(8):
+                    settled = e.step_seconds(batch + rate * settled, batch * ctx + rate * settled)
+                points.extend(((1 + f) * settled + e.frontend_s, n / len(_QUARTILES)) for f in _QUARTILES)
+                served_total += n
+                self.backlog -= n
+                queue.popleft()
+                t = max(t, t1)
+                break
+            if s1 > s0:
+                queue[0] = [lo, hi, n, lo, s1, n_r * (s1 - lo) / (s1 - s0), 0.0]
+            self.queue_var = queue[0][5] * w.prompt_var
+        self.step_end = t
+        if not queue:
+            self.backlog = self.queue_var = 0.0
+        x = served_total / (ready * base)
+        tau = e.step_seconds(self.batch + budget, self.batch * ctx)
+        self._gauges(x, base, ready, w, tau, acc)
