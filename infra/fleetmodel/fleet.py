@@ -330,6 +330,7 @@ def requests_from_counts(counts: list[float], step_s: float, sizes: SizeMix, see
 # body as one point, the top decile finely, since only the tail decides a p99.
 # body as one point, the top decile in five, the 1 % that decides a p99 centred on 0.99.
 _PROMPT_POINTS = ((0.45, 0.9), (0.925, 0.05), (0.9625, 0.025), (0.98, 0.01), (0.99, 0.01), (0.9975, 0.005))
+_LOOKBACK_S = 60  # seconds of admissions the running gauge sums (a request's residence is seconds)
 _QUARTILES = (0.25, 0.75)  # where in a stretch of arrivals the points standing for it come
 _GAUSS = ((-math.sqrt(3), 1 / 6), (0.0, 2 / 3), (math.sqrt(3), 1 / 6))  # 3-point Gauss-Hermite: a normal's first five moments
 
@@ -366,6 +367,7 @@ class Aggregate:
         self.queue: deque[list[float]] = deque()  # FIFO of arrival stretches, see ``_busy``
         self.step_end = 0.0  # when the step in progress ends (a busy second's last step may run into the next)
         self.batch = 0.0  # requests decoding per replica
+        self.last_busy = -1  # the last second run by ``_busy``
         self.queue_var = 0.0  # variance of the work (prompt tokens per replica) arrived since the queue last emptied
         self.windows: dict[int, _Window] = {}
 
@@ -403,7 +405,7 @@ class Aggregate:
         return low
 
     def serve(self, t0: float, t1: float, ready: int) -> Scrape:
-        acc = [0.0, 0.0, 0.0, 0.0]  # util x seconds, running x seconds, kv max, seconds
+        acc = [0.0, 0.0]  # util x seconds, seconds
         points: list[tuple[float, float]] = []
         counts, base = self.counts, self.base_s
         i, end = round(t0 / base), round(t1 / base)
@@ -422,12 +424,43 @@ class Aggregate:
                     self._step(calm, calm_n * base, ready, w, points, acc)
                     calm, calm_n = 0.0, 0
                 self._busy(k * base, arriving, ready, w, points, acc)
+                self.last_busy = k
             if calm_n:
                 self._step(calm, calm_n * base, ready, w, points, acc)
             i = j
-        util, running, kv, n = acc
-        return Scrape(ttft=points, waiting=self.backlog, running=running / max(1, n), kv_usage_max=kv,
+        util, n = acc
+        running = self._running_at(end, ready)
+        w = self.window(max(0, end - 1) * base)
+        kv = min(1.0, running / ready * w.kv_per_request / max(1.0, w.output_mean) / self.engine.kv_capacity_tokens) if ready else 0.0
+        return Scrape(ttft=points, waiting=self.backlog, running=running, kv_usage_max=kv,
                       gpu_util=util / n if ready and n else None)
+
+    def _running_at(self, end: int, ready: int) -> float:
+        """Requests in the running batches fleet-wide at the end of second ``end - 1``, as a scrape
+        reads the gauge. Each calm second's admissions leave the batch over their residence at that
+        second's load (Little's law: ``x * tau * output tokens`` on average), the batch a busy
+        second left decays likewise; summed per second from the arrival data, so the reading is the
+        same however calm seconds were merged into steps."""
+        if not ready:
+            return 0.0
+        e, base, counts = self.engine, self.base_s, self.counts
+        total = 0.0
+        oldest = max(self.last_busy + 1, end - _LOOKBACK_S)
+        for k in range(end - 1, oldest - 1, -1):
+            arriving = counts[k] if k < len(counts) else 0.0
+            if arriving <= 0:
+                continue
+            w = self.window(k * base)
+            state = self._state(arriving / (ready * base), w) or self._state(w.capacity_rps, w)
+            residence = state[0] * (w.output_mean + max(1.0, w.prompt_mean / e.max_num_batched_tokens))
+            age = (end - 1 - k) * base
+            if age < 12 * residence:
+                total += arriving / base * residence * (1 - math.exp(-base / residence)) * math.exp(-age / residence)
+        if self.last_busy >= oldest - 1 and self.batch > 0:
+            w = self.window(self.last_busy * base)
+            tau = self.engine.step_seconds(self.batch, self.batch * w.kv_per_request / max(1.0, w.output_mean))
+            total += ready * self.batch * math.exp(-(end - 1 - self.last_busy) * base / (tau * max(1.0, w.output_mean)))
+        return min(total, ready * e.max_num_seqs)
 
     def _step(self, arriving: float, span: float, ready: int, w: _Window, points: list, acc: list) -> None:
         """Seconds that do not queue: each request is scheduled at once and prefilled in a step
@@ -445,21 +478,19 @@ class Aggregate:
                 own = e.frontend_s + e.step_seconds(others + prompt / chunks, kv_read) * chunks
                 points.append((own, arriving * share))
         self.batch = in_batch
-        self._gauges(x, span, ready, w, tau, acc)
+        self._gpu_util(x, span, ready, w, tau, acc)
 
-    def _gauges(self, x: float, span: float, ready: int, w: _Window, tau: float, acc: list) -> None:
+    def _gpu_util(self, x: float, span: float, ready: int, w: _Window, tau: float, acc: list) -> None:
         e = self.engine
-        # Gauges see the requests in flight, which outlive a one-second step: the admitted rate is
-        # smoothed over a request's time in the engine, so they do not depend on the step either.
+        # DCGM sees the requests in flight, which outlive a one-second step: the admitted rate is
+        # smoothed over a request's time in the engine.
         residence = tau * (w.output_mean + 1) + e.frontend_s
         self.in_flight_rate += (x - self.in_flight_rate) * (1 - math.exp(-span / residence))
         smooth = self._state(self.in_flight_rate, w) or self._state(w.capacity_rps, w)
         in_batch = smooth[1] if smooth else self.batch
         busy = 1.0 if self.backlog > 0 else 1 - math.exp(-in_batch)
-        acc[0] += span * dcgm_gpu_util(busy, e.busy_duty) if ready else 0.0  # time-weighted means
-        acc[1] += span * ready * min(e.max_num_seqs, in_batch)
-        acc[2] = max(acc[2], min(1.0, self.in_flight_rate * tau * w.kv_per_request / e.kv_capacity_tokens) if ready else 0.0)
-        acc[3] += span
+        acc[0] += span * dcgm_gpu_util(busy, e.busy_duty) if ready else 0.0  # DCGM averages its sample period
+        acc[1] += span
 
     def _busy(self, t0: float, arriving: float, ready: int, w: _Window, points: list, acc: list) -> None:
         """A second that queues, as vLLM's scheduler runs it: steps back to back, each prefilling
@@ -480,7 +511,7 @@ class Aggregate:
             queue.append([t0, t0 if self.bursts else t1, arriving, t0, t0 if self.bursts else t1, per_replica, v0])
             self.backlog += arriving
         if not ready:
-            acc[3] += base
+            acc[1] += base
             return
         budget, prompt, ctx = e.max_num_batched_tokens, w.prompt_mean, w.kv_per_request / max(1.0, w.output_mean)
         big = [(-(-p // budget), share) for p, share in w.prompts if p > budget and e.chunked_prefill]  # prefilled over several steps
@@ -566,4 +597,4 @@ class Aggregate:
             self.backlog = self.queue_var = 0.0
         x = served_total / (ready * base)
         tau = e.step_seconds(self.batch + budget, self.batch * ctx)
-        self._gauges(x, base, ready, w, tau, acc)
+        self._gpu_util(x, base, ready, w, tau, acc)
