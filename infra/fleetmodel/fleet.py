@@ -574,7 +574,7 @@ class Aggregate:
                             points.extend((max(step, value + z * sd), weight * p) for z, p in _GAUSS)
                 left -= take
                 self.backlog -= take
-                if take >= n - 1e-12:
+                if take >= n * (1 - 1e-9):
                     queue.popleft()
                 else:
                     queue[0] = [upto, hi, n - take, s0, s1, n_r, v0]
@@ -589,7 +589,7 @@ class Aggregate:
                 self.queue_var = 0.0
                 continue
             lo, hi, n, s0, s1, n_r, v0 = queue[0]  # this second's arrivals, still coming
-            if s1 > s0 and n_r / (s1 - s0) * prompt < room / full:
+            if hi > max(lo, t) and n_r / (s1 - s0) * prompt < room / full:
                 # and they come slower than full steps drain them: steps settle at the length whose
                 # arrivals they prefill; one waits for the step in progress, then for its own
                 rate = n / (hi - lo) / ready * prompt  # prompt tokens per second per replica
