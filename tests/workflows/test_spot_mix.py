@@ -143,3 +143,18 @@ async def test_the_mixs_warm_pool_need_floors_its_on_demand_pools_warm_pool_and_
         assert group.warm_calls[-1].size == 0 and (await pool.query(NodePoolScaling.status)).warm_pool_floors == []
         await loop.terminate()
         await pool.terminate()
+
+
+async def test_a_claim_on_a_pool_with_no_node_pool_loop_is_reported_in_the_decision(time_skipping_env):
+    env = time_skipping_env
+    fake = FakeSpotPools()
+    mix = MIX.model_copy(update={"survive_region_loss": False, "max_overprovision": 0, "on_demand_pool": "gpu-missing"})
+    policy = ScalingPolicy(priority_class="batch", min_replicas=8, max_replicas=8, spot_mix=mix)
+    worker, queue, inp = await start_loop(env, fake, policy=policy, interval_seconds=30)
+    async with worker:
+        handle = await env.client.start_workflow(ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue)
+        await env.sleep(35)
+        decisions = (await status(handle)).decisions
+        assert all(f"warm pool floor {d.spot_mix.warm_pool} not claimed on gpu-missing" in d.reason for d in decisions), decisions[-1].reason
+        assert len(decisions) == 2 and fake.applied, "the split is written all the same"
+        await handle.terminate()
