@@ -120,7 +120,7 @@ async def test_the_mixs_warm_pool_need_floors_its_on_demand_pools_warm_pool_and_
         pool = await env.client.start_workflow(
             NodePoolScaling.run,
             NodePoolInput(pool=acts.PoolRef(pool="gpu-on-demand"), sizing=PoolSizing(min_nodes=0, warm_standby=0, gpus_per_node=4),
-                          interval_seconds=15, warm_pool=WarmPoolSettings(max_size=8)),
+                          interval_seconds=15, iterations_per_run=3, warm_pool=WarmPoolSettings(max_size=8)),  # the claim outlives continue-as-new
             id=naming.node_pool_workflow_id("gpu-on-demand"), task_queue=queue,
         )
         loop = await env.client.start_workflow(ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue)
