@@ -11,7 +11,7 @@ from contextlib import ExitStack
 import pytest
 from kubernetes import client
 
-from tests.e2e.test_rollout import (  # noqa: F401  (registry, worker: fixtures)
+from tests.e2e.test_rollout import (
     GOOD_PROFILE,
     MODEL,
     NAME,
@@ -19,12 +19,10 @@ from tests.e2e.test_rollout import (  # noqa: F401  (registry, worker: fixtures)
     clean_up,
     follow,
     prepare,
-    registry,
     rollout_input,
     stable_ready,
     temporal_start,
     watching,
-    worker,
 )
 from tests.sandbox_fixtures import wait_until
 from workflows.naming import versioned_name

@@ -46,14 +46,13 @@ from tests.e2e.test_rollout import (  # the rollout scenario and its fixtures, r
     GOOD_PROFILE,
     NAME,
     STABLE,
-    WorkerProcess,
     clean_up,
     prepare,
-    registry,  # noqa: F401 (fixture)
     report,
     rollout_input,
     stable_ready,
 )
+from tests.e2e.worker_process import WorkerProcess
 from tests.sandbox_fixtures import TEST_TIME_SCALE, create_logical_deployment, wait_until
 from workers.telemetry import metrics_runtime
 from workflows import telemetry
