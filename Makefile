@@ -31,7 +31,7 @@ demo: install
 # meanwhile (tests/conftest.py groups them).
 test: install
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/pytest -q --timeout=300 -n 2 --dist loadgroup
+	$(VENV)/bin/pytest -q --timeout=300 -n 2 --dist loadscope
 
 down:
 	$(VENV)/bin/tideplane sandbox down
