@@ -33,7 +33,9 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.clients.kube import API_TIMEOUT, KubeClient, fail, gateway_parent_ref, is_ready, label_selector, read_or_none, selector
+from activities.clients.kube import (
+    API_TIMEOUT, KubeClient, fail, gateway_parent_ref, is_ready, label_selector, read_or_none, retry_on_conflict, selector,
+)
 from activities.clients.prometheus import PrometheusClient, render
 from activities.clients.s3 import (
     NOT_FOUND,
@@ -108,7 +110,6 @@ STAGE_INIT_CONTAINER = "stage-weights"
 # requests), then SIGTERM and vLLM finishes what it accepted within the grace period.
 PRE_STOP_SECONDS = 5
 DRAIN_GRACE_SECONDS = 120
-_CONFLICT_RETRIES = 5
 OWNED_ELSEWHERE = contract.DEPLOYMENT_OWNED
 MIRROR_FILTER = "RequestMirror"
 
@@ -361,46 +362,39 @@ class RolloutActivities(contract.RolloutActivities):
 
         self._claim_route(ref, req.owner)
         custom = self.kube.custom
-        what = f"HTTPRoute {ref}"
-        for _ in range(_CONFLICT_RETRIES):
+
+        def write_route() -> None:
             route = read_route(self.kube, ref)
-            try:
-                if route is None:
-                    body = {
-                        "apiVersion": "/".join(ROUTE_API),
-                        "kind": "HTTPRoute",
-                        "metadata": {
-                            "name": ref.name,
-                            "namespace": ref.namespace,
-                            "labels": {**selector(ref.name), naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
-                        },
-                        "spec": {
-                            "parentRefs": [gateway_parent_ref(self.gateway, ref.namespace)],
-                            "rules": [{"backendRefs": backends, **({"filters": [mirror]} if mirror else {})}],
-                        },
-                    }
-                    custom.create_namespaced_custom_object(
-                        *ROUTE_API, ref.namespace, "httproutes", body, _request_timeout=API_TIMEOUT
-                    )
-                    break
-                rules = route.setdefault("spec", {}).setdefault("rules", [])
-                if not rules:
-                    rules.append({})
-                filters = with_mirror(rules[0].get("filters") or [], mirror, {b["name"] for b in backends})
-                if rules[0].get("backendRefs") == backends and (rules[0].get("filters") or []) == filters:
-                    break
-                rules[0]["backendRefs"] = backends
-                if filters or "filters" in rules[0]:
-                    rules[0]["filters"] = filters
-                custom.replace_namespaced_custom_object(
-                    *ROUTE_API, ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
-                )
-                break
-            except ApiException as exc:
-                if exc.status != 409:
-                    fail(exc, what)
-        else:
-            raise ApplicationError(f"{what} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+            if route is None:
+                body = {
+                    "apiVersion": "/".join(ROUTE_API),
+                    "kind": "HTTPRoute",
+                    "metadata": {
+                        "name": ref.name,
+                        "namespace": ref.namespace,
+                        "labels": {**selector(ref.name), naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
+                    },
+                    "spec": {
+                        "parentRefs": [gateway_parent_ref(self.gateway, ref.namespace)],
+                        "rules": [{"backendRefs": backends, **({"filters": [mirror]} if mirror else {})}],
+                    },
+                }
+                custom.create_namespaced_custom_object(*ROUTE_API, ref.namespace, "httproutes", body, _request_timeout=API_TIMEOUT)
+                return
+            rules = route.setdefault("spec", {}).setdefault("rules", [])
+            if not rules:
+                rules.append({})
+            filters = with_mirror(rules[0].get("filters") or [], mirror, {b["name"] for b in backends})
+            if rules[0].get("backendRefs") == backends and (rules[0].get("filters") or []) == filters:
+                return
+            rules[0]["backendRefs"] = backends
+            if filters or "filters" in rules[0]:
+                rules[0]["filters"] = filters
+            custom.replace_namespaced_custom_object(
+                *ROUTE_API, ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
+            )
+
+        retry_on_conflict(f"HTTPRoute {ref}", write_route)
         self._claim_route(ref, req.owner, release=req.release)  # a route just created; or give it up
         telemetry.route_weights(activity.metric_meter(), ref.namespace, ref.name, req.weights)
 
@@ -420,7 +414,8 @@ class RolloutActivities(contract.RolloutActivities):
         (compare-and-swap on the resourceVersion); another owner's route is refused, naming it."""
         if owner is None:
             return
-        for _ in range(_CONFLICT_RETRIES):
+
+        def claim() -> None:
             route = read_route(self.kube, ref)
             if route is None:
                 return  # a first deploy: the route is claimed when created
@@ -435,34 +430,27 @@ class RolloutActivities(contract.RolloutActivities):
                 del annotations[naming.ANNOTATION_OWNER]
             else:
                 annotations[naming.ANNOTATION_OWNER] = owner
-            try:
-                self.kube.custom.replace_namespaced_custom_object(
-                    *ROUTE_API, ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
-                )
-                return
-            except ApiException as exc:
-                if exc.status != 409:
-                    fail(exc, f"HTTPRoute {ref}")
-        raise ApplicationError(f"HTTPRoute {ref} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+            self.kube.custom.replace_namespaced_custom_object(
+                *ROUTE_API, ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
+            )
+
+        retry_on_conflict(f"HTTPRoute {ref}", claim)
 
     def _create_or_replace_deployment(self, body: dict) -> None:
         apps = self.kube.apps
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        for _ in range(_CONFLICT_RETRIES):
+
+        def write() -> None:
             current = read_or_none(apps.read_namespaced_deployment, name, ns)
-            try:
-                if current is None:
-                    apps.create_namespaced_deployment(ns, body, _request_timeout=API_TIMEOUT)
-                else:
-                    _require_same_version(current, body)
-                    body["metadata"]["resourceVersion"] = current.metadata.resource_version
-                    body["metadata"]["annotations"] = current.metadata.annotations  # e.g. the revision
-                    apps.replace_namespaced_deployment(name, ns, body, _request_timeout=API_TIMEOUT)
+            if current is None:
+                apps.create_namespaced_deployment(ns, body, _request_timeout=API_TIMEOUT)
                 return
-            except ApiException as exc:
-                if exc.status != 409:
-                    fail(exc, f"Deployment {ns}/{name}")
-        raise ApplicationError(f"Deployment {ns}/{name} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+            _require_same_version(current, body)
+            body["metadata"]["resourceVersion"] = current.metadata.resource_version
+            body["metadata"]["annotations"] = current.metadata.annotations  # e.g. the revision
+            apps.replace_namespaced_deployment(name, ns, body, _request_timeout=API_TIMEOUT)
+
+        retry_on_conflict(f"Deployment {ns}/{name}", write)
 
     def _create_or_patch_service(self, body: dict) -> None:
         """Patch rather than replace: a Service's allocated clusterIP must be kept."""

@@ -46,7 +46,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.clients.aws import AwsClient
-from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
+from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, retry_on_conflict, selector
 from activities.clients.prometheus import PrometheusClient, render
 from activities.rollout import deployment_state, owned_elsewhere
 from workflows import naming
@@ -206,19 +206,16 @@ class ScalingActivities(contract.ScalingActivities):
         body = queue_limit_policy(ref, req.limit)
         name = body["metadata"]["name"]
         custom = self.kube.custom
-        for _ in range(5):
+
+        def write() -> None:
             current = read_or_none(custom.get_namespaced_custom_object, *POLICY_API, ref.namespace, POLICY_PLURAL, name)
-            try:
-                if current is None:
-                    custom.create_namespaced_custom_object(*POLICY_API, ref.namespace, POLICY_PLURAL, body, _request_timeout=API_TIMEOUT)
-                elif current.get("spec") != body["spec"] or (current["metadata"].get("annotations") or {}) != body["metadata"]["annotations"]:
-                    body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                    custom.replace_namespaced_custom_object(*POLICY_API, ref.namespace, POLICY_PLURAL, name, body, _request_timeout=API_TIMEOUT)
-                return
-            except ApiException as exc:
-                if exc.status != 409:
-                    fail(exc, f"BackendTrafficPolicy {ref.namespace}/{name}")
-        raise ApplicationError(f"BackendTrafficPolicy {ref.namespace}/{name} kept changing under us")
+            if current is None:
+                custom.create_namespaced_custom_object(*POLICY_API, ref.namespace, POLICY_PLURAL, body, _request_timeout=API_TIMEOUT)
+            elif current.get("spec") != body["spec"] or (current["metadata"].get("annotations") or {}) != body["metadata"]["annotations"]:
+                body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                custom.replace_namespaced_custom_object(*POLICY_API, ref.namespace, POLICY_PLURAL, name, body, _request_timeout=API_TIMEOUT)
+
+        retry_on_conflict(f"BackendTrafficPolicy {ref.namespace}/{name}", write)
 
 
 def queue_limit_policy(ref: DeploymentRef, limit: QueueLimit) -> dict:

@@ -22,7 +22,8 @@ from kubernetes import client
 from activities.clients.kube import KubeClient
 from infra.sandbox.nodes import aws_clients
 from infra.sandbox.worker_identity import enable_serving_namespace
-from tests.e2e.test_rollout import WorkerProcess, registry, temporal_start  # noqa: F401 - fixture
+from tests.e2e.test_rollout import temporal_start
+from tests.e2e.worker_process import WorkerProcess
 from tests.sandbox_fixtures import TEST_CONFIG, wait_for
 from workers.node_cache_cli import cache_rows
 from workflows.naming import LABEL_APP, LABEL_VERSION, NODE_POOL, rollout_workflow_id
@@ -76,7 +77,7 @@ async def roll_out(sandbox, temporal, version: str, min_nodes: int) -> tuple[Rol
 
 
 @pytest.fixture(scope="module")
-async def pool(sandbox, kube, registry, tmp_path_factory):  # noqa: F811
+async def pool(sandbox, kube, registry, tmp_path_factory):
     """The pool at 3 nodes (a third instance joins through the Auto Scaling group), a serving
     namespace, both releases registered, and a worker."""
     _, autoscaling = aws_clients(sandbox.env["AWS_ENDPOINT_URL"])
