@@ -217,6 +217,26 @@ class ScalingActivities(contract.ScalingActivities):
 
         retry_on_conflict(f"BackendTrafficPolicy {ref.namespace}/{name}", write)
 
+    @activity.defn(name=contract.FORECAST_DEMAND)
+    def forecast_demand(self, req: DemandForecastInput) -> DemandForecast:
+        """The demand forecast over ``horizon_seconds`` from the last week and a half of the arrival rate."""
+        promql = render("demand_rate", req.query, {"namespace": req.namespace, "deployment": req.deployment})
+        end = math.floor(req.at / req.step_seconds) * req.step_seconds
+        points = min(PROMETHEUS_MAX_POINTS - 1, math.ceil((WEEK_S + 2 * req.horizon_seconds + 8 * 3600) / req.step_seconds))
+        start = end - points * req.step_seconds
+        series = self.prometheus.range("demand rate", promql, start, end, req.step_seconds)
+        if len(series) > 1:
+            activity.logger.warning("demand rate returned %d series; using the first", len(series))
+        # one slot per step from start to end; a step with no sample (no data, or the deployment did
+        # not exist yet) stays None, so history begins at the first measured sample
+        history: list[float | None] = [None] * (points + 1)
+        for at, value in (series[0]["values"] if series else []):
+            index = round((float(at) - start) / req.step_seconds)
+            if 0 <= index <= points and not math.isnan(float(value)):
+                history[index] = float(value)
+        first = next((i for i, v in enumerate(history) if v is not None), len(history))
+        return forecast_demand(history[first:], req.step_seconds, req.horizon_seconds, req.error_quantile)
+
 
 def queue_limit_policy(ref: DeploymentRef, limit: QueueLimit) -> dict:
     """Envoy Gateway's BackendTrafficPolicy on the deployment's HTTPRoute: requests beyond
@@ -245,27 +265,6 @@ def queue_limit_policy(ref: DeploymentRef, limit: QueueLimit) -> dict:
             }],
         },
     }
-
-
-    @activity.defn(name=contract.FORECAST_DEMAND)
-    def forecast_demand(self, req: DemandForecastInput) -> DemandForecast:
-        """The demand forecast over ``horizon_seconds`` from the last week and a half of the arrival rate."""
-        promql = render("demand_rate", req.query, {"namespace": req.namespace, "deployment": req.deployment})
-        end = math.floor(req.at / req.step_seconds) * req.step_seconds
-        points = min(PROMETHEUS_MAX_POINTS - 1, math.ceil((WEEK_S + 2 * req.horizon_seconds + 8 * 3600) / req.step_seconds))
-        start = end - points * req.step_seconds
-        series = self.prometheus.range("demand rate", promql, start, end, req.step_seconds)
-        if len(series) > 1:
-            activity.logger.warning("demand rate returned %d series; using the first", len(series))
-        # one slot per step from start to end; a step with no sample (no data, or the deployment did
-        # not exist yet) stays None, so history begins at the first measured sample
-        history: list[float | None] = [None] * (points + 1)
-        for at, value in (series[0]["values"] if series else []):
-            index = round((float(at) - start) / req.step_seconds)
-            if 0 <= index <= points and not math.isnan(float(value)):
-                history[index] = float(value)
-        first = next((i for i, v in enumerate(history) if v is not None), len(history))
-        return forecast_demand(history[first:], req.step_seconds, req.horizon_seconds, req.error_quantile)
 
 
 # ---------------------------------------------------------------- node layer
