@@ -49,6 +49,7 @@ from activities.clients.vllm import VllmClient
 from activities.node_cache import NodeCache
 from activities.verified_file import ChecksumMismatch, already_verified, discard_partial, fetch_verified
 from workflows import naming, telemetry
+from workflows.adapters.routing import lora_modules
 from workflows.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
 from workflows.naming import DeploymentRef
 from workflows.rollout import activities as contract
@@ -840,6 +841,7 @@ def deployment_state(kube: KubeClient, ref: DeploymentRef) -> DeploymentState:
                 replicas=dep.spec.replicas or 0,
                 ready_replicas=(dep.status.ready_replicas if dep.status else None) or 0,
                 route_weight=weights.get(dep.metadata.name, 0),  # the name the cluster holds
+                lora_modules=lora_modules(next((c.args or [] for c in dep.spec.template.spec.containers if c.name == CONTAINER), [])),
             )
         )
     return DeploymentState(route_exists=route is not None, versions=versions)
