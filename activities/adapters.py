@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, selector
 from activities.registry import Registry, RegistryError
-from activities.rollout import CONTAINER, read_route
+from activities.rollout import CONTAINER, read_route, serving_container
 from workflows.adapters import activities as contract
 from workflows.adapters.activities import (
     AdapterOnReplicasInput,
@@ -178,9 +178,9 @@ class AdapterActivities(contract.AdapterActivities):
                 dep = self.kube.apps.read_namespaced_deployment(name, ref.namespace, _request_timeout=API_TIMEOUT)
             except ApiException as exc:
                 fail(exc, what)
-            container = next((c for c in dep.spec.template.spec.containers if c.name == CONTAINER), None)
+            container = serving_container(dep)
             if container is None:
-                raise ApplicationError(f"{what} has no container {CONTAINER!r}: not deployed by a ModelRollout", non_retryable=True)
+                raise ApplicationError(f"{what} has no container {CONTAINER!r} to start with --lora-modules", non_retryable=True)
             args = list(container.args or [])
             modules = with_adapter_module(lora_modules(args), req.adapter, req.version, req.lora_path)
             wanted = with_lora_modules(args, modules)
