@@ -16,9 +16,9 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, selector
+from activities.clients.kube import API_TIMEOUT, CONFLICT_RETRIES, KubeClient, edit_container_args, fail, is_ready, label_selector, selector
 from activities.registry import Registry, RegistryError
-from activities.rollout import CONTAINER, read_route, serving_container
+from activities.rollout import CONTAINER, read_route
 from workflows.adapters import activities as contract
 from workflows.adapters.activities import (
     AdapterOnReplicasInput,
@@ -42,7 +42,6 @@ from workflows.adapters.routing import (
 from workflows.rollout.activities import WeightFile
 
 HTTP_TIMEOUT = httpx.Timeout(60.0, connect=5.0)  # loading reads the adapter's files on the pod
-_CONFLICT_RETRIES = 5
 ALREADY_LOADED = "has already been loaded"
 NOT_LOADED = "cannot be found"
 NOT_ENABLED = "LoRA is not enabled"
@@ -170,35 +169,15 @@ class AdapterActivities(contract.AdapterActivities):
 
     @activity.defn(name="set_lora_module")
     def set_lora_module(self, req: LoraModuleInput) -> None:
-        ref = req.deployment
-        name = ref.versioned(req.base_version)
-        what = f"Deployment {ref.namespace}/{name}"
-        for _ in range(_CONFLICT_RETRIES):
-            try:
-                dep = self.kube.apps.read_namespaced_deployment(name, ref.namespace, _request_timeout=API_TIMEOUT)
-            except ApiException as exc:
-                fail(exc, what)
-            container = serving_container(dep)
-            if container is None:
-                raise ApplicationError(f"{what} has no container {CONTAINER!r} to start with --lora-modules", non_retryable=True)
-            args = list(container.args or [])
-            modules = with_adapter_module(lora_modules(args), req.adapter, req.version, req.lora_path)
-            wanted = with_lora_modules(args, modules)
-            if wanted == args:
-                return
-            container.args = wanted
-            try:
-                self.kube.apps.replace_namespaced_deployment(name, ref.namespace, dep, _request_timeout=API_TIMEOUT)
-                return
-            except ApiException as exc:
-                if exc.status != 409:
-                    fail(exc, what)
-        raise ApplicationError(f"{what} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+        edit_container_args(
+            self.kube, req.deployment.namespace, req.deployment.versioned(req.base_version), CONTAINER,
+            lambda args: with_lora_modules(args, with_adapter_module(lora_modules(args), req.adapter, req.version, req.lora_path)),
+        )
 
     def _edit_route(self, ref, edit, must_exist: bool = True) -> None:
         """Read the HTTPRoute, apply ``edit`` to its rules, replace it when they changed (conflicts retried)."""
         what = f"HTTPRoute {ref}"
-        for _ in range(_CONFLICT_RETRIES):
+        for _ in range(CONFLICT_RETRIES):
             route = read_route(self.kube, ref)
             if route is None:
                 if must_exist:
@@ -217,4 +196,4 @@ class AdapterActivities(contract.AdapterActivities):
             except ApiException as exc:
                 if exc.status != 409:
                     fail(exc, what)
-        raise ApplicationError(f"{what} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+        raise ApplicationError(f"{what} kept changing under us ({CONFLICT_RETRIES} conflicts)")

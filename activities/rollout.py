@@ -33,7 +33,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.clients.kube import API_TIMEOUT, KubeClient, fail, gateway_parent_ref, is_ready, label_selector, read_or_none, selector
+from activities.clients.kube import API_TIMEOUT, KubeClient, container_named, fail, gateway_parent_ref, is_ready, label_selector, read_or_none, selector
 from activities.clients.prometheus import PrometheusClient, render
 from activities.clients.s3 import (
     NOT_FOUND,
@@ -819,13 +819,6 @@ def list_routes(kube: KubeClient, namespace: str | None = None) -> list[dict]:
     )["items"]
 
 
-def serving_container(dep):
-    """The vLLM container of a version's Deployment (ours is named ``server``; one deployed by hand
-    may hold a single container of another name); None when it cannot tell."""
-    containers = dep.spec.template.spec.containers or []
-    return next((c for c in containers if c.name == CONTAINER), containers[0] if len(containers) == 1 else None)
-
-
 def deployment_state(kube: KubeClient, ref: DeploymentRef) -> DeploymentState:
     """The versions of a logical deployment in the cluster, their replicas and route weights
     (``describe_deployment``; the scaling loop's ``get_scale`` reads the same)."""
@@ -848,7 +841,7 @@ def deployment_state(kube: KubeClient, ref: DeploymentRef) -> DeploymentState:
                 replicas=dep.spec.replicas or 0,
                 ready_replicas=(dep.status.ready_replicas if dep.status else None) or 0,
                 route_weight=weights.get(dep.metadata.name, 0),  # the name the cluster holds
-                lora_modules=lora_modules(getattr(serving_container(dep), "args", None) or []),
+                lora_modules=lora_modules(getattr(container_named(dep.spec.template.spec.containers, CONTAINER), "args", None) or []),
             )
         )
     return DeploymentState(route_exists=route is not None, versions=versions)
