@@ -285,3 +285,4 @@ async def test_a_base_rollout_without_enable_lora_is_refused_and_another_model_d
     assert next(arg for name, arg in fleet.calls if name == "ensure_version").args == []
     assert next(arg for name, arg in fleet.calls if name == "move_adapter_rules").to_version is None, \
         "another model cannot load them: their rules are removed with the old base"
+

@@ -237,9 +237,11 @@ class AdapterRollout:
         if self._stable is not None:
             await self._route({self._stable: 100}, f"roll back: route 100 % to {self._stable}", retry=_BACK)
             await workflow.sleep(inp.drain_seconds, summary=f"drain {inp.version} before unloading it")
-        elif self._routed:
+        else:  # idempotent: also when the route's write landed but its answer did not
+            routed = self._routed
             await self._route({}, f"roll back: remove the rule of {inp.adapter} (no stable version)", retry=_BACK)
-            await workflow.sleep(inp.drain_seconds, summary=f"drain {inp.version} before unloading it")
+            if routed:
+                await workflow.sleep(inp.drain_seconds, summary=f"drain {inp.version} before unloading it")
         unloaded = await self._act(
             AdapterActivities.unload_lora_adapter, self._on_replicas(inp.version),
             f"unload {served_name(inp.adapter, inp.version)}", retry=_BACK,

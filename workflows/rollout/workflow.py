@@ -470,6 +470,16 @@ class ModelRollout:
             )
         return with_lora_modules(inp.args, self._adapters)
 
+    async def _move_adapter_rules(self, from_version: str, to_version: str | None) -> None:
+        """The adapters' rules follow the base (None: removed); runs to its end, as a route change does."""
+        await self._act(
+            AdapterActivities.move_adapter_rules,
+            MoveAdapterRulesInput(deployment=self._ref, from_version=from_version, to_version=to_version),
+            summary=f"adapter rules: from {from_version} to {to_version or 'nothing (another model)'}",
+            retry=_BACK,
+            interruptible=False,
+        )
+
     async def _weight_files(self) -> list[WeightFile]:
         inp = self._in
         if inp.weights_uri is not None and inp.sha256 is not None:
@@ -675,13 +685,7 @@ class ModelRollout:
         await self._checkpoint()
         await self._route({stable.version: 0, inp.version: 100}, f"promote: route 100 % to {inp.version}", release=True)
         if self._adapters is not None:
-            await self._act(
-                AdapterActivities.move_adapter_rules,
-                MoveAdapterRulesInput(deployment=self._ref, from_version=stable.version,
-                                      to_version=inp.version if self._adapters else None),
-                summary=f"adapter rules: from {stable.version} to {inp.version if self._adapters else 'nothing (another model)'}",
-                retry=_BACK,
-            )
+            await self._move_adapter_rules(stable.version, inp.version if self._adapters else None)
         self._set_stage(Stage.PROMOTED)
         await self._registry_status(Stable(since=workflow.now()), f"promoted over {stable.version}")
         if workflow.patched(RETIRE_PATCH):
