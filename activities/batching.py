@@ -15,7 +15,7 @@ import time
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from activities.clients.kube import API_TIMEOUT, KubeClient, is_ready, label_selector, read_or_none, retry_on_conflict, selector
+from activities.clients.kube import API_TIMEOUT, KubeClient, edit_container_args, is_ready, label_selector, selector
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.vllm import VllmClient
 from workflows.naming import DeploymentRef
@@ -91,23 +91,7 @@ class BatchingActivities(contract.BatchingActivities):
 
     def _apply(self, ref: DeploymentRef, version: str, setting: BatchingSetting) -> None:
         """The serving container's args with the setting's batching arguments (others kept)."""
-        apps = self.kube.apps
-        name = ref.versioned(version)
-
-        def write() -> None:
-            dep = read_or_none(apps.read_namespaced_deployment, name, ref.namespace)
-            if dep is None:
-                raise ApplicationError(f"Deployment {ref.namespace}/{name} not found", type="NotFound", non_retryable=True)
-            container = next((c for c in dep.spec.template.spec.containers if c.name == CONTAINER), None)
-            if container is None:
-                raise ApplicationError(f"Deployment {ref.namespace}/{name} has no container {CONTAINER!r}", non_retryable=True)
-            wanted = with_engine_args(list(container.args or []), setting)
-            if wanted == list(container.args or []):
-                return
-            container.args = wanted
-            apps.replace_namespaced_deployment(name, ref.namespace, dep, _request_timeout=API_TIMEOUT)
-
-        retry_on_conflict(f"Deployment {ref.namespace}/{name}", write)
+        edit_container_args(self.kube, ref.namespace, ref.versioned(version), CONTAINER, lambda args: with_engine_args(args, setting))
 
     def _wait_rolled_out(
         self, ref: DeploymentRef, version: str, setting: BatchingSetting, poll_s: float, points: list[SweepPoint]

@@ -34,7 +34,8 @@ from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlre
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.clients.kube import (
-    API_TIMEOUT, KubeClient, fail, gateway_parent_ref, is_ready, label_selector, read_or_none, retry_on_conflict, selector,
+    API_TIMEOUT, KubeClient, container_named, fail, gateway_parent_ref, is_ready, label_selector, read_or_none, retry_on_conflict,
+    selector,
 )
 from activities.clients.prometheus import PrometheusClient, render
 from activities.clients.s3 import (
@@ -51,6 +52,7 @@ from activities.clients.vllm import VllmClient
 from activities.node_cache import NodeCache
 from activities.verified_file import ChecksumMismatch, already_verified, discard_partial, fetch_verified
 from workflows import naming, telemetry
+from workflows.adapters.routing import lora_modules
 from workflows.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
 from workflows.naming import DeploymentRef
 from workflows.rollout import activities as contract
@@ -828,6 +830,7 @@ def deployment_state(kube: KubeClient, ref: DeploymentRef) -> DeploymentState:
                 replicas=dep.spec.replicas or 0,
                 ready_replicas=(dep.status.ready_replicas if dep.status else None) or 0,
                 route_weight=weights.get(dep.metadata.name, 0),  # the name the cluster holds
+                lora_modules=lora_modules(getattr(container_named(dep.spec.template.spec.containers, CONTAINER), "args", None) or []),
             )
         )
     return DeploymentState(route_exists=route is not None, versions=versions)

@@ -137,3 +137,31 @@ def gateway_parent_ref(gateway: str, namespace: str) -> dict[str, str]:
 
 def label_selector(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in labels.items())
+
+
+def container_named(containers: list | None, name: str) -> Any:
+    """The container called ``name``, or the only one when none is (a Deployment written by hand)."""
+    containers = containers or []
+    return next((c for c in containers if c.name == name), containers[0] if len(containers) == 1 else None)
+
+
+def edit_container_args(kube: KubeClient, namespace: str, deployment: str, container: str,
+                        edit: Callable[[list[str]], list[str]]) -> None:
+    """Replace one container's args in a Deployment's template with ``edit(args)`` (no write when
+    unchanged; a conflicting write re-read and retried). A changed template rolls the pods."""
+    what = f"Deployment {namespace}/{deployment}"
+
+    def write() -> None:
+        dep = read_or_none(kube.apps.read_namespaced_deployment, deployment, namespace)
+        if dep is None:
+            raise ApplicationError(f"{what} not found", type="NotFound", non_retryable=True)
+        found = container_named(dep.spec.template.spec.containers, container)
+        if found is None:
+            raise ApplicationError(f"{what} has no container {container!r}", non_retryable=True)
+        args = list(found.args or [])
+        wanted = edit(args)
+        if wanted != args:
+            found.args = wanted
+            kube.apps.replace_namespaced_deployment(deployment, namespace, dep, _request_timeout=API_TIMEOUT)
+
+    retry_on_conflict(what, write)

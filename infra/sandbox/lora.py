@@ -8,7 +8,9 @@ enabled" error); ``POST /v1/unload_lora_adapter`` ``{"lora_name"}`` answers 200,
 ``NotFoundError`` for a name not loaded. The routes exist only when the server runs with
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (otherwise 404, as FastAPI answers an unknown path).
 Loaded adapters are listed by ``GET /v1/models`` beside the base model and answer requests whose
-``model`` is their name; a restarted pod has none (a new Replica).
+``model`` is their name. A pod starts with the adapters its container's ``--lora-modules`` names
+(``name=path`` or the JSON form, as vLLM parses them) and loses the dynamically loaded ones when
+it restarts (a new Replica).
 
 ``ModelRequests`` counts the gateway's requests per served model as the Inference Extension's
 endpoint picker does (``inference_objective_request_total{model_name,target_model_name}``), so an
@@ -20,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infra.fleetmodel.metrics import Histogram
+from workflows.adapters.routing import lora_modules
 
 RUNTIME_UPDATING_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 ENABLE_LORA_ARG = "--enable-lora"
@@ -27,15 +30,17 @@ NOT_ENABLED = "LoRA is not enabled. Use --enable-lora to enable LoRA."
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
 
 
-def lora_settings(pod: dict) -> tuple[bool, bool]:
-    """(``--enable-lora`` in a container's args, runtime updating allowed by its env)."""
+def lora_settings(pod: dict) -> tuple[bool, bool, dict[str, str]]:
+    """(``--enable-lora`` in a container's args, runtime updating allowed by its env, the
+    adapters its ``--lora-modules`` loads at start)."""
     containers = (pod.get("spec") or {}).get("containers") or []
     enabled = any(ENABLE_LORA_ARG in (c.get("args") or []) or ENABLE_LORA_ARG in (c.get("command") or []) for c in containers)
     runtime = any(
         e.get("name") == RUNTIME_UPDATING_ENV and str(e.get("value", "")).lower() in ("true", "1")
         for c in containers for e in c.get("env") or []
     )
-    return enabled, runtime
+    at_start = {name: path for c in containers for name, path in lora_modules(c.get("args") or []).items()} if enabled else {}
+    return enabled, runtime, at_start
 
 
 def error(status: int, message: str, kind: str) -> tuple[int, dict]:

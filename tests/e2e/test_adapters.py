@@ -50,7 +50,9 @@ def files(root, text: str):
 
 
 def served_models(fleet: str, pods: list[str]) -> list[set[str]]:
-    return [{m["id"] for m in httpx.get(f"{fleet}/pods/{pod}/v1/models", timeout=10).json()["data"]} for pod in pods]
+    """What each pod's ``/v1/models`` lists (empty while the fleet does not simulate it yet)."""
+    return [set() if (r := httpx.get(f"{fleet}/pods/{pod}/v1/models", timeout=10)).status_code != 200
+            else {m["id"] for m in r.json()["data"]} for pod in pods]
 
 
 def answered_by(fleet: str, requests: int) -> list[str]:
@@ -105,6 +107,7 @@ async def test_an_adapter_version_is_canaried_by_model_name_and_rolled_back(sand
     async with Worker(
         temporal, task_queue=queue, workflows=[AdapterRollout], activity_executor=ThreadPoolExecutor(4),
         activities=[adapters.resolve_adapter, adapters.load_lora_adapter, adapters.unload_lora_adapter, adapters.set_adapter_route,
+                    adapters.set_lora_module,
                     rollout.describe_deployment, rollout.stage_weights, rollout.query_gates,
                     registry_activities.list_registry_versions, registry_activities.set_registry_status],
     ):
@@ -112,6 +115,12 @@ async def test_an_adapter_version_is_canaried_by_model_name_and_rolled_back(sand
             AdapterRollout.run, AdapterRolloutInput(deployment=f"{NAMESPACE}/chat", adapter="sql-lora", version="1.0.0"),
             id=f"adapter-rollout/{uuid.uuid4().hex[:6]}", task_queue=queue)
         assert first.outcome is Outcome.PROMOTED and first.previous_version is None
+        # promoted into the base's --lora-modules: the base rolls, its new pods start with the adapter
+        loaded_by_api = pods
+        pods = await wait_for(lambda: (found := ready_pods()) and len(found) == 2 and not set(found) & set(loaded_by_api) and found,
+                              30, "the base's pods replaced by ones started with --lora-modules")
+        await wait_for(lambda: served_models(fleet, pods) == [{"llama-3-8b", "sql-lora-1.0.0"}] * 2, 10,
+                       "the new pods to serve the adapter from their start")
         await wait_for(lambda: gateway_models(fleet) == {"sql-lora-1.0.0"}, 5, "the gateway to apply the adapter's rule")
 
         set_profile(api, "sql-lora", "1.1.0", Profile(error_rate=0.5))  # the bad version, on a healthy base

@@ -45,8 +45,27 @@ class AdapterRouteInput(BaseModel):
     deployment: DeploymentRef
     adapter: str
     base_version: str
-    weights: dict[str, int] = Field(description="served name -> weight; weights sum to 100")
+    weights: dict[str, int] = Field(description="served name -> weight; weights sum to 100, or empty: the rule removed")
     port: int = 8000
+
+
+class LoraModuleInput(BaseModel):
+    """Make ``adapter@version`` the one version of the adapter in the base Deployment's
+    ``--lora-modules``, so every replica started from now on holds it."""
+
+    deployment: DeploymentRef
+    base_version: str
+    adapter: str
+    version: str
+    lora_path: str
+
+
+class MoveAdapterRulesInput(BaseModel):
+    """Re-point the adapter rules on ``from_version``'s Service at ``to_version``'s (None: remove them)."""
+
+    deployment: DeploymentRef
+    from_version: str
+    to_version: str | None
 
 
 class AdapterActivities:
@@ -70,4 +89,14 @@ class AdapterActivities:
     @activity.defn(name="set_adapter_route")
     def set_adapter_route(self, req: AdapterRouteInput) -> None:
         """Write the adapter's model-name rule into the deployment's HTTPRoute (its other rules kept)."""
+        raise NotImplementedError
+
+    @activity.defn(name="set_lora_module")
+    def set_lora_module(self, req: LoraModuleInput) -> None:
+        """Write the adapter version into the base Deployment's ``--lora-modules`` (a rolling restart)."""
+        raise NotImplementedError
+
+    @activity.defn(name="move_adapter_rules")
+    def move_adapter_rules(self, req: MoveAdapterRulesInput) -> list[str]:
+        """Re-point (or remove) the adapter rules of the HTTPRoute; the adapters' names it moved."""
         raise NotImplementedError

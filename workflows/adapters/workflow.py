@@ -10,8 +10,16 @@ canary moves no pods: the new version is loaded beside the stable one under its 
 requests between the two (workflows/adapters/routing.py). The ladder, the gates and the verdict
 rules are the model rollout's (workflows/rollout/gates.py, its ``query_gates`` activity), on
 queries per served name. Promotion unloads the old version; rollback — a failed gate, an abort,
-an error — routes everything back to stable first, then unloads the new version, each unload
-``drain_seconds`` after its version's traffic left (the gateway applies a route change late).
+an error — routes everything back to stable first (or removes the adapter's rule when there is no
+stable version), then unloads the new version, each unload ``drain_seconds`` after its version's
+traffic left (the gateway applies a route change late).
+
+Replicas that start after the load (scale-up, restart, spot replacement) would not hold it: every
+gate tick re-runs the idempotent load, so a replica that became Ready during the canary gets the
+new version within one ``gate_interval_seconds``, and a promoted version is written into the base
+Deployment's ``--lora-modules`` (vLLM loads those at start), so every replica started afterwards
+holds it. That edit changes the pod template: the base rolls its pods as its Deployment strategy
+says, each new pod starting with the adapter.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         AdapterActivities,
         AdapterOnReplicasInput,
         AdapterRouteInput,
+        LoraModuleInput,
         ResolveAdapterInput,
     )
     from workflows.adapters.routing import served_name
@@ -75,6 +84,8 @@ class AdapterRollout:
         self._pause_reason: str | None = None
         self._verdict: VerdictRecord | None = None
         self._loaded: list[str] = []
+        self._path: str | None = None
+        self._routed = False
         self._canary_since = None
 
     @workflow.run
@@ -136,13 +147,11 @@ class AdapterRollout:
         )
         self._stage = Stage.STARTING
         self._check_abort()
-        loaded = await self._act(
-            AdapterActivities.load_lora_adapter, self._on_replicas(inp.version, staged.path),
-            f"load {served_name(inp.adapter, inp.version)} on the Ready replicas of {self._base}",
-        )
-        self._loaded = loaded.pods
+        self._path = staged.path
+        await self._load(f"load {served_name(inp.adapter, inp.version)} on the Ready replicas of {self._base}")
         if self._stable is None:
             await self._route({inp.version: 100}, f"first version of {inp.adapter}: route 100 %")
+            await self._pin(_FORWARD)
             await self._registry(Stable(since=workflow.now()), "first version of the adapter")
             self._stage = Stage.PROMOTED
             return self._result(Outcome.PROMOTED, "first version of the adapter: no stable version, promoted")
@@ -168,6 +177,7 @@ class AdapterRollout:
             await wait_until(lambda: self._abort is not None, timedelta(seconds=inp.gate_interval_seconds),
                              f"next gate check at {weight} %")
             self._check_abort()
+            await self._load(f"load {served_name(inp.adapter, inp.version)} on replicas Ready since the last check")
             record = await self._measure(weight)
             decision = analysis.record(record.evaluation, inp.analysis)
             if decision is Decision.ROLLBACK:
@@ -207,6 +217,7 @@ class AdapterRollout:
         await self._route({inp.version: 100}, f"promote: route 100 % to {inp.version}")
         await self._registry(Stable(since=workflow.now()), f"promoted over {self._stable}")
         await workflow.sleep(inp.drain_seconds, summary=f"drain {self._stable} before unloading it")
+        await self._pin(_BACK)
         old = await self._act(
             AdapterActivities.unload_lora_adapter, self._on_replicas(self._stable),
             f"unload the old version {served_name(inp.adapter, self._stable)}", retry=_BACK,
@@ -226,6 +237,11 @@ class AdapterRollout:
         if self._stable is not None:
             await self._route({self._stable: 100}, f"roll back: route 100 % to {self._stable}", retry=_BACK)
             await workflow.sleep(inp.drain_seconds, summary=f"drain {inp.version} before unloading it")
+        else:  # idempotent: also when the route's write landed but its answer did not
+            routed = self._routed
+            await self._route({}, f"roll back: remove the rule of {inp.adapter} (no stable version)", retry=_BACK)
+            if routed:
+                await workflow.sleep(inp.drain_seconds, summary=f"drain {inp.version} before unloading it")
         unloaded = await self._act(
             AdapterActivities.unload_lora_adapter, self._on_replicas(inp.version),
             f"unload {served_name(inp.adapter, inp.version)}", retry=_BACK,
@@ -251,6 +267,24 @@ class AdapterRollout:
             method, arg, start_to_close_timeout=timeout, retry_policy=retry, summary=summary,
         )
 
+    async def _load(self, summary: str) -> None:
+        """Load the new version on every Ready replica of the base (idempotent: replicas holding it answer success)."""
+        loaded = await self._act(
+            AdapterActivities.load_lora_adapter, self._on_replicas(self._in.version, self._path), summary,
+        )
+        self._loaded = sorted(set(self._loaded) | set(loaded.pods))
+
+    async def _pin(self, retry: RetryPolicy) -> None:
+        """The promoted version into the base Deployment's ``--lora-modules``: replicas started later hold it."""
+        inp = self._in
+        assert self._base is not None and self._path is not None
+        await self._act(
+            AdapterActivities.set_lora_module,
+            LoraModuleInput(deployment=inp.ref, base_version=self._base, adapter=inp.adapter, version=inp.version,
+                            lora_path=self._path),
+            f"--lora-modules of {inp.ref.versioned(self._base)}: {served_name(inp.adapter, inp.version)}", retry=retry,
+        )
+
     def _on_replicas(self, version: str, path: str | None = None) -> AdapterOnReplicasInput:
         assert self._base is not None
         return AdapterOnReplicasInput(
@@ -268,6 +302,7 @@ class AdapterRollout:
             ),
             summary, retry=retry,
         )
+        self._routed = bool(weights)
         self._weight = weights.get(inp.version, 0)
         self._max_weight = max(self._max_weight, self._weight)
 

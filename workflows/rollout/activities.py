@@ -61,6 +61,9 @@ class VersionInfo(BaseModel):
     replicas: int
     ready_replicas: int
     route_weight: int
+    lora_modules: dict[str, str] = Field(
+        default_factory=dict, description="the LoRA adapters its pods load at start (served name -> path, --lora-modules)"
+    )
 
 
 class DeploymentState(BaseModel):

@@ -104,6 +104,8 @@ with workflow.unsafe.imports_passed_through():
         VerdictRecord,
     )
     from workflows.staging.activities import NodeStaging, NodeStagingActivities, StartNodeStagingInput
+    from workflows.adapters.activities import AdapterActivities, MoveAdapterRulesInput
+    from workflows.adapters.routing import lora_modules, with_lora_modules
     from workflows.search_attributes import CANARY_PERCENT, DEPLOYMENT, MODEL, STAGE, VERSION
     from workflows.steps import cause, validated, wait_until
     from workflows.telemetry import (
@@ -125,6 +127,9 @@ GOLDEN_PATCH = "golden-gate"
 BATCHING_PATCH = "batching-sweep"
 # Runs from before pre-staging (issue 18) never staged onto nodes.
 PRESTAGE_PATCH = "prestage-nodes"
+# Runs from before LoRA adapters followed the base (issue 18) never carried --lora-modules nor moved
+# adapter rules; asked only when the stable version's pods load adapters at start.
+ADAPTERS_PATCH = "carry-lora-adapters"
 SHADOW_KEEP = 2000  # mirrored pairs kept in memory for one window's comparison
 VERDICT_HISTORY = 50  # kept in memory for the status query, not in history
 PAUSE_TICK = 3600.0  # seconds between wake-ups of a paused rollout
@@ -223,6 +228,7 @@ class ModelRollout:
         self._shadow_pairs: list[ShadowPair] = []  # the current window's pairs
         self._shadow_passed = False  # some window's comparison passed
         self._nodes: list[NodeStaging] = []  # pre-staging progress per node
+        self._adapters: dict[str, str] | None = None  # None: no adapter to carry; else those carried to this version
 
     @workflow.run
     async def run(self, input: RolloutInput) -> RolloutResult:
@@ -375,6 +381,7 @@ class ModelRollout:
         first = self._target_replicas if self._stable is None or not ladder else self._share(ladder[0].weight)
         await self._checkpoint()
         await self._cancel_pending_retire(state)
+        args = self._carry_adapters()
         self._cluster_changed = True
         await self._act(
             RolloutActivities.ensure_version,
@@ -387,7 +394,7 @@ class ModelRollout:
                 replicas=first,
                 weights_path=self._staged.path,
                 port=inp.port,
-                args=inp.args,
+                args=args,
                 env=inp.env,
                 priority_class=inp.priority_class,
                 owner=workflow.info().workflow_id,
@@ -443,6 +450,35 @@ class ModelRollout:
             await self._observe(step.weight, step.window_seconds)
         await self._shadow_before_promotion()
         return await self._promote_new()
+
+    def _carry_adapters(self) -> list[str]:
+        """The new version's args: with the LoRA adapters the stable version's pods load at start
+        (its ``--lora-modules``) when it is the same model, so promotion can move their rules to it;
+        another model takes none (its adapters' rules are removed at promotion)."""
+        inp, stable = self._in, self._stable
+        if stable is None or not stable.lora_modules or not workflow.patched(ADAPTERS_PATCH):
+            return inp.args
+        if stable.model not in ("", inp.model):
+            self._adapters = {}
+            return inp.args
+        self._adapters = {**stable.lora_modules, **lora_modules(inp.args)}
+        if "--enable-lora" not in inp.args:
+            raise ApplicationError(
+                f"args: {inp.deployment} {stable.version} serves LoRA adapters ({', '.join(sorted(stable.lora_modules))}):"
+                f" add --enable-lora to carry them to {inp.version}",
+                type="LoraNotEnabled", non_retryable=True,
+            )
+        return with_lora_modules(inp.args, self._adapters)
+
+    async def _move_adapter_rules(self, from_version: str, to_version: str | None) -> None:
+        """The adapters' rules follow the base (None: removed); runs to its end, as a route change does."""
+        await self._act(
+            AdapterActivities.move_adapter_rules,
+            MoveAdapterRulesInput(deployment=self._ref, from_version=from_version, to_version=to_version),
+            summary=f"adapter rules: from {from_version} to {to_version or 'nothing (another model)'}",
+            retry=_BACK,
+            interruptible=False,
+        )
 
     async def _weight_files(self) -> list[WeightFile]:
         inp = self._in
@@ -648,6 +684,8 @@ class ModelRollout:
                 raise _RollBack(f"new version not Ready at full size: {cause(err)}") from err
         await self._checkpoint()
         await self._route({stable.version: 0, inp.version: 100}, f"promote: route 100 % to {inp.version}", release=True)
+        if self._adapters is not None:
+            await self._move_adapter_rules(stable.version, inp.version if self._adapters else None)
         self._set_stage(Stage.PROMOTED)
         await self._registry_status(Stable(since=workflow.now()), f"promoted over {stable.version}")
         if workflow.patched(RETIRE_PATCH):
