@@ -1,17 +1,17 @@
 """Token metering and quotas: tokens per tenant from Prometheus, the gateway's rate-limit policy in the cluster.
 
-The policy is Envoy Gateway's ``BackendTrafficPolicy``; a cluster without its CRD gets a
-non-retryable error saying so (install Envoy Gateway, or infra/k8s/envoy-gateway/crds.yaml).
+The rate limits live in the route's one Envoy Gateway ``BackendTrafficPolicy``, shared with the
+scaling loop's queue limit (activities/traffic_policy.py).
 """
 
 from __future__ import annotations
 
-from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.clients.kube import API_TIMEOUT, KubeClient, fail, read_or_none
+from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient, render
+from activities.traffic_policy import apply_traffic_policy
 from workflows.quotas import activities as contract
 from workflows.quotas.activities import (
     AppliedQuotaPolicy,
@@ -22,9 +22,8 @@ from workflows.quotas.activities import (
     UsageSamples,
 )
 from workflows.quotas.metering import UsageSample
+from workflows.traffic_policy import QUOTA_FIELDS
 
-# (group, version) literal here, not imported: the RBAC scanner (tests/unit/test_k8s_manifests.py) reads it.
-POLICY_API = ("gateway.envoyproxy.io", "v1alpha1")
 
 
 def _vector(result: list, name: str) -> list[tuple[dict[str, str], float]]:
@@ -51,31 +50,10 @@ class QuotaActivities(contract.QuotaActivities):
 
     @activity.defn(name="apply_quota_policy")
     def apply_quota_policy(self, req: QuotaPolicyInput) -> AppliedQuotaPolicy:
-        body = req.body
-        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        """Write the rate limits into the route's BackendTrafficPolicy, keeping its queue limit."""
+        ns, name = req.body["metadata"]["namespace"], req.body["metadata"]["name"]
         self.kube.require_namespace(ns)
-        c = self.kube.custom
-        try:
-            have = read_or_none(c.get_namespaced_custom_object, *POLICY_API, ns, "backendtrafficpolicies", name)
-            if have is None:
-                c.create_namespaced_custom_object(*POLICY_API, ns, "backendtrafficpolicies", body, _request_timeout=API_TIMEOUT)
-                return AppliedQuotaPolicy(name=f"{ns}/{name}", outcome="created")
-            meta = have["metadata"]
-            labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
-            wanted = body["metadata"]
-            if (have.get("spec") == body["spec"] and labels.items() >= wanted["labels"].items()
-                    and annotations.items() >= wanted["annotations"].items()):
-                return AppliedQuotaPolicy(name=f"{ns}/{name}", outcome="unchanged")
-            meta = {**meta, "labels": {**labels, **wanted["labels"]}, "annotations": {**annotations, **wanted["annotations"]}}
-            c.replace_namespaced_custom_object(*POLICY_API, ns, "backendtrafficpolicies", name, {**have, "spec": body["spec"], "metadata": meta},
-                                               _request_timeout=API_TIMEOUT)
-            return AppliedQuotaPolicy(name=f"{ns}/{name}", outcome="updated")
-        except ApiException as exc:
-            if exc.status == 404:
-                raise ApplicationError(
-                    f"BackendTrafficPolicy {ns}/{name}: the cluster does not serve {'/'.join(POLICY_API)} backendtrafficpolicies "
-                    "(Envoy Gateway's CRDs are not installed)", non_retryable=True) from None
-            fail(exc, f"BackendTrafficPolicy {ns}/{name}")
+        return AppliedQuotaPolicy(name=f"{ns}/{name}", outcome=apply_traffic_policy(self.kube, req.body, QUOTA_FIELDS))
 
     @activity.defn(name="read_token_usage")
     def read_token_usage(self, req: UsageInput) -> UsageSamples:

@@ -46,9 +46,10 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.clients.aws import AwsClient
-from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, retry_on_conflict, selector
+from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
 from activities.clients.prometheus import PrometheusClient, render
 from activities.rollout import deployment_state, owned_elsewhere
+from activities.traffic_policy import POLICY_API, apply_traffic_policy
 from workflows import naming
 from workflows.naming import DeploymentRef
 from workflows.scaling import activities as contract
@@ -77,12 +78,11 @@ from workflows.scaling.forecast import WEEK_S, DemandForecast, forecast_demand
 from workflows.scaling.placement import Gpu, Node
 from workflows.scaling.prewarm import slot_key
 from workflows.scaling.queue_limit import QueueLimit
+from workflows.traffic_policy import QUEUE_LIMIT_FIELDS
 from workflows.spot.mix import MIX_TARGET_ANNOTATION
 
 WEEK_SECONDS = 7 * 24 * 3600
 _COLD_START_MESSAGE = re.compile(rf"^({'|'.join(COLD_START_PARTS)}) ([0-9]+(?:\.[0-9]+)?)s\b")
-POLICY_API = ("gateway.envoyproxy.io", "v1alpha1")  # Envoy Gateway's BackendTrafficPolicy
-POLICY_PLURAL = "backendtrafficpolicies"
 RETRY_AFTER_ANNOTATION = "tideplane.io/retry-after-seconds"
 
 
@@ -201,21 +201,9 @@ class ScalingActivities(contract.ScalingActivities):
 
     @activity.defn(name=contract.SET_QUEUE_LIMIT)
     def set_queue_limit(self, req: QueueLimitInput) -> None:
-        """Create or replace ``<name>-queue-limit``; a policy that already says the same is left alone."""
-        ref = req.deployment
-        body = queue_limit_policy(ref, req.limit)
-        name = body["metadata"]["name"]
-        custom = self.kube.custom
-
-        def write() -> None:
-            current = read_or_none(custom.get_namespaced_custom_object, *POLICY_API, ref.namespace, POLICY_PLURAL, name)
-            if current is None:
-                custom.create_namespaced_custom_object(*POLICY_API, ref.namespace, POLICY_PLURAL, body, _request_timeout=API_TIMEOUT)
-            elif current.get("spec") != body["spec"] or (current["metadata"].get("annotations") or {}) != body["metadata"]["annotations"]:
-                body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                custom.replace_namespaced_custom_object(*POLICY_API, ref.namespace, POLICY_PLURAL, name, body, _request_timeout=API_TIMEOUT)
-
-        retry_on_conflict(f"BackendTrafficPolicy {ref.namespace}/{name}", write)
+        """Write the queue limit into the route's BackendTrafficPolicy, keeping its token quotas;
+        a policy that already says the same is left alone."""
+        apply_traffic_policy(self.kube, queue_limit_policy(req.deployment, req.limit), QUEUE_LIMIT_FIELDS)
 
     @activity.defn(name=contract.FORECAST_DEMAND)
     def forecast_demand(self, req: DemandForecastInput) -> DemandForecast:
@@ -246,7 +234,7 @@ def queue_limit_policy(ref: DeploymentRef, limit: QueueLimit) -> dict:
         "apiVersion": "/".join(POLICY_API),
         "kind": "BackendTrafficPolicy",
         "metadata": {
-            "name": f"{ref.name}-queue-limit",
+            "name": naming.traffic_policy_name(ref.name),
             "namespace": ref.namespace,
             "labels": {naming.LABEL_APP: ref.name, naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
             "annotations": {RETRY_AFTER_ANNOTATION: str(limit.retry_after_seconds)},

@@ -181,3 +181,9 @@ def spot_reclaim_workflow_id(instance_id: str) -> str:
 def return_to_spot_workflow_id(namespace: str, name: str) -> str:
     """One ReturnToSpot per spot Deployment: it serves every reclaim that claimed replacements for it."""
     return f"return-to-spot/{namespace}/{name}"
+
+
+def traffic_policy_name(route: str) -> str:
+    """The one Envoy Gateway BackendTrafficPolicy tideplane keeps on an HTTPRoute: the queue limit and
+    the token quotas share it, because Envoy Gateway applies only the oldest policy targeting a route."""
+    return f"{route}-backend-traffic"

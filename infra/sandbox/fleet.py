@@ -13,7 +13,8 @@ whose requests join the pod's engine and are answered when it has generated them
 ``POST /gateway/{namespace}/{route}/v1/completions``, which routes as the Gateway would: the
 HTTPRoute's rule for the request's headers, then an InferencePool's replica with the least queue
 or a Service's (infra/sandbox/gateway.py); the answering pod is in the ``x-tideplane-pod`` header.
-The gateway enforces an Envoy Gateway ``BackendTrafficPolicy`` on the route: once the requests
+The gateway enforces one Envoy Gateway ``BackendTrafficPolicy`` per route, the oldest (a later one
+on the same route is reported ``Accepted=False``, reason ``Conflicted``, and not enforced): once the requests
 waiting in the engines behind it reach its ``circuitBreaker.maxPendingRequests``, a request is
 answered 429 with ``Retry-After`` at once and counted in ``envoy_cluster_upstream_rq_pending_overflow``
 (the simulated demand of ``fleet-demand`` enters the engines directly, not through the gateway).
@@ -72,6 +73,7 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 PROXY_TIMEOUT_S = 120.0  # real seconds a proxied request waits for its engine
 QUEUE_LIMIT_API = ("gateway.envoyproxy.io", "v1alpha1", "backendtrafficpolicies")
 RETRY_AFTER_ANNOTATION = "tideplane.io/retry-after-seconds"
+GATEWAY_CONTROLLER = "gateway.envoyproxy.io/gatewayclass-controller"  # Envoy Gateway's controllerName in policy status
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,8 +313,18 @@ class QueueLimit:
     retry_after_s: int
 
 
+def _routes_targeted(policy: dict) -> list[str]:
+    return [t.get("name") for t in (policy.get("spec") or {}).get("targetRefs") or [] if t.get("kind") == "HTTPRoute"]
+
+
+def _policy_age(policy: dict) -> tuple[str, str]:
+    """Envoy Gateway's order of policies on one target: creation time (RFC 3339 seconds sort as
+    text), then the name where two were created within the same second."""
+    return policy["metadata"].get("creationTimestamp") or "", policy["metadata"]["name"]
+
+
 def queue_limit_for(policies: list[dict]) -> QueueLimit | None:
-    """The tightest ``circuitBreaker.maxPendingRequests`` of a route's BackendTrafficPolicies; None: none."""
+    """The tightest ``circuitBreaker.maxPendingRequests`` of the enforced BackendTrafficPolicies; None: none."""
     limits = []
     for policy in policies:
         pending = ((policy.get("spec") or {}).get("circuitBreaker") or {}).get("maxPendingRequests")
@@ -388,12 +400,34 @@ class Cluster:
     demand: dict[str, Demand] = field(default_factory=dict)
 
     def policies_of(self, namespace: str, route: str) -> list[dict]:
-        """The BackendTrafficPolicies that target the HTTPRoute ``namespace/route``."""
-        return [
+        """The BackendTrafficPolicy the gateway enforces on the HTTPRoute ``namespace/route`` (none
+        or one): as Envoy Gateway, the oldest of those that target it; the others are Conflicted there."""
+        targeting = [
             p for p in self.traffic_policies
-            if p["metadata"].get("namespace") == namespace
-            and any(t.get("kind") == "HTTPRoute" and t.get("name") == route for t in (p.get("spec") or {}).get("targetRefs") or [])
+            if p["metadata"].get("namespace") == namespace and route in _routes_targeted(p)
         ]
+        return sorted(targeting, key=_policy_age)[:1]
+
+    def policy_status(self, policy: dict) -> dict:
+        """The status Envoy Gateway reports on ``policy``: per targeted route that exists, an ancestor
+        (the route's Gateway) with ``Accepted`` True, or False with reason ``Conflicted`` where an
+        older policy holds the route (envoyproxy/gateway internal/gatewayapi/backendtrafficpolicy.go)."""
+        namespace = policy["metadata"].get("namespace")
+        ancestors = []
+        for name in _routes_targeted(policy):
+            found = next((r for r in self.routes if r["metadata"].get("namespace") == namespace and r["metadata"]["name"] == name), None)
+            if found is None:
+                continue  # Envoy Gateway writes no status for a target that does not exist
+            holder = self.policies_of(namespace, name)[0]
+            condition = ({"type": "Accepted", "status": "True", "reason": "Accepted", "message": "Policy has been accepted."}
+                         if holder["metadata"]["name"] == policy["metadata"]["name"] else
+                         {"type": "Accepted", "status": "False", "reason": "Conflicted",
+                          "message": f"Unable to target HTTPRoute {name}, another BackendTrafficPolicy has already attached to it"})
+            for parent in (found.get("spec") or {}).get("parentRefs") or [{}]:
+                ref = {"group": parent.get("group", "gateway.networking.k8s.io"), "kind": parent.get("kind", "Gateway"),
+                       "name": parent.get("name", ""), "namespace": parent.get("namespace", namespace)}
+                ancestors.append({"ancestorRef": ref, "controllerName": GATEWAY_CONTROLLER, "conditions": [condition]})
+        return {"ancestors": ancestors}
 
     def pods_behind(self, route: dict) -> list[tuple[str, str]]:
         """(namespace, pod) of the Ready pods behind any backend of the route: Services and InferencePools."""
@@ -454,6 +488,20 @@ def read_cluster(api: client.ApiClient) -> Cluster:
             else:
                 cluster.demand[key] = value
     return cluster
+
+
+def report_policy_status(api: client.ApiClient, cluster: Cluster) -> None:
+    """Write each BackendTrafficPolicy's status where it changed, as Envoy Gateway's controller does."""
+    custom = client.CustomObjectsApi(api)
+    for policy in cluster.traffic_policies:
+        status = cluster.policy_status(policy)
+        if (policy.get("status") or {}).get("ancestors", []) == status["ancestors"]:
+            continue
+        try:
+            custom.patch_namespaced_custom_object_status(*QUEUE_LIMIT_API[:2], policy["metadata"]["namespace"], QUEUE_LIMIT_API[2],
+                                                         policy["metadata"]["name"], {"status": status})
+        except client.ApiException as exc:
+            log.warning("status of BackendTrafficPolicy %s/%s: %s", policy["metadata"]["namespace"], policy["metadata"]["name"], exc.reason)
 
 
 @dataclass
@@ -926,6 +974,7 @@ def run(kube_url: str, host: str, port: int, time_scale: float, tick_seconds: fl
         if cluster is not None:
             fleet.update(cluster, now - last)
             oom.check(fleet)
+            report_policy_status(api, cluster)
         last = now
         time.sleep(max(0.0, tick_seconds - (time.monotonic() - now)))
 

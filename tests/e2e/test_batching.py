@@ -29,7 +29,7 @@ from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.worker_identity import enable_serving_namespace
 from tests.e2e.test_rollout import IMAGE, NAME, clean_up, rollout_input, temporal_start
 from tests.sandbox_fixtures import TEST_TIME_SCALE, create_logical_deployment, wait_until
-from workflows.naming import TASK_QUEUE, rollout_workflow_id, scaling_workflow_id, versioned_name
+from workflows.naming import TASK_QUEUE, rollout_workflow_id, scaling_workflow_id, traffic_policy_name, versioned_name
 from workflows.rollout.batching import BatchingSetting
 from workflows.rollout.types import Outcome, RolloutResult
 from workflows.scaling.decide import ScalingPolicy
@@ -123,7 +123,7 @@ async def test_burst_beyond_capacity_gets_fast_429s_while_the_loop_scales(sandbo
             id=scaling_workflow_id(f"{QUEUE_NS}/{NAME}"), task_queue=TASK_QUEUE,
         )
         policy_of = lambda: custom.get_namespaced_custom_object(  # noqa: E731
-            "gateway.envoyproxy.io", "v1alpha1", QUEUE_NS, "backendtrafficpolicies", f"{NAME}-queue-limit")
+            "gateway.envoyproxy.io", "v1alpha1", QUEUE_NS, "backendtrafficpolicies", traffic_policy_name(NAME))
         wait_until(lambda: _exists(policy_of), 20, "the loop to write the queue limit")
         assert policy_of()["spec"]["circuitBreaker"]["maxPendingRequests"] == 144  # 1 replica x 80 req/s x 1.8 s
         assert (await asyncio.to_thread(probe, url))[0] == 200  # an idle replica answers

@@ -74,11 +74,11 @@ async def test_a_tenant_over_its_monthly_quota_is_refused_while_another_is_serve
             await temporal.get_schedule_handle(sid).delete()
 
     assert [outcome for _, outcome in schedules] == ["created", "created"]
-    assert (applied.policy, applied.outcome, applied.over_quota) == (f"{NAMESPACE}/chat-token-quotas", "created", ["beta"])
+    assert (applied.policy, applied.outcome, applied.over_quota) == (f"{NAMESPACE}/chat-backend-traffic", "created", ["beta"])
     assert applied.month_tokens["beta"] >= BETA_MONTHLY, "the month's tokens are read from Prometheus"
     assert [outcome for _, outcome in again_schedules] == ["unchanged", "unchanged"] and again.outcome == "unchanged"
     policy = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        "gateway.envoyproxy.io", "v1alpha1", NAMESPACE, "backendtrafficpolicies", "chat-token-quotas")
+        "gateway.envoyproxy.io", "v1alpha1", NAMESPACE, "backendtrafficpolicies", "chat-backend-traffic")
     assert [r["limit"]["requests"] for r in policy["spec"]["rateLimit"]["global"]["rules"]] == [100_000, 0]
 
     refused = await wait_for(lambda: (r := ask(fleet, "beta")).status_code == 429 and r, 10, "beta refused by the gateway")

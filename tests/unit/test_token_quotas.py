@@ -20,7 +20,7 @@ QUOTAS = QuotaFile(namespace="llm-serving", route="chat", tenants=[
 def test_one_rule_per_tenant_costed_in_the_answers_tokens():
     policy = quota_policy(QUOTAS, {"acme": 5_000})
     assert (policy["apiVersion"], policy["kind"]) == ("gateway.envoyproxy.io/v1alpha1", "BackendTrafficPolicy")
-    assert policy["metadata"]["name"] == "chat-token-quotas"
+    assert policy["metadata"]["name"] == "chat-backend-traffic"
     assert policy["spec"]["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "chat"}]
     acme, beta = policy["spec"]["rateLimit"]["global"]["rules"]
     assert acme["clientSelectors"] == [{"headers": [{"name": "x-tenant", "type": "Exact", "value": "acme"}]}]
@@ -60,7 +60,7 @@ def test_the_sandbox_gateway_refuses_a_tenant_at_its_rate_until_the_window_turns
     gate.answered(first, {"version": "1.0.0"}, beta, prompt_tokens=30, completion_tokens=20)  # 50: beta's rate
     refused = gate.admit(policies, "llm-serving", beta, now=59.0)
     assert refused == ("rate limit reached: 50 tokens per Minute for x-tenant=beta "
-                       "(BackendTrafficPolicy llm-serving/chat-token-quotas)")
+                       "(BackendTrafficPolicy llm-serving/chat-backend-traffic)")
     assert isinstance(gate.admit(policies, "llm-serving", {"x-tenant": "acme"}, now=59.0), Admission)
     assert isinstance(gate.admit(policies, "llm-serving", beta, now=60.0), Admission), "a new minute"
 
