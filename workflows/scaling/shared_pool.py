@@ -33,7 +33,7 @@ with workflow.unsafe.imports_passed_through():
     import workflows.scaling.activities as acts
     from workflows.scaling.activities import ScalingActivities
     from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide, demand_rate
-    from workflows.scaling.gpu_sharing import ModelDemand, share_pool
+    from workflows.scaling.gpu_sharing import ModelDemand, model_demand, share_pool
     from workflows.steps import cause, wait_until
 
 DECISIONS_KEPT = 20
@@ -105,14 +105,8 @@ class SharedPoolStatus(BaseModel):
 
 
 def member_demand(member: PoolMember, desired: int, ready: int, signals: Signals) -> ModelDemand:
-    """A member's want as ``share_pool`` ranks it: busy is its arrivals per Ready replica."""
-    return ModelDemand(
-        model=member.deployment,
-        desired=desired,
-        min_replicas=member.policy.min_replicas,
-        gpu_memory_utilization=member.gpu_memory_utilization,
-        busy=demand_rate(signals) / max(1, ready),
-    )
+    return model_demand(member.deployment, desired, member.policy.min_replicas, member.gpu_memory_utilization,
+                        demand_rate(signals), ready)
 
 
 @workflow.defn(name="SharedPoolScaling", failure_exception_types=[ValidationError])
