@@ -22,22 +22,17 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     import workflows.naming as naming
     from workflows.bounds import DAY_SECONDS, MAX_ITERATIONS, PromWindow
-    from workflows.naming import DeploymentRef
-    from workflows.rollout.activities import DEPLOYMENT_OWNED, RolloutActivities, ScaleVersionInput
     import workflows.scaling.activities as acts
-    from workflows.scaling.activities import ScalingActivities
     from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide, demand_rate
     from workflows.scaling.gpu_sharing import ModelDemand, model_demand, share_pool
-    from workflows.steps import cause, wait_until
+    from workflows.scaling.loop import read_scale, read_signals, scale_to
+    from workflows.steps import wait_until
 
 DECISIONS_KEPT = 20
-_SHORT = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
 
 
 class PoolMember(BaseModel):
@@ -138,28 +133,11 @@ class SharedPoolScaling:
 
     async def _observe(self, member: PoolMember) -> tuple[acts.ScaleStatus, Signals] | str:
         namespace, name = naming.split_deployment(member.deployment)
-        try:
-            scale = await workflow.execute_activity_method(
-                ScalingActivities.get_scale,
-                acts.ScaleTarget(namespace=namespace, deployment=name, version=member.version, owner=workflow.info().workflow_id),
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=_SHORT,
-                summary=f"read replicas of {name}",
-            )
-        except ActivityError as err:
-            if isinstance(err.cause, ApplicationError) and err.cause.type == DEPLOYMENT_OWNED:
-                raise ApplicationError(cause(err), type=DEPLOYMENT_OWNED, non_retryable=True) from err
-            return f"cannot read the deployment's scale: {cause(err)}"
-        try:
-            signals = await workflow.execute_activity_method(
-                ScalingActivities.read_scaling_signals,
-                acts.ReadSignalsInput(namespace=namespace, deployment=name, window=self._input.window),
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=_SHORT,
-                summary=f"read signals of {name}",
-            )
-        except ActivityError as err:
-            signals = Signals(error=cause(err))
+        scale = await read_scale(namespace, name, member.version, summary=f"read replicas of {name}")
+        if isinstance(scale, str):
+            return scale
+        signals = await read_signals(namespace, name, dict(acts.DEFAULT_SIGNAL_QUERIES), self._input.window,
+                                     summary=f"read signals of {name}")
         return scale, signals
 
     async def _decide_once(self) -> None:
@@ -195,25 +173,14 @@ class SharedPoolScaling:
         # replicas given back first: their GPU memory is what the growing models are granted
         for record in sorted(records.values(), key=lambda r: (r.granted - r.current, r.deployment)):
             if record.granted != record.current:
-                await self._scale(decisions[record.deployment][0], decisions[record.deployment][1], record)
+                namespace, name = naming.split_deployment(record.deployment)
+                failed = await scale_to(namespace, name, decisions[record.deployment][1], record.granted)
+                record.applied = failed is None
+                if failed:
+                    record.reason += f"; scaling failed: {failed}"
         used = sum(r.granted * decisions[r.deployment][0].gpu_memory_utilization for r in records.values()) + held
         self._decisions = [*self._decisions, PoolDecision(at=now, used_gpus=used, members=list(records.values()))][-DECISIONS_KEPT:]
         self._details(used, notes)
-
-    async def _scale(self, member: PoolMember, scale: acts.ScaleStatus, record: MemberDecision) -> None:
-        namespace, name = naming.split_deployment(member.deployment)
-        try:
-            await workflow.execute_activity_method(
-                RolloutActivities.scale_version,
-                ScaleVersionInput(deployment=DeploymentRef(namespace=namespace, name=name), version=scale.version,
-                                  replicas=record.granted),
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=_SHORT,
-                summary=f"scale {name} {scale.version} {record.current} -> {record.granted}",
-            )
-            record.applied = True
-        except ActivityError as err:
-            record.reason += f"; scaling failed: {cause(err)}"
 
     def _details(self, used: float, notes: list[str]) -> None:
         lines = [f"**shared pool {self._input.pool}** · {used:g} of {self._input.gpus:g} GPUs claimed"]
