@@ -100,6 +100,7 @@ from workflows.rollout.retire import RetireVersion
 from workflows.scaling.placement import node_selector, tolerations
 from workflows.staging.activities import NodeStageRequest
 from workflows.staging.cache import cached_version_label
+from workflows.scaling.gpu_sharing import GPU_MEMORY_UTILIZATION_FLAG, SHARED_GPU_RESOURCE
 
 ROUTE_API = ("gateway.networking.k8s.io", "v1")
 CONTAINER = "server"
@@ -689,6 +690,8 @@ def deployment_manifest(req: EnsureVersionInput, pods: ServingPods) -> dict:
     node_version = node_cache_version_dir(req, pods)
     weights = str(node_version) if node_version is not None else req.weights_path
     args = ["--model", weights, "--served-model-name", req.model, "--port", str(req.port)]
+    if req.gpu_memory_utilization is not None:
+        args += [GPU_MEMORY_UTILIZATION_FLAG, f"{req.gpu_memory_utilization:g}"]
     if pods.otlp_traces_endpoint:
         args += ["--otlp-traces-endpoint", pods.otlp_traces_endpoint]
     env = _tracing_env(req, name, pods) | req.env
@@ -718,10 +721,9 @@ def deployment_manifest(req: EnsureVersionInput, pods: ServingPods) -> dict:
     if node_version is not None:
         _read_from_node_cache(req, pods.node_cache_dir, pods.node_cache_image, pod_spec, node_version)
     if req.gpus_per_replica:
-        container["resources"] = {
-            "limits": {naming.GPU_RESOURCE: str(req.gpus_per_replica)},
-            "requests": {naming.GPU_RESOURCE: str(req.gpus_per_replica)},
-        }
+        # a share of one GPU (time-slicing replicas, workflows/scaling/gpu_sharing.py), or whole GPUs
+        gpus = {SHARED_GPU_RESOURCE: "1"} if req.gpu_memory_utilization is not None else {naming.GPU_RESOURCE: str(req.gpus_per_replica)}
+        container["resources"] = {"limits": gpus, "requests": dict(gpus)}
         # The priority class picks the GPU capacity type: realtime on on-demand nodes, batch on spot.
         pod_spec["nodeSelector"] = node_selector(req.priority_class)
         pod_spec["tolerations"] = [

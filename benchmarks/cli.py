@@ -93,6 +93,8 @@ def _models(args: argparse.Namespace) -> int:
                          max_compute_share=args.max_compute_share, gpus_per_node=args.gpus_per_node, path=args.trace)
     print(models.markdown_table(models.summary(outcome), models.SUMMARY_COLUMNS))
     print()
+    print(models.markdown_table(models.curve_rows(outcome), models.CURVE_COLUMNS))
+    print()
     print(models.markdown_table(models.rows(outcome), models.COLUMNS))
     return 0
 

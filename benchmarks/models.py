@@ -34,16 +34,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from benchmarks import traces
-from benchmarks.scaling import SERVEGEN_SOURCE, TideplanePolicy, markdown_table, tideplane_policy, unloaded_ttft, write_csv
+from benchmarks.scaling import SERVEGEN_SOURCE, TideplanePolicy, at_slo, markdown_table, tideplane_policy, unloaded_ttft, write_csv
 from infra.fleetmodel.engine import Engine, load_engine
 from infra.fleetmodel.fleet import Aggregate, FleetConfig, Result, simulate
 from infra.fleetmodel.sizes import load_servegen_sizes
 from workflows.bounds import MAX_REPLICAS
-from workflows.scaling.gpu_sharing import ModelShare, PackLimits, SharedGpu, SharedReplica, pack
+from workflows.scaling.decide import Signals, demand_rate
+from workflows.scaling.gpu_sharing import ModelShare, PackLimits, SharedGpu, SharedReplica, model_demand, pack, share_pool
 
 GPU_MEMORY_GIB = 141  # H200 (infra/fleetmodel/calibration.yaml)
 TAIL_RATE_RPS = (0.2, 5.0)  # a long-tail client's mean rate, requests/s
 TAIL_MAX_MISSING = 0.1  # share of its windows a long-tail client may lack
+# The shared pool's curve: its models' headroom, the share of a replica's saturation throughput
+# their SLO sizing counts on (1: all of it, as in the dedicated pools; less keeps more replicas),
+# and, at the most headroom, the pool capped at these shares of the GPU memory its models claim at
+# their peak, split by share_pool as SharedPoolScaling splits it.
+SHARED_HEADROOM = (1.0, 0.7)
+POOL_SIZES = (0.85, 0.7, 0.55)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,34 @@ class ModelRun:
     shared: Result
     solo_capacity_rps: float
     mean_rps: float
+
+
+@dataclass
+class PoolMemberPolicy:
+    """A model's own loop inside the shared pool: its decision and load are logged per decision
+    time; given the pool's grants (``share_pool``'s answer at those times) it scales to at most them."""
+
+    inner: TideplanePolicy
+    grants: dict[int, int] | None = None
+    wants: dict[int, int] = field(default_factory=dict)
+    load: dict[int, tuple[float, int]] = field(default_factory=dict)  # (arrivals/s, Ready replicas)
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def interval_s(self) -> float:
+        return self.inner.interval_s
+
+    def initial(self) -> int:
+        return self.inner.initial()
+
+    def desired(self, now_s: float, current: int, ready: int, signals: Signals) -> int:
+        want = self.inner.desired(now_s, current, ready, signals)
+        t = round(now_s)
+        self.wants[t], self.load[t] = want, (demand_rate(signals), ready)
+        return want if self.grants is None else min(want, self.grants.get(t, want))
 
 
 @dataclass
@@ -86,12 +121,47 @@ def dedicated_paid(run: ModelRun, gpus_per_node: int) -> list[int]:
 
 
 @dataclass
+class SharedSetup:
+    """One point of the shared pool's curve: its models' headroom, its size (None: unbounded), what it cost."""
+
+    headroom: float
+    pool_gpus: float | None
+    results: list[Result]
+    packings: list[Packing]
+
+    @property
+    def label(self) -> str:
+        size = "unbounded" if self.pool_gpus is None else f"{self.pool_gpus:.1f} GPUs"
+        return f"sized on {self.headroom:.0%} of a replica's throughput, pool {size}"
+
+    @property
+    def slo(self) -> float:
+        return statistics.fmean(r.slo_minutes_percent for r in self.results)
+
+
+@dataclass
 class Outcome:
     runs: list[ModelRun]
     packings: list[Packing]
     scrape_s: float
     days: float
     config: dict = field(default_factory=dict)
+    curve: list[SharedSetup] = field(default_factory=list)
+
+    @property
+    def dedicated_slo(self) -> float:
+        return statistics.fmean(r.dedicated.slo_minutes_percent for r in self.runs)
+
+    def shared_at_dedicated_slo(self, gpus_per_node: int) -> tuple[str, float] | None:
+        """GPU-hours the shared pool's curve needs for the dedicated pools' SLO minutes: ("=", interpolated),
+        or ("≤", its cheapest point) when every point of the curve does better than the dedicated pools;
+        None when none reaches them."""
+        points = [(s.slo, next(p.gpu_hours for p in s.packings if p.gpus_per_node == gpus_per_node)) for s in self.curve]
+        equal = at_slo(points, self.dedicated_slo)
+        if equal is not None:
+            return "=", equal
+        better = [gpuh for slo, gpuh in points if slo >= self.dedicated_slo]
+        return ("≤", min(better)) if better else None
 
     def dedicated_gpu_hours(self, gpus_per_node: int) -> float:
         return sum(sum(dedicated_paid(r, gpus_per_node)) for r in self.runs) * self.scrape_s / 3600
@@ -128,21 +198,45 @@ def slowed(engine: Engine, factor: float) -> Engine:
                    weight_read_s=engine.weight_read_s * factor, kv_read_s_per_token=engine.kv_read_s_per_token * factor)
 
 
-def _run(counts: list[float], sizes, engine: Engine, cfg: FleetConfig) -> tuple[Result, float]:
-    """One model under tideplane's reactive policy; returns the result and one replica's capacity."""
+def _run(counts: list[float], sizes, engine: Engine, cfg: FleetConfig, headroom: float = 1.0,
+         grants: dict[int, int] | None = None) -> tuple[Result, float, PoolMemberPolicy]:
+    """One model under tideplane's reactive policy (sized on ``headroom`` of a replica's throughput;
+    capped by the pool's ``grants``); returns the result, one replica's capacity and the policy with its log."""
     probe = Aggregate(counts, cfg.step_s, sizes, engine)
     capacity = statistics.median(probe.window(t).capacity_rps for t in range(0, len(counts), 3600))
     need = math.ceil(max(counts[:60] or [0]) / capacity) if capacity else 1
-    policy = TideplanePolicy(tideplane_policy(capacity, MAX_REPLICAS, None, unloaded_ttft(probe, engine)), max(1, need),
-                             name="tideplane-reactive")
+    overrides = {"capacity_share": headroom}
+    policy = PoolMemberPolicy(TideplanePolicy(tideplane_policy(capacity, MAX_REPLICAS, overrides, unloaded_ttft(probe, engine)),
+                                              max(1, need), name="tideplane-reactive"), grants)
     per_scrape = [sum(counts[i : i + round(cfg.scrape_s)]) for i in range(0, len(counts), round(cfg.scrape_s))]
     backend = Aggregate(counts, cfg.step_s, sizes, engine)
-    return simulate(backend, policy, len(counts), cfg, per_scrape, "aggregate"), capacity
+    return simulate(backend, policy, len(counts), cfg, per_scrape, "aggregate"), capacity, policy
 
 
-def pack_over_time(runs: list[ModelRun], limits: PackLimits, scrape_s: float, cold_start_s: float) -> Packing:
-    """Replay every model's replica count through the planner: GPUs paid for per scrape (every GPU
-    of a node that holds a replica), moves, and the GPU-hours of the moved replicas' restarts."""
+def pool_grants(specs: list[ModelSpec], policies: list[PoolMemberPolicy], pool_gpus: float) -> list[dict[int, int]]:
+    """What ``share_pool`` grants each model at each decision time of a pool of ``pool_gpus`` GPUs,
+    from the models' own decisions and loads (those of their unbounded run)."""
+    grants: list[dict[int, int]] = [{} for _ in policies]
+    for t in policies[0].wants:
+        demands = [model_demand(spec.name, p.wants[t], p.inner.policy.min_replicas, spec.fraction, *p.load[t])
+                   for spec, p in zip(specs, policies)]
+        granted = share_pool(pool_gpus, demands)
+        for g, spec in zip(grants, specs):
+            g[t] = granted[spec.name]
+    return grants
+
+
+def peak_claim(specs: list[ModelSpec], policies: list[PoolMemberPolicy]) -> float:
+    """The most GPU memory (in GPUs) the models' own decisions claim at once."""
+    return max(sum(p.wants[t] * spec.fraction for spec, p in zip(specs, policies)) for t in policies[0].wants)
+
+
+def pack_over_time(runs: list[ModelRun], limits: PackLimits, scrape_s: float, cold_start_s: float,
+                   results: list[Result] | None = None) -> Packing:
+    """Replay every model's replica count (``results``, default each run's shared one) through the
+    planner: GPUs paid for per scrape (every GPU of a node that holds a replica), moves, and the
+    GPU-hours of the moved replicas' restarts."""
+    results = results if results is not None else [r.shared for r in runs]
     shares = {r.spec.name: ModelShare(model=r.spec.name, gpu_memory_utilization=r.spec.fraction,
                                       weights_gib=load_engine(r.spec.engine).weight_bytes / 2**30) for r in runs}
     gpus: list[SharedGpu] = []
@@ -150,8 +244,8 @@ def pack_over_time(runs: list[ModelRun], limits: PackLimits, scrape_s: float, co
     moved_gpu_s = 0.0
     paid: list[int] = []
     previous: tuple[int, ...] | None = None
-    for i in range(min(len(r.shared.replicas) for r in runs)):
-        wants = tuple(r.shared.replicas[i] for r in runs)
+    for i in range(min(len(r.replicas) for r in results)):
+        wants = tuple(r.replicas[i] for r in results)
         if wants == previous:
             paid.append(paid[-1])
             continue
@@ -161,12 +255,12 @@ def pack_over_time(runs: list[ModelRun], limits: PackLimits, scrape_s: float, co
             for replica in gpu.replicas:
                 placed.setdefault(replica.share.model, []).append((gpu, replica))
         adds: list[SharedReplica] = []
-        for run, want in zip(runs, wants):
+        for run, result, want in zip(runs, results, wants):
             mine = placed.get(run.spec.name, [])
             for gpu, replica in sorted(mine, key=lambda gr: (gr[0].used_fraction, gr[0].key))[: max(0, len(mine) - want)]:
                 gpu.replicas.remove(replica)  # scale-down: the replica on the emptiest GPU goes
             if want > len(mine):
-                load = run.shared.arrivals[i] / scrape_s / max(1, run.shared.ready[i]) / run.solo_capacity_rps
+                load = result.arrivals[i] / scrape_s / max(1, result.ready[i]) / run.solo_capacity_rps
                 for _ in range(want - len(mine)):
                     counter += 1
                     adds.append(SharedReplica(name=f"{run.spec.name}#{counter}", share=shares[run.spec.name], compute_share=min(1.0, load)))
@@ -183,27 +277,52 @@ def pack_over_time(runs: list[ModelRun], limits: PackLimits, scrape_s: float, co
 
 
 def run(out_dir: Path | None, cfg: FleetConfig, days: float = 7.0, seed: int = 0, tail: int = 20,
-        max_compute_share: float = 0.5, gpus_per_node: int = 8, path: Path = traces.SERVEGEN) -> Outcome:
-    """Every model in both setups; the shared pool packed on ``gpus_per_node``-GPU nodes and on single GPUs."""
+        max_compute_share: float = 0.5, gpus_per_node: int = 8, path: Path = traces.SERVEGEN,
+        headroom: tuple[float, ...] = SHARED_HEADROOM, pool_sizes: tuple[float, ...] = POOL_SIZES) -> Outcome:
+    """Every model in both setups; the shared pool packed on ``gpus_per_node``-GPU nodes and on
+    single GPUs, at each ``headroom`` unbounded and, at the most headroom, capped at each of
+    ``pool_sizes`` of its peak claim (a model ``share_pool`` grants less is simulated again, capped)."""
     specs = models(tail=tail, path=path)
     limits = PackLimits(gpu_memory_gib=GPU_MEMORY_GIB, max_compute_share=max_compute_share)
+    shapes = [limits.model_copy(update={"gpus_per_node": n}) for n in dict.fromkeys((gpus_per_node, 1))]
     slowdown = 1 / (1 - max_compute_share)
     sizes = {c: load_servegen_sizes(c, path, path.with_name(traces.SERVEGEN_DATASETS.name)) for c in {s.sizes_category for s in specs}}
     runs = []
+    inputs = []  # per model: what a shared run of it needs
+    shared_by_headroom: dict[float, list[tuple[Result, PoolMemberPolicy]]] = {h: [] for h in headroom}
     for spec in specs:
         windows = spec.trace.windows[: math.ceil(days * 86400 / spec.trace.window_s)]
         counts = replace(spec.trace, windows=windows).arrivals(1.0, seed)[: round(days * 86400)]
         model_cfg = replace(cfg, engine=spec.engine)
-        dedicated, capacity = _run(counts, sizes[spec.sizes_category], load_engine(spec.engine), model_cfg)
+        dedicated, capacity, _ = _run(counts, sizes[spec.sizes_category], load_engine(spec.engine), model_cfg)
         shared_engine = load_engine(spec.engine, gpu_memory_utilization=spec.fraction)
         if spec.fraction < 0.9:
             shared_engine = slowed(shared_engine, slowdown)
-        shared, _ = _run(counts, sizes[spec.sizes_category], shared_engine, model_cfg)
-        runs.append(ModelRun(spec, dedicated, shared, capacity, statistics.fmean(counts) if counts else 0.0))
-    packings = [pack_over_time(runs, limits.model_copy(update={"gpus_per_node": n}), cfg.scrape_s, cfg.cold_start_s)
-                for n in dict.fromkeys((gpus_per_node, 1))]
-    outcome = Outcome(runs, packings, cfg.scrape_s, days,
-                      {"seed": seed, "tail": tail, "max_compute_share": max_compute_share, **cfg.__dict__})
+        inputs.append((counts, sizes[spec.sizes_category], shared_engine, model_cfg))
+        for h in headroom:
+            result, _, policy = _run(*inputs[-1], headroom=h)
+            shared_by_headroom[h].append((result, policy))
+        runs.append(ModelRun(spec, dedicated, shared_by_headroom[headroom[0]][-1][0], capacity,
+                             statistics.fmean(counts) if counts else 0.0))
+
+    def setup(h: float, pool_gpus: float | None, results: list[Result]) -> SharedSetup:
+        return SharedSetup(h, pool_gpus, results,
+                           [pack_over_time(runs, shape, cfg.scrape_s, cfg.cold_start_s, results) for shape in shapes])
+
+    curve = [setup(h, None, [r for r, _ in shared_by_headroom[h]]) for h in headroom]
+    widest = shared_by_headroom[min(headroom)]
+    policies = [p for _, p in widest]
+    peak = peak_claim(specs, policies)
+    for share in pool_sizes:
+        pool_gpus = max(share * peak, sum(p.inner.policy.min_replicas * s.fraction for s, p in zip(specs, policies)))
+        grants = pool_grants(specs, policies, pool_gpus)
+        results = [
+            _run(*model_input, headroom=min(headroom), grants=g)[0] if any(g[t] < p.wants[t] for t in g) else r
+            for model_input, g, (r, p) in zip(inputs, grants, widest)
+        ]
+        curve.append(setup(min(headroom), pool_gpus, results))
+    outcome = Outcome(runs, curve[0].packings, cfg.scrape_s, days,
+                      {"seed": seed, "tail": tail, "max_compute_share": max_compute_share, **cfg.__dict__}, curve)
     if out_dir is not None:
         write(outcome, out_dir)
     return outcome
@@ -249,7 +368,32 @@ def summary(outcome: Outcome) -> list[dict]:
              "SLO min % (mean of models)": shared[0], "SLO min % (worst model)": shared[1],
              "notes": f"{packing.moves} replica moves ({packing.moved_gpu_hours:,.1f} GPU-h of restarts), peak {max(packing.paid)} GPUs"},
         ]
+        equal = outcome.shared_at_dedicated_slo(packing.gpus_per_node)
+        if outcome.curve:
+            out.append({
+                "setup": f"shared pool at the dedicated SLO minutes, {nodes}",
+                "GPU-h": "no point of the curve reaches it" if equal is None else f"{equal[0]} {equal[1]:,.0f}",
+                "vs dedicated": "–" if equal is None else f"{equal[0]} {equal[1] / base:.2f}",
+                "SLO min % (mean of models)": dedicated[0], "SLO min % (worst model)": "–",
+                "notes": f"on the shared pool's curve ({len(outcome.curve)} points: headroom and pool size, share_pool): = interpolated,"
+                         " ≤ every point does better than the dedicated SLO, the cheapest shown",
+            })
     return out
+
+
+CURVE_COLUMNS = ["shared pool", "SLO min % (mean of models)", "SLO min % (worst model)", "GPU-h by node size"]
+
+
+def curve_rows(outcome: Outcome) -> list[dict]:
+    return [
+        {
+            "shared pool": s.label,
+            "SLO min % (mean of models)": f"{s.slo:.2f}",
+            "SLO min % (worst model)": f"{min(r.slo_minutes_percent for r in s.results):.2f}",
+            "GPU-h by node size": ", ".join(f"{p.gpu_hours:,.0f} ({p.gpus_per_node}-GPU)" for p in s.packings),
+        }
+        for s in outcome.curve
+    ]
 
 
 def write(outcome: Outcome, out_dir: Path) -> None:
@@ -257,10 +401,12 @@ def write(outcome: Outcome, out_dir: Path) -> None:
     stem = out_dir / "models"
     write_csv(stem.with_suffix(".csv"), rows(outcome), COLUMNS)
     write_csv(stem.with_name("models-summary.csv"), summary(outcome), SUMMARY_COLUMNS)
+    write_csv(stem.with_name("models-curve.csv"), curve_rows(outcome), CURVE_COLUMNS)
     stem.with_suffix(".md").write_text(
         f"Traces: {SERVEGEN_SOURCE}; first {outcome.days:g} days, arrival seed {outcome.config['seed']}\n"
         f"Fleet: {json.dumps(outcome.config)}\n\n"
-        + markdown_table(summary(outcome), SUMMARY_COLUMNS) + "\n\nPer model:\n\n"
+        + markdown_table(summary(outcome), SUMMARY_COLUMNS) + "\n\nThe shared pool's curve:\n\n"
+        + markdown_table(curve_rows(outcome), CURVE_COLUMNS) + "\n\nPer model:\n\n"
         + markdown_table(rows(outcome), COLUMNS) + "\n"
     )
     plot(outcome, stem.with_suffix(".png"))

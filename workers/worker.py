@@ -66,6 +66,7 @@ from workflows.scaling.activities import ScalingActivities as ScalingContract
 from workflows.scaling.floors import ScheduleFloor
 from workflows.scaling.loop import ReactiveScaling
 from workflows.scaling.prewarm import PredictivePrewarm
+from workflows.scaling.shared_pool import SharedPoolScaling
 from workflows.spot import activities as spot_contract
 
 log = logging.getLogger("tideplane.worker")
@@ -78,6 +79,7 @@ WORKFLOWS: list[type] = [
     ScheduleFloor,
     PredictivePrewarm,
     NodePoolScaling,
+    SharedPoolScaling,
     RegistryRetention,
     CostReport,
     ApplyRequestClasses,

@@ -133,6 +133,11 @@ def node_pool_workflow_id(pool: str) -> str:
     return f"nodepool/{pool}"
 
 
+def shared_pool_workflow_id(pool: str) -> str:
+    """The SharedPoolScaling loop of the models sharing one GPU pool."""
+    return f"sharedpool/{pool}"
+
+
 FLOOR_SCHEDULE_PREFIX = "floor"  # Temporal Schedules of time-of-day floors (ScheduleFloor)
 PREWARM_SCHEDULE_PREFIX = "prewarm"  # Temporal Schedules of predictive pre-warm (PredictivePrewarm)
 

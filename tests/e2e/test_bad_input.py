@@ -146,6 +146,7 @@ INVALID_ROLLOUTS = [
     ("replicas past the bound", {"replicas": 2_147_483_648}, ["replicas", "less than or equal to 10000"]),
     ("query window under 1 s", {"query_window_seconds": 0.4}, ["query_window_seconds", "greater than or equal to 1"]),
     ("version not a label value", {"version": "1.3.0+build.5"}, ["version", "must be a Kubernetes label value"]),
+    ("GPU share above 1", {"gpu_memory_utilization": 1.5}, ["gpu_memory_utilization", "less than or equal to 1"]),
 ]
 
 

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from benchmarks.models import ModelRun, ModelSpec, dedicated_paid, pack_over_time
+from benchmarks.models import ModelRun, ModelSpec, PoolMemberPolicy, dedicated_paid, pack_over_time, peak_claim, pool_grants
+from benchmarks.scaling import TideplanePolicy
 from benchmarks.traces import RateTrace
+from workflows.scaling.decide import ScalingPolicy, Signals
 from workflows.scaling.gpu_sharing import PackLimits
 
 SCRAPE = 15.0
@@ -44,3 +46,24 @@ def test_small_models_share_gpus_and_empty_nodes_are_given_back():
     assert packing.gpu_hours == pytest.approx(9 * SCRAPE / 3600)
     on_nodes = pack_over_time([big, *tail], PackLimits(gpus_per_node=8, gpu_memory_gib=141), SCRAPE, 240.0)
     assert on_nodes.paid == [8, 8, 0]  # one 8-GPU node holds them all
+
+
+def member(wants: dict[int, int], load: dict[int, tuple[float, int]]) -> PoolMemberPolicy:
+    return PoolMemberPolicy(TideplanePolicy(ScalingPolicy(max_replicas=20), 1), wants=wants, load=load)
+
+
+def test_the_shared_pool_grants_an_idle_models_gpus_to_the_busy_one():
+    """The bench splits a capped pool by the loop's own rule: idle models keep their minimum."""
+    specs = [ModelSpec(n, "llama-3.2-3b/H200x1", 0.5, RateTrace(n, 600.0, []), "m-large") for n in ("chat", "embed")]
+    chat = member({30: 4, 60: 1}, {30: (40.0, 2), 60: (0.0, 2)})
+    embed = member({30: 2, 60: 4}, {30: (0.0, 2), 60: (40.0, 2)})
+    assert peak_claim(specs, [chat, embed]) == 3.0
+    grants = pool_grants(specs, [chat, embed], 2.0)
+    assert grants == [{30: 3, 60: 1}, {30: 1, 60: 3}]  # the busy model of each moment gets the pool less the other's minimum
+
+
+def test_a_pool_member_scales_to_at_most_its_grant_and_logs_what_it_wanted():
+    policy = member({}, {})
+    policy.grants = {30: 3}
+    assert policy.desired(30.0, 2, 2, Signals(queue_waiting=400, running=8, request_rate=40.0)) == 3
+    assert policy.wants[30] > 3 and policy.load[30] == (40.0, 2)

@@ -123,6 +123,9 @@ class EnsureVersionInput(BaseModel):
     version: str
     image: str
     gpus_per_replica: int = Field(ge=0)
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="a share of one GPU (nvidia.com/gpu.shared) claiming this fraction of its memory"
+    )
     replicas: int = Field(ge=0)
     weights_path: str
     port: int = 8000

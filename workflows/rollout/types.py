@@ -40,6 +40,7 @@ from workflows.bounds import (
 from workflows.naming import DeploymentName, DeploymentRef, VersionLabel
 from workflows.rollout.activities import Benchmark, EnvFromSecret, StagedWeights, plain_credentials
 from workflows.rollout.batching import BatchingSweep, SweepChoice
+from workflows.scaling.gpu_sharing import GPU_MEMORY_UTILIZATION_FLAG
 from workflows.rollout.quality import GoldenVerdict, ShadowSettings, ShadowVerdict
 from workflows.staging.activities import NodeStaging, PrestageSettings
 
@@ -161,6 +162,11 @@ class RolloutInput(_Strict):
     replicas: int | None = Field(
         None, ge=1, le=MAX_REPLICAS, description="size of the promoted version; default: the stable's size"
     )
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1,
+        description="share a GPU with other models: each replica requests nvidia.com/gpu.shared: 1 and vLLM claims this"
+        " fraction of the GPU's memory (--gpu-memory-utilization); None: whole GPUs (nvidia.com/gpu)",
+    )
     port: int = Field(8000, ge=1, le=65535)
     priority_class: Literal["realtime", "batch"] = Field(
         "realtime", description="realtime: on-demand nodes; batch: spot"
@@ -252,6 +258,18 @@ class RolloutInput(_Strict):
         if (self.weights_uri is None) != (self.sha256 is None):
             missing = "sha256" if self.sha256 is None else "weights_uri"
             raise ValueError(f"{missing} is required when the other of weights_uri/sha256 is given")
+        return self
+
+    @model_validator(mode="after")
+    def _one_shared_gpu(self) -> RolloutInput:
+        if self.gpu_memory_utilization is None:
+            return self
+        if self.gpus_per_replica != 1:
+            raise ValueError(
+                f"gpu_memory_utilization: a replica shares one GPU; gpus_per_replica must be 1, got {self.gpus_per_replica}"
+            )
+        if any(a == GPU_MEMORY_UTILIZATION_FLAG or a.startswith(GPU_MEMORY_UTILIZATION_FLAG + "=") for a in self.args):
+            raise ValueError(f"gpu_memory_utilization: also given in args as {GPU_MEMORY_UTILIZATION_FLAG}; give it once")
         return self
 
     @property

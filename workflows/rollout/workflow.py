@@ -391,6 +391,7 @@ class ModelRollout:
                 version=inp.version,
                 image=inp.image,
                 gpus_per_replica=inp.gpus_per_replica,
+                gpu_memory_utilization=inp.gpu_memory_utilization,
                 replicas=first,
                 weights_path=self._staged.path,
                 port=inp.port,

@@ -252,6 +252,13 @@ class ModelDemand(BaseModel):
     busy: float = Field(0, ge=0, description="load per replica it has now (e.g. utilisation), to rank who gets GPUs")
 
 
+def model_demand(model: str, desired: int, min_replicas: int, claim: float, request_rate: float, ready: int) -> ModelDemand:
+    """A model's want as ``share_pool`` ranks it: busy is its arrivals (requests/s) per Ready replica.
+    One definition for SharedPoolScaling and the multi-model benchmark."""
+    return ModelDemand(model=model, desired=desired, min_replicas=min_replicas, gpu_memory_utilization=claim,
+                       busy=request_rate / max(1, ready))
+
+
 def share_pool(capacity_gpus: float, demands: list[ModelDemand]) -> dict[str, int]:
     """Replicas per model when a shared pool's GPUs (in whole-GPU memory) may not hold every want.
 

@@ -202,6 +202,52 @@ def cold_start_line(up: LastScaleUp) -> str:
     return line
 
 
+async def read_scale(namespace: str, name: str, version: str | None, summary: str = "read replicas") -> acts.ScaleStatus | str:
+    """The scaled version's replicas, claiming its Deployment for this workflow: another loop's claim
+    fails the run (non-retryable); any other failure comes back as text, for the loop to report."""
+    try:
+        return await workflow.execute_activity_method(
+            ScalingActivities.get_scale,
+            acts.ScaleTarget(namespace=namespace, deployment=name, version=version, owner=workflow.info().workflow_id),
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=_SHORT,
+            summary=summary,
+        )
+    except ActivityError as err:
+        if isinstance(err.cause, ApplicationError) and err.cause.type == DEPLOYMENT_OWNED:
+            raise ApplicationError(cause(err), type=DEPLOYMENT_OWNED, non_retryable=True) from err  # another loop scales it
+        return f"cannot read the deployment's scale: {cause(err)}"
+
+
+async def read_signals(namespace: str, name: str, queries: dict[str, str], window: PromWindow, summary: str = "read signals") -> Signals:
+    """The deployment's signals; an unreadable Prometheus reads as ``Signals(error=...)``."""
+    try:
+        return await workflow.execute_activity_method(
+            ScalingActivities.read_scaling_signals,
+            acts.ReadSignalsInput(namespace=namespace, deployment=name, queries=queries, window=window),
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=_SHORT,
+            summary=summary,
+        )
+    except ActivityError as err:
+        return Signals(error=cause(err))
+
+
+async def scale_to(namespace: str, name: str, scale: acts.ScaleStatus, replicas: int) -> str | None:
+    """Scale the version's Deployment to ``replicas``: None when done, else why it failed."""
+    try:
+        await workflow.execute_activity_method(
+            RolloutActivities.scale_version,
+            ScaleVersionInput(deployment=DeploymentRef(namespace=namespace, name=name), version=scale.version, replicas=replicas),
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=_SHORT,
+            summary=f"scale {name} {scale.version} {scale.replicas} -> {replicas}",
+        )
+    except ActivityError as err:
+        return cause(err)
+    return None
+
+
 @workflow.defn(name="ReactiveScaling", failure_exception_types=[ValidationError])
 class ReactiveScaling:
     """ValidationError fails the run: a bad input (e.g. min_replicas > max_replicas) is reported with
@@ -248,36 +294,11 @@ class ReactiveScaling:
 
     async def _decide_once(self, namespace: str, name: str) -> None:
         now = workflow.now()
-        try:
-            scale = await workflow.execute_activity_method(
-                ScalingActivities.get_scale,
-                acts.ScaleTarget(
-                    namespace=namespace, deployment=name, version=self._input.version, owner=workflow.info().workflow_id
-                ),
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=_SHORT,
-                summary="read replicas",
-            )
-        except ActivityError as err:
-            if isinstance(err.cause, ApplicationError) and err.cause.type == DEPLOYMENT_OWNED:
-                raise ApplicationError(cause(err), type=DEPLOYMENT_OWNED, non_retryable=True) from err  # another loop scales it
-            self._details(f"cannot read the deployment's scale: {cause(err)}")
+        scale = await read_scale(namespace, name, self._input.version)
+        if isinstance(scale, str):
+            self._details(scale)
             return
-        try:
-            signals = await workflow.execute_activity_method(
-                ScalingActivities.read_scaling_signals,
-                acts.ReadSignalsInput(
-                    namespace=namespace,
-                    deployment=name,
-                    queries={**acts.DEFAULT_SIGNAL_QUERIES, **self._input.queries},
-                    window=self._input.window,
-                ),
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=_SHORT,
-                summary="read signals",
-            )
-        except ActivityError as err:
-            signals = Signals(error=cause(err))
+        signals = await read_signals(namespace, name, {**acts.DEFAULT_SIGNAL_QUERIES, **self._input.queries}, self._input.window)
         if self._policy.forecast_horizon_seconds > 0 and workflow.patched("forecast"):
             await self._forecast(now, namespace, name)
         floor = self._floor(now)
@@ -315,19 +336,10 @@ class ReactiveScaling:
         if mixed:
             await self._apply_spot_mix(namespace, name, scale.version, decision.desired, self._policy.spot_mix, record)
         elif decision.desired != scale.replicas:
-            try:
-                await workflow.execute_activity_method(
-                    RolloutActivities.scale_version,
-                    ScaleVersionInput(
-                        deployment=DeploymentRef(namespace=namespace, name=name), version=scale.version, replicas=decision.desired
-                    ),
-                    start_to_close_timeout=timedelta(seconds=30),
-                    retry_policy=_SHORT,
-                    summary=f"scale {name} {scale.version} {scale.replicas} -> {decision.desired}",
-                )
-                record.applied = True
-            except ActivityError as err:
-                record.reason += f"; scaling failed: {cause(err)}"
+            failed = await scale_to(namespace, name, scale, decision.desired)
+            record.applied = failed is None
+            if failed:
+                record.reason += f"; scaling failed: {failed}"
         if not mixed and self._warm_floor is not None:  # the spot mix was turned off: its floor lapses
             await self._claim_warm_floor(None, 0, record)
         if self._policy.cpu_fallback is not None:
