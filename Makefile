@@ -26,10 +26,12 @@ demo: install
 	$(VENV)/bin/tideplane demo
 
 # The layer contracts (pyproject.toml, [tool.importlinter]) first: they take a second.
-# pytest exits 5 when it collects no tests; make stops on any non-zero exit, so that fails too.
+# pytest exits 5 when it collects no tests (with -n too); make stops on any non-zero exit, so that fails too.
+# Two xdist workers: one runs every module that uses the sandbox, the other everything else
+# meanwhile (tests/conftest.py groups them).
 test: install
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/pytest -q --timeout=300
+	$(VENV)/bin/pytest -q --timeout=300 -n 2 --dist loadscope
 
 down:
 	$(VENV)/bin/tideplane sandbox down

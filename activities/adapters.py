@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, selector
+from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, retry_on_conflict, selector
 from activities.registry import Registry, RegistryError
 from activities.rollout import read_route
 from workflows.adapters import activities as contract
@@ -31,7 +31,6 @@ from workflows.adapters.routing import adapter_rule, with_adapter_rule
 from workflows.rollout.activities import WeightFile
 
 HTTP_TIMEOUT = httpx.Timeout(60.0, connect=5.0)  # loading reads the adapter's files on the pod
-_CONFLICT_RETRIES = 5
 ALREADY_LOADED = "has already been loaded"
 NOT_LOADED = "cannot be found"
 NOT_ENABLED = "LoRA is not enabled"
@@ -140,7 +139,8 @@ class AdapterActivities(contract.AdapterActivities):
         ref = req.deployment
         rule = adapter_rule(req.adapter, ref.versioned(req.base_version), req.port, req.weights)
         what = f"HTTPRoute {ref}"
-        for _ in range(_CONFLICT_RETRIES):
+
+        def write() -> None:
             route = read_route(self.kube, ref)
             if route is None:
                 raise ApplicationError(f"no {what}: deploy the base model with a ModelRollout first", non_retryable=True)
@@ -149,12 +149,8 @@ class AdapterActivities(contract.AdapterActivities):
             if wanted == rules:
                 return
             route["spec"]["rules"] = wanted
-            try:
-                self.kube.custom.replace_namespaced_custom_object(
-                    "gateway.networking.k8s.io", "v1", ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
-                )
-                return
-            except ApiException as exc:
-                if exc.status != 409:
-                    fail(exc, what)
-        raise ApplicationError(f"{what} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+            self.kube.custom.replace_namespaced_custom_object(
+                "gateway.networking.k8s.io", "v1", ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
+            )
+
+        retry_on_conflict(what, write)

@@ -12,11 +12,10 @@ from __future__ import annotations
 import math
 import time
 
-from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
-from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
+from activities.clients.kube import API_TIMEOUT, KubeClient, is_ready, label_selector, read_or_none, retry_on_conflict, selector
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.vllm import VllmClient
 from workflows.naming import DeploymentRef
@@ -34,7 +33,6 @@ CONTAINER = "server"  # activities/rollout.py's serving container
 DEFAULT_PROMPT_TOKENS = 512  # a deployment with no recent traffic
 DEFAULT_OUTPUT_TOKENS = 128
 CHARS_PER_TOKEN = 4
-_CONFLICT_RETRIES = 5
 SCRAPE_WAIT_S = 15.0  # longest wait for Prometheus to see a new pod before a run
 
 
@@ -95,7 +93,8 @@ class BatchingActivities(contract.BatchingActivities):
         """The serving container's args with the setting's batching arguments (others kept)."""
         apps = self.kube.apps
         name = ref.versioned(version)
-        for _ in range(_CONFLICT_RETRIES):
+
+        def write() -> None:
             dep = read_or_none(apps.read_namespaced_deployment, name, ref.namespace)
             if dep is None:
                 raise ApplicationError(f"Deployment {ref.namespace}/{name} not found", type="NotFound", non_retryable=True)
@@ -106,13 +105,9 @@ class BatchingActivities(contract.BatchingActivities):
             if wanted == list(container.args or []):
                 return
             container.args = wanted
-            try:
-                apps.replace_namespaced_deployment(name, ref.namespace, dep, _request_timeout=API_TIMEOUT)
-                return
-            except ApiException as exc:
-                if exc.status != 409:
-                    fail(exc, f"Deployment {ref.namespace}/{name}")
-        raise ApplicationError(f"Deployment {ref.namespace}/{name} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+            apps.replace_namespaced_deployment(name, ref.namespace, dep, _request_timeout=API_TIMEOUT)
+
+        retry_on_conflict(f"Deployment {ref.namespace}/{name}", write)
 
     def _wait_rolled_out(
         self, ref: DeploymentRef, version: str, setting: BatchingSetting, poll_s: float, points: list[SweepPoint]

@@ -58,6 +58,7 @@ from workflows.staging.cache import (
     CacheIndex,
     Chunk,
     EvictionPlan,
+    cached_version_label,
     chunks_to_fetch,
     eviction_plan,
     fetch_order,
@@ -416,7 +417,24 @@ class NodeStagingActivities(contract.NodeStagingActivities):
             else:
                 running = any((p.status.phase or "") == "Running" for p in mine)
                 nodes.append(NodeStaging(node=node, state="staging" if running else "pending", message=_last_message(mine)))
+        self._label_holders(req, [n.node for n in nodes if n.state == "staged"])
         return NodeStagingStatus(nodes=nodes)
+
+    def _label_holders(self, req: StartNodeStagingInput, staged: list[str]) -> None:
+        """Label the nodes that hold the version now (``cached_version_label``): the version's serving
+        pods prefer them and load from their cache. A label outliving an eviction costs nothing but
+        the preference: the pods' staging init container fetches what the node lacks."""
+        if not staged:
+            return
+        label = cached_version_label(req.model, req.version)
+        labelled = {n.metadata.name for n in self.kube.core.list_node(
+            label_selector=label_selector({label: "true"}), _request_timeout=API_TIMEOUT).items}
+        for node in sorted(set(staged) - labelled):
+            try:
+                self.kube.core.patch_node(node, {"metadata": {"labels": {label: "true"}}}, _request_timeout=API_TIMEOUT)
+            except ApiException as exc:
+                if exc.status != 404:  # the node left meanwhile
+                    raise
 
     def _pool_nodes(self, pool: str | None) -> list:
         selector = label_selector({NODE_POOL: pool}) if pool else None

@@ -33,7 +33,9 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.clients.kube import API_TIMEOUT, KubeClient, fail, gateway_parent_ref, is_ready, label_selector, read_or_none, selector
+from activities.clients.kube import (
+    API_TIMEOUT, KubeClient, fail, gateway_parent_ref, is_ready, label_selector, read_or_none, retry_on_conflict, selector,
+)
 from activities.clients.prometheus import PrometheusClient, render
 from activities.clients.s3 import (
     NOT_FOUND,
@@ -46,6 +48,7 @@ from activities.clients.s3 import (
 )
 from activities.clients.shadow import ShadowPairsClient
 from activities.clients.vllm import VllmClient
+from activities.node_cache import NodeCache
 from activities.verified_file import ChecksumMismatch, already_verified, discard_partial, fetch_verified
 from workflows import naming, telemetry
 from workflows.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
@@ -93,17 +96,20 @@ from workflows.rollout.activities import (
 from workflows.rollout.quality import CaseResult, ShadowPair, grade
 from workflows.rollout.retire import RetireVersion
 from workflows.scaling.placement import node_selector, tolerations
+from workflows.staging.activities import NodeStageRequest
+from workflows.staging.cache import cached_version_label
 
 ROUTE_API = ("gateway.networking.k8s.io", "v1")
 CONTAINER = "server"
 CACHE_VOLUME = "model-cache"
 ENGINE_CACHE_VOLUME = "engine-cache"
 ENGINE_CACHE_ENV = "VLLM_CACHE_ROOT"  # vLLM's torch.compile and CUDA-graph cache
+NODE_CACHE_VOLUME, NODE_VERSION_VOLUME = "node-cache", "node-cache-version"
+STAGE_INIT_CONTAINER = "stage-weights"
 # A deleted replica drains: preStop waits while its endpoint is removed everywhere (no new
 # requests), then SIGTERM and vLLM finishes what it accepted within the grace period.
 PRE_STOP_SECONDS = 5
 DRAIN_GRACE_SECONDS = 120
-_CONFLICT_RETRIES = 5
 OWNED_ELSEWHERE = contract.DEPLOYMENT_OWNED
 MIRROR_FILTER = "RequestMirror"
 
@@ -117,6 +123,8 @@ class ServingPods:
     otlp_traces_endpoint: str | None = None
     trace_sample_ratio: float = 0.1
     engine_cache_dir: Path | None = None  # VLLM_CACHE_ROOT per version on the node's disk; None: none
+    node_cache_dir: Path | None = None  # the node-local weight cache (activities/node_cache.py); None: pods never read it
+    node_cache_image: str = "ghcr.io/tideplane/worker:0.1.0"  # what the pods' staging init container runs
 
 
 class RolloutActivities(contract.RolloutActivities):
@@ -354,46 +362,39 @@ class RolloutActivities(contract.RolloutActivities):
 
         self._claim_route(ref, req.owner)
         custom = self.kube.custom
-        what = f"HTTPRoute {ref}"
-        for _ in range(_CONFLICT_RETRIES):
+
+        def write_route() -> None:
             route = read_route(self.kube, ref)
-            try:
-                if route is None:
-                    body = {
-                        "apiVersion": "/".join(ROUTE_API),
-                        "kind": "HTTPRoute",
-                        "metadata": {
-                            "name": ref.name,
-                            "namespace": ref.namespace,
-                            "labels": {**selector(ref.name), naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
-                        },
-                        "spec": {
-                            "parentRefs": [gateway_parent_ref(self.gateway, ref.namespace)],
-                            "rules": [{"backendRefs": backends, **({"filters": [mirror]} if mirror else {})}],
-                        },
-                    }
-                    custom.create_namespaced_custom_object(
-                        *ROUTE_API, ref.namespace, "httproutes", body, _request_timeout=API_TIMEOUT
-                    )
-                    break
-                rules = route.setdefault("spec", {}).setdefault("rules", [])
-                if not rules:
-                    rules.append({})
-                filters = with_mirror(rules[0].get("filters") or [], mirror, {b["name"] for b in backends})
-                if rules[0].get("backendRefs") == backends and (rules[0].get("filters") or []) == filters:
-                    break
-                rules[0]["backendRefs"] = backends
-                if filters or "filters" in rules[0]:
-                    rules[0]["filters"] = filters
-                custom.replace_namespaced_custom_object(
-                    *ROUTE_API, ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
-                )
-                break
-            except ApiException as exc:
-                if exc.status != 409:
-                    fail(exc, what)
-        else:
-            raise ApplicationError(f"{what} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+            if route is None:
+                body = {
+                    "apiVersion": "/".join(ROUTE_API),
+                    "kind": "HTTPRoute",
+                    "metadata": {
+                        "name": ref.name,
+                        "namespace": ref.namespace,
+                        "labels": {**selector(ref.name), naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
+                    },
+                    "spec": {
+                        "parentRefs": [gateway_parent_ref(self.gateway, ref.namespace)],
+                        "rules": [{"backendRefs": backends, **({"filters": [mirror]} if mirror else {})}],
+                    },
+                }
+                custom.create_namespaced_custom_object(*ROUTE_API, ref.namespace, "httproutes", body, _request_timeout=API_TIMEOUT)
+                return
+            rules = route.setdefault("spec", {}).setdefault("rules", [])
+            if not rules:
+                rules.append({})
+            filters = with_mirror(rules[0].get("filters") or [], mirror, {b["name"] for b in backends})
+            if rules[0].get("backendRefs") == backends and (rules[0].get("filters") or []) == filters:
+                return
+            rules[0]["backendRefs"] = backends
+            if filters or "filters" in rules[0]:
+                rules[0]["filters"] = filters
+            custom.replace_namespaced_custom_object(
+                *ROUTE_API, ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
+            )
+
+        retry_on_conflict(f"HTTPRoute {ref}", write_route)
         self._claim_route(ref, req.owner, release=req.release)  # a route just created; or give it up
         telemetry.route_weights(activity.metric_meter(), ref.namespace, ref.name, req.weights)
 
@@ -413,7 +414,8 @@ class RolloutActivities(contract.RolloutActivities):
         (compare-and-swap on the resourceVersion); another owner's route is refused, naming it."""
         if owner is None:
             return
-        for _ in range(_CONFLICT_RETRIES):
+
+        def claim() -> None:
             route = read_route(self.kube, ref)
             if route is None:
                 return  # a first deploy: the route is claimed when created
@@ -428,34 +430,27 @@ class RolloutActivities(contract.RolloutActivities):
                 del annotations[naming.ANNOTATION_OWNER]
             else:
                 annotations[naming.ANNOTATION_OWNER] = owner
-            try:
-                self.kube.custom.replace_namespaced_custom_object(
-                    *ROUTE_API, ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
-                )
-                return
-            except ApiException as exc:
-                if exc.status != 409:
-                    fail(exc, f"HTTPRoute {ref}")
-        raise ApplicationError(f"HTTPRoute {ref} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+            self.kube.custom.replace_namespaced_custom_object(
+                *ROUTE_API, ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
+            )
+
+        retry_on_conflict(f"HTTPRoute {ref}", claim)
 
     def _create_or_replace_deployment(self, body: dict) -> None:
         apps = self.kube.apps
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        for _ in range(_CONFLICT_RETRIES):
+
+        def write() -> None:
             current = read_or_none(apps.read_namespaced_deployment, name, ns)
-            try:
-                if current is None:
-                    apps.create_namespaced_deployment(ns, body, _request_timeout=API_TIMEOUT)
-                else:
-                    _require_same_version(current, body)
-                    body["metadata"]["resourceVersion"] = current.metadata.resource_version
-                    body["metadata"]["annotations"] = current.metadata.annotations  # e.g. the revision
-                    apps.replace_namespaced_deployment(name, ns, body, _request_timeout=API_TIMEOUT)
+            if current is None:
+                apps.create_namespaced_deployment(ns, body, _request_timeout=API_TIMEOUT)
                 return
-            except ApiException as exc:
-                if exc.status != 409:
-                    fail(exc, f"Deployment {ns}/{name}")
-        raise ApplicationError(f"Deployment {ns}/{name} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+            _require_same_version(current, body)
+            body["metadata"]["resourceVersion"] = current.metadata.resource_version
+            body["metadata"]["annotations"] = current.metadata.annotations  # e.g. the revision
+            apps.replace_namespaced_deployment(name, ns, body, _request_timeout=API_TIMEOUT)
+
+        retry_on_conflict(f"Deployment {ns}/{name}", write)
 
     def _create_or_patch_service(self, body: dict) -> None:
         """Patch rather than replace: a Service's allocated clusterIP must be kept."""
@@ -689,7 +684,9 @@ def deployment_manifest(req: EnsureVersionInput, pods: ServingPods) -> dict:
         naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
         naming.LABEL_CLASS: req.priority_class,
     }
-    args = ["--model", req.weights_path, "--served-model-name", req.model, "--port", str(req.port)]
+    node_version = node_cache_version_dir(req, pods)
+    weights = str(node_version) if node_version is not None else req.weights_path
+    args = ["--model", weights, "--served-model-name", req.model, "--port", str(req.port)]
     if pods.otlp_traces_endpoint:
         args += ["--otlp-traces-endpoint", pods.otlp_traces_endpoint]
     env = _tracing_env(req, name, pods) | req.env
@@ -716,6 +713,8 @@ def deployment_manifest(req: EnsureVersionInput, pods: ServingPods) -> dict:
     if engine_cache is not None:
         container["volumeMounts"].append({"name": ENGINE_CACHE_VOLUME, "mountPath": str(engine_cache)})
         pod_spec["volumes"].append({"name": ENGINE_CACHE_VOLUME, "hostPath": {"path": str(engine_cache), "type": "DirectoryOrCreate"}})
+    if node_version is not None:
+        _read_from_node_cache(req, pods.node_cache_dir, pods.node_cache_image, pod_spec, node_version)
     if req.gpus_per_replica:
         container["resources"] = {
             "limits": {naming.GPU_RESOURCE: str(req.gpus_per_replica)},
@@ -737,6 +736,42 @@ def deployment_manifest(req: EnsureVersionInput, pods: ServingPods) -> dict:
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
+
+
+def node_cache_version_dir(req: EnsureVersionInput, pods: ServingPods) -> Path | None:
+    """Where the version's files are in every node's cache, when its pods read it there (the rollout
+    pre-staged it and the worker knows the cache); None: they read the shared model cache."""
+    if not req.node_cache_files or pods.node_cache_dir is None:
+        return None
+    return NodeCache(pods.node_cache_dir).version_dir(_safe_component(req.model, "model"), _safe_component(req.version, "version"))
+
+
+def _read_from_node_cache(req: EnsureVersionInput, cache_dir: Path, image: str, pod_spec: dict, version_dir: Path) -> None:
+    """The server loads the version from its node's cache, mounted read-only; the pod prefers nodes
+    labelled as holding it, and on any other node (a new one, or one that evicted it) an init
+    container runs the node staging code first (``node-cache stage``: S3, each chunk verified; chunks
+    the node holds for other versions are linked, not fetched), so the pod starts either way."""
+    node = "$(NODE_NAME)"  # the kubelet expands it from the init container's env
+    request = NodeStageRequest(model=req.model, version=req.version, files=req.node_cache_files, node=node, stagers=[node])
+    pod_spec["initContainers"] = [{
+        "name": STAGE_INIT_CONTAINER,
+        "image": image,
+        "args": ["node-cache", "stage", "--request", request.model_dump_json()],
+        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                {"name": "TIDEPLANE_NODE_CACHE_DIR", "value": str(cache_dir)}],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+        "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": [{"name": NODE_CACHE_VOLUME, "mountPath": str(cache_dir)}],
+    }]
+    pod_spec["containers"][0]["volumeMounts"].append({"name": NODE_VERSION_VOLUME, "mountPath": str(version_dir), "readOnly": True})
+    pod_spec["volumes"] += [
+        {"name": NODE_CACHE_VOLUME, "hostPath": {"path": str(cache_dir), "type": "DirectoryOrCreate"}},
+        {"name": NODE_VERSION_VOLUME, "hostPath": {"path": str(version_dir), "type": "DirectoryOrCreate"}},
+    ]
+    pod_spec["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+        "weight": 100,
+        "preference": {"matchExpressions": [{"key": cached_version_label(req.model, req.version), "operator": "In", "values": ["true"]}]},
+    }]}}
 
 
 def service_manifest(req: EnsureVersionInput) -> dict:

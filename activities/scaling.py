@@ -46,7 +46,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.clients.aws import AwsClient
-from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
+from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, retry_on_conflict, selector
 from activities.clients.prometheus import PrometheusClient, render
 from activities.rollout import deployment_state, owned_elsewhere
 from workflows import naming
@@ -206,19 +206,36 @@ class ScalingActivities(contract.ScalingActivities):
         body = queue_limit_policy(ref, req.limit)
         name = body["metadata"]["name"]
         custom = self.kube.custom
-        for _ in range(5):
+
+        def write() -> None:
             current = read_or_none(custom.get_namespaced_custom_object, *POLICY_API, ref.namespace, POLICY_PLURAL, name)
-            try:
-                if current is None:
-                    custom.create_namespaced_custom_object(*POLICY_API, ref.namespace, POLICY_PLURAL, body, _request_timeout=API_TIMEOUT)
-                elif current.get("spec") != body["spec"] or (current["metadata"].get("annotations") or {}) != body["metadata"]["annotations"]:
-                    body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                    custom.replace_namespaced_custom_object(*POLICY_API, ref.namespace, POLICY_PLURAL, name, body, _request_timeout=API_TIMEOUT)
-                return
-            except ApiException as exc:
-                if exc.status != 409:
-                    fail(exc, f"BackendTrafficPolicy {ref.namespace}/{name}")
-        raise ApplicationError(f"BackendTrafficPolicy {ref.namespace}/{name} kept changing under us")
+            if current is None:
+                custom.create_namespaced_custom_object(*POLICY_API, ref.namespace, POLICY_PLURAL, body, _request_timeout=API_TIMEOUT)
+            elif current.get("spec") != body["spec"] or (current["metadata"].get("annotations") or {}) != body["metadata"]["annotations"]:
+                body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                custom.replace_namespaced_custom_object(*POLICY_API, ref.namespace, POLICY_PLURAL, name, body, _request_timeout=API_TIMEOUT)
+
+        retry_on_conflict(f"BackendTrafficPolicy {ref.namespace}/{name}", write)
+
+    @activity.defn(name=contract.FORECAST_DEMAND)
+    def forecast_demand(self, req: DemandForecastInput) -> DemandForecast:
+        """The demand forecast over ``horizon_seconds`` from the last week and a half of the arrival rate."""
+        promql = render("demand_rate", req.query, {"namespace": req.namespace, "deployment": req.deployment})
+        end = math.floor(req.at / req.step_seconds) * req.step_seconds
+        points = min(PROMETHEUS_MAX_POINTS - 1, math.ceil((WEEK_S + 2 * req.horizon_seconds + 8 * 3600) / req.step_seconds))
+        start = end - points * req.step_seconds
+        series = self.prometheus.range("demand rate", promql, start, end, req.step_seconds)
+        if len(series) > 1:
+            activity.logger.warning("demand rate returned %d series; using the first", len(series))
+        # one slot per step from start to end; a step with no sample (no data, or the deployment did
+        # not exist yet) stays None, so history begins at the first measured sample
+        history: list[float | None] = [None] * (points + 1)
+        for at, value in (series[0]["values"] if series else []):
+            index = round((float(at) - start) / req.step_seconds)
+            if 0 <= index <= points and not math.isnan(float(value)):
+                history[index] = float(value)
+        first = next((i for i, v in enumerate(history) if v is not None), len(history))
+        return forecast_demand(history[first:], req.step_seconds, req.horizon_seconds, req.error_quantile)
 
 
 def queue_limit_policy(ref: DeploymentRef, limit: QueueLimit) -> dict:
@@ -248,27 +265,6 @@ def queue_limit_policy(ref: DeploymentRef, limit: QueueLimit) -> dict:
             }],
         },
     }
-
-
-    @activity.defn(name=contract.FORECAST_DEMAND)
-    def forecast_demand(self, req: DemandForecastInput) -> DemandForecast:
-        """The demand forecast over ``horizon_seconds`` from the last week and a half of the arrival rate."""
-        promql = render("demand_rate", req.query, {"namespace": req.namespace, "deployment": req.deployment})
-        end = math.floor(req.at / req.step_seconds) * req.step_seconds
-        points = min(PROMETHEUS_MAX_POINTS - 1, math.ceil((WEEK_S + 2 * req.horizon_seconds + 8 * 3600) / req.step_seconds))
-        start = end - points * req.step_seconds
-        series = self.prometheus.range("demand rate", promql, start, end, req.step_seconds)
-        if len(series) > 1:
-            activity.logger.warning("demand rate returned %d series; using the first", len(series))
-        # one slot per step from start to end; a step with no sample (no data, or the deployment did
-        # not exist yet) stays None, so history begins at the first measured sample
-        history: list[float | None] = [None] * (points + 1)
-        for at, value in (series[0]["values"] if series else []):
-            index = round((float(at) - start) / req.step_seconds)
-            if 0 <= index <= points and not math.isnan(float(value)):
-                history[index] = float(value)
-        first = next((i for i, v in enumerate(history) if v is not None), len(history))
-        return forecast_demand(history[first:], req.step_seconds, req.horizon_seconds, req.error_quantile)
 
 
 # ---------------------------------------------------------------- node layer

@@ -23,7 +23,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 
 from activities.clients.aws import AwsClient
-from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none
+from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, retry_on_conflict
 from workflows import naming
 from workflows.spot import activities as contract
 from workflows.spot.activities import (
@@ -65,7 +65,6 @@ CLAIMS_ANNOTATION = "tideplane.io/spot-claims"  # JSON {instance-id: replicas}
 POOL_BASE_TAG = "tideplane.io/spot-base-capacity"
 MIX_FOR = "tideplane.io/spot-mix-for"  # label: on a spot mix Deployment and its pods (the versioned name)
 MIX_POOL = "tideplane.io/spot-pool"  # label: on a spot mix Deployment's pods, its node pool
-_CONFLICT_RETRIES = 5
 
 
 def fallback_name(name: str) -> str:
@@ -239,7 +238,8 @@ class SpotActivities(contract.SpotActivities, contract.SpotMixActivities):
     ) -> FallbackClaims:
         """Read-modify-write the fallback's claims with optimistic concurrency (resourceVersion)."""
         apps = self._kube.apps
-        for _ in range(_CONFLICT_RETRIES):
+
+        def write() -> FallbackClaims:
             original = self._as_dict(read_or_none(apps.read_namespaced_deployment, key.name, key.namespace))
             if original is None:
                 raise ApplicationError(f"Deployment {key.namespace}/{key.name} not found", non_retryable=True)
@@ -249,17 +249,14 @@ class SpotActivities(contract.SpotActivities, contract.SpotMixActivities):
             if current is None and not claims:
                 return state
             body = fallback_manifest(original, claims, capacity_type)
-            try:
-                if current is None:
-                    apps.create_namespaced_deployment(key.namespace, body, _request_timeout=API_TIMEOUT)
-                else:
-                    body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                    apps.replace_namespaced_deployment(body["metadata"]["name"], key.namespace, body, _request_timeout=API_TIMEOUT)
-                return state
-            except ApiException as exc:
-                if exc.status != 409:
-                    fail(exc, f"fallback Deployment for {key.namespace}/{key.name}")
-        raise ApplicationError(f"fallback for {key.namespace}/{key.name} kept changing under us ({_CONFLICT_RETRIES} conflicts)")
+            if current is None:
+                apps.create_namespaced_deployment(key.namespace, body, _request_timeout=API_TIMEOUT)
+            else:
+                body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                apps.replace_namespaced_deployment(body["metadata"]["name"], key.namespace, body, _request_timeout=API_TIMEOUT)
+            return state
+
+        return retry_on_conflict(f"fallback Deployment for {key.namespace}/{key.name}", write)
 
     @activity.defn(name="claim_spot_fallback")
     def claim_spot_fallback(self, req: ClaimFallbackInput) -> FallbackClaims:

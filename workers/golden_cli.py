@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from activities.registry import Registry, golden_history, set_golden_set
 from workers.config import Settings
+from workflows.steps import field_errors
 from workflows.rollout.quality import GoldenSet
 
 
@@ -26,8 +27,7 @@ def load_golden(path: str) -> GoldenSet:
     try:
         return GoldenSet.model_validate(raw)
     except ValidationError as exc:
-        problems = [f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()]
-        raise SystemExit(f"error: golden set {path}: " + "; ".join(problems)) from None
+        raise SystemExit(f"error: golden set {path}: {field_errors(exc, '(file)')}") from None
 
 
 def store_golden(registry: Registry, model: str, path: str) -> str:

@@ -101,7 +101,8 @@ def build_activities(config: Settings) -> list[Callable]:
     s3 = S3Client(config.aws_endpoint_url, config.aws_region)
     prometheus = PrometheusClient(config.prometheus_url)
     pods = ServingPods(
-        config.model_cache_dir, config.model_cache_pvc, config.otlp_traces_endpoint, config.trace_sample_ratio, config.engine_cache_dir
+        config.model_cache_dir, config.model_cache_pvc, config.otlp_traces_endpoint, config.trace_sample_ratio, config.engine_cache_dir,
+        node_cache_dir=config.node_cache_dir, node_cache_image=config.node_cache_image,
     )
     rollout = RolloutActivities(
         kube, s3, prometheus, VllmClient(), pods, config.gateway, config.service_url_template, config.weights_buckets,

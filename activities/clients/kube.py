@@ -7,7 +7,7 @@ Every call carries ``API_TIMEOUT`` so a hung API server cannot hang an activity.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, NoReturn, TypeVar
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -20,8 +20,9 @@ from workflows import naming
 API_TIMEOUT = (5, 30)
 
 # An API server answering 429/5xx for a moment (overload, leader change) is retried here, briefly,
-# so that one blip does not spend an attempt of the activity; 409s stay with the callers (re-read).
-# Writes are safe to repeat: creates treat 409 AlreadyExists as "update", scale/patch are idempotent.
+# so that one blip does not spend an attempt of the activity; 409s stay with the callers (re-read,
+# ``retry_on_conflict``). Writes are safe to repeat: creates treat 409 AlreadyExists as "update",
+# scale/patch are idempotent.
 # The label by which the operator enables a namespace for serving: the worker creates and changes
 # objects only in namespaces that carry it (and are granted by a RoleBinding, infra/k8s/serving-namespace),
 # and the worker's NetworkPolicy sends warm-up traffic only to them.
@@ -30,6 +31,10 @@ SERVING_NAMESPACE_LABEL = "tideplane.io/serving"
 TRANSIENT_RETRIES = Retry(
     total=3, backoff_factor=0.2, status_forcelist=(429, 500, 502, 503, 504), allowed_methods=None, raise_on_status=False
 )
+# Read-modify-write attempts before an object that keeps changing fails the activity attempt.
+CONFLICT_RETRIES = 5
+
+T = TypeVar("T")
 
 
 class KubeClient:
@@ -81,6 +86,19 @@ def fail(exc: ApiException, what: str) -> NoReturn:
     if exc.status in (400, 403, 404, 422):
         raise ApplicationError(f"{what}: HTTP {exc.status} {exc.reason}: {exc.body}", non_retryable=True) from None
     raise exc
+
+
+def retry_on_conflict(what: str, attempt: Callable[[], T]) -> T:
+    """``attempt()`` (read the object, change it, write it back with the resourceVersion read) again
+    while the write answers 409 Conflict: someone changed the object in between, so it is re-read,
+    never overwritten. Other API errors go through ``fail`` naming ``what``."""
+    for _ in range(CONFLICT_RETRIES):
+        try:
+            return attempt()
+        except ApiException as exc:
+            if exc.status != 409:
+                fail(exc, what)
+    raise ApplicationError(f"{what} kept changing under us ({CONFLICT_RETRIES} conflicts)")
 
 
 def read_or_none(read: Callable[..., Any], *args: Any) -> Any:

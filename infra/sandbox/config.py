@@ -12,6 +12,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from workflows.steps import field_errors
+
 DEFAULT_CONFIG = Path(__file__).with_name("sandbox.yaml")
 
 # Where the sandbox keeps its runtime knobs inside the emulated cluster, so that tests and the
@@ -137,7 +139,4 @@ def load_config(path: Path | str = DEFAULT_CONFIG) -> SandboxConfig:
     try:
         return SandboxConfig.model_validate(raw)
     except ValidationError as exc:
-        problems = [
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        ]
-        raise SandboxConfigError(f"invalid sandbox config {path}: " + "; ".join(problems)) from None
+        raise SandboxConfigError(f"invalid sandbox config {path}: {field_errors(exc, '(file)')}") from None

@@ -108,6 +108,7 @@ def test_unreadable_file_is_named(monkeypatch, tmp_path, var):
     "value,problem",
     [("not base64!", "not valid base64"), (base64.b64encode(b"short").decode(), "decodes to 5"),
      (f"{generate_key()},{generate_key()}", "one key only")],
+    ids=["not-base64", "too-short", "two-keys"],  # the same ids in every xdist worker (the keys are random)
 )
 def test_bad_payload_key_is_named_not_shown(monkeypatch, value, problem):
     monkeypatch.setenv("TIDEPLANE_PAYLOAD_ENCRYPTION_KEY", value)

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import ActivityEnvironment
 
-from activities.clients.kube import serving_namespace
+from activities.clients.kube import CONFLICT_RETRIES, retry_on_conflict, serving_namespace
 from activities.rollout import ROUTE_API, RolloutActivities
 from infra.sandbox.config import NodePool
 from infra.sandbox.kubeclient import api_client as sandbox_client
@@ -402,3 +403,30 @@ def test_replicas_and_gpus_past_the_clusters_maximum_are_refused(rollout):
         assert err.value.non_retryable
     assert not rollout.kube.apps.list_namespaced_deployment(NS, label_selector=f"{naming.LABEL_APP}=capped").items
     _run(limited.ensure_version, _version("capped", "1.0.0", replicas=4, gpus=1))
+
+
+def test_a_write_that_conflicts_is_read_again_and_one_that_keeps_conflicting_is_named():
+    """409 Conflict: the object changed since it was read; the attempt (read, change, write) runs again."""
+    attempts = []
+
+    def conflicts_twice() -> str:
+        attempts.append(1)
+        if len(attempts) <= 2:
+            raise ApiException(status=409, reason="Conflict")
+        return "written"
+
+    assert retry_on_conflict("HTTPRoute llm-serving/chat", conflicts_twice) == "written" and len(attempts) == 3
+
+    def always_conflicts() -> None:
+        raise ApiException(status=409, reason="Conflict")
+
+    with pytest.raises(ApplicationError, match=rf"^HTTPRoute llm-serving/chat kept changing under us \({CONFLICT_RETRIES} conflicts\)$") as err:
+        retry_on_conflict("HTTPRoute llm-serving/chat", always_conflicts)
+    assert not err.value.non_retryable  # another activity attempt reads it afresh
+
+    def forbidden() -> None:
+        raise ApiException(status=403, reason="Forbidden")
+
+    with pytest.raises(ApplicationError, match="^HTTPRoute llm-serving/chat: HTTP 403 Forbidden") as err:
+        retry_on_conflict("HTTPRoute llm-serving/chat", forbidden)
+    assert err.value.non_retryable

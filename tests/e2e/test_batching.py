@@ -27,7 +27,7 @@ from kubernetes import client
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.worker_identity import enable_serving_namespace
-from tests.e2e.test_rollout import IMAGE, NAME, clean_up, registry, rollout_input, temporal_start, worker  # noqa: F401
+from tests.e2e.test_rollout import IMAGE, NAME, clean_up, rollout_input, temporal_start
 from tests.sandbox_fixtures import TEST_TIME_SCALE, create_logical_deployment, wait_until
 from workflows.naming import TASK_QUEUE, rollout_workflow_id, scaling_workflow_id, versioned_name
 from workflows.rollout.batching import BatchingSetting
@@ -49,7 +49,7 @@ def server_args(apps: client.AppsV1Api) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-async def tuned(sandbox, kube, registry, worker, temporal, tmp_path_factory):  # noqa: F811
+async def tuned(sandbox, kube, registry, worker, temporal, tmp_path_factory):
     weights = tmp_path_factory.mktemp("batching-weights") / "model.safetensors"
     weights.write_bytes(b"batching" * 4096)
     registry.register(MODEL, VERSION, str(weights), image=IMAGE)

@@ -22,12 +22,14 @@ from kubernetes import client
 from activities.clients.kube import KubeClient
 from infra.sandbox.nodes import aws_clients
 from infra.sandbox.worker_identity import enable_serving_namespace
-from tests.e2e.test_rollout import WorkerProcess, registry, temporal_start  # noqa: F401 - fixture
-from tests.sandbox_fixtures import wait_for
+from tests.e2e.test_rollout import temporal_start
+from tests.e2e.worker_process import WorkerProcess
+from tests.sandbox_fixtures import TEST_CONFIG, wait_for
 from workers.node_cache_cli import cache_rows
-from workflows.naming import NODE_POOL, rollout_workflow_id
+from workflows.naming import LABEL_APP, LABEL_VERSION, NODE_POOL, rollout_workflow_id
 from workflows.rollout.types import Outcome, RolloutResult, RolloutStatus
 from workflows.staging.activities import NODE_CACHE_URL_ANNOTATION
+from workflows.staging.cache import cached_version_label
 
 NS, NAME, MODEL = "e2e-node-cache", "chat", "e2e-cache-llm"
 POOL, POOL_NODES = "gpu-on-demand", 3
@@ -75,7 +77,7 @@ async def roll_out(sandbox, temporal, version: str, min_nodes: int) -> tuple[Rol
 
 
 @pytest.fixture(scope="module")
-async def pool(sandbox, kube, registry, tmp_path_factory):  # noqa: F811
+async def pool(sandbox, kube, registry, tmp_path_factory):
     """The pool at 3 nodes (a third instance joins through the Auto Scaling group), a serving
     namespace, both releases registered, and a worker."""
     _, autoscaling = aws_clients(sandbox.env["AWS_ENDPOINT_URL"])
@@ -106,6 +108,15 @@ async def test_a_pool_pre_staged_peer_to_peer_reads_the_model_from_s3_once(sandb
     rows = cache_rows(KubeClient(pool.api_client), "http://{node_ip}:8470")
     held = {(r["node"], r["version"], r["bytes"]) for r in rows if r["version"] == f"{MODEL}@1.0.0"}
     assert {n for n, _, size in held if size == SIZE} == {n.metadata.name for n in pool_nodes(pool)}
+
+    # The replica loads the version from its node's cache: the node is labelled as holding it, so the
+    # load is from local disk, shorter than the S3 load (the sandbox's default profile's load_seconds).
+    (replica,) = pool.list_namespaced_pod(NS, label_selector=f"{LABEL_APP}={NAME},{LABEL_VERSION}=1.0.0").items
+    assert pool.read_node(replica.spec.node_name).metadata.labels.get(cached_version_label(MODEL, "1.0.0")) == "true"
+    events = pool.list_namespaced_event(NS, field_selector=f"involvedObject.name={replica.metadata.name}").items
+    (weights,) = [e.message for e in events if e.reason == "ColdStart" and e.message.startswith("weights ")]
+    assert weights.endswith(f"loaded from the node cache /var/cache/tideplane/node-cache/versions/{MODEL}/1.0.0 (local disk)")
+    assert float(weights.split(" ")[1].rstrip("s:")) < TEST_CONFIG["profiles"]["default"]["load_seconds"]
 
 
 async def test_a_release_changing_one_file_moves_only_that_file(sandbox, temporal, pool):

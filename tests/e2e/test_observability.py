@@ -46,14 +46,13 @@ from tests.e2e.test_rollout import (  # the rollout scenario and its fixtures, r
     GOOD_PROFILE,
     NAME,
     STABLE,
-    WorkerProcess,
     clean_up,
     prepare,
-    registry,  # noqa: F401 (fixture)
     report,
     rollout_input,
     stable_ready,
 )
+from tests.e2e.worker_process import WorkerProcess
 from tests.sandbox_fixtures import TEST_TIME_SCALE, create_logical_deployment, wait_until
 from workers.telemetry import metrics_runtime
 from workflows import telemetry
@@ -322,7 +321,7 @@ def test_dashboard_loads_and_every_query_parses_and_returns_data(prometheus, nam
     # recording rules need a few scrapes, so wait for them a little.
     deadline = time.monotonic() + 20
     while empty and time.monotonic() < deadline:
-        time.sleep(1)
+        time.sleep(0.25)
         empty = [(where, expr) for where, expr in empty if not query(prometheus, render(board, expr))["data"]["result"]]
     assert not empty, f"{name}: no data for {[where for where, _ in empty]}"
 
@@ -369,7 +368,7 @@ class SandboxPrometheus:
             if got is not None and holds(got):
                 return got
             assert time.monotonic() < deadline, f"timed out waiting for {what}: {promql} = {got}"
-            await asyncio.sleep(1)
+            await asyncio.sleep(0.25)  # Prometheus scrapes every second: see a new sample soon after
 
 
 def namespaces(kube) -> set[str]:

@@ -25,7 +25,7 @@ from kubernetes import client
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.launcher import REPO
-from tests.e2e.test_rollout import (  # noqa: F401  (fixtures: registry, worker; kube and temporal are tests/e2e/conftest.py's)
+from tests.e2e.test_rollout import (
     GOOD_PROFILE,
     IMAGE,
     NAME,
@@ -34,11 +34,9 @@ from tests.e2e.test_rollout import (  # noqa: F401  (fixtures: registry, worker;
     Followed,
     clean_up,
     follow,
-    registry,
     route_weights,
     rollout_input,
     temporal_start,
-    worker,
 )
 from tests.sandbox_fixtures import create_logical_deployment, wait_until
 from workflows.naming import versioned_name

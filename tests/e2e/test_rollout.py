@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from contextlib import ExitStack, contextmanager
@@ -37,13 +35,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-from activities.clients.s3 import S3Client
 from activities.registry import Registry
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.kubeclient import api_client
-from infra.sandbox.launcher import AWS_ENV, BIN, REPO, WEIGHTS_BUCKET
-from infra.sandbox.ports import wait_for_port
+from infra.sandbox.launcher import BIN
 from tests.sandbox_fixtures import create_logical_deployment, wait_until
 from workflows.rollout.gates import ERROR_RATE, Verdict
 from workflows.naming import (
@@ -121,39 +117,6 @@ def report(request: pytest.FixtureRequest, line: str) -> None:
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
         print(f"\n{line}", flush=True)
-
-
-class WorkerProcess:
-    """``tideplane worker`` as its own process (own session), pointed at the sandbox."""
-
-    def __init__(self, env: dict[str, str], log: Path):
-        self.env, self.log = env, log
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "workers.cli", "worker"], cwd=REPO, stdin=subprocess.DEVNULL,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
-            )
-        wait_for_port(int(self.env["TIDEPLANE_METRICS_PORT"]), timeout=60)
-        assert self.proc.poll() is None, f"worker exited: {self.log.read_text()[-2000:]}"
-
-    def kill(self) -> int:
-        """SIGKILL: no graceful shutdown, running activities and the sticky cache die with it."""
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        return self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(40)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 class RouteWatch:
@@ -312,23 +275,6 @@ def clean_up(api: client.ApiClient, namespace: str) -> None:
 
 
 # ---- fixtures -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def registry(sandbox) -> Registry:
-    s3 = S3Client(
-        sandbox.urls["moto"], AWS_ENV["AWS_DEFAULT_REGION"],
-        access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"], secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"],
-    )
-    return Registry(s3, WEIGHTS_BUCKET)
-
-
-@pytest.fixture(scope="module")
-def worker(sandbox, tmp_path_factory):
-    proc = WorkerProcess(sandbox.env, tmp_path_factory.mktemp("rollout-worker") / "worker.log")
-    proc.start()
-    yield proc
-    proc.stop()
 
 
 @dataclass

@@ -46,9 +46,9 @@ from infra.sandbox.ports import free_port
 from infra.sandbox.spot import spot_interrupt
 from tests.sandbox_fixtures import TEST_TIME_SCALE, create_logical_deployment, wait_until
 from tests.e2e.test_faults import KUBE_FAULTS
+from tests.e2e.worker_process import WorkerProcess
 from tests.e2e.test_rollout import (
     Cluster,
-    WorkerProcess,
     retired,
     route_weights,
     status,

@@ -10,14 +10,20 @@ import json
 import time
 import urllib.request
 
+from pathlib import Path
+
 import pytest
 from kubernetes import client
 
+from activities.rollout import ServingPods, deployment_manifest
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, Demand
 from infra.sandbox.fleet import Fleet, read_cluster
+from infra.sandbox.kubeapi.kubelet import local_weights_fraction
 from infra.sandbox.oom import OomWatch
 from tests.kube_fixtures import emulated_cluster, kube_wait as wait, namespace_for
-from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
+from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, DeploymentRef
+from workflows.rollout.activities import EnsureVersionInput, WeightFile
+from workflows.staging.cache import cached_version_label
 
 PROFILES = {
     "crash": {"crash_on_start": True},
@@ -28,6 +34,7 @@ PROFILES = {
                   "prompt_tokens": 1, "output_tokens": 1},
     "draining": {"load_seconds": 1, "shutdown_seconds": 1000},
     "cold": {"image_pull_seconds": 60, "load_seconds": 20, "compile_seconds": 60, "warmup_seconds": 10},
+    "node-cached": {"load_seconds": 20},
     "default": {"load_seconds": 1},
 }
 
@@ -132,6 +139,38 @@ def test_a_start_is_measured_by_its_parts_and_the_node_keeps_image_and_engine_ca
     parts = cold_start(core, ns, "second")
     assert parts["image"] == "image 0s: present on the node"
     assert parts["compile"] == "compile 0s: engine cache hit /var/cache/tideplane/engine/cold/1.0.0"
+
+
+def node_cached_pod(name: str) -> dict:
+    """A server of a pre-staged version as deployment_manifest writes it: its node's cache read-only,
+    a staging init container for a node that lacks the version."""
+    files = [WeightFile(uri="s3://weights/node-cached/1.0.0/model.safetensors", sha256="a" * 64)]
+    req = EnsureVersionInput(deployment=DeploymentRef(namespace="x", name="chat"), model="node-cached", version="1.0.0",
+                             image="vllm:1", gpus_per_replica=0, replicas=1, weights_path="/models/node-cached/1.0.0",
+                             node_cache_files=files)
+    template = deployment_manifest(req, ServingPods(Path("/models"), node_cache_dir=Path("/node-cache")))["spec"]["template"]
+    return {"metadata": {"name": name, "labels": template["metadata"]["labels"]}, "spec": template["spec"]}
+
+
+def test_weights_come_from_the_node_cache_on_a_node_labelled_as_holding_the_version(cluster, ns):
+    """On a node without the version the init container stages it from S3 (the whole load); on one
+    labelled as holding it the load is from local disk (the cited figures' share of it)."""
+    core = client.CoreV1Api(cluster.api)
+    core.create_namespaced_pod(ns, node_cached_pod("from-s3"))
+    wait(lambda: ready(core, "from-s3", ns), "Ready after staging from S3")
+    assert cold_start(core, ns, "from-s3")["weights"] == (
+        "weights 20s: from S3: stage-weights staged the node cache /node-cache/versions/node-cached/1.0.0")
+    label = cached_version_label("node-cached", "1.0.0")
+    core.patch_node("gpu-a", {"metadata": {"labels": {label: "true"}}})
+    try:
+        core.create_namespaced_pod(ns, node_cached_pod("from-disk"))
+        wait(lambda: ready(core, "from-disk", ns), "Ready after loading from the node's disk")
+    finally:
+        core.patch_node("gpu-a", {"metadata": {"labels": {label: None}}})
+    local = 20 * local_weights_fraction()
+    assert cold_start(core, ns, "from-disk")["weights"] == (
+        f"weights {local:g}s: loaded from the node cache /node-cache/versions/node-cached/1.0.0 (local disk)")
+    assert local < 20
 
 
 def report_oom(url: str, ns: str, name: str) -> int:

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from workflows.scaling.forecast import DAY_S, WEEK_S, forecast_demand
-from workflows.scaling.warm_pool import NodeCosts, break_even_seconds, freed_nodes, nodes_for, warm_pool_size
+from workflows.scaling.warm_pool import NodeCosts, WarmPoolFloor, break_even_seconds, freed_nodes, nodes_for, warm_pool_size, with_floors
 
 STEP = 300.0  # 5-minute samples keep a week of history small
 
@@ -132,3 +132,16 @@ def test_freed_nodes_go_back_to_the_pool_only_when_needed_again():
     assert (quiet.to_warm_pool, quiet.to_terminate) == (0, 2)
     full = freed_nodes(freed=2, running_after=0, peak_replicas_within_break_even=80, replicas_per_node=8, in_warm_pool=9, max_size=10)
     assert full.to_warm_pool == 1
+
+
+def test_spot_mix_floors_raise_the_warm_pool_in_nodes_added_up_and_capped():
+    forecast = warm_pool_size(peak_replicas=8, running_nodes=0, replicas_per_node=8, max_size=6)  # 1 node
+    batch = WarmPoolFloor(source="llm-serving/batch", replicas=5, gpus_per_replica=2)  # 2 per 4-GPU node: 3 nodes
+    raised = with_floors(forecast, [batch], gpus_per_node=4, max_size=6)
+    assert (raised.size, raised.max_prepared) == (3, 3)
+    assert raised.reason == "spot mix floor for llm-serving/batch, above the forecast's 1"
+    other = WarmPoolFloor(source="llm-serving/embed", replicas=16)  # 4 per node: 4 nodes
+    both = with_floors(forecast, [batch, other], gpus_per_node=4, max_size=6)
+    assert both.size == 6 and "llm-serving/batch 3 + llm-serving/embed 4 (capped from 7)" in both.reason
+    assert with_floors(forecast, [batch.model_copy(update={"replicas": 0})], 4, 6) is forecast  # a lapsed claim
+    assert with_floors(warm_pool_size(40, 0, 8, 6), [batch], 4, 6).size == 5  # the forecast's larger size stands

@@ -12,8 +12,10 @@ from pydantic import ValidationError
 
 from activities.rollout import ServingPods, deployment_manifest, image_allowed
 from workflows.naming import DeploymentRef
-from workflows.rollout.activities import EnsureVersionInput
+from workflows.rollout.activities import EnsureVersionInput, WeightFile
 from workflows.rollout.types import RolloutInput
+from workflows.staging.activities import NodeStageRequest
+from workflows.staging.cache import cached_version_label
 
 CACHE = Path("/var/cache/tideplane/models")
 HF_TOKEN = {"valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
@@ -108,3 +110,21 @@ def test_plain_values_and_secret_references_are_accepted():
 )
 def test_images_only_from_allowed_prefixes(image, allowed):
     assert image_allowed(image, ["docker.io/vllm/vllm-openai", "registry.example.com/ml/"]) is allowed
+
+
+def test_a_pre_staged_version_is_read_from_the_node_cache_with_a_staging_fallback():
+    files = [WeightFile(uri="s3://weights/llama-3-8b/1.0.0/model.safetensors", sha256="a" * 64)]
+    pods = ServingPods(CACHE, node_cache_dir=Path("/var/cache/tideplane/node-cache"), node_cache_image="ghcr.io/tideplane/worker:0.1.0")
+    pod = deployment_manifest(version(node_cache_files=files), pods)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    local = "/var/cache/tideplane/node-cache/versions/llama-3-8b/1.0.0"
+    assert container["args"][container["args"].index("--model") + 1] == local
+    assert all(m["readOnly"] for m in container["volumeMounts"]) and {"name": "node-cache-version", "mountPath": local, "readOnly": True} in container["volumeMounts"]
+    (stage,) = pod["initContainers"]
+    request = NodeStageRequest.model_validate_json(stage["args"][3])
+    assert stage["args"][:3] == ["node-cache", "stage", "--request"] and request.node == "$(NODE_NAME)" and request.files == files
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in stage["env"]
+    assert stage["securityContext"]["allowPrivilegeEscalation"] is False and pod["securityContext"]["runAsNonRoot"] is True
+    (preferred,) = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["preference"]["matchExpressions"] == [{"key": cached_version_label("llama-3-8b", "1.0.0"), "operator": "In", "values": ["true"]}]
+    assert "initContainers" not in deployment_manifest(version(), pods)["spec"]["template"]["spec"], "not pre-staged: the shared cache"

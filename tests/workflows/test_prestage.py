@@ -72,6 +72,8 @@ async def test_the_canary_starts_once_enough_nodes_hold_the_weights_not_all(clie
     assert (started.pool, started.version, len(started.files)) == ("gpu-on-demand", "1.3.0", 1)
     shown = [(n.node, n.state, n.report.peer_bytes if n.report else None) for n in nodes.starting_status.nodes]
     assert shown == [("node-a", "staged", 66), ("node-b", "staging", None), ("node-c", "staged", 66)]
+    ensured = next(arg for name, arg in nodes.calls if name == ENSURE_VERSION)
+    assert ensured.node_cache_files == started.files, "the pods read the pre-staged version from their nodes' caches"
 
 
 async def test_too_many_failed_nodes_fail_the_rollout_before_the_cluster_changes(client):
@@ -86,3 +88,4 @@ async def test_without_prestage_no_node_is_staged(client):
     nodes = Nodes(client, [["staged"] * 3])
     assert (await run_rollout(nodes, rollout_input())).outcome is Outcome.PROMOTED
     assert START_NODE_STAGING not in nodes.names()
+    assert next(arg for name, arg in nodes.calls if name == ENSURE_VERSION).node_cache_files == [], "the shared model cache"

@@ -6,13 +6,22 @@ test withdraws one's capacity) and record every split written.
 
 from __future__ import annotations
 
-from temporalio import activity
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
+from temporalio import activity
+from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.worker import Worker
+
+from tests.workflows.test_node_pool_warm import FakeGroup
 from tests.workflows.test_scaling import FakeDeployment, start_loop, status
 from workflows import naming
 from workflows.scaling import activities as acts
 from workflows.scaling.decide import ScalingPolicy
-from workflows.scaling.loop import ReactiveScaling
+from workflows.scaling.loop import ReactiveScaling, ScalingInput
+from workflows.scaling.node_pools import NodePoolInput, NodePoolScaling, WarmPoolSettings
+from workflows.scaling.placement import PoolSizing
+from workflows.scaling.warm_pool import nodes_for
 from workflows.spot.activities import AppliedSpotMix, ApplySpotMixInput, SpotDomainsInput, SpotDomainsNow
 from workflows.spot.mix import DomainNow, SpotDomain, SpotMixPolicy, observe, plan_spot_mix, replicas_per_pool
 from workflows.spot.policy import ZoneMarket, plan_mix
@@ -91,4 +100,61 @@ async def test_the_loop_places_its_total_as_plan_mix_says_and_leaves_a_lost_pool
         fake.version = "1.1.0"  # a rollout promoted a new version: the same split is written for it
         await env.sleep(30)
         assert (fake.applied[-1].version, fake.applied[-1].spot) == ("1.1.0", moved.spot)
+        await handle.terminate()
+
+
+async def test_the_mixs_warm_pool_need_floors_its_on_demand_pools_warm_pool_and_lapses_with_it(time_skipping_env):
+    """The loop claims warm_pool_needed on the NodePoolScaling of the pool its mix names; that loop,
+    the one writer of the group's warm pool, holds at least those nodes and says why; when the need
+    drops to 0 (every spot pool withdrawn: all on-demand) the floor lapses to the forecast's size."""
+    env = time_skipping_env
+    fake = FakeSpotPools()
+    group = FakeGroup(max_size=10)
+    mix = MIX.model_copy(update={"survive_region_loss": False, "max_overprovision": 0, "on_demand_pool": "gpu-on-demand"})
+    policy = ScalingPolicy(priority_class="batch", min_replicas=8, max_replicas=8, gpus_per_replica=2, spot_mix=mix)
+    inp = ScalingInput(deployment=f"llm-serving/d{uuid.uuid4().hex[:8]}", policy=policy, interval_seconds=30)
+    queue = f"q-{uuid.uuid4()}"
+    pool_activities = [a for a in group.activities() if a.__name__ != "forecast"]
+    async with Worker(env.client, task_queue=queue, workflows=[ReactiveScaling, NodePoolScaling],
+                      activities=[*fake.activities(), *pool_activities], activity_executor=ThreadPoolExecutor(4)):
+        pool = await env.client.start_workflow(
+            NodePoolScaling.run,
+            NodePoolInput(pool=acts.PoolRef(pool="gpu-on-demand"), sizing=PoolSizing(min_nodes=0, warm_standby=0, gpus_per_node=4),
+                          interval_seconds=15, iterations_per_run=3, warm_pool=WarmPoolSettings(max_size=8)),  # the claim outlives continue-as-new
+            id=naming.node_pool_workflow_id("gpu-on-demand"), task_queue=queue,
+        )
+        loop = await env.client.start_workflow(ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue)
+        await env.sleep(65)
+        need = (await status(loop)).decisions[-1].spot_mix.warm_pool
+        assert need > 0
+        floored = nodes_for(need, 4 // 2)  # two 2-GPU replicas per 4-GPU node
+        assert [c.size for c in group.warm_calls] == [0, floored], "the forecast's 0 (nothing forecast), then the floor"
+        s = await pool.query(NodePoolScaling.status)
+        assert s.warm_pool_size == floored and [(f.source, f.replicas) for f in s.warm_pool_floors] == [(inp.deployment, need)]
+        assert any(f"warm pool {floored} (spot mix floor for {inp.deployment}" in r.reason for r in s.records)
+        meta = await pool.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+        assert f"warm pool {floored} = spot mix floor for {inp.deployment}" in meta.current_details
+        assert "claimed on nodepool/gpu-on-demand" in (await loop.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)).current_details
+
+        for name in fake.pools:  # every spot pool withdrawn: the mix goes all on-demand and needs no warm instance
+            fake.pools[name] = DomainNow(pool=name, available=False, capacity=0)
+        await env.sleep(60)
+        assert (await status(loop)).decisions[-1].spot_mix.warm_pool == 0
+        assert group.warm_calls[-1].size == 0 and (await pool.query(NodePoolScaling.status)).warm_pool_floors == []
+        await loop.terminate()
+        await pool.terminate()
+
+
+async def test_a_claim_on_a_pool_with_no_node_pool_loop_is_reported_in_the_decision(time_skipping_env):
+    env = time_skipping_env
+    fake = FakeSpotPools()
+    mix = MIX.model_copy(update={"survive_region_loss": False, "max_overprovision": 0, "on_demand_pool": "gpu-missing"})
+    policy = ScalingPolicy(priority_class="batch", min_replicas=8, max_replicas=8, spot_mix=mix)
+    worker, queue, inp = await start_loop(env, fake, policy=policy, interval_seconds=30)
+    async with worker:
+        handle = await env.client.start_workflow(ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue)
+        await env.sleep(35)
+        decisions = (await status(handle)).decisions
+        assert all(f"warm pool floor {d.spot_mix.warm_pool} not claimed on gpu-missing" in d.reason for d in decisions), decisions[-1].reason
+        assert len(decisions) == 2 and fake.applied, "the split is written all the same"
         await handle.terminate()

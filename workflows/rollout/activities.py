@@ -130,6 +130,11 @@ class EnsureVersionInput(BaseModel):
         description="realtime: on-demand nodes; batch: spot nodes (labels the pods, selects their nodes)",
     )
     owner: str | None = Field(None, description="the rollout's workflow ID: claims the deployment's HTTPRoute first")
+    node_cache_files: list[WeightFile] = Field(
+        default_factory=list,
+        description="the version's files when it was pre-staged onto the nodes: the pods load it from their node's cache"
+        " (an init container stages what the node lacks) and prefer nodes that hold it; empty: the shared model cache",
+    )
 
 
 class ScaleVersionInput(BaseModel):

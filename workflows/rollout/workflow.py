@@ -347,7 +347,8 @@ class ModelRollout:
             heartbeat=60,
         )
         await self._checkpoint()
-        if inp.prestage is not None and workflow.patched(PRESTAGE_PATCH):
+        prestaged = inp.prestage is not None and workflow.patched(PRESTAGE_PATCH)
+        if prestaged:
             await self._prestage(files)
             await self._checkpoint()
 
@@ -390,6 +391,7 @@ class ModelRollout:
                 env=inp.env,
                 priority_class=inp.priority_class,
                 owner=workflow.info().workflow_id,
+                node_cache_files=files if prestaged else [],
             ),
             summary=f"start {inp.version} beside {self._stable.version if self._stable else 'nothing'}: {first} replica(s)",
             interruptible=False,

@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     # full dotted names: `from workflows import naming` would give the sandbox its own copy of naming
@@ -58,6 +58,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.scaling.floors import SET_FLOOR_SIGNAL, FloorClaim, SetFloor, floor_label
     from workflows.scaling.placement import CAPACITY_FOR_CLASS
     from workflows.scaling.queue_limit import QueueLimit, queue_limit
+    from workflows.scaling.warm_pool import WARM_POOL_FLOOR_SIGNAL, WarmPoolFloor
     from workflows.spot.activities import ApplySpotMixInput, SpotDomainsInput, SpotMixActivities
     from workflows.spot.mix import SpotMixPolicy, markets, observe, plan_spot_mix, replicas_per_pool
     from workflows.spot.policy import warm_pool_needed
@@ -69,6 +70,15 @@ FORECAST_FLOOR = "forecast"  # the floor source the loop's own demand forecast h
 QUEUE_LIMIT_PATCH = "queue-limit"
 # Runs from before the spot mix scaled the versioned Deployment whatever the policy said.
 SPOT_MIX_PATCH = "spot-mix"
+# Runs from before the spot mix's warm pool need was claimed on its on-demand pool's NodePoolScaling.
+SPOT_WARM_FLOOR_PATCH = "spot-mix-warm-floor"
+
+
+class WarmFloorClaim(BaseModel):
+    """The warm pool floor this loop holds on a NodePoolScaling loop (``nodepool/<pool>``)."""
+
+    pool: str
+    replicas: int
 
 
 class SpotMixRecord(BaseModel):
@@ -132,6 +142,7 @@ class ScalingCarry(BaseModel):
     last_scale_up: LastScaleUp | None = None
     spot_history: dict[str, list[int]] = Field(default_factory=dict, description="spot pool -> recent samples, 1 = unavailable")
     spot_mix_applied: SpotMixRecord | None = Field(None, description="the split last written")
+    warm_floor: WarmFloorClaim | None = Field(None, description="the warm pool floor last claimed")
 
 
 class ScalingInput(BaseModel):
@@ -213,6 +224,7 @@ class ReactiveScaling:
         self._last_scale_up = carry.last_scale_up
         self._spot_history = dict(carry.spot_history)
         self._spot_mix_applied = carry.spot_mix_applied
+        self._warm_floor = carry.warm_floor
         self._iteration = 0
         self._wake = False
         self._queue_limit: QueueLimit | None = None  # last written to the gateway (written again after continue-as-new)
@@ -299,7 +311,8 @@ class ReactiveScaling:
             record.reason += (
                 f"; the Deployment declares class {scale.priority_class}, the policy {self._policy.priority_class}"
             )
-        if self._policy.spot_mix is not None and workflow.patched(SPOT_MIX_PATCH):
+        mixed = self._policy.spot_mix is not None and workflow.patched(SPOT_MIX_PATCH)
+        if mixed:
             await self._apply_spot_mix(namespace, name, scale.version, decision.desired, self._policy.spot_mix, record)
         elif decision.desired != scale.replicas:
             try:
@@ -315,6 +328,8 @@ class ReactiveScaling:
                 record.applied = True
             except ActivityError as err:
                 record.reason += f"; scaling failed: {cause(err)}"
+        if not mixed and self._warm_floor is not None:  # the spot mix was turned off: its floor lapses
+            await self._claim_warm_floor(None, 0, record)
         if self._policy.cpu_fallback is not None:
             await self._cpu_fallback(now, decision.desired, scale, record)
         await self._set_queue_limit(namespace, name, scale.ready_replicas, record)
@@ -402,6 +417,7 @@ class ReactiveScaling:
             warm_pool=warm_pool_needed(plan, markets(mix, now.domains, self._spot_history)),
         )
         record.spot_mix = split
+        await self._claim_warm_floor(mix.on_demand_pool, split.warm_pool, record)
         applied = self._spot_mix_applied
         same = applied is not None and (applied.version, applied.spot, applied.on_demand) == (split.version, split.spot, split.on_demand)
         if same and total == record.current:
@@ -418,6 +434,28 @@ class ReactiveScaling:
             record.applied = True
         except ActivityError as err:
             record.reason += f"; spot mix not applied: {cause(err)}"
+
+    async def _claim_warm_floor(self, pool: str | None, replicas: int, record: DecisionRecord) -> None:
+        """Claim the mix's warm pool need on ``pool``'s NodePoolScaling, the one writer of that
+        group's warm pool, when it changes; a claim left on another pool (or none wanted) drops to 0.
+        A failed signal (no such loop) is reported in the decision and tried again next time."""
+        held = self._warm_floor
+        wanted = WarmFloorClaim(pool=pool, replicas=replicas) if pool is not None and replicas > 0 else None
+        if wanted == held or not workflow.patched(SPOT_WARM_FLOOR_PATCH):
+            return
+        sends = [wanted] if wanted is not None else []
+        if held is not None and (wanted is None or held.pool != wanted.pool):
+            sends.insert(0, WarmFloorClaim(pool=held.pool, replicas=0))
+        for claim in sends:
+            try:
+                await workflow.get_external_workflow_handle(naming.node_pool_workflow_id(claim.pool)).signal(
+                    WARM_POOL_FLOOR_SIGNAL,
+                    WarmPoolFloor(source=self._input.deployment, replicas=claim.replicas, gpus_per_replica=self._policy.gpus_per_replica),
+                )
+            except FailureError as err:
+                record.reason += f"; warm pool floor {claim.replicas} not claimed on {claim.pool}: {cause(err)}"
+                return
+            self._warm_floor = claim if claim.replicas > 0 else None
 
     async def _set_queue_limit(self, namespace: str, name: str, ready: int, record: DecisionRecord) -> None:
         """Tell the gateway how many requests the Ready replicas serve within the SLO
@@ -534,6 +572,7 @@ class ReactiveScaling:
             last_scale_up=self._last_scale_up,
             spot_history=self._spot_history,
             spot_mix_applied=self._spot_mix_applied,
+            warm_floor=self._warm_floor,
         )
 
     def _details(self, note: str = "") -> None:
@@ -565,6 +604,7 @@ class ReactiveScaling:
                 lines.append(
                     "spot mix: " + ", ".join(f"{pool} {n}" for pool, n in m.spot.items()) + f" · on-demand {m.on_demand}"
                     + f" · P(at target) {m.availability:.4f} · ${m.cost_per_hour:,.2f}/h · warm pool wanted {m.warm_pool}"
+                    + (f" (claimed on nodepool/{self._warm_floor.pool})" if self._warm_floor else "")
                     + (f" · unavailable: {', '.join(m.unavailable)}" if m.unavailable else "")
                 )
             if d.fallback_reason:

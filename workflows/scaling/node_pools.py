@@ -13,7 +13,11 @@ several, with the serving image and the engine caches already on their disks. It
 ``warm_pool_size`` (workflows/scaling/warm_pool.py): the nodes the demand forecast's peak over the
 cold-start horizon needs beyond those running (every ``forecast_every_seconds``, the
 ``forecast_demand`` activity per deployment the pool serves, sized by that deployment's SLO policy),
-within the settings' bounds. Scale-in stops an instance back into the pool (ReuseOnScaleIn) rather
+within the settings' bounds, raised to the floors other loops claim with the ``warm_pool_floor``
+signal: a batch ReactiveScaling loop whose spot mix names this pool (``spot_mix.on_demand_pool``)
+claims ``warm_pool_needed``, the replicas its worst spot loss must replace inside the 2-minute
+notice (a stopped instance serves in about a minute, a fresh launch does not). This loop stays the
+one writer of the group's warm pool; a claim of 0 replicas drops the floor. Scale-in stops an instance back into the pool (ReuseOnScaleIn) rather
 than terminating it, and AWS keeps as many as the pool's size: freed nodes the forecast wants
 within the horizon stay warm, the rest are terminated.
 
@@ -31,7 +35,8 @@ for Spot Instances):
     temporal workflow start --type NodePoolScaling --task-queue tideplane --workflow-id nodepool/gpu-on-demand \
       --input '{"pool": {"pool": "gpu-on-demand"}, "sizing": {"min_nodes": 1, "max_nodes": 8, "warm_standby": 0, "gpus_per_node": 4}, "warm_pool": {"max_size": 2, "demand": [{"deployment": "llm-serving/chat"}]}}'
 
-API (stable): workflow type NodePoolScaling, ID ``nodepool/<pool>``, query ``status``.
+API (stable): workflow type NodePoolScaling, ID ``nodepool/<pool>``, query ``status``, signal
+``warm_pool_floor`` (``WarmPoolFloor``).
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.scaling.budget_guard import BUDGET_PATCH, judge_growth
     from workflows.scaling.decide import ScalingPolicy, slo_replicas
     from workflows.scaling.placement import CLASS_FOR_CAPACITY, ModelNeed, PoolDecision, PoolSizing, plan_pending, size_pool
-    from workflows.scaling.warm_pool import nodes_for, warm_pool_size
+    from workflows.scaling.warm_pool import WARM_POOL_FLOOR_SIGNAL, WarmPoolFloor, nodes_for, warm_pool_size, with_floors
     from workflows.steps import cause
 
 
@@ -107,6 +112,7 @@ class NodePoolCarry(BaseModel):
     warm_pool_size: int | None = Field(None, description="what the warm pool was last set to")
     peak_nodes: int = Field(0, description="nodes the last demand forecast's peak needs")
     forecast_at_s: float | None = None
+    warm_pool_floors: dict[str, WarmPoolFloor] = Field(default_factory=dict, description="source -> its claimed floor")
 
 
 class NodePoolInput(BaseModel):
@@ -138,6 +144,7 @@ class NodePoolStatus(BaseModel):
     records: list[PoolRecord]
     pending_since_s: float | None
     warm_pool_size: int | None = None
+    warm_pool_floors: list[WarmPoolFloor] = Field(default_factory=list, description="floors claimed on the warm pool")
 
 
 _SHORT = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
@@ -155,6 +162,8 @@ class NodePoolScaling:
         self._warm_pool_size = carry.warm_pool_size
         self._peak_nodes = carry.peak_nodes
         self._forecast_at = carry.forecast_at_s
+        self._floors = dict(carry.warm_pool_floors)
+        self._floored_by: str | None = None  # why a claimed floor, not the forecast, sets the warm pool
 
     @workflow.run
     async def run(self, input: NodePoolInput) -> None:
@@ -167,7 +176,7 @@ class NodePoolScaling:
         workflow.continue_as_new(
             input.model_copy(update={"carry": NodePoolCarry(
                 pending_since_s=self._pending_since, records=self._records, warm_pool_size=self._warm_pool_size,
-                peak_nodes=self._peak_nodes, forecast_at_s=self._forecast_at,
+                peak_nodes=self._peak_nodes, forecast_at_s=self._forecast_at, warm_pool_floors=self._floors,
             )})
         )
 
@@ -239,6 +248,11 @@ class NodePoolScaling:
         )
         if self._warm_pool_size is not None:
             details += f"\n\nwarm pool: {self._warm_pool_size} stopped instance(s)"
+            if self._floored_by:
+                details += f"\n\nwarm pool {self._warm_pool_size} = {self._floored_by}"
+        if self._floors and input.warm_pool is None:
+            claims = ", ".join(f"{f.source} {f.replicas} replica(s)" for f in self._floors.values())
+            details += f"\n\n⚠ warm pool floors claimed ({claims}) but this pool manages no warm pool: start it with warm_pool"
         if plan and plan.fragmented:
             details += "\n\n⚠ fragmented: free GPUs are spread over nodes that cannot each hold a pending replica"
         workflow.set_current_details(details)
@@ -254,8 +268,11 @@ class NodePoolScaling:
             except ActivityError as err:
                 note = f"; ⚠ demand forecast failed: {cause(err)}"
         max_size = min(settings.max_size, seen.max_size)
-        plan = warm_pool_size(self._peak_nodes, len(seen.nodes), 1, max_size, min(settings.min_size, max_size))
+        forecast = warm_pool_size(self._peak_nodes, len(seen.nodes), 1, max_size, min(settings.min_size, max_size))
+        plan = with_floors(forecast, list(self._floors.values()), gpus_per_node, max_size)
+        floored_by = plan.reason if plan is not forecast else None
         if plan.size == self._warm_pool_size:
+            self._floored_by = floored_by
             return note
         try:
             await workflow.execute_activity_method(
@@ -267,6 +284,7 @@ class NodePoolScaling:
         except ActivityError as err:
             return f"{note}; ⚠ cannot size the warm pool: {cause(err)}"
         self._warm_pool_size = plan.size
+        self._floored_by = floored_by
         return f"{note}; warm pool {plan.size} ({plan.reason})"
 
     async def _forecast_peak_nodes(self, settings: WarmPoolSettings, gpus_per_node: int, now: float) -> int:
@@ -299,8 +317,18 @@ class NodePoolScaling:
             return verdict.allowed, f"{reason}; {verdict.reason}"
         return desired, reason
 
+    @workflow.signal(name=WARM_POOL_FLOOR_SIGNAL)
+    def warm_pool_floor(self, floor: WarmPoolFloor) -> None:
+        """A loop claims the stopped nodes it needs in the warm pool (0 replicas: its claim lapses);
+        the next cycle sizes the pool to at least the claims."""
+        if floor.replicas > 0:
+            self._floors[floor.source] = floor
+        else:
+            self._floors.pop(floor.source, None)
+
     @workflow.query(name="status")
     def status(self) -> NodePoolStatus:
         return NodePoolStatus(
-            pool=self._pool, records=self._records, pending_since_s=self._pending_since, warm_pool_size=self._warm_pool_size
+            pool=self._pool, records=self._records, pending_since_s=self._pending_since, warm_pool_size=self._warm_pool_size,
+            warm_pool_floors=list(self._floors.values()),
         )

@@ -9,7 +9,9 @@ cluster in about a minute instead of a fresh launch's several (its image is alre
 - ``break_even_seconds``: how long a stopped node may wait before its disks cost more than the
   GPU time a fresh launch would waste (the extra minutes of boot paid at the running price);
 - ``freed_nodes``: a node freed by scale-down goes back to the warm pool when the forecast says
-  it is needed again within that break-even time, and is terminated otherwise.
+  it is needed again within that break-even time, and is terminated otherwise;
+- ``with_floors``: the size raised to the floors other loops claim on the pool (a batch loop's spot
+  mix claims ``warm_pool_needed``: the replicas its worst spot loss must replace within the notice).
 
 Pure: plain values in and out, shared by the node-pool workflow and the scaling benchmark.
 """
@@ -36,6 +38,18 @@ class WarmPoolPlan(BaseModel):
     reason: str
 
 
+# NodePoolScaling's signal: a loop claims (or, with 0 replicas, drops) a floor on the pool's warm pool.
+WARM_POOL_FLOOR_SIGNAL = "warm_pool_floor"
+
+
+class WarmPoolFloor(BaseModel):
+    """Stopped nodes a loop needs in the pool's warm pool, in its replicas (the pool knows its node size)."""
+
+    source: str = Field(min_length=1, description="who claims it: the deployment whose spot mix needs it")
+    replicas: int = Field(ge=0, description="replicas to start from the warm pool; 0 drops the claim")
+    gpus_per_replica: int = Field(1, ge=1)
+
+
 class FreedNodes(BaseModel):
     to_warm_pool: int = Field(ge=0)
     to_terminate: int = Field(ge=0)
@@ -60,6 +74,21 @@ def warm_pool_size(peak_replicas: float, running_nodes: int, replicas_per_node: 
     capped = " (capped)" if size < short else ""
     reason = f"forecast peak {peak_replicas:.3g} replicas = {peak_nodes} nodes, {running_nodes} running: warm pool {size}{capped}"
     return WarmPoolPlan(size=size, max_prepared=running_nodes + size, reason=reason)
+
+
+def with_floors(plan: WarmPoolPlan, floors: list[WarmPoolFloor], gpus_per_node: int, max_size: int) -> WarmPoolPlan:
+    """The forecast's plan raised to the claimed floors (their nodes added up: their losses may come
+    together), capped at ``max_size``; the reason names the claimants when a floor sets the size."""
+    claimed = {f.source: nodes_for(f.replicas, max(1, gpus_per_node // f.gpus_per_replica)) for f in floors if f.replicas > 0}
+    floor = sum(claimed.values())
+    if floor <= plan.size:
+        return plan
+    size = min(max_size, floor)
+    running = plan.max_prepared - plan.size
+    by = " + ".join(f"{source} {nodes}" for source, nodes in claimed.items()) if len(claimed) > 1 else next(iter(claimed))
+    capped = f" (capped from {floor})" if size < floor else ""
+    reason = f"spot mix floor for {by}{capped}, above the forecast's {plan.size}"
+    return WarmPoolPlan(size=size, max_prepared=running + size, reason=reason)
 
 
 def break_even_seconds(costs: NodeCosts) -> float:

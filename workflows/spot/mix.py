@@ -47,6 +47,9 @@ class SpotMixPolicy(BaseModel):
     max_overprovision: int | None = Field(8, ge=0, description="spot replicas beyond the target at most (None: the target)")
     window_samples: int = Field(720, ge=1, description="samples of the preemption-rate history (720 x 30 s = 6 h)")
     survive_region_loss: bool = True
+    on_demand_pool: str | None = Field(
+        None, description="the on-demand node pool whose NodePoolScaling warm pool holds warm_pool_needed (None: only recorded)"
+    )
 
 
 class DomainNow(BaseModel):

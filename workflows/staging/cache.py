@@ -24,6 +24,16 @@ def version_key(model: str, version: str) -> str:
     return f"{model}@{version}"
 
 
+CACHED_VERSION_LABEL_PREFIX = "cache.tideplane.io/"
+
+
+def cached_version_label(model: str, version: str) -> str:
+    """The Node label (value ``"true"``) saying the node's cache holds this version, which serving
+    pods prefer in their node affinity. A label name allows no ``@`` and at most 63 characters, so
+    it carries a digest of ``model@version``."""
+    return CACHED_VERSION_LABEL_PREFIX + hashlib.sha256(version_key(model, version).encode()).hexdigest()[:40]
+
+
 class Chunk(BaseModel):
     """One weights file of a version: its name in the version's directory and its content digest."""
 

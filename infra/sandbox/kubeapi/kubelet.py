@@ -20,7 +20,10 @@ What a container does comes from its model version's fleet profile (ConfigMap
   grace period, then removed.
 
 A start is measured by its parts, as a replica's cold start is: `image_pull_seconds` when the image
-is not in the node's `status.images` (then it is), `load_seconds` for the weights, `compile_seconds`
+is not in the node's `status.images` (then it is), `load_seconds` for the weights from S3 — or, for
+a pod that reads its node's weight cache (its init container runs `node-cache stage`) on a node
+labelled as holding the version (`cache.tideplane.io/<digest>`), `node_cache_load_seconds` from the
+local disk (default: `load_seconds` scaled by the cited local-over-S3 figures), `compile_seconds`
 (vLLM's torch.compile and CUDA-graph capture) unless the node already holds the engine cache the
 container's `VLLM_CACHE_ROOT` points at through a writable hostPath (then it does: the node's
 `sandbox.tideplane.io/engine-caches` annotation), and `warmup_seconds`; plus, for a pod that waited
@@ -43,9 +46,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from infra.fleetmodel.coldstart import load_cold_start
 from infra.sandbox.config import ENGINE_CACHES_ANNOTATION, NODE_START_ANNOTATION, PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
 from workflows.naming import LABEL_MODEL, LABEL_VERSION
 from workflows.staging.activities import LABEL_COMPONENT, STAGER_COMPONENT
+from workflows.staging.cache import cached_version_label
 
 from .api import pod_ready
 from .conditions import node_ready, set_condition
@@ -77,6 +82,18 @@ def engine_cache(pod: dict[str, Any]) -> str | None:
             if host and not m.get("readOnly") and (root == mount or root.startswith(mount + "/")):
                 return host["path"].rstrip("/") + root[len(mount):]
     return None
+
+
+def node_cache_stager(pod: dict[str, Any]) -> str | None:
+    """The init container that stages the pod's weights into its node's cache (``node-cache stage``), if any."""
+    return next((c["name"] for c in pod["spec"].get("initContainers") or [] if (c.get("args") or [])[:2] == ["node-cache", "stage"]), None)
+
+
+def local_weights_fraction() -> float:
+    """A load from the node's disk over a load from S3: the cited figures' weights_load over
+    weights_s3 + weights_load (infra/fleetmodel/coldstart.yaml: 48 of 76 s for Llama-3-8B)."""
+    parts = load_cold_start().parts_s
+    return parts["weights_load"] / (parts["weights_s3"] + parts["weights_load"])
 
 
 def node_images(node: dict[str, Any]) -> set[str]:
@@ -265,9 +282,7 @@ class Kubelet:
             missing = [c["image"] for c in pod["spec"]["containers"] if c["image"] not in node_images(node)]
             parts.append(("image", _number(profile, "image_pull_seconds") if missing else 0.0,
                           f"pulled {', '.join(missing)}" if missing else "present on the node"))
-        args = pod["spec"]["containers"][0].get("args") or []
-        source = args[args.index("--model") + 1] if "--model" in args[:-1] else "the image"
-        parts.append(("weights", self.load_seconds(pod, profile), f"loaded from {source}"))
+        parts.append(self._weights(pod, node_meta, profile))
         cache = engine_cache(pod)
         cached = json.loads((node_meta.get("annotations") or {}).get(ENGINE_CACHES_ANNOTATION) or "[]")
         if cache is not None and cache in cached:
@@ -277,6 +292,23 @@ class Kubelet:
             parts.append(("compile", _number(profile, "compile_seconds"), detail))
         parts.append(("warmup", _number(profile, "warmup_seconds"), "warm-up requests"))
         return parts, cache
+
+    def _weights(self, pod: dict[str, Any], node_meta: dict[str, Any], profile: dict[str, Any]) -> tuple[str, float, str]:
+        """The weights part: from the node's cache (local disk) when the pod stages into it and the
+        node is labelled as holding the version, else from S3 (staged by the pod's init container
+        into the node cache, or the shared path's own read)."""
+        args = pod["spec"]["containers"][0].get("args") or []
+        source = args[args.index("--model") + 1] if "--model" in args[:-1] else "the image"
+        seconds = self.load_seconds(pod, profile)
+        stager = node_cache_stager(pod)
+        if stager is None:
+            return "weights", seconds, f"loaded from {source}"
+        labels = pod["metadata"].get("labels") or {}
+        held = cached_version_label(labels.get(LABEL_MODEL, ""), labels.get(LABEL_VERSION, ""))
+        if (node_meta.get("labels") or {}).get(held) == "true":
+            local = _number(profile, "node_cache_load_seconds", seconds * local_weights_fraction())
+            return "weights", self.load_seconds(pod, {"load_seconds": local}), f"loaded from the node cache {source} (local disk)"
+        return "weights", seconds, f"from S3: {stager} staged the node cache {source}"
 
     def _started(self, pod: dict[str, Any], node_name: str, parts: list[tuple[str, float, str]], cache: str | None) -> None:
         """Ready after a start: one ColdStart Event per part; the node now holds the image and the

@@ -1,0 +1,60 @@
+"""How `make test` spreads the suite over two pytest-xdist workers (``-n 2 --dist loadscope``).
+
+Every module that uses the session's sandbox runs on one worker, one after another: one sandbox
+per run (modules share it, ``_reset_sandbox_after_module``), and no module's cluster reset can
+delete another module's namespaces mid-test. Every other module (pure functions, time-skipping
+workflows, activities against moto or a fresh emulator) is a unit of its own, so its module
+fixtures start once, and runs on the other worker meanwhile.
+
+The scheduler runs in the controller, which sees node ids only, so the sandbox's modules are known
+by path: all of tests/e2e, and the sandbox tier's modules listed below; collection fails, naming
+the module, when a test elsewhere asks for the sandbox. (xdist's own ``--dist loadgroup`` would
+read marks instead, but with pytest 9.2 it silently ignores them: pytest-xdist issue #1386.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+SANDBOX_SCOPE = "sandbox"
+# The sandbox tier's modules that use the session sandbox; the others start emulators of their own.
+SANDBOX_TIER_USERS = {
+    "tests/sandbox/test_kubeapi_rbac.py",
+    "tests/sandbox/test_sandbox.py",
+    "tests/sandbox/test_spot_replay.py",
+}
+
+
+def scope_of(nodeid: str) -> str:
+    """The unit of work a test is scheduled in: the sandbox's, or its own module's."""
+    path = nodeid.split("::", 1)[0]
+    return SANDBOX_SCOPE if path.startswith("tests/e2e/") or path in SANDBOX_TIER_USERS else path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    strays = sorted({
+        item.nodeid.split("::", 1)[0] for item in items
+        if "sandbox" in getattr(item, "fixturenames", ()) and scope_of(item.nodeid) != SANDBOX_SCOPE
+    })
+    if strays:
+        raise pytest.UsageError(
+            f"{', '.join(strays)}: uses the session sandbox; add it to SANDBOX_TIER_USERS in tests/conftest.py"
+            " so that the one xdist worker running the sandbox runs it"
+        )
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # a venv without the test extra: no -n, nothing to schedule
+    pass
+else:
+
+    class SandboxOnOneWorker(LoadScopeScheduling):
+        """``--dist loadscope`` with the sandbox's modules as one scope (the largest: it starts first)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadScopeScheduling:
+        return SandboxOnOneWorker(config, log)
