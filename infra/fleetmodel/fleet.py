@@ -90,7 +90,7 @@ class Result:
     minute_p99_hist: list[float]  # histogram_quantile(0.99) of each minute's TTFT (nan: no request)
     minute_p99_exact: list[float]
     hour_buckets: list[list[float]]  # TTFT bucket counts of each hour
-    hour_fine: list[dict[int, float]]  # each hour's TTFTs in 2 %-wide bins (``fine_bin``): the "exact" p99 of a span
+    hour_fine: list[dict[int, float]]  # each hour's TTFTs in 2 %-wide bins (``fine_bins``): the "exact" p99 of a span
     scale_events: int
     preemptions: int
     config: FleetConfig
@@ -254,7 +254,8 @@ def _joined(points: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np
 
 
 def fine_bins(seconds: np.ndarray, requests: np.ndarray) -> dict[int, float]:
-    """Requests per ``fine_bin`` of their TTFT (a bin some request fell in is kept at weight 0 too)."""
+    """Requests per 2 %-wide bin of their TTFT (bins grow geometrically from 1 ms; one some request fell
+    in is kept at weight 0 too)."""
     if not len(seconds):
         return {}
     k = np.where(seconds > 1e-3, (np.log(np.maximum(seconds, 1e-3)) - _LOG_MS) * _PER_FINE, 0.0).astype(np.int64)
@@ -263,13 +264,8 @@ def fine_bins(seconds: np.ndarray, requests: np.ndarray) -> dict[int, float]:
     return dict(zip(present.tolist(), weights[present].tolist()))
 
 
-def fine_bin(seconds: float) -> int:
-    """A 2 %-wide bin of a latency (bins grow geometrically from 1 ms)."""
-    return max(0, int(math.log(max(seconds, 1e-3) / 1e-3) / _FINE))
-
-
 def fine_value(k: int) -> float:
-    """The middle of ``fine_bin`` k."""
+    """The middle of ``fine_bins``' bin k."""
     return 1e-3 * math.exp((k + 0.5) * _FINE)
 
 
