@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,7 +28,8 @@ def _scaling(args: argparse.Namespace) -> int:
     floors = scaling.floors_from_file(args.schedule, args.start or scaling.DEFAULT_START) if args.schedule else scaling.Floors()
     overrides = json.loads(args.policy) if args.policy else None
     reports = scaling.run(args.trace, args.out, cfg, seeds=tuple(args.seeds), category=args.category, clients=args.clients,
-                          days=args.days, overrides=overrides, tuned=not args.no_tune, floors=floors)
+                          days=args.days, overrides=overrides, tuned=not args.no_tune, floors=floors,
+                          jobs=args.jobs)
     for report in reports:
         print(f"\n## {report.label} ({'IN-SAMPLE: tideplane tuned here' if report.in_sample else 'out-of-sample'})")
         print("\nAblation (each lever added to the ones above; GPU-hours include the warm pool's disks and launches):")
@@ -121,6 +123,8 @@ def add_bench_commands(subparsers) -> None:
     s.add_argument("--policy", default=None, help='JSON overrides of ScalingPolicy for tideplane (skips tuning), e.g. \'{"cooldown_seconds": 300}\'')
     s.add_argument("--no-tune", action="store_true", help="tideplane with the bench's derived policy, no overrides")
     s.add_argument("--start", default=None, help="wall-clock time of the trace's t=0 (ISO, default a Monday 00:00 UTC)")
+    s.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="processes running the policies side by side; 1: one after another (figures are the same; default %(default)s)")
     s.add_argument("--out", type=Path, default=RESULTS)
     s.set_defaults(func=_scaling)
 

@@ -35,6 +35,7 @@ import csv
 import functools
 import json
 import math
+import multiprocessing
 import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -239,6 +240,29 @@ def run_policy(work: Workload, policy, cfg: FleetConfig) -> Result:
     return simulate(backend, policy, len(work.counts), cfg, _per_scrape(work.counts, cfg.scrape_s), "aggregate")
 
 
+_FORKED: tuple | None = None  # (function, items) that ``in_parallel``'s forked workers inherit
+
+
+def in_parallel(fn, items: list, jobs: int) -> list:
+    """``[fn(x) for x in items]``, in ``jobs`` forked processes when above 1. The runs are independent
+    and deterministic, so the results are the same either way; the workers inherit ``fn`` and the
+    items (a policy holds closures and a trace's arrivals), only the results travel back."""
+    if jobs <= 1 or len(items) < 2:
+        return [fn(x) for x in items]
+    global _FORKED
+    _FORKED = (fn, items)
+    try:
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(items))) as pool:
+            return pool.map(_forked_call, range(len(items)), chunksize=1)
+    finally:
+        _FORKED = None
+
+
+def _forked_call(i: int):
+    fn, items = _FORKED
+    return fn(items[i])
+
+
 def _per_scrape(counts: list[float], scrape_s: float) -> list[float]:
     n = round(scrape_s)
     return [sum(counts[i : i + n]) for i in range(0, len(counts), n)]
@@ -281,8 +305,9 @@ class Floors:
 
 
 def suite(work: Workload, cfg: FleetConfig, overrides: dict | None, families: tuple[str, ...] | None = None, floors: Floors = Floors(),
-          variants: tuple[str, ...] | None = None) -> list[Result]:
-    """Every policy once over ``work``: oracle, the curves, tideplane's ablation (``variants``: only those)."""
+          variants: tuple[str, ...] | None = None, jobs: int = 1) -> list[Result]:
+    """Every policy once over ``work``: oracle, the curves, tideplane's ablation (``variants``: only those);
+    ``jobs`` processes run them side by side."""
     probe = Aggregate(work.counts, cfg.step_s, work.sizes, cfg.load())
     capacity = lambda t: probe.window(t).capacity_rps  # noqa: E731
     oracle = OraclePolicy(work.counts, capacity, interval_s=cfg.scrape_s)
@@ -317,7 +342,7 @@ def suite(work: Workload, cfg: FleetConfig, overrides: dict | None, families: tu
                 time_zone=floors.time_zone, t0=floors.t0, cold_start_s=cfg.cold_start_s, nodes=nodes,
             ))
     zero_start = FleetConfig(**{**cfg.__dict__, "cold_start_s": 0.0})
-    return [run_policy(work, p, zero_start if p is oracle else cfg) for p in policies]
+    return in_parallel(lambda p: run_policy(work, p, zero_start if p is oracle else cfg), policies, jobs)
 
 
 def unloaded_ttft(probe: Aggregate, engine) -> float:
@@ -508,13 +533,13 @@ def plot(runs: list[list[Result]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def tune(trace: Path, cfg: FleetConfig, seed: int, category: str, clients: int | None) -> tuple[dict, list[dict]]:
+def tune(trace: Path, cfg: FleetConfig, seed: int, category: str, clients: int | None, jobs: int = 1) -> tuple[dict, list[dict]]:
     """Tideplane's overrides chosen on the first week: the cheapest reaching ``TUNING_GOAL`` SLO minutes
-    (or the most any reaches)."""
+    (or the most any reaches); ``jobs`` processes try them side by side."""
     week = load_workload(trace, seed, category, clients).slice(0, WEEK, "week 1")
     tried = []
-    for overrides in TUNING_GRID:
-        (full,) = suite(week, cfg, overrides, families=("tideplane",), variants=("tideplane",))
+    runs = in_parallel(lambda o: suite(week, cfg, o, families=("tideplane",), variants=("tideplane",))[0], list(TUNING_GRID), jobs)
+    for overrides, full in zip(TUNING_GRID, runs):
         tried.append({"overrides": overrides, "gpu_hours": round(full.gpu_hours), "slo_minutes_hist": round(full.slo_minutes_percent, 2)})
     best_slo = max(t["slo_minutes_hist"] for t in tried)
     good = [t for t in tried if t["slo_minutes_hist"] >= min(TUNING_GOAL, best_slo)]
@@ -551,15 +576,17 @@ def run(
     overrides: dict | None = None,
     tuned: bool = True,
     floors: Floors = Floors(),
+    jobs: int = 1,
 ) -> list[Report]:
     """The benchmark on one trace. ServeGen m-large is split into week 1 (where tideplane is tuned:
-    in-sample) and week 2 (out-of-sample); other traces run whole with the overrides tuned there."""
+    in-sample) and week 2 (out-of-sample); other traces run whole with the overrides tuned there.
+    ``jobs``: processes that run the policies side by side (the figures do not depend on it)."""
     is_tuning_trace = trace.name.endswith(".tar.gz") and category == "m-large" and days is None
     tuning: list[dict] = []
     if overrides is None and tuned:
         saved = (out_dir or Path(".")) / TUNED_FILE
         if is_tuning_trace:
-            overrides, tuning = tune(trace, cfg, seeds[0], category, clients)
+            overrides, tuning = tune(trace, cfg, seeds[0], category, clients, jobs)
             if out_dir is not None:
                 out_dir.mkdir(parents=True, exist_ok=True)
                 saved.write_text(json.dumps({"overrides": overrides, "tried_on_week_1_seed": seeds[0], "tried": tuning}, indent=1) + "\n")
@@ -571,7 +598,7 @@ def run(
         work = load_workload(trace, seed, category, clients)
         if days:
             work = work.slice(0, round(days * 86400), f"first {days:g} days")
-        runs = suite(work, cfg, overrides, floors=floors)
+        runs = suite(work, cfg, overrides, floors=floors, jobs=jobs)
         # the tuning trace is scored per week (the policies run all 14 days: week 2 starts warm, with history)
         week_h = WEEK // 3600
         parts = [("week 1", True, 0, week_h), ("week 2", False, week_h, 2 * week_h)] if is_tuning_trace else [("", False, 0, None)]

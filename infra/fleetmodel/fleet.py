@@ -29,7 +29,7 @@ from typing import Protocol
 import numpy as np
 
 from infra.fleetmodel.engine import Engine, load_engine
-from infra.fleetmodel.metrics import TTFT_BUCKETS, bucket_counts, dcgm_gpu_util, exact_quantile, histogram_quantile
+from infra.fleetmodel.metrics import TTFT_BUCKETS, bucket_counts_of, dcgm_gpu_util, exact_quantile, exact_quantile_of, histogram_quantile
 from infra.fleetmodel.replica import Replica, Request
 from infra.fleetmodel.sizes import SizeMix
 from workflows.scaling.decide import Signals
@@ -66,7 +66,7 @@ class Policy(Protocol):
 class Scrape:
     """What one scrape interval produced, as the exporters would show it at its end."""
 
-    ttft: list[tuple[float, float]]  # (seconds, requests) of the first tokens emitted in the interval
+    ttft: tuple[np.ndarray, np.ndarray]  # (seconds, requests) of the first tokens emitted in the interval
     waiting: float
     running: float
     kv_usage_max: float
@@ -90,7 +90,7 @@ class Result:
     minute_p99_hist: list[float]  # histogram_quantile(0.99) of each minute's TTFT (nan: no request)
     minute_p99_exact: list[float]
     hour_buckets: list[list[float]]  # TTFT bucket counts of each hour
-    hour_fine: list[dict[int, float]]  # each hour's TTFTs in 2 %-wide bins (``fine_bin``): the "exact" p99 of a span
+    hour_fine: list[dict[int, float]]  # each hour's TTFTs in 2 %-wide bins (``fine_bins``): the "exact" p99 of a span
     scale_events: int
     preemptions: int
     config: FleetConfig
@@ -175,10 +175,12 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
     last: Scrape | None = None
     replicas_out, ready_out, minute_hist, minute_exact = [], [], [], []
     standby_out: list[float] = []
-    minute_points: list[tuple[float, float]] = []
+    minute_points: list[tuple[np.ndarray, np.ndarray]] = []
     minute_buckets = [0.0] * (len(TTFT_BUCKETS) + 1)
+    bounds = np.array(TTFT_BUCKETS)
     hour_buckets: list[list[float]] = []
     hour_fine: list[dict[int, float]] = []
+    hour_points: list[tuple[np.ndarray, np.ndarray]] = []  # the hour's TTFTs so far, binned when it ends
     events = preemptions = 0
     per_minute = round(60 / scrape)
     steps = math.ceil(duration_s / scrape - 1e-9)
@@ -211,24 +213,26 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
         replicas_out.append(ready + len(booting))
         ready_out.append(ready)
         standby_out.append(getattr(policy, "standby_gpu_hours_per_hour", 0.0))
-        counts = bucket_counts(TTFT_BUCKETS, out.ttft)
+        counts = bucket_counts_of(bounds, *out.ttft)
         window.append(counts)
         last = out
-        minute_points.extend(out.ttft)
+        minute_points.append(out.ttft)
         minute_buckets = [a + b for a, b in zip(minute_buckets, counts)]
         if (i + 1) % per_minute == 0 or i == steps - 1:
             minute_hist.append(histogram_quantile(0.99, TTFT_BUCKETS, minute_buckets))
-            minute_exact.append(exact_quantile(minute_points, 0.99))
+            minute_exact.append(exact_quantile_of(*_joined(minute_points), 0.99))
             if len(minute_hist) % 60 == 1:
+                if hour_fine:
+                    hour_fine[-1] = fine_bins(*_joined(hour_points))
                 hour_buckets.append(minute_buckets)
                 hour_fine.append({})
+                hour_points = []
             else:
                 hour_buckets[-1] = [a + b for a, b in zip(hour_buckets[-1], minute_buckets)]
-            fine, get = hour_fine[-1], hour_fine[-1].get
-            for value, weight in minute_points:  # fine_bin, inlined: the hottest loop of a 14-day run
-                k = int((_log(value) - _LOG_MS) * _PER_FINE) if value > 1e-3 else 0
-                fine[k] = get(k, 0.0) + weight
+            hour_points += minute_points
             minute_points, minute_buckets = [], [0.0] * (len(TTFT_BUCKETS) + 1)
+    if hour_fine:
+        hour_fine[-1] = fine_bins(*_joined(hour_points))
     return Result(
         policy=policy.name, mode=mode, scrape_s=scrape, gpus_per_replica=engine.gpus, arrivals=list(arrivals),
         replicas=replicas_out, ready=ready_out, minute_p99_hist=minute_hist, minute_p99_exact=minute_exact,
@@ -239,16 +243,29 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
 
 _FINE = math.log(1.02)
 _PER_FINE, _LOG_MS = 1 / _FINE, math.log(1e-3)
-_log = math.log
+_NO_POINTS = (np.zeros(0), np.zeros(0))
 
 
-def fine_bin(seconds: float) -> int:
-    """A 2 %-wide bin of a latency (bins grow geometrically from 1 ms)."""
-    return max(0, int(math.log(max(seconds, 1e-3) / 1e-3) / _FINE))
+def _joined(points: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, requests) arrays of several scrapes' TTFTs, in order."""
+    if not points:
+        return _NO_POINTS
+    return np.concatenate([p[0] for p in points]), np.concatenate([p[1] for p in points])
+
+
+def fine_bins(seconds: np.ndarray, requests: np.ndarray) -> dict[int, float]:
+    """Requests per 2 %-wide bin of their TTFT (bins grow geometrically from 1 ms; one some request fell
+    in is kept at weight 0 too)."""
+    if not len(seconds):
+        return {}
+    k = np.where(seconds > 1e-3, (np.log(np.maximum(seconds, 1e-3)) - _LOG_MS) * _PER_FINE, 0.0).astype(np.int64)
+    weights = np.bincount(k, weights=requests)  # in order, as one running sum per bin
+    present = np.flatnonzero(np.bincount(k))
+    return dict(zip(present.tolist(), weights[present].tolist()))
 
 
 def fine_value(k: int) -> float:
-    """The middle of ``fine_bin`` k."""
+    """The middle of ``fine_bins``' bin k."""
     return 1e-3 * math.exp((k + 0.5) * _FINE)
 
 
@@ -284,23 +301,24 @@ class RequestLevel:
             self.next += 1
         if not self.replicas:
             self.orphans = arriving
-            return Scrape([], float(len(arriving)), 0.0, 0.0, None)
+            return Scrape(_NO_POINTS, float(len(arriving)), 0.0, 0.0, None)
         routed: list[list[Request]] = [[] for _ in self.replicas]
         for r in arriving:
             routed[self.rr % len(self.replicas)].append(r)
             self.rr += 1
-        points, busy = [], []
+        points: list[float] = []
+        busy = []
         preempted = 0
         for replica, mine in zip(self.replicas, routed):
             before_busy, before_pre = replica.busy_s, replica.preemptions
             replica.advance_to(t1, mine)
             busy.append((replica.busy_s - before_busy) / (t1 - t0))
             preempted += replica.preemptions - before_pre
-            points.extend((r.ttft, 1.0) for r in replica.first_tokens)
+            points.extend(r.ttft for r in replica.first_tokens)
             replica.first_tokens.clear()
             replica.finished.clear()
         return Scrape(
-            ttft=points,
+            ttft=(np.array(points, dtype=float), np.ones(len(points))),
             waiting=float(sum(len(r.waiting) for r in self.replicas)),
             running=float(sum(len(r.running) for r in self.replicas)),
             kv_usage_max=max(r.kv_usage for r in self.replicas),
@@ -337,6 +355,27 @@ _PROMPT_POINTS = ((0.45, 0.9), (0.925, 0.05), (0.9625, 0.025), (0.98, 0.01), (0.
 _LOOKBACK_S = 60  # seconds of admissions the running gauge sums (a request's residence is seconds)
 _QUARTILES = (0.25, 0.75)  # where in a stretch of arrivals the points standing for it come
 _GAUSS = ((-math.sqrt(3), 1 / 6), (0.0, 2 / 3), (math.sqrt(3), 1 / 6))  # 3-point Gauss-Hermite: a normal's first five moments
+_GAUSS_Z, _GAUSS_P = np.array([z for z, _ in _GAUSS]), np.array([p for _, p in _GAUSS])
+_FIRST_OF_GAUSS = np.arange(len(_GAUSS)) == 0
+_POINT = math.nan  # the spread of a TTFT that is one point, not a normal (``_spread``)
+
+
+def _spread(points: list[tuple[float, float, float, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, requests) arrays of an interval's TTFTs, in order. Each (mean, requests, sd, floor) is a
+    normal over ``_GAUSS``'s points, none below ``floor`` (the step that answers them), or the one
+    point (mean, requests) when sd is ``_POINT``: built in numpy, with Python's float arithmetic."""
+    if not points:
+        return _NO_POINTS
+    table = np.array(points, dtype=float)
+    single = np.isnan(table[:, 2])
+    if single.all():  # no second queued: the steady state's points
+        return table[:, 0].copy(), table[:, 1].copy()
+    mean, requests, sd, floor = (column[:, None] for column in table.T)
+    single = single[:, None]
+    seconds = np.where(single, mean, np.maximum(floor, mean + _GAUSS_Z * sd))
+    weights = np.where(single, requests, requests * _GAUSS_P)
+    keep = ~single | _FIRST_OF_GAUSS
+    return seconds[keep], weights[keep]
 
 
 @dataclass
@@ -412,7 +451,7 @@ class Aggregate:
 
     def serve(self, t0: float, t1: float, ready: int) -> Scrape:
         acc = [0.0, 0.0]  # util x seconds, seconds
-        points: list[tuple[float, float]] = []
+        points: list[tuple[float, float, float, float]] = []  # see ``_spread``
         counts, base = self.counts, self.base_s
         i, end = round(t0 / base), round(t1 / base)
         while i < end:
@@ -438,7 +477,7 @@ class Aggregate:
         running = self._running_at(end, ready)
         w = self.window(max(0, end - 1) * base)
         kv = min(1.0, running / ready * w.kv_per_request / max(1.0, w.output_mean) / self.engine.kv_capacity_tokens) if ready else 0.0
-        return Scrape(ttft=points, waiting=self.backlog, running=running, kv_usage_max=kv,
+        return Scrape(ttft=_spread(points), waiting=self.backlog, running=running, kv_usage_max=kv,
                       gpu_util=util / n if ready and n else None)
 
     def _running_at(self, end: int, ready: int) -> float:
@@ -489,7 +528,7 @@ class Aggregate:
             for prompt, share in w.prompts:
                 chunks = -(-prompt // budget) if e.chunked_prefill else 1
                 own = e.frontend_s + e.step_seconds(others + prompt / chunks, kv_read) * chunks
-                points.append((own, arriving * share))
+                points.append((own, arriving * share, _POINT, 0.0))
         self.batch = in_batch
         self._gpu_util(x, span, ready, w, tau, acc)
 
@@ -571,7 +610,7 @@ class Aggregate:
                     pieces += [(ttft + (chunks - 1) * step, half * share) for chunks, share in big]
                     for value, weight in pieces:
                         if weight > 0:
-                            points.extend((max(step, value + z * sd), weight * p) for z, p in _GAUSS)
+                            points.append((value, weight, sd, step))
                 left -= take
                 self.backlog -= take
                 if take >= n * (1 - 1e-9):
@@ -596,7 +635,7 @@ class Aggregate:
                 settled = step
                 for _ in range(8):
                     settled = e.step_seconds(batch + rate * settled, batch * ctx + rate * settled)
-                points.extend(((1 + f) * settled + e.frontend_s, n / len(_QUARTILES)) for f in _QUARTILES)
+                points.extend(((1 + f) * settled + e.frontend_s, n / len(_QUARTILES), _POINT, 0.0) for f in _QUARTILES)
                 served_total += n
                 self.backlog -= n
                 queue.popleft()

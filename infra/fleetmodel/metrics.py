@@ -12,6 +12,8 @@ import bisect
 import math
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
@@ -79,25 +81,32 @@ def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float
 
 def exact_quantile(values: Iterable[tuple[float, float]], q: float) -> float:
     """Nearest-rank quantile of (value, weight) pairs; NaN when the weights sum to zero."""
-    pairs = sorted(values)
-    total = sum(w for _, w in pairs)
-    if total <= 0:
+    pairs = list(values)
+    return exact_quantile_of(np.array([v for v, _ in pairs], dtype=float), np.array([w for _, w in pairs], dtype=float), q)
+
+
+def exact_quantile_of(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """``exact_quantile`` of parallel arrays: sorted by (value, weight), the first value whose running
+    weight reaches ``q`` of the total (sums in that order, as a Python loop would add them)."""
+    order = np.lexsort((weights, values))
+    values, weights = values[order], weights[order]
+    running = np.cumsum(weights)
+    if not len(running) or running[-1] <= 0:
         return math.nan
-    acc, target = 0.0, q * total - 1e-9
-    for value, weight in pairs:
-        acc += weight
-        if acc >= target and weight > 0:
-            return value
-    return pairs[-1][0]
+    reached = np.flatnonzero((running >= q * running[-1] - 1e-9) & (weights > 0))
+    return float(values[reached[0]] if len(reached) else values[-1])
 
 
 def bucket_counts(bounds: Sequence[float], values: Iterable[tuple[float, float]]) -> list[float]:
     """Per-bucket counts of (value, weight) pairs, as a histogram of ``bounds`` would count them."""
-    counts = [0.0] * (len(bounds) + 1)
-    where = bisect.bisect_left
-    for value, weight in values:
-        counts[where(bounds, value)] += weight
-    return counts
+    pairs = list(values)
+    return bucket_counts_of(bounds, np.array([v for v, _ in pairs], dtype=float), np.array([w for _, w in pairs], dtype=float))
+
+
+def bucket_counts_of(bounds: Sequence[float], values: np.ndarray, weights: np.ndarray) -> list[float]:
+    """``bucket_counts`` of parallel arrays (a value on a bound counts in that bound's bucket, as ``le`` says)."""
+    where = np.searchsorted(np.asarray(bounds, dtype=float), values, side="left")
+    return np.bincount(where, weights=weights, minlength=len(bounds) + 1).tolist()
 
 
 def dcgm_gpu_util(busy_fraction: float, duty: float) -> float:
