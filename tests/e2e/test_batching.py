@@ -126,7 +126,8 @@ async def test_burst_beyond_capacity_gets_fast_429s_while_the_loop_scales(sandbo
             "gateway.envoyproxy.io", "v1alpha1", QUEUE_NS, "backendtrafficpolicies", traffic_policy_name(NAME))
         wait_until(lambda: _exists(policy_of), 20, "the loop to write the queue limit")
         assert policy_of()["spec"]["circuitBreaker"]["maxPendingRequests"] == 144  # 1 replica x 80 req/s x 1.8 s
-        assert (await asyncio.to_thread(probe, url))[0] == 200  # an idle replica answers
+        # an idle replica answers, once the gateway's view of the route and its Ready pod has caught up
+        wait_until(lambda: probe(url)[0] == 200, 15, "the gateway to answer through the route")
 
         set_demand(kube, f"{QUEUE_NS}/{NAME}", Demand(rps=20))  # 5x one replica's capacity
         answers: list[tuple[int, float, str | None]] = []
