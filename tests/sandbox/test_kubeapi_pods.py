@@ -193,7 +193,8 @@ def test_oom_killed_and_restarted(cluster, ns):
     wait(lambda: container(core, "chat", ns).restart_count == 1, "the OOM kill")
     c = container(core, "chat", ns)
     assert (c.last_state.terminated.reason, c.last_state.terminated.exit_code) == ("OOMKilled", 137)
-    assert not ready(core, "chat", ns)
+    # not asserted: not-Ready in between. At the test cluster's 100x time scale the back-off and load
+    # last about 0.1 s of real time, which a poll on a busy machine can miss (it did, in a CI run)
     wait(lambda: ready(core, "chat", ns), "Ready again after the 10 s back-off and the 1 s load")
     assert report_oom(url, ns, "nope") == 404
 
