@@ -152,7 +152,7 @@ def _temporal_runtime_started() -> bool:
 
 
 def _leave(code: int) -> NoReturn:
-    """End a one-shot command that used Temporal without interpreter teardown.
+    """End a command that used Temporal without interpreter teardown.
 
     The Temporal client's Rust (tokio) threads outlive the event loop; when CPython finalizes
     while one of them calls back into Python, it aborts with rc 134 "Fatal Python error:
@@ -169,15 +169,16 @@ def _leave(code: int) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``tideplane`` entry point. A one-shot command that opened a Temporal client exits
-    through ``_leave``; the worker returns normally after its graceful shutdown."""
+    """The ``tideplane`` entry point. A command that opened a Temporal client exits through
+    ``_leave``: a one-shot command once its output is printed, the worker once its graceful
+    shutdown has finished (its pid file removed, its activities done)."""
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and args.command != "bench":
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     configure_logging()
     code = _dispatch(args, unknown)
-    if args.command != "worker" and _temporal_runtime_started():
+    if _temporal_runtime_started():
         _leave(code)
     return code
 
