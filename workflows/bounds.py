@@ -69,3 +69,10 @@ def render_window(value: object) -> str:
 
 # A query window field: accepts ``5m``/``30s``/``1h30m``/seconds, holds ``"<n>s"``.
 PromWindow = Annotated[str, BeforeValidator(render_window)]
+
+
+def gate_window(query_window_seconds: float | None, gate_interval_seconds: float) -> str:
+    """A gate's ``${window}``: the query window (else the gate interval) rendered from a number,
+    never from user text, within the window bounds. Shared by the model and adapter rollouts."""
+    seconds = round(query_window_seconds or gate_interval_seconds)
+    return f"{min(MAX_WINDOW_SECONDS, max(MIN_WINDOW_SECONDS, seconds))}s"

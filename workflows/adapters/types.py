@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workflows.bounds import MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS, Seconds
+from workflows.bounds import Seconds, gate_window
 from workflows.naming import DeploymentName, DeploymentRef
 from workflows.registry.schema import ModelName, SemVer
 from workflows.rollout.gates import AnalysisLimits, Gates
@@ -62,8 +62,7 @@ class AdapterRolloutInput(BaseModel):
 
     @property
     def query_window(self) -> str:
-        seconds = round(self.query_window_seconds or self.gate_interval_seconds)
-        return f"{min(MAX_WINDOW_SECONDS, max(MIN_WINDOW_SECONDS, seconds))}s"
+        return gate_window(self.query_window_seconds, self.gate_interval_seconds)
 
 
 class AdapterAbortInput(BaseModel):

@@ -36,6 +36,7 @@ from workflows.bounds import (
     MIN_WINDOW_SECONDS,
     Seconds,
     SecondsOrZero,
+    gate_window,
 )
 from workflows.naming import DeploymentName, DeploymentRef, VersionLabel
 from workflows.rollout.activities import Benchmark, EnvFromSecret, StagedWeights, plain_credentials
@@ -280,8 +281,7 @@ class RolloutInput(_Strict):
     @property
     def query_window(self) -> str:
         """``${window}`` rendered from a number (never user text), within the window bounds."""
-        seconds = round(self.query_window_seconds or self.gate_interval_seconds)
-        return f"{min(MAX_WINDOW_SECONDS, max(MIN_WINDOW_SECONDS, seconds))}s"
+        return gate_window(self.query_window_seconds, self.gate_interval_seconds)
 
 
 class Stage(str, Enum):
