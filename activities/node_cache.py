@@ -34,7 +34,7 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.clients.kube import API_TIMEOUT, KubeClient, label_selector
+from activities.clients.kube import API_TIMEOUT, KubeClient, already_exists, label_selector
 from activities.clients.s3 import CHUNK_BYTES, S3Client, parse_s3_uri
 from activities.verified_file import ChecksumMismatch, already_verified, discard_partial, fetch_verified
 from workflows.telemetry import NODE_CACHE_BYTES, NODE_CACHE_LAST_USED, NODE_CACHE_SERVED
@@ -396,7 +396,7 @@ class NodeStagingActivities(contract.NodeStagingActivities):
             try:
                 self.kube.batch.create_namespaced_job(req.namespace, self._job(req, name, request), _request_timeout=API_TIMEOUT)
             except ApiException as exc:
-                if exc.status != 409:  # an earlier attempt created it
+                if not already_exists(exc):  # AlreadyExists: an earlier attempt created it
                     raise
         return self.node_staging_status(req)
 

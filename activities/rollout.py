@@ -459,17 +459,14 @@ class RolloutActivities(contract.RolloutActivities):
         """Patch rather than replace: a Service's allocated clusterIP must be kept."""
         core = self.kube.core
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
+
+        def write() -> None:  # a 409 on either write (created meanwhile, or a conflict) re-reads
             if read_or_none(core.read_namespaced_service, name, ns) is None:
-                try:
-                    core.create_namespaced_service(ns, body, _request_timeout=API_TIMEOUT)
-                    return
-                except ApiException as exc:
-                    if exc.status != 409:
-                        raise
-            core.patch_namespaced_service(name, ns, body, _request_timeout=API_TIMEOUT)
-        except ApiException as exc:
-            fail(exc, f"Service {ns}/{name}")
+                core.create_namespaced_service(ns, body, _request_timeout=API_TIMEOUT)
+            else:
+                core.patch_namespaced_service(name, ns, body, _request_timeout=API_TIMEOUT)
+
+        retry_on_conflict(f"Service {ns}/{name}", write)
 
     # ---- the new version's endpoint ---------------------------------------------------------------
 

@@ -6,6 +6,7 @@ Every call carries ``API_TIMEOUT`` so a hung API server cannot hang an activity.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Callable, NoReturn, TypeVar
 
@@ -19,15 +20,15 @@ from workflows import naming
 # (connect, read) seconds on every API call: a hung API server must not hang an activity.
 API_TIMEOUT = (5, 30)
 
-# An API server answering 429/5xx for a moment (overload, leader change) is retried here, briefly,
-# so that one blip does not spend an attempt of the activity; 409s stay with the callers (re-read,
-# ``retry_on_conflict``). Writes are safe to repeat: creates treat 409 AlreadyExists as "update",
-# scale/patch are idempotent.
 # The label by which the operator enables a namespace for serving: the worker creates and changes
 # objects only in namespaces that carry it (and are granted by a RoleBinding, infra/k8s/serving-namespace),
 # and the worker's NetworkPolicy sends warm-up traffic only to them.
 SERVING_NAMESPACE_LABEL = "tideplane.io/serving"
 
+# An API server answering 429/5xx for a moment (overload, leader change) is retried here, briefly,
+# so that one blip does not spend an attempt of the activity; 409s stay with the callers (re-read,
+# ``retry_on_conflict``). Writes are safe to repeat: creates treat 409 AlreadyExists (and only that
+# 409: ``already_exists``) as "update", scale/patch are idempotent.
 TRANSIENT_RETRIES = Retry(
     total=3, backoff_factor=0.2, status_forcelist=(429, 500, 502, 503, 504), allowed_methods=None, raise_on_status=False
 )
@@ -99,6 +100,17 @@ def retry_on_conflict(what: str, attempt: Callable[[], T]) -> T:
             if exc.status != 409:
                 fail(exc, what)
     raise ApplicationError(f"{what} kept changing under us ({CONFLICT_RETRIES} conflicts)")
+
+
+def already_exists(exc: ApiException) -> bool:
+    """Whether a create's error says the object is already there: 409 with reason AlreadyExists. A
+    409 Conflict is something else (the write raced another one) and says nothing about existence."""
+    if exc.status != 409:
+        return False
+    try:
+        return json.loads(exc.body or "{}").get("reason") == "AlreadyExists"
+    except (TypeError, ValueError):
+        return False
 
 
 def read_or_none(read: Callable[..., Any], *args: Any) -> Any:

@@ -430,3 +430,22 @@ def test_a_write_that_conflicts_is_read_again_and_one_that_keeps_conflicting_is_
     with pytest.raises(ApplicationError, match="^HTTPRoute llm-serving/chat: HTTP 403 Forbidden") as err:
         retry_on_conflict("HTTPRoute llm-serving/chat", forbidden)
     assert err.value.non_retryable
+
+
+def test_a_create_answered_409_conflict_is_written_again_not_taken_for_existing(rollout, monkeypatch):
+    """Only 409 AlreadyExists says the object is there; a create answered 409 Conflict (a write that
+    raced another one) left nothing behind, so the Service is read and created again: a rollout
+    under API faults once went on to patch a Service that did not exist and rolled back on the 404."""
+    core = rollout.kube.core
+    create, answered = core.create_namespaced_service, []
+
+    def conflict_once(*args, **kwargs):
+        if not answered:
+            answered.append(409)
+            raise ApiException(status=409, reason="Conflict")
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(core, "create_namespaced_service", conflict_once)
+    _run(rollout.ensure_version, _version("raced", "1.0.0"))
+    assert answered == [409]
+    assert core.read_namespaced_service(_ref("raced").versioned("1.0.0"), NS).spec.selector[naming.LABEL_VERSION]
