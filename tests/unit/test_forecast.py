@@ -39,6 +39,25 @@ def test_trend_under_a_day_extrapolates_a_ramp():
     assert f.error_ratio == pytest.approx(1.0)  # a straight line is forecast exactly at past origins
 
 
+def test_trend_reaches_no_farther_than_the_history_it_was_fitted_on():
+    # four minutes of a ramp, asked about the next fifteen: the line is followed four minutes out, then held
+    f = forecast_demand([0.0, 1.0, 2.0, 3.0], 60.0, 900)
+    assert f.basis == "trend"
+    assert f.expected == pytest.approx(3 + 4)
+
+
+def test_origins_without_a_full_trend_of_history_do_not_size_the_forecast():
+    # a level of 0.5 req/s in the first minutes, then bursts of 10: the forecast from the first
+    # minute missed by 20x, which says nothing about a forecast from a quarter of an hour
+    minutes = [0.5, 0.5, 0.5, 10.0, 3.0, 2.0, 0.5, 0.5, 10.0, 5.0, 0.5, 0.0, 4.0, 8.0, 3.0, 2.0]
+    early = forecast_demand(minutes, 60.0, 900, error_quantile=0.5)
+    assert (early.checked, early.error_ratio) == (0, 1.0)
+    assert early.upper == early.expected < 10.0
+    # with an hour behind it, origins that had the trend's 30 minutes of history are checked
+    later = forecast_demand(minutes * 4, 60.0, 900, error_quantile=0.5)
+    assert later.checked > 0
+
+
 def test_trend_never_forecasts_below_zero():
     f = forecast_demand([10.0 - i for i in range(10)], STEP, 3600)
     assert f.expected >= 1.0 and f.upper >= f.level

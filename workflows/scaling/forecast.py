@@ -9,10 +9,14 @@ demand's own past, evenly sampled (oldest first, the last sample is now):
   (once a day does), scaled by how today's level compares with that day's (the demand is tidal:
   the shape repeats, the height drifts);
 - short-term trend only until a day of history exists (from the first sample on): the last
-  ``trend_s`` fitted by least squares and extrapolated, never below zero;
+  ``trend_s`` fitted by least squares and extrapolated, never below zero, and no farther ahead
+  than the span it was fitted on (five minutes of history say nothing about the next fifteen);
 - sized with its own recent error: the same forecast made at past origins of the last
   ``backtest_s`` is compared with the peak that followed; ``upper`` is the expected peak times the
-  ``error_quantile`` of those actual/forecast ratios (1 when no origin can be checked yet).
+  ``error_quantile`` of those actual/forecast ratios (1 when no origin can be checked yet). Only
+  origins with a full ``trend_s`` of history behind them count: a forecast from a minute of
+  history is not the one being sized, and its miss (a level of 0.6 req/s before a burst of 10)
+  would multiply today's forecast many times over.
 
 Pure: plain values in and out. The scaling loop's ``forecast_demand`` activity feeds it a
 Prometheus range query; the scaling benchmark feeds it the trace's past; warm-pool sizing
@@ -64,8 +68,9 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def _trend(history: Sequence[float], end: int, points: int) -> tuple[float, float] | None:
-    """(value at the last sample, slope per sample) of the least-squares line over the last ``points``."""
+def _trend(history: Sequence[float], end: int, points: int) -> tuple[float, float, int] | None:
+    """(value at the last sample, slope per sample, samples the fit spans) of the least-squares line
+    over the last ``points`` (fewer where the history is shorter)."""
     xs_ys = [(i, history[i]) for i in range(max(0, end - points), end) if history[i] is not None and math.isfinite(history[i])]
     if not xs_ys:
         return None
@@ -74,7 +79,7 @@ def _trend(history: Sequence[float], end: int, points: int) -> tuple[float, floa
     my = sum(y for _, y in xs_ys) / n
     sxx = sum((x - mx) ** 2 for x, _ in xs_ys)
     slope = sum((x - mx) * (y - my) for x, y in xs_ys) / sxx if sxx else 0.0
-    return my + slope * (end - 1 - mx), slope
+    return my + slope * (end - 1 - mx), slope, end - xs_ys[0][0]
 
 
 def _path(history: Sequence[float], end: int, horizon: int, level_n: int, trend_n: int, period_n: dict[str, int]) -> tuple[float, float, Basis] | None:
@@ -95,9 +100,9 @@ def _path(history: Sequence[float], end: int, horizon: int, level_n: int, trend_
     fit = _trend(history, end, trend_n)
     if fit is None:
         return level, level, "trend"
-    last, slope = fit
-    # the trend holds for at most its own fitting span: farther out it is a guess, held flat
-    reach = min(horizon, trend_n)
+    last, slope, span = fit
+    # the trend holds for at most its own fitting span (short while the history is): farther out it is a guess, held flat
+    reach = min(horizon, span)
     return max(level, last + slope * reach, 0.0), level, "trend"
 
 
@@ -131,7 +136,7 @@ def forecast_demand(
     ratios: list[float] = []
     for k in range(backtests):
         origin = len(values) - horizon - k * stride
-        if origin < 1:
+        if origin < trend_n:  # too little history behind it to be the forecast being sized
             break
         past = _path(values, origin, horizon, level_n, trend_n, periods)
         actual = _finite(values[origin : origin + horizon])
