@@ -56,6 +56,8 @@ def test_origins_without_a_full_trend_of_history_do_not_size_the_forecast():
     # with an hour behind it, origins that had the trend's 30 minutes of history are checked
     later = forecast_demand(minutes * 4, 60.0, 900, error_quantile=0.5)
     assert later.checked > 0
+    # a loop a few seconds old (1 s steps): an origin with half of today's history is checked
+    assert forecast_demand([5.0] * 10, 1.0, 1.0).checked == 1
 
 
 def test_trend_never_forecasts_below_zero():

@@ -14,9 +14,9 @@ demand's own past, evenly sampled (oldest first, the last sample is now):
 - sized with its own recent error: the same forecast made at past origins of the last
   ``backtest_s`` is compared with the peak that followed; ``upper`` is the expected peak times the
   ``error_quantile`` of those actual/forecast ratios (1 when no origin can be checked yet). Only
-  origins with a full ``trend_s`` of history behind them count: a forecast from a minute of
-  history is not the one being sized, and its miss (a level of 0.6 req/s before a burst of 10)
-  would multiply today's forecast many times over.
+  origins with at least half the history there is now (a full ``trend_s`` suffices) count: a
+  forecast from a minute of history is not the one being sized, and its miss (a level of 0.6 req/s
+  before a burst of 10) would multiply a forecast from a quarter of an hour many times over.
 
 Pure: plain values in and out. The scaling loop's ``forecast_demand`` activity feeds it a
 Prometheus range query; the scaling benchmark feeds it the trace's past; warm-pool sizing
@@ -136,7 +136,7 @@ def forecast_demand(
     ratios: list[float] = []
     for k in range(backtests):
         origin = len(values) - horizon - k * stride
-        if origin < trend_n:  # too little history behind it to be the forecast being sized
+        if origin < min(trend_n, len(values) / 2):  # too little history behind it to be the forecast being sized
             break
         past = _path(values, origin, horizon, level_n, trend_n, periods)
         actual = _finite(values[origin : origin + horizon])
