@@ -49,13 +49,14 @@ from activities.clients.aws import AwsClient
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
 from activities.clients.prometheus import PrometheusClient, render
 from activities.rollout import deployment_state, owned_elsewhere
-from activities.traffic_policy import POLICY_API, apply_traffic_policy
+from activities.traffic_policy import POLICY_API, apply_traffic_policy, remove_traffic_policy_fields
 from workflows import naming
 from workflows.naming import DeploymentRef
 from workflows.scaling import activities as contract
 from workflows.scaling.activities import (
     COLD_START_PARTS,
     PROMETHEUS_MAX_POINTS,
+    ClearQueueLimitInput,
     ColdStart,
     DemandForecastInput,
     PendingReplica,
@@ -78,7 +79,7 @@ from workflows.scaling.forecast import WEEK_S, DemandForecast, forecast_demand
 from workflows.scaling.placement import Gpu, Node
 from workflows.scaling.prewarm import slot_key
 from workflows.scaling.queue_limit import QueueLimit
-from workflows.traffic_policy import QUEUE_LIMIT_FIELDS
+from workflows.traffic_policy import QUEUE_LIMIT_FIELDS, legacy_policy_names
 from workflows.spot.mix import MIX_TARGET_ANNOTATION
 
 WEEK_SECONDS = 7 * 24 * 3600
@@ -204,6 +205,14 @@ class ScalingActivities(contract.ScalingActivities):
         """Write the queue limit into the route's BackendTrafficPolicy, keeping its token quotas;
         a policy that already says the same is left alone."""
         apply_traffic_policy(self.kube, queue_limit_policy(req.deployment, req.limit), QUEUE_LIMIT_FIELDS)
+
+    @activity.defn(name=contract.CLEAR_QUEUE_LIMIT)
+    def clear_queue_limit(self, req: ClearQueueLimitInput) -> str:
+        """Take the queue limit (its fields and its Retry-After annotation) out of the route's
+        BackendTrafficPolicy, keeping the token quotas and anyone else's fields."""
+        ref = req.deployment
+        return remove_traffic_policy_fields(self.kube, ref.namespace, ref.name, QUEUE_LIMIT_FIELDS, (RETRY_AFTER_ANNOTATION,),
+                                            legacy_name=legacy_policy_names(ref.name)[0])
 
     @activity.defn(name=contract.FORECAST_DEMAND)
     def forecast_demand(self, req: DemandForecastInput) -> DemandForecast:

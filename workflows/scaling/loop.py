@@ -68,6 +68,8 @@ DECISIONS_KEPT = 20
 FORECAST_FLOOR = "forecast"  # the floor source the loop's own demand forecast holds
 # Runs from before the gateway's queue limit (issue 19) never wrote one.
 QUEUE_LIMIT_PATCH = "queue-limit"
+# Runs from before a queue limit turned off was taken out of the route's policy left it there.
+QUEUE_LIMIT_OFF_PATCH = "queue-limit-off"
 # Runs from before the spot mix scaled the versioned Deployment whatever the policy said.
 SPOT_MIX_PATCH = "spot-mix"
 # Runs from before the spot mix's warm pool need was claimed on its on-demand pool's NodePoolScaling.
@@ -143,6 +145,7 @@ class ScalingCarry(BaseModel):
     spot_history: dict[str, list[int]] = Field(default_factory=dict, description="spot pool -> recent samples, 1 = unavailable")
     spot_mix_applied: SpotMixRecord | None = Field(None, description="the split last written")
     warm_floor: WarmFloorClaim | None = Field(None, description="the warm pool floor last claimed")
+    queue_limit_written: bool = Field(False, description="a gateway queue limit was written and not taken out since")
 
 
 class ScalingInput(BaseModel):
@@ -274,6 +277,7 @@ class ReactiveScaling:
         self._iteration = 0
         self._wake = False
         self._queue_limit: QueueLimit | None = None  # last written to the gateway (written again after continue-as-new)
+        self._queue_limit_written = carry.queue_limit_written
 
     @workflow.run
     async def run(self, input: ScalingInput) -> None:
@@ -471,8 +475,11 @@ class ReactiveScaling:
 
     async def _set_queue_limit(self, namespace: str, name: str, ready: int, record: DecisionRecord) -> None:
         """Tell the gateway how many requests the Ready replicas serve within the SLO
-        (workflows/scaling/queue_limit.py); written when it changes, beyond it clients get 429."""
+        (workflows/scaling/queue_limit.py); written when it changes, beyond it clients get 429.
+        Turned off (``update_policy``), the limit this loop wrote is taken out of the route's policy."""
         if not self._policy.gateway_queue_limit:
+            if self._queue_limit_written and workflow.patched(QUEUE_LIMIT_OFF_PATCH):
+                await self._clear_queue_limit(namespace, name, record)
             return
         limit = queue_limit(ready, self._policy)
         if limit == self._queue_limit or not workflow.patched(QUEUE_LIMIT_PATCH):
@@ -485,9 +492,26 @@ class ReactiveScaling:
                 retry_policy=_SHORT,
                 summary=f"gateway queue limit of {name}: {limit.max_pending_requests} waiting requests",
             )
-            self._queue_limit = limit
+            self._queue_limit, self._queue_limit_written = limit, True
         except ActivityError as err:
             record.reason += f"; queue limit not set: {cause(err)}"
+
+    async def _clear_queue_limit(self, namespace: str, name: str, record: DecisionRecord) -> None:
+        """Take the queue limit's fields out of the route's policy (the quotas' stay); a failure is in
+        the decision's reason and is tried again next decision."""
+        try:
+            outcome = await workflow.execute_activity_method(
+                ScalingActivities.clear_queue_limit,
+                acts.ClearQueueLimitInput(deployment=DeploymentRef(namespace=namespace, name=name)),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_SHORT,
+                summary=f"gateway queue limit of {name} off",
+            )
+        except ActivityError as err:
+            record.reason += f"; queue limit not removed: {cause(err)}"
+            return
+        self._queue_limit, self._queue_limit_written = None, False
+        record.reason += f"; gateway queue limit removed ({outcome})"
 
     async def _cpu_fallback(self, now: datetime, desired: int, scale: acts.ScaleStatus, record: DecisionRecord) -> None:
         """Batch only: scale the declared CPU deployment up while GPU replicas stay unavailable."""
@@ -585,6 +609,7 @@ class ReactiveScaling:
             spot_history=self._spot_history,
             spot_mix_applied=self._spot_mix_applied,
             warm_floor=self._warm_floor,
+            queue_limit_written=self._queue_limit_written,
         )
 
     def _details(self, note: str = "") -> None:
