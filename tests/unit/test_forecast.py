@@ -5,7 +5,17 @@ import math
 import pytest
 
 from workflows.scaling.forecast import DAY_S, WEEK_S, forecast_demand
-from workflows.scaling.warm_pool import NodeCosts, WarmPoolFloor, break_even_seconds, freed_nodes, nodes_for, warm_pool_size, with_floors
+from workflows.scaling.warm_pool import (
+    NodeCosts,
+    WarmPoolFloor,
+    break_even_seconds,
+    claim_ttl_seconds,
+    freed_nodes,
+    lapsed_claims,
+    nodes_for,
+    warm_pool_size,
+    with_floors,
+)
 
 STEP = 300.0  # 5-minute samples keep a week of history small
 
@@ -145,3 +155,10 @@ def test_spot_mix_floors_raise_the_warm_pool_in_nodes_added_up_and_capped():
     assert both.size == 6 and "llm-serving/batch 3 + llm-serving/embed 4 (capped from 7)" in both.reason
     assert with_floors(forecast, [batch.model_copy(update={"replicas": 0})], 4, 6) is forecast  # a lapsed claim
     assert with_floors(warm_pool_size(40, 0, 8, 6), [batch], 4, 6).size == 5  # the forecast's larger size stands
+
+
+def test_a_claim_lives_a_few_of_its_claimants_intervals_and_lapses_at_its_deadline():
+    assert (claim_ttl_seconds(30), claim_ttl_seconds(1)) == (300, 60)  # ten intervals, at least a minute
+    assert lapsed_claims({"llm-serving/b": 100.0, "llm-serving/a": 90.0, "llm-serving/c": 100.5}, now=100.0) == [
+        "llm-serving/a", "llm-serving/b"]
+    assert WarmPoolFloor.model_validate({"source": "llm-serving/batch", "replicas": 2}).ttl_seconds is None  # a signal of before

@@ -58,7 +58,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.scaling.floors import SET_FLOOR_SIGNAL, FloorClaim, SetFloor, floor_label
     from workflows.scaling.placement import CAPACITY_FOR_CLASS
     from workflows.scaling.queue_limit import QueueLimit, queue_limit
-    from workflows.scaling.warm_pool import WARM_POOL_FLOOR_SIGNAL, WarmPoolFloor
+    from workflows.scaling.warm_pool import CLAIM_RENEWALS_PER_TTL, WARM_POOL_FLOOR_SIGNAL, WarmPoolFloor, claim_ttl_seconds
     from workflows.spot.activities import ApplySpotMixInput, SpotDomainsInput, SpotMixActivities
     from workflows.spot.mix import SpotMixPolicy, markets, observe, plan_spot_mix, replicas_per_pool
     from workflows.spot.policy import warm_pool_needed
@@ -74,6 +74,8 @@ QUEUE_LIMIT_OFF_PATCH = "queue-limit-off"
 SPOT_MIX_PATCH = "spot-mix"
 # Runs from before the spot mix's warm pool need was claimed on its on-demand pool's NodePoolScaling.
 SPOT_WARM_FLOOR_PATCH = "spot-mix-warm-floor"
+# Runs from before that claim carried a TTL sent it once per change and never renewed it.
+WARM_FLOOR_RENEW_PATCH = "spot-mix-warm-floor-renew"
 
 
 class WarmFloorClaim(BaseModel):
@@ -81,6 +83,7 @@ class WarmFloorClaim(BaseModel):
 
     pool: str
     replicas: int
+    claimed_at: datetime | None = Field(None, description="last sent with a TTL (None: claimed before claims lapsed)")
 
 
 class SpotMixRecord(BaseModel):
@@ -196,6 +199,11 @@ class ScalingStatus(BaseModel):
 _SHORT = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
 
 
+def claimed(claim: WarmFloorClaim | None) -> tuple[str, int] | None:
+    """What a claim asks for, whenever it was sent."""
+    return (claim.pool, claim.replicas) if claim is not None else None
+
+
 def cold_start_line(up: LastScaleUp) -> str:
     """The last scale-up for the UI: its time to Ready and its newest replica's start by parts."""
     line = f"last scale-up {up.at:%H:%M:%S}Z: {up.replicas} replica(s) Ready in {up.seconds:.0f}s"
@@ -290,8 +298,15 @@ class ReactiveScaling:
                 workflow.continue_as_new(input.model_copy(update={"policy": self._policy, "carry": self._carry()}))
             if self._paused:
                 self._details(f"paused: {self._pause_reason or 'by operator'}")
+                if self._warm_floor is not None and workflow.patched(WARM_FLOOR_RENEW_PATCH):
+                    # the spot replicas still run while paused: their warm pool claim is renewed
+                    wait = max(self._until_renewal(), timedelta(seconds=input.interval_seconds))
+                    if not await wait_until(lambda: not self._paused, wait, "paused: renew the warm pool claim"):
+                        await self._renew_warm_floor()
+                    continue  # still paused: wait again, after the continue-as-new check
                 await workflow.wait_condition(lambda: not self._paused)
             await self._decide_once(namespace, name)
+            await self._renew_warm_floor()
             self._iteration += 1
             self._wake = False
             await wait_until(lambda: self._wake, timedelta(seconds=input.interval_seconds), "next decision")
@@ -457,21 +472,49 @@ class ReactiveScaling:
         A failed signal (no such loop) is reported in the decision and tried again next time."""
         held = self._warm_floor
         wanted = WarmFloorClaim(pool=pool, replicas=replicas) if pool is not None and replicas > 0 else None
-        if wanted == held or not workflow.patched(SPOT_WARM_FLOOR_PATCH):
+        if claimed(wanted) == claimed(held) or not workflow.patched(SPOT_WARM_FLOOR_PATCH):
             return
         sends = [wanted] if wanted is not None else []
         if held is not None and (wanted is None or held.pool != wanted.pool):
             sends.insert(0, WarmFloorClaim(pool=held.pool, replicas=0))
         for claim in sends:
-            try:
-                await workflow.get_external_workflow_handle(naming.node_pool_workflow_id(claim.pool)).signal(
-                    WARM_POOL_FLOOR_SIGNAL,
-                    WarmPoolFloor(source=self._input.deployment, replicas=claim.replicas, gpus_per_replica=self._policy.gpus_per_replica),
-                )
-            except FailureError as err:
-                record.reason += f"; warm pool floor {claim.replicas} not claimed on {claim.pool}: {cause(err)}"
+            failed = await self._send_warm_floor(claim)
+            if failed:
+                record.reason += f"; warm pool floor {claim.replicas} not claimed on {claim.pool}: {failed}"
                 return
-            self._warm_floor = claim if claim.replicas > 0 else None
+
+    async def _renew_warm_floor(self) -> None:
+        """Claim the held floor again when a quarter of its TTL has passed, so NodePoolScaling keeps
+        it; a loop that stops renewing (terminated) loses it after the TTL."""
+        held = self._warm_floor
+        if held is None or self._until_renewal() > timedelta(0) or not workflow.patched(WARM_FLOOR_RENEW_PATCH):
+            return
+        failed = await self._send_warm_floor(held)
+        if failed:
+            self._details(f"warm pool floor {held.replicas} not renewed on nodepool/{held.pool}: {failed}")
+
+    def _until_renewal(self) -> timedelta:
+        """How long until the held claim is renewed (claims sent before they lapsed: now)."""
+        held = self._warm_floor
+        if held is None or held.claimed_at is None:
+            return timedelta(0)
+        every = timedelta(seconds=claim_ttl_seconds(self._input.interval_seconds) / CLAIM_RENEWALS_PER_TTL)
+        return held.claimed_at + every - workflow.now()
+
+    async def _send_warm_floor(self, claim: WarmFloorClaim) -> str | None:
+        """Signal ``claim`` (0 replicas: drop it) to its pool's NodePoolScaling, with a TTL a few of
+        this loop's intervals long; None when sent, else why not."""
+        ttl = claim_ttl_seconds(self._input.interval_seconds) if claim.replicas > 0 and workflow.patched(WARM_FLOOR_RENEW_PATCH) else None
+        try:
+            await workflow.get_external_workflow_handle(naming.node_pool_workflow_id(claim.pool)).signal(
+                WARM_POOL_FLOOR_SIGNAL,
+                WarmPoolFloor(source=self._input.deployment, replicas=claim.replicas, gpus_per_replica=self._policy.gpus_per_replica,
+                              ttl_seconds=ttl),
+            )
+        except FailureError as err:
+            return cause(err)
+        self._warm_floor = claim.model_copy(update={"claimed_at": workflow.now() if ttl else None}) if claim.replicas > 0 else None
+        return None
 
     async def _set_queue_limit(self, namespace: str, name: str, ready: int, record: DecisionRecord) -> None:
         """Tell the gateway how many requests the Ready replicas serve within the SLO

@@ -17,7 +17,9 @@ within the settings' bounds, raised to the floors other loops claim with the ``w
 signal: a batch ReactiveScaling loop whose spot mix names this pool (``spot_mix.on_demand_pool``)
 claims ``warm_pool_needed``, the replicas its worst spot loss must replace inside the 2-minute
 notice (a stopped instance serves in about a minute, a fresh launch does not). This loop stays the
-one writer of the group's warm pool; a claim of 0 replicas drops the floor. Scale-in stops an instance back into the pool (ReuseOnScaleIn) rather
+one writer of the group's warm pool; a claim of 0 replicas drops the floor, and a claim sent with a
+``ttl_seconds`` (the claimant renews it on its interval) lapses when not renewed in time, so a
+terminated claimant's floor does not stay. Scale-in stops an instance back into the pool (ReuseOnScaleIn) rather
 than terminating it, and AWS keeps as many as the pool's size: freed nodes the forecast wants
 within the horizon stay warm, the rest are terminated.
 
@@ -59,11 +61,20 @@ with workflow.unsafe.imports_passed_through():
     from workflows.scaling.budget_guard import BUDGET_PATCH, judge_growth
     from workflows.scaling.decide import ScalingPolicy, slo_replicas
     from workflows.scaling.placement import CLASS_FOR_CAPACITY, ModelNeed, PoolDecision, PoolSizing, plan_pending, size_pool
-    from workflows.scaling.warm_pool import WARM_POOL_FLOOR_SIGNAL, WarmPoolFloor, nodes_for, warm_pool_size, with_floors
+    from workflows.scaling.warm_pool import (
+        WARM_POOL_FLOOR_SIGNAL,
+        WarmPoolFloor,
+        lapsed_claims,
+        nodes_for,
+        warm_pool_size,
+        with_floors,
+    )
     from workflows.steps import cause
 
 
 WARM_POOL_PATCH = "node-pool-warm-pool"
+# Runs from before claims carried a TTL held every claim until it was dropped with 0.
+FLOOR_TTL_PATCH = "warm-pool-floor-ttl"
 
 
 class ForecastedDeployment(BaseModel):
@@ -113,6 +124,9 @@ class NodePoolCarry(BaseModel):
     peak_nodes: int = Field(0, description="nodes the last demand forecast's peak needs")
     forecast_at_s: float | None = None
     warm_pool_floors: dict[str, WarmPoolFloor] = Field(default_factory=dict, description="source -> its claimed floor")
+    warm_pool_floor_deadlines: dict[str, float] = Field(
+        default_factory=dict, description="source -> when its claim lapses unless renewed (epoch seconds, workflow time)"
+    )
 
 
 class NodePoolInput(BaseModel):
@@ -145,6 +159,9 @@ class NodePoolStatus(BaseModel):
     pending_since_s: float | None
     warm_pool_size: int | None = None
     warm_pool_floors: list[WarmPoolFloor] = Field(default_factory=list, description="floors claimed on the warm pool")
+    warm_pool_floor_deadlines: dict[str, float] = Field(
+        default_factory=dict, description="source -> when its claim lapses unless renewed (epoch seconds)"
+    )
 
 
 _SHORT = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
@@ -163,6 +180,7 @@ class NodePoolScaling:
         self._peak_nodes = carry.peak_nodes
         self._forecast_at = carry.forecast_at_s
         self._floors = dict(carry.warm_pool_floors)
+        self._floor_deadlines = dict(carry.warm_pool_floor_deadlines)
         self._floored_by: str | None = None  # why a claimed floor, not the forecast, sets the warm pool
 
     @workflow.run
@@ -177,11 +195,13 @@ class NodePoolScaling:
             input.model_copy(update={"carry": NodePoolCarry(
                 pending_since_s=self._pending_since, records=self._records, warm_pool_size=self._warm_pool_size,
                 peak_nodes=self._peak_nodes, forecast_at_s=self._forecast_at, warm_pool_floors=self._floors,
+                warm_pool_floor_deadlines=self._floor_deadlines,
             )})
         )
 
     async def _once(self, input: NodePoolInput) -> None:
         now = workflow.now().timestamp()
+        lapsed = self._drop_lapsed_floors(now)
         try:
             seen = await workflow.execute_activity_method(
                 NodePoolActivities.observe_node_pool, input.pool,
@@ -211,7 +231,7 @@ class NodePoolScaling:
             plan = plan_pending(seen.nodes, needs, input.sizing, input.pool.capacity_type, seen.gpu_memory_gib)
         decision: PoolDecision = size_pool(seen.nodes, seen.pending_gpus, pending_for, input.sizing, booting, plan)
         desired = min(decision.desired_nodes, seen.max_size)
-        reason = decision.reason
+        reason = decision.reason + lapsed
         if input.budget is not None and desired > seen.desired_capacity and workflow.patched(BUDGET_PATCH):
             desired, reason = await self._within_budget(input, seen.desired_capacity, desired, reason)
         if input.warm_pool is not None and workflow.patched(WARM_POOL_PATCH):
@@ -317,12 +337,27 @@ class NodePoolScaling:
             return verdict.allowed, f"{reason}; {verdict.reason}"
         return desired, reason
 
+    def _drop_lapsed_floors(self, now: float) -> str:
+        """Drop the claims not renewed within their TTL (their claimant stopped without dropping
+        them); what to add to the cycle's reason."""
+        lapsed = lapsed_claims(self._floor_deadlines, now)
+        if not lapsed or not workflow.patched(FLOOR_TTL_PATCH):
+            return ""
+        for source in lapsed:
+            self._floors.pop(source, None)
+            self._floor_deadlines.pop(source, None)
+        return f"; warm pool claim(s) of {', '.join(lapsed)} lapsed: not renewed in time"
+
     @workflow.signal(name=WARM_POOL_FLOOR_SIGNAL)
     def warm_pool_floor(self, floor: WarmPoolFloor) -> None:
-        """A loop claims the stopped nodes it needs in the warm pool (0 replicas: its claim lapses);
-        the next cycle sizes the pool to at least the claims."""
+        """A loop claims the stopped nodes it needs in the warm pool (0 replicas: its claim lapses),
+        until ``ttl_seconds`` from now unless it claims again; the next cycle sizes the pool to at
+        least the claims."""
+        self._floor_deadlines.pop(floor.source, None)
         if floor.replicas > 0:
             self._floors[floor.source] = floor
+            if floor.ttl_seconds is not None:
+                self._floor_deadlines[floor.source] = workflow.now().timestamp() + floor.ttl_seconds
         else:
             self._floors.pop(floor.source, None)
 
@@ -330,5 +365,5 @@ class NodePoolScaling:
     def status(self) -> NodePoolStatus:
         return NodePoolStatus(
             pool=self._pool, records=self._records, pending_since_s=self._pending_since, warm_pool_size=self._warm_pool_size,
-            warm_pool_floors=list(self._floors.values()),
+            warm_pool_floors=list(self._floors.values()), warm_pool_floor_deadlines=self._floor_deadlines,
         )

@@ -12,6 +12,8 @@ cluster in about a minute instead of a fresh launch's several (its image is alre
   it is needed again within that break-even time, and is terminated otherwise;
 - ``with_floors``: the size raised to the floors other loops claim on the pool (a batch loop's spot
   mix claims ``warm_pool_needed``: the replicas its worst spot loss must replace within the notice).
+  A claim lapses unless renewed within its ``ttl_seconds`` (``claim_ttl_seconds`` of the claimant's
+  interval; ``lapsed_claims``), so the claim of a loop that was terminated does not hold nodes forever.
 
 Pure: plain values in and out, shared by the node-pool workflow and the scaling benchmark.
 """
@@ -21,6 +23,8 @@ from __future__ import annotations
 import math
 
 from pydantic import BaseModel, Field
+
+from workflows.bounds import MAX_SECONDS
 
 
 class NodeCosts(BaseModel):
@@ -48,6 +52,27 @@ class WarmPoolFloor(BaseModel):
     source: str = Field(min_length=1, description="who claims it: the deployment whose spot mix needs it")
     replicas: int = Field(ge=0, description="replicas to start from the warm pool; 0 drops the claim")
     gpus_per_replica: int = Field(1, ge=1)
+    ttl_seconds: float | None = Field(
+        None, gt=0, le=MAX_SECONDS, description="the claim lapses unless signalled again within this; None (claims"
+        " of before): held until dropped"
+    )
+
+
+# A claim lives this many of its claimant's intervals (at least the minimum) and is renewed every
+# quarter of that: three renewals may go missing before it lapses.
+CLAIM_TTL_INTERVALS = 10
+CLAIM_MIN_TTL_SECONDS = 60.0
+CLAIM_RENEWALS_PER_TTL = 4
+
+
+def claim_ttl_seconds(interval_seconds: float) -> float:
+    """How long a claim of a loop deciding every ``interval_seconds`` holds without renewal."""
+    return max(CLAIM_MIN_TTL_SECONDS, CLAIM_TTL_INTERVALS * interval_seconds)
+
+
+def lapsed_claims(deadlines: dict[str, float], now: float) -> list[str]:
+    """The claimants (source -> deadline, epoch seconds) whose claims were not renewed by ``now``, sorted."""
+    return sorted(source for source, deadline in deadlines.items() if deadline <= now)
 
 
 class FreedNodes(BaseModel):
