@@ -26,7 +26,8 @@ Scaling itself is the rollout's ``scale_version`` (the Deployment's scale subres
 - ``set_pool_capacity``: the group's desired capacity (idempotent: setting it twice is a no-op).
 - ``remove_pool_node``: cordon an idle node and terminate its instance with the group's desired
   capacity decremented; a node that took a model pod meanwhile is uncordoned and kept. With a warm
-  pool that reuses on scale-in, AWS stops the instance back into the pool instead.
+  pool that reuses on scale-in, AWS stops the instance back into the pool instead while the pool is
+  below its size (and terminates it when the pool is full).
 - ``set_warm_pool``: the group's warm pool of stopped instances at an absolute size (MinSize =
   MaxGroupPreparedCapacity), so a scale-out starts a stopped instance (about a minute) instead of
   launching one; a pool already at that configuration is left alone. On-demand pools only: AWS
@@ -411,6 +412,10 @@ class NodePoolActivities(contract.NodePoolActivities):
             config.get("PoolState"),
             (config.get("InstanceReusePolicy") or {}).get("ReuseOnScaleIn", False),
         )
+        # MinSize = MaxGroupPreparedCapacity: the one configuration AWS documents as an absolute pool
+        # size (API_PutWarmPool, https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_PutWarmPool.html);
+        # that size also bounds what ReuseOnScaleIn returns on a scale-in, so NodePoolScaling sets it
+        # before a scale-in to keep exactly the freed nodes it wants warm.
         if have != wanted:
             self.aws.put_warm_pool(req.pool, req.size, req.size, req.reuse_on_scale_in)
         return WarmPoolState(size=req.size, warm_instances=len((current or {}).get("Instances", [])), changed=have != wanted)

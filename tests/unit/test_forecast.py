@@ -15,6 +15,7 @@ from workflows.scaling.warm_pool import (
     nodes_for,
     warm_pool_size,
     with_floors,
+    with_freed,
 )
 
 STEP = 300.0  # 5-minute samples keep a week of history small
@@ -142,6 +143,19 @@ def test_freed_nodes_go_back_to_the_pool_only_when_needed_again():
     assert (quiet.to_warm_pool, quiet.to_terminate) == (0, 2)
     full = freed_nodes(freed=2, running_after=0, peak_replicas_within_break_even=80, replicas_per_node=8, in_warm_pool=9, max_size=10)
     assert full.to_warm_pool == 1
+
+
+def test_the_warm_pool_is_sized_to_keep_exactly_the_freed_nodes_the_break_even_peak_needs():
+    # 4 nodes run, the cold-start forecast wants none warm; one node is freed
+    forecast = warm_pool_size(peak_replicas=4, running_nodes=4, replicas_per_node=1, max_size=5)
+    kept = with_freed(forecast, held=0, peak_replicas_within_break_even=4, running=4, freed=1, replicas_per_node=1, max_size=5)
+    assert kept.size == 1 and "1 of 1 freed node(s) back to the warm pool" in kept.reason
+    gone = with_freed(forecast, held=0, peak_replicas_within_break_even=3, running=4, freed=1, replicas_per_node=1, max_size=5)
+    assert gone.size == 0 and "0 of 1 freed" in gone.reason
+    # next cycle, 3 running: the kept node stays while the break-even peak needs it, lapses when it no longer does
+    after = warm_pool_size(peak_replicas=3, running_nodes=3, replicas_per_node=1, max_size=5)
+    assert with_freed(after, held=1, peak_replicas_within_break_even=4, running=3, freed=0, replicas_per_node=1, max_size=5).size == 1
+    assert with_freed(after, held=1, peak_replicas_within_break_even=3, running=3, freed=0, replicas_per_node=1, max_size=5) is after
 
 
 def test_spot_mix_floors_raise_the_warm_pool_in_nodes_added_up_and_capped():

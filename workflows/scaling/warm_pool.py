@@ -10,6 +10,8 @@ cluster in about a minute instead of a fresh launch's several (its image is alre
   GPU time a fresh launch would waste (the extra minutes of boot paid at the running price);
 - ``freed_nodes``: a node freed by scale-down goes back to the warm pool when the forecast says
   it is needed again within that break-even time, and is terminated otherwise;
+- ``with_freed``: the warm pool's size that makes Auto Scaling keep exactly those freed nodes (and
+  keep holding them while the break-even peak still needs them);
 - ``with_floors``: the size raised to the floors other loops claim on the pool (a batch loop's spot
   mix claims ``warm_pool_needed``: the replicas its worst spot loss must replace within the notice).
   A claim lapses unless renewed within its ``ttl_seconds`` (``claim_ttl_seconds`` of the claimant's
@@ -136,3 +138,25 @@ def freed_nodes(freed: int, running_after: int, peak_replicas_within_break_even:
         f" {keep} of {freed} freed node(s) back to the warm pool ({running_after} running, {in_warm_pool} warm, max {max_size})"
     )
     return FreedNodes(to_warm_pool=keep, to_terminate=freed - keep, reason=reason)
+
+
+def with_freed(plan: WarmPoolPlan, held: int, peak_replicas_within_break_even: float, running: int, freed: int,
+               replicas_per_node: int, max_size: int) -> WarmPoolPlan:
+    """The plan raised to the stopped nodes kept for the forecast peak within the break-even time:
+    those kept before (``held``, the size last set) while that peak still needs them beyond the
+    ``running`` nodes, plus those of the ``freed`` nodes a scale-in takes out of service now that
+    ``freed_nodes`` sends back to the pool. With ReuseOnScaleIn, Auto Scaling returns a scaled-in
+    instance to the warm pool only while the pool is below its size, and terminates it otherwise, so
+    a size ``k`` above the pool's keeps exactly ``k`` freed nodes (set before the scale-in)."""
+    still = min(held, warm_pool_size(peak_replicas_within_break_even, running, replicas_per_node, max_size).size)
+    size = max(plan.size, still)
+    reason = plan.reason
+    if size > plan.size:
+        reason = f"{size - plan.size} freed node(s) held for the forecast peak within break-even, above the forecast's {plan.size}"
+    if freed > 0:
+        out = freed_nodes(freed, running - freed, peak_replicas_within_break_even, replicas_per_node, size, max_size)
+        size += out.to_warm_pool
+        reason = f"scale-in: {out.reason}"
+    if size == plan.size and reason == plan.reason:
+        return plan
+    return WarmPoolPlan(size=size, max_prepared=plan.max_prepared - plan.size + size, reason=reason)
