@@ -28,7 +28,7 @@ demo: install
 # The layer contracts (pyproject.toml, [tool.importlinter]) first: they take a second.
 # pytest exits 5 when it collects no tests (with -n too); make stops on any non-zero exit, so that fails too.
 # Two xdist workers: one runs every module that uses the sandbox, the other everything else
-# meanwhile (tests/conftest.py groups them). A sandbox or e2e test that fails once runs once more;
+# meanwhile (tests/conftest.py groups them). A test outside tests/unit that fails once runs once more;
 # -r fER lists each failure, error and rerun by name in the summary, so a flake is never silent.
 test: install
 	$(VENV)/bin/lint-imports --no-cache

@@ -26,7 +26,8 @@ Scaling itself is the rollout's ``scale_version`` (the Deployment's scale subres
 - ``set_pool_capacity``: the group's desired capacity (idempotent: setting it twice is a no-op).
 - ``remove_pool_node``: cordon an idle node and terminate its instance with the group's desired
   capacity decremented; a node that took a model pod meanwhile is uncordoned and kept. With a warm
-  pool that reuses on scale-in, AWS stops the instance back into the pool instead.
+  pool that reuses on scale-in, AWS stops the instance back into the pool instead while the pool is
+  below its size (and terminates it when the pool is full).
 - ``set_warm_pool``: the group's warm pool of stopped instances at an absolute size (MinSize =
   MaxGroupPreparedCapacity), so a scale-out starts a stopped instance (about a minute) instead of
   launching one; a pool already at that configuration is left alone. On-demand pools only: AWS
@@ -49,13 +50,14 @@ from activities.clients.aws import AwsClient
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
 from activities.clients.prometheus import PrometheusClient, render
 from activities.rollout import deployment_state, owned_elsewhere
-from activities.traffic_policy import POLICY_API, apply_traffic_policy
+from activities.traffic_policy import POLICY_API, apply_traffic_policy, remove_traffic_policy_fields
 from workflows import naming
 from workflows.naming import DeploymentRef
 from workflows.scaling import activities as contract
 from workflows.scaling.activities import (
     COLD_START_PARTS,
     PROMETHEUS_MAX_POINTS,
+    ClearQueueLimitInput,
     ColdStart,
     DemandForecastInput,
     PendingReplica,
@@ -78,7 +80,7 @@ from workflows.scaling.forecast import WEEK_S, DemandForecast, forecast_demand
 from workflows.scaling.placement import Gpu, Node
 from workflows.scaling.prewarm import slot_key
 from workflows.scaling.queue_limit import QueueLimit
-from workflows.traffic_policy import QUEUE_LIMIT_FIELDS
+from workflows.traffic_policy import QUEUE_LIMIT_FIELDS, legacy_policy_names
 from workflows.spot.mix import MIX_TARGET_ANNOTATION
 
 WEEK_SECONDS = 7 * 24 * 3600
@@ -204,6 +206,14 @@ class ScalingActivities(contract.ScalingActivities):
         """Write the queue limit into the route's BackendTrafficPolicy, keeping its token quotas;
         a policy that already says the same is left alone."""
         apply_traffic_policy(self.kube, queue_limit_policy(req.deployment, req.limit), QUEUE_LIMIT_FIELDS)
+
+    @activity.defn(name=contract.CLEAR_QUEUE_LIMIT)
+    def clear_queue_limit(self, req: ClearQueueLimitInput) -> str:
+        """Take the queue limit (its fields and its Retry-After annotation) out of the route's
+        BackendTrafficPolicy, keeping the token quotas and anyone else's fields."""
+        ref = req.deployment
+        return remove_traffic_policy_fields(self.kube, ref.namespace, ref.name, QUEUE_LIMIT_FIELDS, (RETRY_AFTER_ANNOTATION,),
+                                            legacy_name=legacy_policy_names(ref.name)[0])
 
     @activity.defn(name=contract.FORECAST_DEMAND)
     def forecast_demand(self, req: DemandForecastInput) -> DemandForecast:
@@ -402,6 +412,10 @@ class NodePoolActivities(contract.NodePoolActivities):
             config.get("PoolState"),
             (config.get("InstanceReusePolicy") or {}).get("ReuseOnScaleIn", False),
         )
+        # MinSize = MaxGroupPreparedCapacity: the one configuration AWS documents as an absolute pool
+        # size (API_PutWarmPool, https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_PutWarmPool.html);
+        # that size also bounds what ReuseOnScaleIn returns on a scale-in, so NodePoolScaling sets it
+        # before a scale-in to keep exactly the freed nodes it wants warm.
         if have != wanted:
             self.aws.put_warm_pool(req.pool, req.size, req.size, req.reuse_on_scale_in)
         return WarmPoolState(size=req.size, warm_instances=len((current or {}).get("Instances", [])), changed=have != wanted)

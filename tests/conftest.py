@@ -31,13 +31,15 @@ def scope_of(nodeid: str) -> str:
     return SANDBOX_SCOPE if path.startswith("tests/e2e/") or path in SANDBOX_TIER_USERS else path
 
 
-# Tests that drive real processes (Temporal, Prometheus, moto, the emulator, a worker) against the
-# wall clock on a loaded 2-core machine. One failure gets one rerun: it must pass the second time,
-# and the rerun is listed by name in the summary (`make test` passes -r R). Every rerun seen so far
-# was a real race, each fixed at its cause (a create's 409 Conflict taken for AlreadyExists, a
-# probe before the gateway routed, a teardown crash of the Temporal runtime); the rerun keeps one
-# such race from hiding every other result. Pure and time-skipping tests are deterministic: none.
-RERUN_TIERS = ("tests/e2e/", "tests/sandbox/")
+# Tests that drive real processes (Temporal's servers, Prometheus, moto, the emulator, a worker)
+# against the wall clock on a loaded 2-core machine; the time-skipping server too: virtual time
+# runs on while a client waits for a result, so what else has happened by then depends on load.
+# One failure gets one rerun: it must pass the second time, and the rerun is listed by name in
+# the summary (`make test` passes -r R). Every rerun seen so far was a real race, each fixed at its
+# cause (a create's 409 Conflict taken for AlreadyExists, a probe before the gateway routed, a
+# teardown crash of the Temporal runtime, a retirement timer firing while result() waited); the
+# rerun keeps one such race from hiding every other result. Pure unit tests get none.
+RERUN_TIERS = ("tests/e2e/", "tests/sandbox/", "tests/workflows/", "tests/activities/")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

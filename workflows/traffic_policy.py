@@ -8,7 +8,9 @@ queue limit and ``tideplane quotas apply`` write one object, ``naming.traffic_po
 each owning its own fields of the spec and leaving the other's as it found them (read, merge,
 replace with the resourceVersion read). Objects of the names used before (``<route>-queue-limit``,
 ``<route>-token-quotas``) are adopted: the fields of the other writer that the shared object lacks
-are copied from them, and the writer deletes them once the shared object is written.
+are copied from them, and the writer deletes them once the shared object is written. A writer that
+stops (the queue limit turned off) takes its fields out again (``without_writer``), and the object
+goes once nothing is left in it but its target.
 """
 
 from __future__ import annotations
@@ -50,3 +52,16 @@ def merged_policy(current: dict | None, wanted: dict, owns: Iterable[str], legac
     for key in ("labels", "annotations"):
         meta[key] = {**(meta.get(key) or {}), **(wanted["metadata"].get(key) or {})}
     return out
+
+
+def without_writer(current: dict, owns: Iterable[str], annotations: Iterable[str] = ()) -> dict | None:
+    """``current`` with the writer's ``owns`` fields of the spec and its ``annotations`` taken out, every
+    other field kept as found; None when its spec then holds nothing but the target: delete the object."""
+    out = copy.deepcopy(current)
+    spec, meta = out.setdefault("spec", {}), out["metadata"]
+    for field in owns:
+        spec.pop(field, None)
+    if meta.get("annotations"):
+        drop = set(annotations)
+        meta["annotations"] = {k: v for k, v in meta["annotations"].items() if k not in drop}
+    return None if set(spec) <= {"targetRefs"} else out

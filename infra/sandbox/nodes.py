@@ -316,7 +316,16 @@ class Cloud:
         """Pair the group's desired-capacity drops with its nodes that went (seen in either order, a
         pass apart at most: the two are separate reads): with ReuseOnScaleIn each such instance is
         stopped back into the warm pool with its disk. Unpaired departures (a spot reclaim keeps the
-        desired capacity) are forgotten."""
+        desired capacity) are forgotten.
+
+        The pool then never holds more than its size: ``size_warm_pool`` right after terminates the
+        excess, launches still preparing first, so a scale-in into a full pool costs one instance and
+        one into a pool with room keeps the returned one (what NodePoolScaling's freed-node sizing
+        relies on). AWS documents the cap, not which instance goes: ReuseOnScaleIn lets a scaled-in
+        instance return to the warm pool instead of terminating (API_InstanceReusePolicy), and
+        MaxGroupPreparedCapacity bounds the instances in the warm pool or in any state but Terminated,
+        the pool having an absolute size when MinSize equals it (API_PutWarmPool:
+        https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_PutWarmPool.html)."""
         drops, departed = self.scaled_in[pool], self.departed.setdefault(pool, [])
         while drops and departed:
             drops.pop(0)

@@ -5,7 +5,18 @@ import math
 import pytest
 
 from workflows.scaling.forecast import DAY_S, WEEK_S, forecast_demand
-from workflows.scaling.warm_pool import NodeCosts, WarmPoolFloor, break_even_seconds, freed_nodes, nodes_for, warm_pool_size, with_floors
+from workflows.scaling.warm_pool import (
+    NodeCosts,
+    WarmPoolFloor,
+    break_even_seconds,
+    claim_ttl_seconds,
+    freed_nodes,
+    lapsed_claims,
+    nodes_for,
+    warm_pool_size,
+    with_floors,
+    with_freed,
+)
 
 STEP = 300.0  # 5-minute samples keep a week of history small
 
@@ -155,6 +166,19 @@ def test_freed_nodes_go_back_to_the_pool_only_when_needed_again():
     assert full.to_warm_pool == 1
 
 
+def test_the_warm_pool_is_sized_to_keep_exactly_the_freed_nodes_the_break_even_peak_needs():
+    # 4 nodes run, the cold-start forecast wants none warm; one node is freed
+    forecast = warm_pool_size(peak_replicas=4, running_nodes=4, replicas_per_node=1, max_size=5)
+    kept = with_freed(forecast, held=0, peak_replicas_within_break_even=4, running=4, freed=1, replicas_per_node=1, max_size=5)
+    assert kept.size == 1 and "1 of 1 freed node(s) back to the warm pool" in kept.reason
+    gone = with_freed(forecast, held=0, peak_replicas_within_break_even=3, running=4, freed=1, replicas_per_node=1, max_size=5)
+    assert gone.size == 0 and "0 of 1 freed" in gone.reason
+    # next cycle, 3 running: the kept node stays while the break-even peak needs it, lapses when it no longer does
+    after = warm_pool_size(peak_replicas=3, running_nodes=3, replicas_per_node=1, max_size=5)
+    assert with_freed(after, held=1, peak_replicas_within_break_even=4, running=3, freed=0, replicas_per_node=1, max_size=5).size == 1
+    assert with_freed(after, held=1, peak_replicas_within_break_even=3, running=3, freed=0, replicas_per_node=1, max_size=5) is after
+
+
 def test_spot_mix_floors_raise_the_warm_pool_in_nodes_added_up_and_capped():
     forecast = warm_pool_size(peak_replicas=8, running_nodes=0, replicas_per_node=8, max_size=6)  # 1 node
     batch = WarmPoolFloor(source="llm-serving/batch", replicas=5, gpus_per_replica=2)  # 2 per 4-GPU node: 3 nodes
@@ -166,3 +190,10 @@ def test_spot_mix_floors_raise_the_warm_pool_in_nodes_added_up_and_capped():
     assert both.size == 6 and "llm-serving/batch 3 + llm-serving/embed 4 (capped from 7)" in both.reason
     assert with_floors(forecast, [batch.model_copy(update={"replicas": 0})], 4, 6) is forecast  # a lapsed claim
     assert with_floors(warm_pool_size(40, 0, 8, 6), [batch], 4, 6).size == 5  # the forecast's larger size stands
+
+
+def test_a_claim_lives_a_few_of_its_claimants_intervals_and_lapses_at_its_deadline():
+    assert (claim_ttl_seconds(30), claim_ttl_seconds(1)) == (300, 60)  # ten intervals, at least a minute
+    assert lapsed_claims({"llm-serving/b": 100.0, "llm-serving/a": 90.0, "llm-serving/c": 100.5}, now=100.0) == [
+        "llm-serving/a", "llm-serving/b"]
+    assert WarmPoolFloor.model_validate({"source": "llm-serving/batch", "replicas": 2}).ttl_seconds is None  # a signal of before

@@ -6,7 +6,7 @@ from activities.scaling import queue_limit_policy
 from workflows.naming import DeploymentRef, traffic_policy_name
 from workflows.quotas.policy import QuotaFile, quota_policy
 from workflows.scaling.queue_limit import QueueLimit
-from workflows.traffic_policy import QUEUE_LIMIT_FIELDS, QUOTA_FIELDS, merged_policy
+from workflows.traffic_policy import QUEUE_LIMIT_FIELDS, QUOTA_FIELDS, merged_policy, without_writer
 
 QUOTAS = QuotaFile(namespace="llm-serving", route="chat", tenants=[{"name": "acme", "tokens_per_minute": 100, "monthly_tokens": 10_000}])
 LIMIT = queue_limit_policy(DeploymentRef(namespace="llm-serving", name="chat"), QueueLimit(max_pending_requests=7, retry_after_seconds=2))
@@ -49,3 +49,15 @@ def test_the_old_per_writer_objects_are_adopted():
     assert out["spec"]["rateLimit"] == old_quotas["spec"]["rateLimit"]  # the quotas survive the move
     assert out["spec"]["circuitBreaker"] == {"maxPendingRequests": 7}  # the writer's own fields are its new ones
     assert out["metadata"]["annotations"]["tideplane.io/monthly-token-quotas"] == '{"acme": 10000}'
+
+
+def test_a_writer_that_stops_takes_out_only_its_own_fields_and_annotations():
+    both = merged_policy(merged_policy(None, LIMIT, QUEUE_LIMIT_FIELDS), quota_policy(QUOTAS, {}), QUOTA_FIELDS)
+    out = without_writer(both, QUEUE_LIMIT_FIELDS, ["tideplane.io/retry-after-seconds"])
+    assert set(out["spec"]) == {"targetRefs", "rateLimit"} and out["spec"]["rateLimit"] == both["spec"]["rateLimit"]
+    assert set(out["metadata"]["annotations"]) == set(both["metadata"]["annotations"]) - {"tideplane.io/retry-after-seconds"}
+    assert "circuitBreaker" in both["spec"], "the object read is left as it was"
+    assert without_writer(out, QUEUE_LIMIT_FIELDS) == out  # nothing of the writer's left: nothing to write
+    assert without_writer(out, QUOTA_FIELDS) is None  # only the target left: delete it
+    foreign = {**out, "spec": {**out["spec"], "timeout": {"http": {"requestTimeout": "60s"}}}}
+    assert without_writer(foreign, QUOTA_FIELDS)["spec"] == {"targetRefs": out["spec"]["targetRefs"], "timeout": foreign["spec"]["timeout"]}

@@ -16,9 +16,10 @@ from temporalio.worker import Worker
 
 from workflows.scaling import activities as acts
 from workflows.scaling.decide import ScalingPolicy, slo_replicas
-from workflows.scaling.forecast import DemandForecast
+from workflows.scaling.forecast import WEEK_S, DemandForecast
 from workflows.scaling.node_pools import ForecastedDeployment, NodePoolInput, NodePoolScaling, NodePoolStatus, WarmPoolSettings
-from workflows.scaling.placement import PoolSizing
+from workflows.scaling.placement import Node, PoolSizing
+from workflows.scaling.warm_pool import NodeCosts, break_even_seconds
 
 
 class FakeGroup:
@@ -126,3 +127,72 @@ async def test_without_a_forecast_the_pool_keeps_its_floor_and_says_why(time_ski
     status = await run_pool(time_skipping_env, group, settings, iterations=2)
     assert [c.size for c in group.warm_calls] == [1]
     assert "demand forecast failed: prometheus unreachable" in status.records[0].reason
+
+
+class ShrinkingGroup:
+    """A group of idle nodes that NodePoolScaling drains one per cycle, with Auto Scaling's
+    ReuseOnScaleIn: a scaled-in instance goes back to the warm pool while the pool is below the
+    size last set, and is terminated otherwise. The demand forecast sees a peak ``peak_in_seconds``
+    ahead: within a longer horizon, not within a shorter one."""
+
+    def __init__(self, nodes: int, peak_rps: float, peak_in_seconds: float) -> None:
+        self.nodes = [f"n{i}" for i in range(nodes)]
+        self.peak_rps = peak_rps
+        self.peak_in_seconds = peak_in_seconds
+        self.warm_size = 0
+        self.kept: list[str] = []
+        self.terminated: list[str] = []
+        self.horizons: list[float] = []
+
+    def activities(self):
+        @activity.defn(name=acts.OBSERVE_NODE_POOL)
+        async def observe(req: acts.PoolRef) -> acts.PoolObservation:
+            return acts.PoolObservation(nodes=[Node(name=n, pool=req.pool) for n in self.nodes],
+                                        desired_capacity=len(self.nodes), max_size=10)
+
+        @activity.defn(name=acts.SET_POOL_CAPACITY)
+        async def set_capacity(req: acts.SetCapacityInput) -> None:
+            raise AssertionError("the pool only drains")
+
+        @activity.defn(name=acts.REMOVE_POOL_NODE)
+        async def remove(req: acts.RemoveNodeInput) -> acts.RemoveNodeResult:
+            self.nodes.remove(req.node)
+            (self.kept if len(self.kept) < self.warm_size else self.terminated).append(req.node)
+            return acts.RemoveNodeResult(removed=True, reason=f"node {req.node} drained")
+
+        @activity.defn(name=acts.SET_WARM_POOL)
+        async def set_warm_pool(req: acts.SetWarmPoolInput) -> acts.WarmPoolState:
+            self.warm_size = req.size
+            self.kept = self.kept[: req.size]
+            return acts.WarmPoolState(size=req.size, changed=True)
+
+        @activity.defn(name=acts.FORECAST_DEMAND)
+        async def forecast(req: acts.DemandForecastInput) -> DemandForecast:
+            self.horizons.append(req.horizon_seconds)
+            rps = self.peak_rps if req.horizon_seconds >= self.peak_in_seconds else 0.0
+            return DemandForecast(expected=rps, upper=rps, level=rps, basis="daily", error_ratio=1, checked=0, reason="stub")
+
+        return [observe, set_capacity, remove, set_warm_pool, forecast]
+
+
+@pytest.mark.parametrize("stopped_per_hour, kept", [(0.1, ["n1", "n2"]), (10.0, [])])
+async def test_scale_in_keeps_freed_nodes_warm_only_for_a_peak_within_break_even(time_skipping_env, stopped_per_hour, kept):
+    """Three idle nodes drain one per cycle; tomorrow morning's peak (5 h ahead) needs two nodes of
+    one replica each. Cheap disks (break-even 53 h): the first freed node still leaves two running and
+    is terminated, the next two go back to the warm pool. Dear disks (break-even 32 min): the peak is
+    beyond it, so all three are terminated."""
+    policy = ScalingPolicy(gpus_per_replica=4)
+    rps = next(r for r in range(1, 1000) if slo_replicas(r, policy) == 2)
+    group = ShrinkingGroup(nodes=3, peak_rps=rps, peak_in_seconds=5 * 3600)
+    costs = NodeCosts(running_per_hour=80.0, stopped_per_hour=stopped_per_hour, fresh_start_seconds=300, warm_start_seconds=60)
+    settings = WarmPoolSettings(max_size=4, demand=[ForecastedDeployment(deployment="llm-serving/chat", policy=policy)],
+                                node_costs=costs)
+    status = await run_pool(time_skipping_env, group, settings)
+    assert group.horizons == [600, min(WEEK_S, break_even_seconds(costs))], "the cold start, then the break-even time"
+    assert group.kept == kept and group.terminated == [n for n in ("n0", "n1", "n2") if n not in kept]
+    assert status.warm_pool_size == len(kept)
+    assert "scale-in: forecast peak within break-even" in status.records[0].reason
+    assert "0 of 1 freed node(s) back to the warm pool" in status.records[0].reason
+    if kept:
+        assert "1 of 1 freed node(s) back to the warm pool" in status.records[1].reason
+        assert status.records[-1].warm_pool == 2, "the kept nodes stay while the peak within break-even needs them"

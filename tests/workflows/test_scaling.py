@@ -45,6 +45,7 @@ class FakeDeployment:
         self.demand: list[float] = []  # the arrival rate's history the forecast activity reads, a sample a minute
         self.forecasts: list[acts.DemandForecastInput] = []
         self.queue_limits: list[acts.QueueLimitInput] = []
+        self.queue_limits_cleared: list[acts.ClearQueueLimitInput] = []
 
     def activities(self):
         @activity.defn(name=acts.GET_SCALE)
@@ -75,7 +76,12 @@ class FakeDeployment:
         async def set_queue_limit(request: acts.QueueLimitInput) -> None:
             self.queue_limits.append(request)
 
-        return [get_scale, read_signals, scale_version, read_history, forecast, set_queue_limit]
+        @activity.defn(name=acts.CLEAR_QUEUE_LIMIT)
+        async def clear_queue_limit(request: acts.ClearQueueLimitInput) -> str:
+            self.queue_limits_cleared.append(request)
+            return "deleted"
+
+        return [get_scale, read_signals, scale_version, read_history, forecast, set_queue_limit, clear_queue_limit]
 
 
 async def start_loop(env, fake: FakeDeployment, **overrides):
@@ -139,6 +145,30 @@ async def test_gateway_queue_limit_follows_the_ready_replicas(time_skipping_env)
         assert fake.replicas > 2 and s.decisions[-1].signals.rejected_rate == 40, s.decisions[-1].reason
         await env.sleep(30)
         assert fake.queue_limits[-1].limit.max_pending_requests == math.floor(fake.replicas * 4 * 1.8)
+        await handle.terminate()
+
+
+async def test_a_queue_limit_turned_off_is_taken_out_once_and_written_again_when_turned_on(time_skipping_env):
+    env = time_skipping_env
+    fake = FakeDeployment(replicas=2)
+    worker, queue, inp = await start_loop(env, fake, policy=ScalingPolicy(gateway_queue_limit=True), interval_seconds=30,
+                                          iterations_per_run=2)  # turned off in one run, taken out in the next
+    async with worker:
+        handle = await env.client.start_workflow(
+            ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue
+        )
+        await env.sleep(5)
+        assert len(fake.queue_limits) == 1 and fake.queue_limits_cleared == []
+        await env.sleep(30)  # the second decision: the run continues as new before the next
+        await handle.execute_update(ReactiveScaling.update_policy, PolicyPatch(gateway_queue_limit=False))
+        await env.sleep(100)
+        assert [c.deployment.name for c in fake.queue_limits_cleared] == [inp.deployment.split("/")[1]], "once, not every decision"
+        s = await status(handle)
+        assert s.runs >= 1 and sum("gateway queue limit removed (deleted)" in d.reason for d in s.decisions) == 1
+        assert len(fake.queue_limits) == 1
+        await handle.execute_update(ReactiveScaling.update_policy, PolicyPatch(gateway_queue_limit=True))
+        await env.sleep(5)
+        assert len(fake.queue_limits) == 2 and len(fake.queue_limits_cleared) == 1
         await handle.terminate()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 
 from temporalio import activity
 from temporalio.api.sdk.v1 import WorkflowMetadata
@@ -21,7 +22,7 @@ from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.loop import ReactiveScaling, ScalingInput
 from workflows.scaling.node_pools import NodePoolInput, NodePoolScaling, WarmPoolSettings
 from workflows.scaling.placement import PoolSizing
-from workflows.scaling.warm_pool import nodes_for
+from workflows.scaling.warm_pool import WARM_POOL_FLOOR_SIGNAL, nodes_for
 from workflows.spot.activities import AppliedSpotMix, ApplySpotMixInput, SpotDomainsInput, SpotDomainsNow
 from workflows.spot.mix import DomainNow, SpotDomain, SpotMixPolicy, observe, plan_spot_mix, replicas_per_pool
 from workflows.spot.policy import ZoneMarket, plan_mix
@@ -69,6 +70,29 @@ class FakeSpotPools(FakeDeployment):
         return [*stubs, get_scale, read_spot_domains, apply_spot_mix]
 
 
+@asynccontextmanager
+async def mix_claiming_on_a_pool(env, interval_seconds: float, pool_iterations: int):
+    """A batch loop (2-GPU replicas) whose mix names gpu-on-demand, and that pool's NodePoolScaling
+    (4-GPU nodes, a warm pool of at most 8), both running: (spot pools, group, input, loop, pool)."""
+    fake = FakeSpotPools()
+    group = FakeGroup(max_size=10)
+    mix = MIX.model_copy(update={"survive_region_loss": False, "max_overprovision": 0, "on_demand_pool": "gpu-on-demand"})
+    policy = ScalingPolicy(priority_class="batch", min_replicas=8, max_replicas=8, gpus_per_replica=2, spot_mix=mix)
+    inp = ScalingInput(deployment=f"llm-serving/d{uuid.uuid4().hex[:8]}", policy=policy, interval_seconds=interval_seconds)
+    queue = f"q-{uuid.uuid4()}"
+    pool_activities = [a for a in group.activities() if a.__name__ != "forecast"]
+    async with Worker(env.client, task_queue=queue, workflows=[ReactiveScaling, NodePoolScaling],
+                      activities=[*fake.activities(), *pool_activities], activity_executor=ThreadPoolExecutor(4)):
+        pool = await env.client.start_workflow(
+            NodePoolScaling.run,
+            NodePoolInput(pool=acts.PoolRef(pool="gpu-on-demand"), sizing=PoolSizing(min_nodes=0, warm_standby=0, gpus_per_node=4),
+                          interval_seconds=15, iterations_per_run=pool_iterations, warm_pool=WarmPoolSettings(max_size=8)),
+            id=naming.node_pool_workflow_id("gpu-on-demand"), task_queue=queue,
+        )
+        loop = await env.client.start_workflow(ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue)
+        yield fake, group, inp, loop, pool
+
+
 async def test_the_loop_places_its_total_as_plan_mix_says_and_leaves_a_lost_pool(time_skipping_env):
     env = time_skipping_env
     fake = FakeSpotPools()
@@ -108,22 +132,8 @@ async def test_the_mixs_warm_pool_need_floors_its_on_demand_pools_warm_pool_and_
     the one writer of the group's warm pool, holds at least those nodes and says why; when the need
     drops to 0 (every spot pool withdrawn: all on-demand) the floor lapses to the forecast's size."""
     env = time_skipping_env
-    fake = FakeSpotPools()
-    group = FakeGroup(max_size=10)
-    mix = MIX.model_copy(update={"survive_region_loss": False, "max_overprovision": 0, "on_demand_pool": "gpu-on-demand"})
-    policy = ScalingPolicy(priority_class="batch", min_replicas=8, max_replicas=8, gpus_per_replica=2, spot_mix=mix)
-    inp = ScalingInput(deployment=f"llm-serving/d{uuid.uuid4().hex[:8]}", policy=policy, interval_seconds=30)
-    queue = f"q-{uuid.uuid4()}"
-    pool_activities = [a for a in group.activities() if a.__name__ != "forecast"]
-    async with Worker(env.client, task_queue=queue, workflows=[ReactiveScaling, NodePoolScaling],
-                      activities=[*fake.activities(), *pool_activities], activity_executor=ThreadPoolExecutor(4)):
-        pool = await env.client.start_workflow(
-            NodePoolScaling.run,
-            NodePoolInput(pool=acts.PoolRef(pool="gpu-on-demand"), sizing=PoolSizing(min_nodes=0, warm_standby=0, gpus_per_node=4),
-                          interval_seconds=15, iterations_per_run=3, warm_pool=WarmPoolSettings(max_size=8)),  # the claim outlives continue-as-new
-            id=naming.node_pool_workflow_id("gpu-on-demand"), task_queue=queue,
-        )
-        loop = await env.client.start_workflow(ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue)
+    # the pool continues as new every 3 cycles: the claim outlives it
+    async with mix_claiming_on_a_pool(env, interval_seconds=30, pool_iterations=3) as (fake, group, inp, loop, pool):
         await env.sleep(65)
         need = (await status(loop)).decisions[-1].spot_mix.warm_pool
         assert need > 0
@@ -142,6 +152,40 @@ async def test_the_mixs_warm_pool_need_floors_its_on_demand_pools_warm_pool_and_
         assert (await status(loop)).decisions[-1].spot_mix.warm_pool == 0
         assert group.warm_calls[-1].size == 0 and (await pool.query(NodePoolScaling.status)).warm_pool_floors == []
         await loop.terminate()
+        await pool.terminate()
+
+
+async def test_a_claim_is_renewed_while_its_loop_runs_or_is_paused_and_lapses_after_its_ttl_once_terminated(time_skipping_env):
+    """A terminated loop cannot drop its claim: the claim carries a TTL (the loop's 6 s interval x 10,
+    at least 60 s) and the loop renews it every quarter of that, paused or not; not renewed, the
+    pool drops it and sizes down. A claim of before (no TTL) still holds until dropped."""
+    env = time_skipping_env
+    async with mix_claiming_on_a_pool(env, interval_seconds=6, pool_iterations=4) as (_, group, inp, loop, pool):
+        await pool.signal(WARM_POOL_FLOOR_SIGNAL, {"source": "llm-serving/old-claimant", "replicas": 1, "gpus_per_replica": 4})
+
+        async def claims() -> dict[str, tuple[int, float | None]]:
+            return {f.source: (f.replicas, f.ttl_seconds) for f in (await pool.query(NodePoolScaling.status)).warm_pool_floors}
+
+        await env.sleep(20)
+        need = (await status(loop)).decisions[-1].spot_mix.warm_pool
+        both = {"llm-serving/old-claimant": (1, None), inp.deployment: (need, 60)}
+        assert need > 0 and await claims() == both
+        await env.sleep(90)  # 1.5 TTLs: renewed by the running loop
+        assert await claims() == both
+        await loop.signal(ReactiveScaling.pause)
+        await env.sleep(90)  # 1.5 TTLs more: renewed while paused (its spot replicas still run)
+        assert await claims() == both
+        held = group.warm_calls[-1].size
+        assert held == nodes_for(need, 4 // 2) + 1
+
+        await loop.terminate()  # renewed at most 18 s ago: its claim lapses 42-60 s from now, dropped by the next cycle
+        await env.sleep(30)
+        assert inp.deployment in await claims()
+        await env.sleep(60)  # past its deadline, and a pool cycle (15 s) more
+        assert await claims() == {"llm-serving/old-claimant": (1, None)}, "the old claim has no TTL: held until dropped"
+        assert group.warm_calls[-1].size == 1 < held
+        s = await pool.query(NodePoolScaling.status)
+        assert any(f"warm pool claim(s) of {inp.deployment} lapsed: not renewed in time" in r.reason for r in s.records)
         await pool.terminate()
 
 

@@ -26,6 +26,7 @@ GET_SCALE = "get_scale"  # Kubernetes: replicas, ready, pending pods
 READ_REPLICA_HISTORY = "read_replica_history"  # Prometheus range query for pre-warm
 FORECAST_DEMAND = "forecast_demand"  # Prometheus range query + workflows.scaling.forecast
 SET_QUEUE_LIMIT = "set_queue_limit"  # the gateway's queue limit (an Envoy Gateway BackendTrafficPolicy)
+CLEAR_QUEUE_LIMIT = "clear_queue_limit"  # ... taken out again (gateway_queue_limit turned off)
 OBSERVE_NODE_POOL = "observe_node_pool"  # Kubernetes nodes and pods, the pool's Auto Scaling group
 SET_POOL_CAPACITY = "set_pool_capacity"
 REMOVE_POOL_NODE = "remove_pool_node"
@@ -136,6 +137,10 @@ class QueueLimitInput(BaseModel):
     limit: QueueLimit
 
 
+class ClearQueueLimitInput(BaseModel):
+    deployment: DeploymentRef = Field(description="the logical deployment whose route's policy holds the queue limit")
+
+
 class ReplicaHistoryInput(BaseModel):
     namespace: str
     deployment: str
@@ -180,6 +185,12 @@ class ScalingActivities:
     @activity.defn(name=SET_QUEUE_LIMIT)
     def set_queue_limit(self, req: QueueLimitInput) -> None:
         """The gateway's queue limit for the deployment's route (create or update; unchanged: no write)."""
+        raise NotImplementedError
+
+    @activity.defn(name=CLEAR_QUEUE_LIMIT)
+    def clear_queue_limit(self, req: ClearQueueLimitInput) -> str:
+        """The queue limit's fields taken out of the route's policy, the other writers' kept; the object
+        deleted once nothing but its target is left. Returns "deleted", "updated" or "unchanged"."""
         raise NotImplementedError
 
 

@@ -58,7 +58,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.scaling.floors import SET_FLOOR_SIGNAL, FloorClaim, SetFloor, floor_label
     from workflows.scaling.placement import CAPACITY_FOR_CLASS
     from workflows.scaling.queue_limit import QueueLimit, queue_limit
-    from workflows.scaling.warm_pool import WARM_POOL_FLOOR_SIGNAL, WarmPoolFloor
+    from workflows.scaling.warm_pool import CLAIM_RENEWALS_PER_TTL, WARM_POOL_FLOOR_SIGNAL, WarmPoolFloor, claim_ttl_seconds
     from workflows.spot.activities import ApplySpotMixInput, SpotDomainsInput, SpotMixActivities
     from workflows.spot.mix import SpotMixPolicy, markets, observe, plan_spot_mix, replicas_per_pool
     from workflows.spot.policy import warm_pool_needed
@@ -68,10 +68,14 @@ DECISIONS_KEPT = 20
 FORECAST_FLOOR = "forecast"  # the floor source the loop's own demand forecast holds
 # Runs from before the gateway's queue limit (issue 19) never wrote one.
 QUEUE_LIMIT_PATCH = "queue-limit"
+# Runs from before a queue limit turned off was taken out of the route's policy left it there.
+QUEUE_LIMIT_OFF_PATCH = "queue-limit-off"
 # Runs from before the spot mix scaled the versioned Deployment whatever the policy said.
 SPOT_MIX_PATCH = "spot-mix"
 # Runs from before the spot mix's warm pool need was claimed on its on-demand pool's NodePoolScaling.
 SPOT_WARM_FLOOR_PATCH = "spot-mix-warm-floor"
+# Runs from before that claim carried a TTL sent it once per change and never renewed it.
+WARM_FLOOR_RENEW_PATCH = "spot-mix-warm-floor-renew"
 
 
 class WarmFloorClaim(BaseModel):
@@ -79,6 +83,7 @@ class WarmFloorClaim(BaseModel):
 
     pool: str
     replicas: int
+    claimed_at: datetime | None = Field(None, description="last sent with a TTL (None: claimed before claims lapsed)")
 
 
 class SpotMixRecord(BaseModel):
@@ -143,6 +148,7 @@ class ScalingCarry(BaseModel):
     spot_history: dict[str, list[int]] = Field(default_factory=dict, description="spot pool -> recent samples, 1 = unavailable")
     spot_mix_applied: SpotMixRecord | None = Field(None, description="the split last written")
     warm_floor: WarmFloorClaim | None = Field(None, description="the warm pool floor last claimed")
+    queue_limit_written: bool = Field(False, description="a gateway queue limit was written and not taken out since")
 
 
 class ScalingInput(BaseModel):
@@ -191,6 +197,11 @@ class ScalingStatus(BaseModel):
 
 
 _SHORT = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
+
+
+def claimed(claim: WarmFloorClaim | None) -> tuple[str, int] | None:
+    """What a claim asks for, whenever it was sent."""
+    return (claim.pool, claim.replicas) if claim is not None else None
 
 
 def cold_start_line(up: LastScaleUp) -> str:
@@ -274,6 +285,7 @@ class ReactiveScaling:
         self._iteration = 0
         self._wake = False
         self._queue_limit: QueueLimit | None = None  # last written to the gateway (written again after continue-as-new)
+        self._queue_limit_written = carry.queue_limit_written
 
     @workflow.run
     async def run(self, input: ScalingInput) -> None:
@@ -286,8 +298,15 @@ class ReactiveScaling:
                 workflow.continue_as_new(input.model_copy(update={"policy": self._policy, "carry": self._carry()}))
             if self._paused:
                 self._details(f"paused: {self._pause_reason or 'by operator'}")
+                if self._warm_floor is not None and workflow.patched(WARM_FLOOR_RENEW_PATCH):
+                    # the spot replicas still run while paused: their warm pool claim is renewed
+                    wait = max(self._until_renewal(), timedelta(seconds=input.interval_seconds))
+                    if not await wait_until(lambda: not self._paused, wait, "paused: renew the warm pool claim"):
+                        await self._renew_warm_floor()
+                    continue  # still paused: wait again, after the continue-as-new check
                 await workflow.wait_condition(lambda: not self._paused)
             await self._decide_once(namespace, name)
+            await self._renew_warm_floor()
             self._iteration += 1
             self._wake = False
             await wait_until(lambda: self._wake, timedelta(seconds=input.interval_seconds), "next decision")
@@ -453,26 +472,57 @@ class ReactiveScaling:
         A failed signal (no such loop) is reported in the decision and tried again next time."""
         held = self._warm_floor
         wanted = WarmFloorClaim(pool=pool, replicas=replicas) if pool is not None and replicas > 0 else None
-        if wanted == held or not workflow.patched(SPOT_WARM_FLOOR_PATCH):
+        if claimed(wanted) == claimed(held) or not workflow.patched(SPOT_WARM_FLOOR_PATCH):
             return
         sends = [wanted] if wanted is not None else []
         if held is not None and (wanted is None or held.pool != wanted.pool):
             sends.insert(0, WarmFloorClaim(pool=held.pool, replicas=0))
         for claim in sends:
-            try:
-                await workflow.get_external_workflow_handle(naming.node_pool_workflow_id(claim.pool)).signal(
-                    WARM_POOL_FLOOR_SIGNAL,
-                    WarmPoolFloor(source=self._input.deployment, replicas=claim.replicas, gpus_per_replica=self._policy.gpus_per_replica),
-                )
-            except FailureError as err:
-                record.reason += f"; warm pool floor {claim.replicas} not claimed on {claim.pool}: {cause(err)}"
+            failed = await self._send_warm_floor(claim)
+            if failed:
+                record.reason += f"; warm pool floor {claim.replicas} not claimed on {claim.pool}: {failed}"
                 return
-            self._warm_floor = claim if claim.replicas > 0 else None
+
+    async def _renew_warm_floor(self) -> None:
+        """Claim the held floor again when a quarter of its TTL has passed, so NodePoolScaling keeps
+        it; a loop that stops renewing (terminated) loses it after the TTL."""
+        held = self._warm_floor
+        if held is None or self._until_renewal() > timedelta(0) or not workflow.patched(WARM_FLOOR_RENEW_PATCH):
+            return
+        failed = await self._send_warm_floor(held)
+        if failed:
+            self._details(f"warm pool floor {held.replicas} not renewed on nodepool/{held.pool}: {failed}")
+
+    def _until_renewal(self) -> timedelta:
+        """How long until the held claim is renewed (claims sent before they lapsed: now)."""
+        held = self._warm_floor
+        if held is None or held.claimed_at is None:
+            return timedelta(0)
+        every = timedelta(seconds=claim_ttl_seconds(self._input.interval_seconds) / CLAIM_RENEWALS_PER_TTL)
+        return held.claimed_at + every - workflow.now()
+
+    async def _send_warm_floor(self, claim: WarmFloorClaim) -> str | None:
+        """Signal ``claim`` (0 replicas: drop it) to its pool's NodePoolScaling, with a TTL a few of
+        this loop's intervals long; None when sent, else why not."""
+        ttl = claim_ttl_seconds(self._input.interval_seconds) if claim.replicas > 0 and workflow.patched(WARM_FLOOR_RENEW_PATCH) else None
+        try:
+            await workflow.get_external_workflow_handle(naming.node_pool_workflow_id(claim.pool)).signal(
+                WARM_POOL_FLOOR_SIGNAL,
+                WarmPoolFloor(source=self._input.deployment, replicas=claim.replicas, gpus_per_replica=self._policy.gpus_per_replica,
+                              ttl_seconds=ttl),
+            )
+        except FailureError as err:
+            return cause(err)
+        self._warm_floor = claim.model_copy(update={"claimed_at": workflow.now() if ttl else None}) if claim.replicas > 0 else None
+        return None
 
     async def _set_queue_limit(self, namespace: str, name: str, ready: int, record: DecisionRecord) -> None:
         """Tell the gateway how many requests the Ready replicas serve within the SLO
-        (workflows/scaling/queue_limit.py); written when it changes, beyond it clients get 429."""
+        (workflows/scaling/queue_limit.py); written when it changes, beyond it clients get 429.
+        Turned off (``update_policy``), the limit this loop wrote is taken out of the route's policy."""
         if not self._policy.gateway_queue_limit:
+            if self._queue_limit_written and workflow.patched(QUEUE_LIMIT_OFF_PATCH):
+                await self._clear_queue_limit(namespace, name, record)
             return
         limit = queue_limit(ready, self._policy)
         if limit == self._queue_limit or not workflow.patched(QUEUE_LIMIT_PATCH):
@@ -485,9 +535,26 @@ class ReactiveScaling:
                 retry_policy=_SHORT,
                 summary=f"gateway queue limit of {name}: {limit.max_pending_requests} waiting requests",
             )
-            self._queue_limit = limit
+            self._queue_limit, self._queue_limit_written = limit, True
         except ActivityError as err:
             record.reason += f"; queue limit not set: {cause(err)}"
+
+    async def _clear_queue_limit(self, namespace: str, name: str, record: DecisionRecord) -> None:
+        """Take the queue limit's fields out of the route's policy (the quotas' stay); a failure is in
+        the decision's reason and is tried again next decision."""
+        try:
+            outcome = await workflow.execute_activity_method(
+                ScalingActivities.clear_queue_limit,
+                acts.ClearQueueLimitInput(deployment=DeploymentRef(namespace=namespace, name=name)),
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_SHORT,
+                summary=f"gateway queue limit of {name} off",
+            )
+        except ActivityError as err:
+            record.reason += f"; queue limit not removed: {cause(err)}"
+            return
+        self._queue_limit, self._queue_limit_written = None, False
+        record.reason += f"; gateway queue limit removed ({outcome})"
 
     async def _cpu_fallback(self, now: datetime, desired: int, scale: acts.ScaleStatus, record: DecisionRecord) -> None:
         """Batch only: scale the declared CPU deployment up while GPU replicas stay unavailable."""
@@ -585,6 +652,7 @@ class ReactiveScaling:
             spot_history=self._spot_history,
             spot_mix_applied=self._spot_mix_applied,
             warm_floor=self._warm_floor,
+            queue_limit_written=self._queue_limit_written,
         )
 
     def _details(self, note: str = "") -> None:

@@ -17,9 +17,14 @@ within the settings' bounds, raised to the floors other loops claim with the ``w
 signal: a batch ReactiveScaling loop whose spot mix names this pool (``spot_mix.on_demand_pool``)
 claims ``warm_pool_needed``, the replicas its worst spot loss must replace inside the 2-minute
 notice (a stopped instance serves in about a minute, a fresh launch does not). This loop stays the
-one writer of the group's warm pool; a claim of 0 replicas drops the floor. Scale-in stops an instance back into the pool (ReuseOnScaleIn) rather
-than terminating it, and AWS keeps as many as the pool's size: freed nodes the forecast wants
-within the horizon stay warm, the rest are terminated.
+one writer of the group's warm pool; a claim of 0 replicas drops the floor, and a claim sent with a
+``ttl_seconds`` (the claimant renews it on its interval) lapses when not renewed in time, so a
+terminated claimant's floor does not stay. Scale-in stops an instance back into the pool (ReuseOnScaleIn) rather
+than terminating it, and AWS keeps as many as the pool's size. With the pool's ``node_costs``, a
+scale-in first sizes the pool so that exactly the freed nodes ``freed_nodes`` sends back are kept:
+those the forecast's peak within the warm pool's break-even time (``break_even_seconds``: how long a
+stopped node's disks cost less than the boot a fresh launch wastes) needs beyond the nodes still
+running and warm; the rest are terminated. Kept nodes stay in the pool while that peak needs them.
 
 This is where the reactive loops' unschedulable replicas reach the node layer: ReactiveScaling
 reports them, and this loop reads the same pods from the cluster and serves those whose
@@ -59,11 +64,25 @@ with workflow.unsafe.imports_passed_through():
     from workflows.scaling.budget_guard import BUDGET_PATCH, judge_growth
     from workflows.scaling.decide import ScalingPolicy, slo_replicas
     from workflows.scaling.placement import CLASS_FOR_CAPACITY, ModelNeed, PoolDecision, PoolSizing, plan_pending, size_pool
-    from workflows.scaling.warm_pool import WARM_POOL_FLOOR_SIGNAL, WarmPoolFloor, nodes_for, warm_pool_size, with_floors
+    from workflows.scaling.forecast import WEEK_S
+    from workflows.scaling.warm_pool import (
+        WARM_POOL_FLOOR_SIGNAL,
+        NodeCosts,
+        WarmPoolFloor,
+        break_even_seconds,
+        lapsed_claims,
+        nodes_for,
+        warm_pool_size,
+        with_floors,
+        with_freed,
+    )
     from workflows.steps import cause
 
 
 WARM_POOL_PATCH = "node-pool-warm-pool"
+FREED_NODES_PATCH = "node-pool-freed-nodes"  # a second forecast (over the break-even time) and the freed-node sizing
+# Runs from before claims carried a TTL held every claim until it was dropped with 0.
+FLOOR_TTL_PATCH = "warm-pool-floor-ttl"
 
 
 class ForecastedDeployment(BaseModel):
@@ -92,6 +111,10 @@ class WarmPoolSettings(BaseModel):
         600, gt=0, le=DAY_SECONDS, description="how far ahead: a fresh node's cold start (launch, image, weights, compile)"
     )
     forecast_every_seconds: float = Field(300, ge=1, le=DAY_SECONDS)
+    node_costs: NodeCosts | None = Field(
+        None, description="one node's prices and starts: a freed node is kept warm when the forecast needs it within the"
+        " break-even time, terminated otherwise; None: the pool keeps its forecast size and AWS terminates the rest",
+    )
 
 
 class PoolRecord(BaseModel):
@@ -113,6 +136,11 @@ class NodePoolCarry(BaseModel):
     peak_nodes: int = Field(0, description="nodes the last demand forecast's peak needs")
     forecast_at_s: float | None = None
     warm_pool_floors: dict[str, WarmPoolFloor] = Field(default_factory=dict, description="source -> its claimed floor")
+    peak_break_even_nodes: int = Field(0, description="nodes the forecast's peak within the break-even time needs")
+    freed_held: int = Field(0, description="warm pool size last set with the freed-node decisions")
+    warm_pool_floor_deadlines: dict[str, float] = Field(
+        default_factory=dict, description="source -> when its claim lapses unless renewed (epoch seconds, workflow time)"
+    )
 
 
 class NodePoolInput(BaseModel):
@@ -145,6 +173,10 @@ class NodePoolStatus(BaseModel):
     pending_since_s: float | None
     warm_pool_size: int | None = None
     warm_pool_floors: list[WarmPoolFloor] = Field(default_factory=list, description="floors claimed on the warm pool")
+    peak_break_even_nodes: int = Field(0, description="nodes the forecast's peak within the break-even time needs")
+    warm_pool_floor_deadlines: dict[str, float] = Field(
+        default_factory=dict, description="source -> when its claim lapses unless renewed (epoch seconds)"
+    )
 
 
 _SHORT = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
@@ -163,7 +195,10 @@ class NodePoolScaling:
         self._peak_nodes = carry.peak_nodes
         self._forecast_at = carry.forecast_at_s
         self._floors = dict(carry.warm_pool_floors)
+        self._floor_deadlines = dict(carry.warm_pool_floor_deadlines)
         self._floored_by: str | None = None  # why a claimed floor, not the forecast, sets the warm pool
+        self._peak_break_even_nodes = carry.peak_break_even_nodes
+        self._freed_held = carry.freed_held
 
     @workflow.run
     async def run(self, input: NodePoolInput) -> None:
@@ -177,11 +212,14 @@ class NodePoolScaling:
             input.model_copy(update={"carry": NodePoolCarry(
                 pending_since_s=self._pending_since, records=self._records, warm_pool_size=self._warm_pool_size,
                 peak_nodes=self._peak_nodes, forecast_at_s=self._forecast_at, warm_pool_floors=self._floors,
+                peak_break_even_nodes=self._peak_break_even_nodes, freed_held=self._freed_held,
+                warm_pool_floor_deadlines=self._floor_deadlines,
             )})
         )
 
     async def _once(self, input: NodePoolInput) -> None:
         now = workflow.now().timestamp()
+        lapsed = self._drop_lapsed_floors(now)
         try:
             seen = await workflow.execute_activity_method(
                 NodePoolActivities.observe_node_pool, input.pool,
@@ -211,11 +249,12 @@ class NodePoolScaling:
             plan = plan_pending(seen.nodes, needs, input.sizing, input.pool.capacity_type, seen.gpu_memory_gib)
         decision: PoolDecision = size_pool(seen.nodes, seen.pending_gpus, pending_for, input.sizing, booting, plan)
         desired = min(decision.desired_nodes, seen.max_size)
-        reason = decision.reason
+        reason = decision.reason + lapsed
         if input.budget is not None and desired > seen.desired_capacity and workflow.patched(BUDGET_PATCH):
             desired, reason = await self._within_budget(input, seen.desired_capacity, desired, reason)
         if input.warm_pool is not None and workflow.patched(WARM_POOL_PATCH):
-            reason += await self._size_warm_pool(input.warm_pool, seen, input.sizing.gpus_per_node, now)
+            freed = 1 if decision.drain else max(0, seen.desired_capacity - desired)
+            reason += await self._size_warm_pool(input.warm_pool, seen, input.sizing.gpus_per_node, now, freed)
         if decision.drain:
             removed = await workflow.execute_activity_method(
                 NodePoolActivities.remove_pool_node, acts.RemoveNodeInput(pool=self._pool, node=decision.drain),
@@ -257,23 +296,33 @@ class NodePoolScaling:
             details += "\n\n⚠ fragmented: free GPUs are spread over nodes that cannot each hold a pending replica"
         workflow.set_current_details(details)
 
-    async def _size_warm_pool(self, settings: WarmPoolSettings, seen: acts.PoolObservation, gpus_per_node: int, now: float) -> str:
+    async def _size_warm_pool(self, settings: WarmPoolSettings, seen: acts.PoolObservation, gpus_per_node: int, now: float,
+                              freed: int) -> str:
         """Forecast when due, size the warm pool, set it when its size changes; what to add to the
-        cycle's reason (a failure is reported there; the last size holds and is tried again)."""
+        cycle's reason (a failure is reported there; the last size holds and is tried again). With
+        ``node_costs``, the ``freed`` nodes this cycle's scale-in takes out of service are kept or
+        terminated by the forecast within the break-even time (the size is set before the scale-in)."""
         note = ""
+        reuse = settings.node_costs is not None and settings.reuse_on_scale_in and workflow.patched(FREED_NODES_PATCH)
         if settings.demand and (self._forecast_at is None or now - self._forecast_at >= settings.forecast_every_seconds):
             try:
-                self._peak_nodes = await self._forecast_peak_nodes(settings, gpus_per_node, now)
+                self._peak_nodes = await self._forecast_peak_nodes(settings, gpus_per_node, now, settings.horizon_seconds)
+                if reuse:
+                    break_even = min(WEEK_S, break_even_seconds(settings.node_costs))
+                    self._peak_break_even_nodes = await self._forecast_peak_nodes(settings, gpus_per_node, now, break_even)
                 self._forecast_at = now
             except ActivityError as err:
                 note = f"; ⚠ demand forecast failed: {cause(err)}"
         max_size = min(settings.max_size, seen.max_size)
         forecast = warm_pool_size(self._peak_nodes, len(seen.nodes), 1, max_size, min(settings.min_size, max_size))
         plan = with_floors(forecast, list(self._floors.values()), gpus_per_node, max_size)
+        if reuse:
+            plan = with_freed(plan, self._freed_held, self._peak_break_even_nodes, len(seen.nodes), freed, 1, max_size)
         floored_by = plan.reason if plan is not forecast else None
         if plan.size == self._warm_pool_size:
             self._floored_by = floored_by
-            return note
+            self._freed_held = plan.size if reuse else 0
+            return f"{note}; {plan.reason}" if reuse and freed else note
         try:
             await workflow.execute_activity_method(
                 NodePoolActivities.set_warm_pool,
@@ -285,21 +334,22 @@ class NodePoolScaling:
             return f"{note}; ⚠ cannot size the warm pool: {cause(err)}"
         self._warm_pool_size = plan.size
         self._floored_by = floored_by
+        self._freed_held = plan.size if reuse else 0
         return f"{note}; warm pool {plan.size} ({plan.reason})"
 
-    async def _forecast_peak_nodes(self, settings: WarmPoolSettings, gpus_per_node: int, now: float) -> int:
-        """Nodes the forecast peaks of the pool's deployments need over the horizon, whole replicas per node."""
+    async def _forecast_peak_nodes(self, settings: WarmPoolSettings, gpus_per_node: int, now: float, horizon_seconds: float) -> int:
+        """Nodes the forecast peaks of the pool's deployments need over ``horizon_seconds``, whole replicas per node."""
         nodes = 0
         for wanted in settings.demand:
             namespace, name = split_deployment(wanted.deployment)
             forecast = await workflow.execute_activity_method(
                 ScalingActivities.forecast_demand,
                 acts.DemandForecastInput(
-                    namespace=namespace, deployment=name, at=now, horizon_seconds=settings.horizon_seconds,
+                    namespace=namespace, deployment=name, at=now, horizon_seconds=horizon_seconds,
                     error_quantile=wanted.policy.forecast_error_quantile,
                 ),
                 start_to_close_timeout=timedelta(seconds=60), retry_policy=_SHORT,
-                summary=f"demand forecast {wanted.deployment}, {settings.horizon_seconds:.0f}s ahead",
+                summary=f"demand forecast {wanted.deployment}, {horizon_seconds:.0f}s ahead",
             )
             per_node = max(1, gpus_per_node // max(1, wanted.policy.gpus_per_replica))
             nodes += nodes_for(slo_replicas(forecast.upper, wanted.policy), per_node)
@@ -317,12 +367,27 @@ class NodePoolScaling:
             return verdict.allowed, f"{reason}; {verdict.reason}"
         return desired, reason
 
+    def _drop_lapsed_floors(self, now: float) -> str:
+        """Drop the claims not renewed within their TTL (their claimant stopped without dropping
+        them); what to add to the cycle's reason."""
+        lapsed = lapsed_claims(self._floor_deadlines, now)
+        if not lapsed or not workflow.patched(FLOOR_TTL_PATCH):
+            return ""
+        for source in lapsed:
+            self._floors.pop(source, None)
+            self._floor_deadlines.pop(source, None)
+        return f"; warm pool claim(s) of {', '.join(lapsed)} lapsed: not renewed in time"
+
     @workflow.signal(name=WARM_POOL_FLOOR_SIGNAL)
     def warm_pool_floor(self, floor: WarmPoolFloor) -> None:
-        """A loop claims the stopped nodes it needs in the warm pool (0 replicas: its claim lapses);
-        the next cycle sizes the pool to at least the claims."""
+        """A loop claims the stopped nodes it needs in the warm pool (0 replicas: its claim lapses),
+        until ``ttl_seconds`` from now unless it claims again; the next cycle sizes the pool to at
+        least the claims."""
+        self._floor_deadlines.pop(floor.source, None)
         if floor.replicas > 0:
             self._floors[floor.source] = floor
+            if floor.ttl_seconds is not None:
+                self._floor_deadlines[floor.source] = workflow.now().timestamp() + floor.ttl_seconds
         else:
             self._floors.pop(floor.source, None)
 
@@ -330,5 +395,6 @@ class NodePoolScaling:
     def status(self) -> NodePoolStatus:
         return NodePoolStatus(
             pool=self._pool, records=self._records, pending_since_s=self._pending_since, warm_pool_size=self._warm_pool_size,
-            warm_pool_floors=list(self._floors.values()),
+            warm_pool_floors=list(self._floors.values()), peak_break_even_nodes=self._peak_break_even_nodes,
+            warm_pool_floor_deadlines=self._floor_deadlines,
         )

@@ -10,8 +10,12 @@ cluster in about a minute instead of a fresh launch's several (its image is alre
   GPU time a fresh launch would waste (the extra minutes of boot paid at the running price);
 - ``freed_nodes``: a node freed by scale-down goes back to the warm pool when the forecast says
   it is needed again within that break-even time, and is terminated otherwise;
+- ``with_freed``: the warm pool's size that makes Auto Scaling keep exactly those freed nodes (and
+  keep holding them while the break-even peak still needs them);
 - ``with_floors``: the size raised to the floors other loops claim on the pool (a batch loop's spot
   mix claims ``warm_pool_needed``: the replicas its worst spot loss must replace within the notice).
+  A claim lapses unless renewed within its ``ttl_seconds`` (``claim_ttl_seconds`` of the claimant's
+  interval; ``lapsed_claims``), so the claim of a loop that was terminated does not hold nodes forever.
 
 Pure: plain values in and out, shared by the node-pool workflow and the scaling benchmark.
 """
@@ -21,6 +25,8 @@ from __future__ import annotations
 import math
 
 from pydantic import BaseModel, Field
+
+from workflows.bounds import MAX_SECONDS
 
 
 class NodeCosts(BaseModel):
@@ -48,6 +54,27 @@ class WarmPoolFloor(BaseModel):
     source: str = Field(min_length=1, description="who claims it: the deployment whose spot mix needs it")
     replicas: int = Field(ge=0, description="replicas to start from the warm pool; 0 drops the claim")
     gpus_per_replica: int = Field(1, ge=1)
+    ttl_seconds: float | None = Field(
+        None, gt=0, le=MAX_SECONDS, description="the claim lapses unless signalled again within this; None (claims"
+        " of before): held until dropped"
+    )
+
+
+# A claim lives this many of its claimant's intervals (at least the minimum) and is renewed every
+# quarter of that: three renewals may go missing before it lapses.
+CLAIM_TTL_INTERVALS = 10
+CLAIM_MIN_TTL_SECONDS = 60.0
+CLAIM_RENEWALS_PER_TTL = 4
+
+
+def claim_ttl_seconds(interval_seconds: float) -> float:
+    """How long a claim of a loop deciding every ``interval_seconds`` holds without renewal."""
+    return max(CLAIM_MIN_TTL_SECONDS, CLAIM_TTL_INTERVALS * interval_seconds)
+
+
+def lapsed_claims(deadlines: dict[str, float], now: float) -> list[str]:
+    """The claimants (source -> deadline, epoch seconds) whose claims were not renewed by ``now``, sorted."""
+    return sorted(source for source, deadline in deadlines.items() if deadline <= now)
 
 
 class FreedNodes(BaseModel):
@@ -111,3 +138,25 @@ def freed_nodes(freed: int, running_after: int, peak_replicas_within_break_even:
         f" {keep} of {freed} freed node(s) back to the warm pool ({running_after} running, {in_warm_pool} warm, max {max_size})"
     )
     return FreedNodes(to_warm_pool=keep, to_terminate=freed - keep, reason=reason)
+
+
+def with_freed(plan: WarmPoolPlan, held: int, peak_replicas_within_break_even: float, running: int, freed: int,
+               replicas_per_node: int, max_size: int) -> WarmPoolPlan:
+    """The plan raised to the stopped nodes kept for the forecast peak within the break-even time:
+    those kept before (``held``, the size last set) while that peak still needs them beyond the
+    ``running`` nodes, plus those of the ``freed`` nodes a scale-in takes out of service now that
+    ``freed_nodes`` sends back to the pool. With ReuseOnScaleIn, Auto Scaling returns a scaled-in
+    instance to the warm pool only while the pool is below its size, and terminates it otherwise, so
+    a size ``k`` above the pool's keeps exactly ``k`` freed nodes (set before the scale-in)."""
+    still = min(held, warm_pool_size(peak_replicas_within_break_even, running, replicas_per_node, max_size).size)
+    size = max(plan.size, still)
+    reason = plan.reason
+    if size > plan.size:
+        reason = f"{size - plan.size} freed node(s) held for the forecast peak within break-even, above the forecast's {plan.size}"
+    if freed > 0:
+        out = freed_nodes(freed, running - freed, peak_replicas_within_break_even, replicas_per_node, size, max_size)
+        size += out.to_warm_pool
+        reason = f"scale-in: {out.reason}"
+    if size == plan.size and reason == plan.reason:
+        return plan
+    return WarmPoolPlan(size=size, max_prepared=plan.max_prepared - plan.size + size, reason=reason)
