@@ -74,6 +74,23 @@ def test_modes_agree_within_10_percent_on_p99_of_an_hour_of_servegen(servegen_ho
         assert fast.ttft_p99_exact == pytest.approx(exact.ttft_p99_exact, rel=0.10)
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "known gap: on m-mid the aggregate mode is optimistic at light load and near saturation (here p99 "
+    "0.738 vs 0.815 s, SLO minutes 96.7 vs 93.3 %; 5 clients at 3:00, 97 % of its capacity, 0.23 s vs 40 s)"))
+def test_modes_agree_on_an_hour_of_servegen_m_mid():
+    """m-mid's first 3 clients at noon on one replica (its p99 under 1 s, some minutes past the SLO)."""
+    rate = traces.load_servegen("m-mid", clients=3)
+    mix = load_servegen_sizes("m-mid", traces.SERVEGEN, traces.SERVEGEN_DATASETS, clients=3)
+    noon = 12 * HOUR
+    hour, mix = rate.arrivals(1.0, seed=0)[noon : noon + HOUR], mix.from_time(noon)
+    fleet = StaticPolicy("one", 1)
+    exact = simulate(RequestLevel(requests_from_counts(hour, 1.0, mix, seed=1), CFG.load()), fleet, HOUR, CFG, [], "request")
+    fast = simulate(Aggregate(hour, CFG.step_s, mix, CFG.load()), fleet, HOUR, CFG, [], "aggregate")
+    assert exact.slo_minutes_percent < 99  # the SLO is at stake in this hour
+    assert fast.ttft_p99_exact == pytest.approx(exact.ttft_p99_exact, rel=0.10)
+    _agree_on_slo_minutes(exact, fast)
+
+
 @pytest.mark.parametrize("policy", [
     lambda: StaticPolicy("two", 2),
     lambda: KedaPolicy(start=2, target_per_replica=8, metric="in_flight"),
