@@ -101,11 +101,10 @@ def tideplanes(kube: KubeClient, namespace: str, names: Iterable[str]) -> list[d
 
 
 def delete_policy(kube: KubeClient, namespace: str, name: str, options: client.V1DeleteOptions | None = None) -> None:
-    """Delete a policy; already gone is done. A 409 (precondition unmet) is raised for the caller's re-read."""
+    """Delete a policy; already gone is done. A 409 (precondition unmet) is raised as it came, by
+    ``fail``, for the caller's re-read."""
     try:
         kube.custom.delete_namespaced_custom_object(*POLICY_API, namespace, POLICY_PLURAL, name, _request_timeout=API_TIMEOUT, body=options)
     except ApiException as exc:
-        if exc.status == 409:
-            raise
         if exc.status != 404:
             fail(exc, f"BackendTrafficPolicy {namespace}/{name}")
