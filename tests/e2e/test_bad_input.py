@@ -26,10 +26,11 @@ from temporalio.worker import Worker
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.launcher import WEIGHTS_BUCKET
 from infra.sandbox.worker_identity import enable_serving_namespace
+from tests.e2e.test_faults import status_when
 from workers.client import connect
 from workers.config import load_settings
 from workers.worker import WORKFLOWS, build_activities
-from workflows.rollout.types import Outcome, PauseInput, RolloutInput, RolloutResult
+from workflows.rollout.types import Outcome, PauseInput, RolloutInput, RolloutResult, Stage
 
 BIN = Path(sys.executable).parent
 NAMESPACE = "bad-input"  # exists and stays empty: no bad input may create anything in it
@@ -225,6 +226,8 @@ async def test_second_rollout_promote_and_abort_are_refused_when_they_make_no_se
         start_signal="pause", start_signal_args=[PauseInput(reason="held by test")],
     )
     workflow_id = handle.id
+    # the pause is taken at the checkpoint after staging: until then the stage is an earlier one
+    await status_when(handle, lambda s: s.stage is Stage.PAUSED, FAST, "the rollout held after staging")
 
     second = await temporal(
         ctx, "workflow", "start", "--type", "ModelRollout", "--task-queue", ctx.task_queue, "--workflow-id", workflow_id,
