@@ -396,8 +396,9 @@ class Aggregate:
 
     ``counts`` are arrivals per ``base_s`` (1 s: the resolution of the arrival data). The seconds
     of a ``step_s`` step that cannot queue (no backlog, fewer arrivals than the fleet sustains in a
-    second) are merged into one mean-field step; each second that queues is run as vLLM's scheduler
-    runs a burst (``_busy``: steps back to back over a FIFO fluid queue), so bursts queue as they
+    second, no batch a burst left still decoding) are merged into one mean-field step; each second
+    that queues is run as vLLM's scheduler runs a burst (``_busy``: steps back to back over a FIFO
+    fluid queue, the batch it prefills decoding on into the seconds after), so bursts queue as they
     would and the answer hardly depends on ``step_s``. ``bursts``: the requests of one second
     arrive together (real timestamps such as Azure's, 67 in one second) rather than spread over it
     (arrivals drawn from rates).
@@ -412,6 +413,7 @@ class Aggregate:
         self.queue: deque[list[float]] = deque()  # FIFO of arrival stretches, see ``_busy``
         self.step_end = 0.0  # when the step in progress ends (a busy second's last step may run into the next)
         self.batch = 0.0  # requests decoding per replica
+        self.settled = True  # the batch is at the steady state of the arrivals: calm seconds may be merged
         self.last_busy = -1  # the last second run by ``_busy``
         self.queue_var = 0.0  # variance of the work (prompt tokens per replica) arrived since the queue last emptied
         self.windows: dict[int, _Window] = {}
@@ -461,7 +463,7 @@ class Aggregate:
             calm, calm_n = 0.0, 0
             for k in range(i, j):
                 arriving = counts[k] if k < len(counts) else 0.0
-                if self.backlog == 0 and arriving <= quiet:
+                if self.backlog == 0 and self.settled and arriving <= quiet:
                     calm += arriving
                     calm_n += 1
                     continue
@@ -532,6 +534,17 @@ class Aggregate:
         self.batch = in_batch
         self._gpu_util(x, span, ready, w, tau, acc)
 
+    def _relax(self, batch: float, x: float, span: float, w: _Window) -> float:
+        """The decoding batch ``span`` seconds on, with ``x`` req/s per replica admitted as they
+        come: it moves to that load's steady state as its requests finish, a ``1/output`` share of
+        it per step, so the decode work a burst prefilled is done, not dropped."""
+        e = self.engine
+        steady = self._state(x, w)
+        target, tau0 = (steady[1], steady[0]) if steady else (float(e.max_num_seqs), e.overhead_s + e.weight_read_s)
+        prefill = x * tau0 * w.prompt_mean
+        tau = e.step_seconds(batch + prefill, batch * w.kv_per_request / max(1.0, w.output_mean) + prefill)
+        return target + (batch - target) * math.exp(-span / (tau * max(1.0, w.output_mean)))
+
     def _gpu_util(self, x: float, span: float, ready: int, w: _Window, tau: float, acc: list) -> None:
         e = self.engine
         # DCGM sees the requests in flight, which outlive a one-second step: the admitted rate is
@@ -571,6 +584,7 @@ class Aggregate:
         decode_steps = max(1.0, w.output_mean)
         t = max(t0, self.step_end)
         served_total = 0.0
+        rest_rate = 0.0  # req/s per replica admitted as they come after the loop (see ``_relax``)
         while t < t1 and queue:
             # what has arrived by t (the last segment may be arriving still)
             lo, hi, n = queue[-1][:3]  # only this second's arrivals may still be arriving
@@ -639,14 +653,19 @@ class Aggregate:
                 served_total += n
                 self.backlog -= n
                 queue.popleft()
-                t = max(t, t1)
+                rest_rate = n / (hi - lo) / ready
                 break
             if s1 > s0:
                 queue[0] = [lo, hi, n, lo, s1, n_r * (s1 - lo) / (s1 - s0), 0.0]
             self.queue_var = queue[0][5] * w.prompt_var
+        if t < t1:  # the queue emptied (or settled) before the second ended: its batch decodes on
+            self.batch = self._relax(self.batch, rest_rate, t1 - t, w)
+            t = t1
         self.step_end = t
         if not queue:
             self.backlog = self.queue_var = 0.0
+        steady = self._state(arriving / (ready * base), w)
+        self.settled = not queue and steady is not None and self.batch <= steady[1] * 1.1 + 1.0
         x = served_total / (ready * base)
         tau = e.step_seconds(self.batch + budget, self.batch * ctx)
         self._gpu_util(x, base, ready, w, tau, acc)
