@@ -96,24 +96,22 @@ class BatchingActivities(contract.BatchingActivities):
     def _wait_rolled_out(
         self, ref: DeploymentRef, version: str, setting: BatchingSetting, poll_s: float, points: list[SweepPoint]
     ) -> list[str]:
-        """Until the Deployment's every replica runs its current template; the names of its Ready pods."""
+        """Until the Deployment's every replica runs its current template and the pods it replaced are
+        gone (a point measured while one still drains would mix two settings); its Ready pods' names."""
         apps, core = self.kube.apps, self.kube.core
         name = ref.versioned(version)
         while True:
             dep = apps.read_namespaced_deployment(name, ref.namespace, _request_timeout=API_TIMEOUT)
             want, status = dep.spec.replicas or 0, dep.status
-            pods = [
-                p for p in core.list_namespaced_pod(
-                    ref.namespace, label_selector=label_selector(selector(ref.name, version)), _request_timeout=API_TIMEOUT
-                ).items
-                if not p.metadata.deletion_timestamp
-            ]
+            pods = core.list_namespaced_pod(
+                ref.namespace, label_selector=label_selector(selector(ref.name, version)), _request_timeout=API_TIMEOUT
+            ).items
             done = (
                 (status.observed_generation or 0) >= (dep.metadata.generation or 0)
                 and (status.updated_replicas or 0) == want
                 and (status.ready_replicas or 0) == want
                 and len(pods) == want
-                and all(is_ready(p) for p in pods)
+                and all(is_ready(p) for p in pods)  # (a pod being deleted is not Ready)
             )
             if done:
                 return sorted(p.metadata.name for p in pods)
