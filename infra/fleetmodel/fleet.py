@@ -642,9 +642,10 @@ class Aggregate:
                 self.queue_var = 0.0
                 continue
             lo, hi, n, s0, s1, n_r, v0 = queue[0]  # this second's arrivals, still coming
-            if hi > max(lo, t) and n_r / (s1 - s0) * prompt < room / full:
-                # and they come slower than full steps drain them: steps settle at the length whose
-                # arrivals they prefill; one waits for the step in progress, then for its own
+            if hi > max(lo, t) and n_r / (s1 - s0) * prompt < room / full and self._state(n_r / (s1 - s0), w):
+                # and they come slower than full steps drain them and than the batch can finish them:
+                # steps settle at the length whose arrivals they prefill; one waits for the step in
+                # progress, then for its own
                 rate = n / (hi - lo) / ready * prompt  # prompt tokens per second per replica
                 settled = step
                 for _ in range(8):

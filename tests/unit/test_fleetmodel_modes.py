@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import random
+from types import SimpleNamespace
+
 import pytest
 
 from benchmarks import traces
 from benchmarks.baselines import KedaPolicy, StaticPolicy
 from infra.fleetmodel.fleet import Aggregate, FleetConfig, RequestLevel, requests_from_counts, simulate
-from infra.fleetmodel.replica import Request
+from infra.fleetmodel.replica import Replica, Request
 from infra.fleetmodel.sizes import from_requests, load_servegen_sizes
 
 CFG = FleetConfig()
@@ -92,6 +95,26 @@ def test_modes_agree_on_an_hour_of_servegen_m_mid():
     assert exact.slo_minutes_percent < 99  # the SLO is at stake in this hour
     assert fast.ttft_p99_exact == pytest.approx(exact.ttft_p99_exact, rel=0.10)
     _agree_on_slo_minutes(exact, fast)
+
+
+@pytest.mark.parametrize("overload", [1.1, 1.2])
+def test_an_overloaded_replica_queues_in_both_modes(overload):
+    """Arrivals steadily above a replica's capacity queue the excess: the aggregate mode must not
+    admit more than its batch can finish (it once served 1.2x its capacity with no queue at all)."""
+    rng = random.Random(0)
+    mix = from_requests([SimpleNamespace(t_s=0.0, prompt_tokens=rng.randint(100, 500), output_tokens=rng.randint(50, 350))
+                         for _ in range(2000)], HOUR, "uniform")
+    engine = CFG.load()
+    capacity = Aggregate([0.0], CFG.step_s, mix, engine).window(0).capacity_rps
+    seconds = 240
+    counts = [capacity * overload] * seconds
+    replica = Replica(engine)
+    replica.advance_to(seconds, requests_from_counts(counts, 1.0, mix, seed=1))
+    fast = Aggregate(counts, CFG.step_s, mix, engine)
+    fast.serve(0, seconds, 1)
+    excess = (overload - 1) * capacity * seconds
+    assert len(replica.waiting) == pytest.approx(excess, rel=0.25)  # the model's capacity is the request-level one's
+    assert fast.backlog == pytest.approx(len(replica.waiting), rel=0.15)
 
 
 @pytest.mark.parametrize("policy", [
