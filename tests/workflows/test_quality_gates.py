@@ -12,6 +12,7 @@ from temporalio.client import WorkflowHandle
 
 from tests.workflows.test_rollout import (  # noqa: F401  (fixtures: metered_env, client)
     NEW,
+    SET_REGISTRY_STATUS,
     SET_ROUTE_WEIGHTS,
     STABLE,
     Fleet,
@@ -97,11 +98,13 @@ async def test_a_failing_must_pass_case_rolls_back_before_any_traffic(client):
     recorded = [r.benchmark for r in fleet.recorded("record_registry_benchmark") if r.benchmark.golden is not None]
     assert [(b.dataset, b.golden.failing_cases) for b in recorded] == [("golden set r3", ["dose"])]
     assert result.golden is not None and result.golden.must_pass_failed == ["dose"]
+    # the version is wrong, not the attempt: deprecated as a failed canary gate leaves it, never rolled out again
+    assert [s.status.state for s in fleet.recorded(SET_REGISTRY_STATUS)] == ["deprecated"]
 
 
 async def test_drift_rolls_back_at_the_first_step_and_removes_the_mirror(client):
     fleet = QualityFleet(client, pairs=lambda n: drifted(6))
-    result = await run_rollout(fleet, rollout_input(**SHADOW))
+    result = await run_rollout(fleet, rollout_input(weights_uri=None, sha256=None, **SHADOW))  # from the registry
     assert result.outcome is Outcome.ROLLED_BACK and result.weight_reached == 1
     assert result.reason.startswith("shadow comparison failed at 1 %: exact agreement 0% < 90%")
     assert "'q0': stable 'a' / canary \"I'm sorry, I can't.\"" in result.reason
@@ -110,6 +113,7 @@ async def test_drift_rolls_back_at_the_first_step_and_removes_the_mirror(client)
     assert routes[1][0] == {STABLE: 100, NEW: 0} and routes[1][1].percent == 20  # mirror before the canary
     assert routes[2][0] == {STABLE: 99, NEW: 1} and routes[2][1] is not None
     assert routes[-1] == ({STABLE: 100, NEW: 0}, None)  # the rollback took the mirror away
+    assert [s.status.state for s in fleet.recorded(SET_REGISTRY_STATUS)] == ["canary", "deprecated"]
 
 
 async def test_never_promoted_on_no_shadow_evidence(client):

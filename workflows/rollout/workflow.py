@@ -130,6 +130,9 @@ PRESTAGE_PATCH = "prestage-nodes"
 # Runs from before LoRA adapters followed the base (issue 18) never carried --lora-modules nor moved
 # adapter rules; asked only when the stable version's pods load adapters at start.
 ADAPTERS_PATCH = "carry-lora-adapters"
+# Runs from before this patch left a version whose golden set or shadow comparison failed in
+# `testing` (a warm-up failure) or `testing` again (a shadow drift), free to be rolled out again.
+QUALITY_DEPRECATES_PATCH = "quality-failure-deprecates"
 SHADOW_KEEP = 2000  # mirrored pairs kept in memory for one window's comparison
 VERDICT_HISTORY = 50  # kept in memory for the status query, not in history
 PAUSE_TICK = 3600.0  # seconds between wake-ups of a paused rollout
@@ -157,10 +160,14 @@ class _Abort(Exception):
 
 
 class _RollBack(Exception):
-    def __init__(self, reason: str, verdict: VerdictRecord | None = None) -> None:
+    """``verdict``: the canary gate that failed; ``quality``: the golden set or the shadow
+    comparison failed. Either says the version is wrong, not the attempt: it is deprecated."""
+
+    def __init__(self, reason: str, verdict: VerdictRecord | None = None, quality: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.verdict = verdict
+        self.quality = quality
 
 
 async def _shielded(cleanup: Coroutine[Any, Any, RolloutResult]) -> RolloutResult:
@@ -253,7 +260,7 @@ class ModelRollout:
         except _Abort as abort:
             back = self._roll_back(Outcome.ABORTED, abort.reason)
         except _RollBack as failed:
-            back = self._roll_back(Outcome.ROLLED_BACK, failed.reason, failed.verdict)
+            back = self._roll_back(Outcome.ROLLED_BACK, failed.reason, failed.verdict, failed.quality)
         except ActivityError as err:
             if not self._cluster_changed or _owned_elsewhere(err):
                 raise ApplicationError(
@@ -696,7 +703,9 @@ class ModelRollout:
         await self._scale(stable.version, 0, f"scale the old version {stable.version} to 0", retry=_BACK)
         return self._result(Outcome.PROMOTED, f"{inp.version} is stable at 100 %")
 
-    async def _roll_back(self, outcome: Outcome, reason: str, verdict: VerdictRecord | None = None) -> RolloutResult:
+    async def _roll_back(
+        self, outcome: Outcome, reason: str, verdict: VerdictRecord | None = None, quality: bool = False
+    ) -> RolloutResult:
         """Route back to stable first, then scale the new version down after the delay."""
         inp = self._in
         reverted: float | None = None
@@ -718,8 +727,10 @@ class ModelRollout:
                     reverted = (workflow.now() - verdict.at).total_seconds()
             self._weight = 0
             self._set_stage(Stage.ROLLED_BACK)
-            if self._canary_since is not None:  # gate failure: never again; otherwise it may be retried
-                status = Deprecated(since=workflow.now()) if verdict is not None else Testing()
+            # a failed gate or quality check: never again; otherwise (aborted, a cluster error) it may be retried
+            wrong = verdict is not None or (quality and workflow.patched(QUALITY_DEPRECATES_PATCH))
+            if self._canary_since is not None or wrong:
+                status = Deprecated(since=workflow.now()) if wrong else Testing()
                 await self._registry_status(status, f"rolled back: {reason}")
             if workflow.patched(RETIRE_PATCH):
                 await self._retire(inp.version, f"rolled back: {reason}")
@@ -787,7 +798,7 @@ class ModelRollout:
                     "record the golden-set verdict in the registry",
                 )
             if not self._golden.passed:
-                raise _RollBack(f"golden set failed at warm-up: {'; '.join(self._golden.reasons)}")
+                raise _RollBack(f"golden set failed at warm-up: {'; '.join(self._golden.reasons)}", quality=True)
         if inp.shadow is not None and self._stable is not None:
             self._mirror = RouteMirror(version=inp.version, percent=inp.shadow.percent)
             await self._route(
@@ -821,7 +832,7 @@ class ModelRollout:
         self._show()
         if verdict.verdict == "fail":
             examples = "; ".join(describe_pair(p) for p in verdict.examples)
-            raise _RollBack(f"shadow comparison failed at {weight} %: {'; '.join(verdict.failed)}; e.g. {examples}")
+            raise _RollBack(f"shadow comparison failed at {weight} %: {'; '.join(verdict.failed)}; e.g. {examples}", quality=True)
         if verdict.verdict == "pass":
             self._shadow_passed = True
             self._shadow_pairs = []  # the next window is judged on its own pairs
