@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import httpx
 import pytest
@@ -50,12 +51,13 @@ def server_args(apps: client.AppsV1Api) -> list[str]:
 
 @pytest.fixture
 async def tuned(sandbox, kube, registry, worker, temporal, tmp_path_factory):
+    model = f"{MODEL}-{uuid.uuid4().hex[:6]}"  # a rerun rolls out a model the registry has not seen
     weights = tmp_path_factory.mktemp("batching-weights") / "model.safetensors"
     weights.write_bytes(b"batching" * 4096)
-    registry.register(MODEL, VERSION, str(weights), image=IMAGE)
-    set_profile(kube, MODEL, VERSION, PROFILE)
+    registry.register(model, VERSION, str(weights), image=IMAGE)
+    set_profile(kube, model, VERSION, PROFILE)
     enable_serving_namespace(kube, NAMESPACE)
-    inp = rollout_input(f"{NAMESPACE}/{NAME}", MODEL, VERSION) | {
+    inp = rollout_input(f"{NAMESPACE}/{NAME}", model, VERSION) | {
         "steps": [{"weight": 100, "window_seconds": 1}],
         "batching": {
             "ttft_slo_seconds": 2.0, "tpot_slo_seconds": 0.1, "requests": 48, "concurrency": 24,
@@ -68,7 +70,7 @@ async def tuned(sandbox, kube, registry, worker, temporal, tmp_path_factory):
         assert started.returncode == 0, started.stderr
         handle = temporal.get_workflow_handle(rollout_workflow_id(inp["deployment"]), result_type=RolloutResult)
         result = await asyncio.wait_for(handle.result(), timeout=90)
-        yield result, server_args(client.AppsV1Api(kube)), registry.show(MODEL, VERSION)
+        yield result, server_args(client.AppsV1Api(kube)), registry.show(model, VERSION)
     finally:
         clean_up(kube, NAMESPACE)
 

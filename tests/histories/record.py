@@ -37,6 +37,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.rollout import RetireScheduling
+from tests.workflows.test_quality_gates import DOSE_WRONG, QualityFleet
 from tests.workflows.test_rollout import BAD, GOOD, SHORT, Fleet, rollout_input
 from workers.worker import WORKFLOWS
 from workflows import search_attributes
@@ -142,6 +144,13 @@ SCENARIOS = {
     ),
     "model-rollout-promoted": _rollout("llm-serving/chat", bad_at_weight=None),
     "model-rollout-rolled-back": _rollout("llm-serving/chat-rb", bad_at_weight=5),
+    # a must-pass golden case fails at warm-up: rolled back before any traffic, the version deprecated
+    "model-rollout-golden-failed": Scenario(
+        workflow=ModelRollout,
+        input=rollout_input(deployment="llm-serving/chat-golden", steps=SHORT, weights_uri=None, sha256=None),
+        activities=lambda client: [*QualityFleet(client, new=DOSE_WRONG).activities(), RetireScheduling().schedule_retire],
+        start=_start_rollout,
+    ),
     "reactive-scaling": Scenario(
         workflow=ReactiveScaling,
         input=ScalingInput(

@@ -83,3 +83,12 @@ def test_reactive_scaling_histories_cover_both_sides_of_its_patches():
     old_patches, old_scheduled = _patches_and_activities("reactive-scaling-before-decide-on-ready")
     assert not old_patches
     assert "scale_version" in old_scheduled and "record_scaling_decision" in old_scheduled
+
+
+def test_a_golden_failure_history_takes_the_patched_side_of_quality_failure_deprecates():
+    """Recorded on today's code (python -m tests.histories.record model-rollout-golden-failed):
+    the version is deprecated after its golden set failed, and no traffic moved."""
+    patches, scheduled = _patches_and_activities("model-rollout-golden-failed")
+    assert {"golden-gate", "quality-failure-deprecates"} <= patches
+    assert "run_golden_set" in scheduled and "set_registry_status" in scheduled
+    assert "query_gates" not in scheduled
