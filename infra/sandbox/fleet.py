@@ -954,11 +954,19 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    """A listen backlog like a real model server's (uvicorn, which vLLM runs, listens with 2048):
+    with socketserver's default of 5, a burst of connections at once (the batching sweep opens 24)
+    on a busy machine overflowed it and clients got "connection reset by peer"."""
+
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 def run(kube_url: str, host: str, port: int, time_scale: float, tick_seconds: float = 0.5) -> None:
     """Serve until killed; the tick loop keeps going through API errors (the emulator may restart)."""
     fleet = Fleet(time_scale)
-    server = ThreadingHTTPServer((host, port), make_handler(fleet))
-    server.daemon_threads = True
+    server = _Server((host, port), make_handler(fleet))
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     log.info("fleet simulator on http://%s:%d reading %s (time scale %s)", host, port, kube_url, time_scale)
     api = api_client(kube_url)
