@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from kubernetes import client
 from pydantic import ValidationError
@@ -55,6 +55,7 @@ from infra.sandbox.config import (
 )
 from infra.sandbox.answers import MirrorLog, answer
 from infra.sandbox.gateway import MODEL_HEADER, POOL_GROUP, backend_for, headers_set_by, is_pool, least_queue
+from infra.sandbox.httpserver import SandboxHTTPServer
 from infra.sandbox.kubeapi.gpushare import gpu_index, physical_gpus, shared_resource
 from infra.sandbox.lora import LoraAdapters, ModelRequests, lora_settings
 from infra.sandbox.lora import error as lora_error
@@ -954,19 +955,10 @@ def make_handler(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-class _Server(ThreadingHTTPServer):
-    """A listen backlog like a real model server's (uvicorn, which vLLM runs, listens with 2048):
-    with socketserver's default of 5, a burst of connections at once (the batching sweep opens 24)
-    on a busy machine overflowed it and clients got "connection reset by peer"."""
-
-    request_queue_size = 1024
-    daemon_threads = True
-
-
 def run(kube_url: str, host: str, port: int, time_scale: float, tick_seconds: float = 0.5) -> None:
     """Serve until killed; the tick loop keeps going through API errors (the emulator may restart)."""
     fleet = Fleet(time_scale)
-    server = _Server((host, port), make_handler(fleet))
+    server = SandboxHTTPServer((host, port), make_handler(fleet))
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     log.info("fleet simulator on http://%s:%d reading %s (time scale %s)", host, port, kube_url, time_scale)
     api = api_client(kube_url)

@@ -15,9 +15,11 @@ import socket
 import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Self
 from urllib.parse import urlparse
+
+from infra.sandbox.httpserver import SandboxHTTPServer
 
 KINDS = ("500", "503", "reset", "truncate", "delay")
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
@@ -38,8 +40,7 @@ class S3Faults:
         self.injected: Counter[str] = Counter()
         self.requests = 0
         self.configure(rate=rate, kinds=kinds, delay_seconds=delay_seconds)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
+        self._server = SandboxHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, name="s3faults", daemon=True)
 
     @property

@@ -114,6 +114,12 @@ def _reactive_scaling_stubs(_: Client) -> list:
     return [get_scale, read_signals, scale_version]
 
 
+def _rollout_stubs(fleet: Fleet) -> list:
+    """The stub fleet's activities and the real retire scheduling, as tests/workflows/test_rollout.py's worker has them."""
+    retire = RetireScheduling()
+    return [*fleet.activities(), retire.schedule_retire, retire.cancel_retire]
+
+
 async def _start_rollout(client: Client, input: BaseModel, workflow_id: str, queue: str) -> WorkflowHandle:
     return await start_rollout(client, input, task_queue=queue)  # its id is rollout/<deployment>
 
@@ -128,7 +134,7 @@ def _rollout(deployment: str, bad_at_weight: int | None) -> Scenario:
     return Scenario(
         workflow=ModelRollout,
         input=rollout_input(deployment=deployment, steps=SHORT),
-        activities=lambda client: Fleet(client, gates=gates).activities(),
+        activities=lambda client: _rollout_stubs(Fleet(client, gates=gates)),
         start=_start_rollout,
     )
 
@@ -148,7 +154,7 @@ SCENARIOS = {
     "model-rollout-golden-failed": Scenario(
         workflow=ModelRollout,
         input=rollout_input(deployment="llm-serving/chat-golden", steps=SHORT, weights_uri=None, sha256=None),
-        activities=lambda client: [*QualityFleet(client, new=DOSE_WRONG).activities(), RetireScheduling().schedule_retire],
+        activities=lambda client: _rollout_stubs(QualityFleet(client, new=DOSE_WRONG)),
         start=_start_rollout,
     ),
     "reactive-scaling": Scenario(

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
 from infra.sandbox.config import SANDBOX_NAMESPACE
+from infra.sandbox.httpserver import SandboxHTTPServer
 
 from . import auth, errors, openapi, protobuf, resources, tables
 from .api import Api
@@ -33,12 +34,10 @@ def _flag(value: str | None) -> bool:
     return (value or "").lower() in ("true", "1")
 
 
-class KubeApiServer(ThreadingHTTPServer):
+class KubeApiServer(SandboxHTTPServer):
     """The emulator: store + API + controllers behind a threaded HTTP server."""
 
-    daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 128  # bursts of new connections from the fleet, workers and tests
 
     def __init__(self, host: str, port: int, time_scale: float = 1.0, faults: Faults | None = None,
                  watch_history: int = 20000):
