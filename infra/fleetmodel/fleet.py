@@ -390,6 +390,16 @@ class _Window:
     prompt_var: float = 0.0  # variance of the prompt tokens
     residences: tuple | None = None  # ``Aggregate._residences``, once computed
 
+    @property
+    def decode_steps(self) -> float:
+        """Steps a request decodes for (at least one: its first token)."""
+        return max(1.0, self.output_mean)
+
+    @property
+    def context(self) -> float:
+        """KV tokens a request in the decoding batch holds, on average over its decode."""
+        return self.kv_per_request / self.decode_steps
+
 
 class Aggregate:
     """Mean-field replicas and a fleet-wide fluid backlog.
@@ -478,7 +488,7 @@ class Aggregate:
         util, n = acc
         running = self._running_at(end, ready)
         w = self.window(max(0, end - 1) * base)
-        kv = min(1.0, running / ready * w.kv_per_request / max(1.0, w.output_mean) / self.engine.kv_capacity_tokens) if ready else 0.0
+        kv = min(1.0, running / ready * w.context / self.engine.kv_capacity_tokens) if ready else 0.0
         return Scrape(ttft=_spread(points), waiting=self.backlog, running=running, kv_usage_max=kv,
                       gpu_util=util / n if ready and n else None)
 
@@ -502,8 +512,8 @@ class Aggregate:
             total = float(np.sum(rates * ready * res * -np.expm1(-base / res) * np.exp(-age / res)))
         if self.last_busy >= oldest - 1 and self.batch > 0:
             w = self.window(self.last_busy * base)
-            tau = e.step_seconds(self.batch, self.batch * w.kv_per_request / max(1.0, w.output_mean))
-            total += ready * self.batch * math.exp(-(end - 1 - self.last_busy) * base / (tau * max(1.0, w.output_mean)))
+            tau = e.step_seconds(self.batch, self.batch * w.context)
+            total += ready * self.batch * math.exp(-(end - 1 - self.last_busy) * base / (tau * w.decode_steps))
         return min(total, ready * e.max_num_seqs)
 
     def _residences(self, w: _Window) -> tuple[np.ndarray, np.ndarray]:
@@ -542,8 +552,8 @@ class Aggregate:
         steady = self._state(x, w)
         target, tau0 = (steady[1], steady[0]) if steady else (float(e.max_num_seqs), e.overhead_s + e.weight_read_s)
         prefill = x * tau0 * w.prompt_mean
-        tau = e.step_seconds(batch + prefill, batch * w.kv_per_request / max(1.0, w.output_mean) + prefill)
-        return target + (batch - target) * math.exp(-span / (tau * max(1.0, w.output_mean)))
+        tau = e.step_seconds(batch + prefill, batch * w.context + prefill)
+        return target + (batch - target) * math.exp(-span / (tau * w.decode_steps))
 
     def _gpu_util(self, x: float, span: float, ready: int, w: _Window, tau: float, acc: list) -> None:
         e = self.engine
@@ -578,10 +588,10 @@ class Aggregate:
         if not ready:
             acc[1] += base
             return
-        budget, prompt, ctx = e.max_num_batched_tokens, w.prompt_mean, w.kv_per_request / max(1.0, w.output_mean)
+        budget, prompt, ctx = e.max_num_batched_tokens, w.prompt_mean, w.context
         big = [(-(-p // budget), share) for p, share in w.prompts if p > budget and e.chunked_prefill]  # prefilled over several steps
         big_share = sum(share for _, share in big)
-        decode_steps = max(1.0, w.output_mean)
+        decode_steps = w.decode_steps
         t = max(t0, self.step_end)
         served_total = 0.0
         rest_rate = 0.0  # req/s per replica admitted as they come after the loop (see ``_relax``)
