@@ -12,7 +12,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 
-from activities.clients.kube import API_TIMEOUT, KubeClient, fail, gateway_parent_ref, read_or_none
+from activities.clients.kube import API_TIMEOUT, KubeClient, apply_service, fail, gateway_parent_ref, read_or_none
 from workflows.classes import activities as contract
 from workflows.classes.activities import AppliedClasses
 from workflows.classes.manifests import (
@@ -82,21 +82,6 @@ class RequestClassActivities(contract.RequestClassActivities):
         except ApiException as exc:
             fail(exc, f"{body['kind']} {ns}/{name}")
 
-    def _apply_service(self, body: dict[str, Any]) -> bool:
-        core, ns, name = self.kube.core, body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            have = read_or_none(core.read_namespaced_service, name, ns)
-            if have is None:
-                core.create_namespaced_service(ns, body, _request_timeout=API_TIMEOUT)
-                return True
-            if have.spec.selector == body["spec"]["selector"] and [p.port for p in have.spec.ports or []] == [
-                    p["port"] for p in body["spec"]["ports"]]:
-                return False
-            core.patch_namespaced_service(name, ns, body, _request_timeout=API_TIMEOUT)
-            return True
-        except ApiException as exc:
-            fail(exc, f"Service {ns}/{name}")
-
     @activity.defn(name=contract.APPLY_REQUEST_CLASSES)
     def apply_request_classes(self, req: RequestClassesInput) -> AppliedClasses:
         self.kube.require_namespace(req.namespace)
@@ -108,7 +93,7 @@ class RequestClassActivities(contract.RequestClassActivities):
                     writes.append((f"{body['kind']}/{body['metadata']['name']}", self._apply_custom(body)))
             else:
                 body = pool_service(req, cls)
-                writes.append((f"Service/{body['metadata']['name']}", self._apply_service(body)))
+                writes.append((f"Service/{body['metadata']['name']}", apply_service(self.kube.core, body)))
         route = class_route(req, mode, gateway_parent_ref(self.gateway, req.namespace))
         writes.append((f"HTTPRoute/{req.route}", self._apply_custom(route)))
         return AppliedClasses(mode=mode, objects=[name for name, _ in writes], changed=[name for name, changed in writes if changed])

@@ -34,7 +34,7 @@ from temporalio.exceptions import ApplicationError, CancelledError, WorkflowAlre
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.clients.kube import (
-    API_TIMEOUT, KubeClient, container_named, fail, gateway_parent_ref, is_ready, label_selector, read_or_none, retry_on_conflict,
+    API_TIMEOUT, KubeClient, apply_service, container_named, fail, gateway_parent_ref, is_ready, label_selector, read_or_none, retry_on_conflict,
     selector,
 )
 from activities.clients.prometheus import PrometheusClient, render
@@ -279,7 +279,7 @@ class RolloutActivities(contract.RolloutActivities):
         self.kube.require_namespace(req.deployment.namespace)
         self._claim_route(req.deployment, req.owner)
         self._create_or_replace_deployment(deployment_manifest(req, self.pods))
-        self._create_or_patch_service(service_manifest(req))
+        apply_service(self.kube.core, service_manifest(req))
 
     def _require_allowed_image(self, image: str) -> None:
         """Serving images only from the allowed registries (checked at staging, before anything is
@@ -454,19 +454,6 @@ class RolloutActivities(contract.RolloutActivities):
             apps.replace_namespaced_deployment(name, ns, body, _request_timeout=API_TIMEOUT)
 
         retry_on_conflict(f"Deployment {ns}/{name}", write)
-
-    def _create_or_patch_service(self, body: dict) -> None:
-        """Patch rather than replace: a Service's allocated clusterIP must be kept."""
-        core = self.kube.core
-        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-
-        def write() -> None:  # a 409 on either write (created meanwhile, or a conflict) re-reads
-            if read_or_none(core.read_namespaced_service, name, ns) is None:
-                core.create_namespaced_service(ns, body, _request_timeout=API_TIMEOUT)
-            else:
-                core.patch_namespaced_service(name, ns, body, _request_timeout=API_TIMEOUT)
-
-        retry_on_conflict(f"Service {ns}/{name}", write)
 
     # ---- the new version's endpoint ---------------------------------------------------------------
 

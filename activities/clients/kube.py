@@ -123,6 +123,31 @@ def read_or_none(read: Callable[..., Any], *args: Any) -> Any:
         raise
 
 
+def apply_service(core: client.CoreV1Api, body: dict) -> bool:
+    """Create the Service ``body`` describes or patch the one there (patch, never replace: its
+    allocated clusterIP is kept); False when it already matches (selector, ports, labels). A JSON
+    merge patch, so ``ports`` is replaced: a strategic merge keys ports by number, so a changed
+    number would add a second port of the same name, which the API server refuses. A 409 on either
+    write (created meanwhile, or a raced change) re-reads."""
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    want_ports = [(p.get("name"), p["port"], p.get("targetPort"), p.get("protocol", "TCP")) for p in body["spec"]["ports"]]
+
+    def write() -> bool:
+        have = read_or_none(core.read_namespaced_service, name, ns)
+        if have is None:
+            core.create_namespaced_service(ns, body, _request_timeout=API_TIMEOUT)
+            return True
+        ports = [(p.name, p.port, p.target_port, p.protocol) for p in have.spec.ports or []]
+        labels = have.metadata.labels or {}
+        if (have.spec.selector == body["spec"]["selector"] and ports == want_ports
+                and all(labels.get(k) == v for k, v in body["metadata"].get("labels", {}).items())):
+            return False
+        core.patch_namespaced_service(name, ns, body, _request_timeout=API_TIMEOUT, _content_type="application/merge-patch+json")
+        return True
+
+    return retry_on_conflict(f"Service {ns}/{name}", write)
+
+
 def is_ready(pod: client.V1Pod) -> bool:
     """A pod that serves: condition Ready and not being deleted."""
     if pod.metadata.deletion_timestamp is not None or not pod.status:

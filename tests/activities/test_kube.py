@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import ActivityEnvironment
 
-from activities.clients.kube import CONFLICT_RETRIES, retry_on_conflict, serving_namespace
+from activities.clients.kube import CONFLICT_RETRIES, apply_service, retry_on_conflict, serving_namespace
 from activities.rollout import ROUTE_API, RolloutActivities
 from infra.sandbox.config import NodePool
 from infra.sandbox.kubeclient import api_client as sandbox_client
@@ -449,3 +449,20 @@ def test_a_create_answered_409_conflict_is_written_again_not_taken_for_existing(
     _run(rollout.ensure_version, _version("raced", "1.0.0"))
     assert answered == [409]
     assert core.read_namespaced_service(_ref("raced").versioned("1.0.0"), NS).spec.selector[naming.LABEL_VERSION]
+
+
+def test_a_service_is_created_left_alone_when_it_matches_and_patched_keeping_its_cluster_ip(rollout):
+    """The one Service write the rollout and the request classes share: a second apply of the same
+    body writes nothing, a changed port is patched onto the Service there (its clusterIP stays)."""
+    core = rollout.kube.core
+    body = {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "applied", "namespace": NS, "labels": {naming.LABEL_MANAGED_BY: naming.MANAGED_BY}},
+            "spec": {"selector": {naming.LABEL_APP: "applied"}, "ports": [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]}}
+    assert apply_service(core, body) is True
+    first = core.read_namespaced_service("applied", NS)
+    assert apply_service(core, body) is False
+    assert core.read_namespaced_service("applied", NS).metadata.resource_version == first.metadata.resource_version
+    body["spec"]["ports"][0]["port"] = 8080
+    assert apply_service(core, body) is True
+    now = core.read_namespaced_service("applied", NS)
+    assert [p.port for p in now.spec.ports] == [8080] and now.spec.cluster_ip == first.spec.cluster_ip

@@ -91,6 +91,30 @@ def test_names_by_kind(api, ns):
     core.create_namespaced_config_map(ns, {"metadata": {"name": "1.config"}})  # a subdomain may start with a digit
 
 
+def test_service_ports_that_a_real_cluster_refuses(api, ns):
+    """A strategic merge patch keys a Service's ports by number: changing the number of the one
+    "http" port adds a second "http" port, which ValidateService refuses (a JSON merge patch
+    replaces the list); several ports need names; no port, or port 0, is refused on create."""
+    core = client.CoreV1Api(api)
+    http = {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
+    core.create_namespaced_service(ns, {"metadata": {"name": "chat"}, "spec": {"selector": {"app": "chat"}, "ports": [http]}})
+    moved = {"spec": {"ports": [{**http, "port": 8080}]}}
+    code, status = refused(core.patch_namespaced_service, "chat", ns, moved)
+    assert code == 422 and status["message"] == 'Service "chat" is invalid: spec.ports[1].name: Duplicate value: "http"'
+    assert status["details"]["causes"] == [{"reason": "FieldValueDuplicate", "field": "spec.ports[1].name",
+                                            "message": 'Duplicate value: "http"'}]
+    core.patch_namespaced_service("chat", ns, moved, _content_type="application/merge-patch+json")
+    assert [(p.name, p.port) for p in core.read_namespaced_service("chat", ns).spec.ports] == [("http", 8080)]
+    code, status = refused(core.create_namespaced_service, ns, {"metadata": {"name": "two"},
+                                                                 "spec": {"ports": [{"port": 80}, {"port": 81}]}})
+    assert code == 422 and status["message"] == ('Service "two" is invalid: [spec.ports[0].name: Required value, '
+                                                 "spec.ports[1].name: Required value]")
+    code, status = refused(core.create_namespaced_service, ns, {"metadata": {"name": "none"}, "spec": {}})
+    assert code == 422 and status["message"] == 'Service "none" is invalid: spec.ports: Required value'
+    code, status = refused(core.create_namespaced_service, ns, {"metadata": {"name": "zero"}, "spec": {"ports": [{"port": 0}]}})
+    assert code == 422 and "spec.ports[0].port: Invalid value: 0: must be between 1 and 65535, inclusive" in status["message"]
+
+
 def test_annotations_at_most_256_kib(api, ns):
     core = client.CoreV1Api(api)
     code, status = refused(core.create_namespaced_config_map, ns,

@@ -217,10 +217,42 @@ def _validate_kind(res: Resource, obj: dict[str, Any], causes: Causes) -> None:
             if not label_selector_matcher(selector)(labels):
                 _bad(causes, "spec.template.metadata.labels", labels, "`selector` does not match template `labels`")
         _containers(causes, template.get("spec") or {}, "spec.template.spec")
+    elif res.kind == "Service":
+        _service(causes, spec if isinstance(spec, dict) else {})
     elif res.kind == "HTTPRoute":
         _http_route(causes, spec)
     elif res.key == crds.CRD_KEY:
         crds.check_definition(causes, obj)
+
+
+def _service(causes: Causes, spec: dict[str, Any]) -> None:
+    """ValidateService's port rules: a ClusterIP Service needs a port; with several, each is named,
+    names and port/protocol pairs are unique (a strategic merge patch that changes a port number
+    adds a second "http" port, which the API server refuses), numbers are 1-65535."""
+    ports = spec.get("ports") or []
+    if not ports and spec.get("type", "ClusterIP") != "ExternalName" and spec.get("clusterIP") != "None":
+        _required(causes, "spec.ports")
+    names: set[str] = set()
+    pairs: set[tuple[Any, str]] = set()
+    for n, port in enumerate(ports):
+        field = f"spec.ports[{n}]"
+        if not isinstance(port, dict):
+            _bad(causes, field, port, "must be an object")
+            continue
+        name = port.get("name")
+        if len(ports) > 1 and not name:
+            _required(causes, f"{field}.name")
+        elif name in names:
+            causes.append((f"{field}.name", "FieldValueDuplicate", f"Duplicate value: {go_value(name)}"))
+        elif name:
+            names.add(name)
+        number = port.get("port")
+        if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= 65535:
+            _bad(causes, f"{field}.port", number, "must be between 1 and 65535, inclusive")
+        pair = (number, port.get("protocol", "TCP"))
+        if pair in pairs:
+            causes.append((field, "FieldValueDuplicate", f"Duplicate value: {go_value(port)}"))
+        pairs.add(pair)
 
 
 def _schema_range(causes: Causes, value: Any, field: str, low: int, high: int) -> None:
