@@ -50,9 +50,23 @@ def test_triggers_combine_by_max():
     d = decide(0, 4, signals, POLICY, ScalerState())
     by_name = {t.name: t for t in d.triggers}
     assert by_name["queue"].replicas == 4 + 3
-    assert by_name["ttft_p99"].replicas == 12  # ceil(4 * 6 / 2)
-    assert d.desired == 12
+    assert by_name["ttft_p99"].replicas == 8  # ceil(4 * 6 / 2) = 12, at most double
+    assert d.desired == 8
     assert "queue" in d.reason and "ttft_p99" in d.reason
+
+
+def test_a_ratio_trigger_asks_for_the_ratio_up_to_double_and_at_least_one_more():
+    """HPA's rule ``ceil(ready * value / target)`` under HPA's default scale-up policy (100 % a
+    period): a p99 six times its SLO says the fleet is short, not that it needs six times as many."""
+    def ttft_want(ready: int, p99: float) -> int:
+        d = decide(0, ready, Signals(ttft_p99_seconds=p99), POLICY, ScalerState())
+        return next(t.replicas for t in d.triggers if t.name == "ttft_p99")
+
+    assert ttft_want(4, 2.5) == 5  # ceil(4 * 2.5 / 2)
+    assert ttft_want(4, 3.0) == 6
+    assert ttft_want(4, 12.0) == 8  # not 24
+    assert ttft_want(10, 2.05) == 11  # ceil(10.25): at least one more
+    assert ttft_want(0, 12.0) == 2  # nothing Ready yet: the floor of one replica, doubled
 
 
 def test_utilisation_when_turned_on_must_be_sustained():
@@ -95,13 +109,13 @@ def test_a_further_rise_while_starting_adds_only_the_difference():
     d = decide(0, 20, Signals(queue_waiting=400, gpu_util_percent=100), POLICY, ScalerState(), ready=10)
     assert (d.desired, d.cause) == (10 + 20, "queue_depth")  # 10 more than the 20 asked for already
     assert "(10 of 20 ready)" in d.reason
-    d = decide(0, 20, Signals(queue_waiting=0, ttft_p99_seconds=6.0), POLICY, ScalerState(), ready=10)
-    assert d.desired == 30  # ceil(10 ready * 6 / 2), not ceil(20 * 6 / 2) = 60
+    d = decide(0, 20, Signals(queue_waiting=0, ttft_p99_seconds=3.0), POLICY, ScalerState(), ready=15)
+    assert d.desired == 23  # ceil(15 ready * 3 / 2), not ceil(20 * 3 / 2) = 30
 
 
 def test_ready_defaults_to_current():
     hot = Signals(queue_waiting=0, ttft_p99_seconds=6.0)
-    assert decide(0, 4, hot, POLICY, ScalerState()).desired == decide(0, 4, hot, POLICY, ScalerState(), ready=4).desired == 12
+    assert decide(0, 4, hot, POLICY, ScalerState()).desired == decide(0, 4, hot, POLICY, ScalerState(), ready=4).desired == 8
 
 
 def test_replicas_still_starting_are_not_spare_capacity():

@@ -327,6 +327,8 @@ class ReactiveScaling:
             ready, policy = None, self._policy.model_copy(update={"scale_down_step_percent": 0})
         if not workflow.patched("slo-sizing"):  # decisions recorded before SLO sizing: DCGM utilisation triggered
             policy = policy.model_copy(update={"gpu_util_trigger": True})
+        if not workflow.patched("ratio-step-up"):  # decisions recorded before: a ratio trigger asked for the whole ratio
+            policy = policy.model_copy(update={"ratio_step_up_percent": None})
         if policy.completion_slo is not None and not workflow.patched("batch-completion-slo"):
             policy = policy.model_copy(update={"completion_p95_slo_seconds": None})  # decided on TTFT before
         decision: ScalingDecision = decide(
