@@ -114,6 +114,27 @@ def _reactive_scaling_stubs(_: Client) -> list:
     return [get_scale, read_signals, scale_version]
 
 
+def _ttft_burst_stubs(_: Client) -> list:
+    """2 Ready replicas, no queue, a p99 TTFT of 12 s against the 2 s SLO: the ratio trigger asks
+    for 12 and the ``ratio-step-up`` branch doubles the fleet to 4 instead."""
+    fleet = {"replicas": 2}
+
+    @activity.defn(name=scaling.GET_SCALE)
+    async def get_scale(req: scaling.ScaleTarget) -> scaling.ScaleStatus:
+        return scaling.ScaleStatus(version="1.0.0", replicas=fleet["replicas"], ready_replicas=2,
+                                   pending=fleet["replicas"] - 2, unschedulable=0, priority_class="realtime")
+
+    @activity.defn(name=scaling.READ_SCALING_SIGNALS)
+    async def read_signals(req: scaling.ReadSignalsInput) -> Signals:
+        return Signals(queue_waiting=0, running=4, ttft_p99_seconds=12.0)
+
+    @activity.defn(name=SCALE_VERSION)
+    async def scale_version(req: ScaleVersionInput) -> None:
+        fleet["replicas"] = req.replicas
+
+    return [get_scale, read_signals, scale_version]
+
+
 def _rollout_stubs(fleet: Fleet) -> list:
     """The stub fleet's activities and the real retire scheduling, as tests/workflows/test_rollout.py's worker has them."""
     retire = RetireScheduling()
@@ -166,6 +187,13 @@ SCENARIOS = {
             iterations_per_run=4,
         ),
         activities=_reactive_scaling_stubs,
+        continues_as_new=True,
+    ),
+    "reactive-scaling-ttft-burst": Scenario(
+        workflow=ReactiveScaling,
+        input=ScalingInput(deployment="llm-serving/chat", policy=ScalingPolicy(min_replicas=1, max_replicas=20),
+                           interval_seconds=30, iterations_per_run=2),
+        activities=_ttft_burst_stubs,
         continues_as_new=True,
     ),
 }

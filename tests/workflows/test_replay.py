@@ -92,3 +92,17 @@ def test_a_golden_failure_history_takes_the_patched_side_of_quality_failure_depr
     assert {"golden-gate", "quality-failure-deprecates"} <= patches
     assert "run_golden_set" in scheduled and "set_registry_status" in scheduled
     assert "query_gates" not in scheduled
+
+
+def test_a_ttft_burst_history_takes_the_patched_side_of_ratio_step_up():
+    """Recorded on today's code (python -m tests.histories.record reactive-scaling-ttft-burst): a
+    p99 of 12 s on 2 Ready replicas doubles the fleet to 4, where the whole ratio asked for 12.
+    reactive-scaling.json, recorded before the patch, replays the whole-ratio side."""
+    patches, scheduled = _patches_and_activities("reactive-scaling-ttft-burst")
+    assert "ratio-step-up" in patches
+    events = load(next(p for p in HISTORIES if p.stem == "reactive-scaling-ttft-burst")).events
+    scaled = [json.loads(e.activity_task_scheduled_event_attributes.input.payloads[0].data)["replicas"]
+              for e in events if e.HasField("activity_task_scheduled_event_attributes")
+              and e.activity_task_scheduled_event_attributes.activity_type.name == "scale_version"]
+    assert scaled == [4]
+    assert "ratio-step-up" not in _patches_and_activities("reactive-scaling")[0]
