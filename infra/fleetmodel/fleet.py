@@ -91,7 +91,7 @@ class Result:
     minute_p99_exact: list[float]
     hour_buckets: list[list[float]]  # TTFT bucket counts of each hour
     hour_fine: list[dict[int, float]]  # each hour's TTFTs in 2 %-wide bins (``fine_bins``): the "exact" p99 of a span
-    scale_events: int
+    scale_steps: list[int]  # the scrape intervals in which the policy changed its replicas
     preemptions: int
     config: FleetConfig
     # per scrape, what capacity held in standby costs (a warm pool's disks), in GPU-hours per hour
@@ -137,12 +137,17 @@ class Result:
                 merged[k] = merged.get(k, 0.0) + w
         return exact_quantile([(fine_value(k), w) for k, w in merged.items()], 0.99)
 
+    @property
+    def scale_events(self) -> int:
+        return len(self.scale_steps)
+
     def hours(self, start_h: int, end_h: int) -> Result:
         """The same run scored over hours [start_h, end_h) only (the policy ran all along)."""
         per_hour = round(3600 / self.scrape_s)
         scrapes = slice(start_h * per_hour, end_h * per_hour)
         return replace(
             self, arrivals=self.arrivals[scrapes], replicas=self.replicas[scrapes], ready=self.ready[scrapes], standby=self.standby[scrapes],
+            scale_steps=[i - scrapes.start for i in self.scale_steps if scrapes.start <= i < scrapes.stop],
             minute_p99_hist=self.minute_p99_hist[start_h * 60 : end_h * 60], minute_p99_exact=self.minute_p99_exact[start_h * 60 : end_h * 60],
             hour_buckets=self.hour_buckets[start_h:end_h], hour_fine=self.hour_fine[start_h:end_h],
         )
@@ -181,7 +186,8 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
     hour_buckets: list[list[float]] = []
     hour_fine: list[dict[int, float]] = []
     hour_points: list[tuple[np.ndarray, np.ndarray]] = []  # the hour's TTFTs so far, binned when it ends
-    events = preemptions = 0
+    events: list[int] = []
+    preemptions = 0
     per_minute = round(60 / scrape)
     steps = math.ceil(duration_s / scrape - 1e-9)
     for i in range(steps):
@@ -193,7 +199,8 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
             current = ready + len(booting)
             signals = signals_of(window, last, scrape) if last is not None else Signals(error="no scrape yet")
             want = max(0, policy.desired(now, current, ready, signals))
-            events += want != current
+            if want != current:
+                events.append(i)
             if want > ready + len(booting):
                 # a policy that models its nodes (warm pool, caches) says how long each new replica takes
                 starts = getattr(policy, "startup_seconds", None)
@@ -236,7 +243,7 @@ def simulate(backend: Backend, policy: Policy, duration_s: float, cfg: FleetConf
     return Result(
         policy=policy.name, mode=mode, scrape_s=scrape, gpus_per_replica=engine.gpus, arrivals=list(arrivals),
         replicas=replicas_out, ready=ready_out, minute_p99_hist=minute_hist, minute_p99_exact=minute_exact,
-        hour_buckets=hour_buckets, hour_fine=hour_fine, scale_events=events, preemptions=preemptions, config=cfg,
+        hour_buckets=hour_buckets, hour_fine=hour_fine, scale_steps=events, preemptions=preemptions, config=cfg,
         standby=standby_out,
     )
 

@@ -34,6 +34,23 @@ def test_gpu_hours_are_the_integral_of_replicas():
     assert hour.slo_minutes_percent == 100.0  # minutes without requests are not violations
 
 
+def test_a_span_of_a_run_counts_only_its_own_scale_events():
+    """Week 1 and week 2 of one 14-day run each report the scale events inside them (both once
+    reported the whole run's count)."""
+    class UpThenDown:
+        name, interval_s = "up-then-down", 30.0
+
+        def initial(self) -> int:
+            return 1
+
+        def desired(self, now_s, current, ready, signals) -> int:
+            return 3 if now_s < 3600 else 2
+
+    run = _run([1.0] * 7200, UpThenDown())
+    assert run.scale_events == 2
+    assert (run.hours(0, 1).scale_events, run.hours(1, 2).scale_events) == (1, 1)
+
+
 def test_cold_start_delays_service_as_configured():
     class StepUp:
         name, interval_s = "step-up", 30.0
