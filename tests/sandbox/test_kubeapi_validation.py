@@ -115,6 +115,32 @@ def test_service_ports_that_a_real_cluster_refuses(api, ns):
     assert code == 422 and "spec.ports[0].port: Invalid value: 0: must be between 1 and 65535, inclusive" in status["message"]
 
 
+def test_container_resources_that_a_real_cluster_refuses(api, ns):
+    """ValidateResourceRequirements: a GPU (an extended resource) is never overcommitted, so its
+    request needs a limit it equals and both are whole GPUs; no request may exceed its limit."""
+    core = client.CoreV1Api(api)
+
+    def pod(name: str, resources: dict) -> dict:
+        return {"metadata": {"name": name}, "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:1", "resources": resources}]}}
+
+    field = "spec.containers[0].resources"
+    cases = {
+        "gpu-below-limit": ({"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2"}},
+                            f'{field}.requests: Invalid value: "1": must be equal to nvidia.com/gpu limit of 2'),
+        "gpu-no-limit": ({"requests": {"nvidia.com/gpu": "1"}}, f"{field}.limits: Required value: Limit must be set for non overcommitable resources"),
+        "half-gpu": ({"requests": {"nvidia.com/gpu": "500m"}, "limits": {"nvidia.com/gpu": "500m"}},
+                     f'{field}.limits[nvidia.com/gpu]: Invalid value: "500m": must be an integer'),
+        "cpu-above-limit": ({"requests": {"cpu": "2"}, "limits": {"cpu": "1"}},
+                            f'{field}.requests: Invalid value: "2": must be less than or equal to cpu limit of 1'),
+    }
+    for name, (resources, cause) in cases.items():
+        code, status = refused(core.create_namespaced_pod, ns, pod(name, resources))
+        assert code == 422 and cause in status["message"], (name, status["message"])
+    # what a real cluster accepts: CPU and memory overcommitted (request below limit), a GPU limit alone
+    core.create_namespaced_pod(ns, pod("burstable", {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}}))
+    core.create_namespaced_pod(ns, pod("gpu-limit", {"limits": {"nvidia.com/gpu": "1"}}))
+
+
 def test_annotations_at_most_256_kib(api, ns):
     core = client.CoreV1Api(api)
     code, status = refused(core.create_namespaced_config_map, ns,

@@ -166,17 +166,48 @@ def _containers(causes: Causes, spec: Any, prefix: str) -> None:
             continue
         if not c.get("image"):
             _required(causes, f"{prefix}.containers[{n}].image")
-        for kind in ("requests", "limits"):
-            _quantities(causes, (c.get("resources") or {}).get(kind), f"{prefix}.containers[{n}].resources.{kind}")
+        _resources(causes, c.get("resources") or {}, f"{prefix}.containers[{n}].resources")
 
 
-def _quantities(causes: Causes, values: Any, field: str) -> None:
+def _extended(name: str) -> bool:
+    """An extended resource (nvidia.com/gpu): a domain outside kubernetes.io; never overcommitted,
+    counted in whole units."""
+    domain = name.split("/", 1)[0] if "/" in name else ""
+    return bool(domain) and domain != "kubernetes.io" and not domain.endswith(".kubernetes.io") and not name.startswith("requests.")
+
+
+def _resources(causes: Causes, resources: dict[str, Any], field: str) -> None:
+    """ValidateResourceRequirements: non-negative quantities, extended resources in whole units with
+    a limit their request equals, no request above its limit."""
+    limits = _quantities(causes, resources.get("limits"), f"{field}.limits")
+    requests = _quantities(causes, resources.get("requests"), f"{field}.requests")
+    for name, (raw, value) in requests.items():
+        if name in limits:
+            limit_raw, limit = limits[name]
+            if value != limit and _extended(name):
+                _bad(causes, f"{field}.requests", str(raw), f"must be equal to {name} limit of {limit_raw}")
+            elif value > limit:
+                _bad(causes, f"{field}.requests", str(raw), f"must be less than or equal to {name} limit of {limit_raw}")
+        elif _extended(name):
+            _required(causes, f"{field}.limits", "Required value: Limit must be set for non overcommitable resources")
+
+
+def _quantities(causes: Causes, values: Any, field: str) -> dict[str, tuple[Any, float]]:
+    """The valid quantities of a resource map, by name; a cause for each one that is not."""
+    out: dict[str, tuple[Any, float]] = {}
     for key, value in (values or {}).items() if isinstance(values, dict) else []:
         try:
-            if parse_quantity(value) < 0:
+            number = parse_quantity(value)
+            if number < 0:
                 raise ValueError
         except (ApiError, ValueError):
             _bad(causes, f"{field}[{key}]", value, "must be a non-negative quantity")
+            continue
+        if _extended(key) and number != int(number):
+            _bad(causes, f"{field}[{key}]", str(value), "must be an integer")
+            continue
+        out[key] = (value, number)
+    return out
 
 
 def _validate_kind(res: Resource, obj: dict[str, Any], causes: Causes) -> None:
