@@ -481,10 +481,17 @@ class NodeStagingActivities(contract.NodeStagingActivities):
                             "volumeMounts": [{"name": "node-cache", "mountPath": str(self.cache_dir)}],
                         }],
                         "volumes": [{"name": "node-cache", "hostPath": {"path": str(self.cache_dir), "type": "DirectoryOrCreate"}}],
+                        **({"initContainers": [pull_image_container(req.image)]} if req.image else {}),
                     },
                 },
             },
         }
+
+
+def pull_image_container(image: str) -> dict:
+    """An init container that only makes the kubelet pull ``image`` onto the node (it exits at once)."""
+    return {"name": "pull-serving-image", "image": image, "imagePullPolicy": "IfNotPresent", "command": ["true"],
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}
 
 
 def peer_url(node, template: str) -> str:

@@ -118,6 +118,14 @@ async def test_a_pool_pre_staged_peer_to_peer_reads_the_model_from_s3_once(sandb
     assert weights.endswith(f"loaded from the node cache /var/cache/tideplane/node-cache/versions/{MODEL}/1.0.0 (local disk)")
     assert float(weights.split(" ")[1].rstrip("s:")) < TEST_CONFIG["profiles"]["default"]["load_seconds"]
 
+    # Each node's staging Job pulled the serving image first: every pool node lists it (those without
+    # a replica too, as one back from a warm pool would), and the replica found it there.
+    image = rollout("1.0.0", POOL_NODES)["image"]
+    for node in pool_nodes(pool):
+        assert image in {name for i in node.status.images or [] for name in i.names}, node.metadata.name
+    (part,) = [e.message for e in events if e.reason == "ColdStart" and e.message.startswith("image ")]
+    assert part == "image 0s: present on the node"
+
 
 async def test_a_release_changing_one_file_moves_only_that_file(sandbox, temporal, pool):
     result, status = await roll_out(sandbox, temporal, "1.1.0", min_nodes=POOL_NODES)

@@ -863,7 +863,8 @@ class ModelRollout:
         inp, spec = self._in, self._in.prestage
         req = StartNodeStagingInput(
             namespace=self._ref.namespace,
-            model=inp.model, version=inp.version, files=files, pool=spec.pool, run_id=workflow.info().run_id
+            model=inp.model, version=inp.version, files=files, pool=spec.pool, run_id=workflow.info().run_id,
+            image=inp.image,
         )
         status = await self._act(
             NodeStagingActivities.start_node_staging,

@@ -79,6 +79,10 @@ class StartNodeStagingInput(BaseModel):
     files: list[WeightFile] = Field(min_length=1)
     pool: str | None = None
     run_id: str = Field(description="the rollout's run: names its Jobs, so a new rollout of the version stages afresh")
+    image: str | None = Field(
+        None, description="the serving image: each node's Job pulls it first (an init container), so a replica scheduled"
+        " there later, or the node back from a warm pool (a stopped instance keeps its disk), finds it on disk"
+    )
 
 
 class NodeStaging(BaseModel):

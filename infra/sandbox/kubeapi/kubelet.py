@@ -238,6 +238,7 @@ class Kubelet:
         set_condition(conditions, "Ready", "False", *NOT_READY)
         self._schedule_run(pod, now, node)
         self.store.update(PODS, new)
+        self._pull_init_images(pod, node["metadata"]["name"])
         present = node_images(node)
         pull = _number(self.profile(pod), "image_pull_seconds")
         for c in pod["spec"]["containers"]:
@@ -249,6 +250,24 @@ class Kubelet:
                 self.ctl.record(pod, "Normal", "Pulled", f'Successfully pulled image "{c["image"]}" in {pull:g}s'
                                 f' ({pull:g}s including waiting)', "kubelet")
             self.ctl.record(pod, "Normal", "Started", f"Started container {c['name']}", "kubelet")
+
+    def _pull_init_images(self, pod: dict[str, Any], node_name: str) -> None:
+        """Init containers run before the pod's containers, so their images are pulled first and the
+        node lists them from then on (the sandbox does not time these pulls): a staging Job's
+        ``pull-serving-image`` leaves the serving image on every node it ran on."""
+        node = self.store.try_get(NODES, "", node_name)
+        if node is None:
+            return
+        present = node_images(node)
+        missing = list(dict.fromkeys(c["image"] for c in pod["spec"].get("initContainers") or [] if c["image"] not in present))
+        if not missing:
+            return
+        for image in missing:
+            self.ctl.record(pod, "Normal", "Pulling", f'Pulling image "{image}"', "kubelet")
+            self.ctl.record(pod, "Normal", "Pulled", f'Successfully pulled image "{image}"', "kubelet")
+        new = copy.deepcopy(node)
+        new.setdefault("status", {}).setdefault("images", []).extend({"names": [image], "sizeBytes": IMAGE_SIZE_BYTES} for image in missing)
+        self.store.update(NODES, new)
 
     def _schedule_run(self, pod: dict[str, Any], now: float, node: dict[str, Any] | None = None) -> None:
         """Timers of a freshly (re)started container: when it is Ready, or crashes. ``node``: a
