@@ -77,6 +77,7 @@ from workflows.scaling.activities import (
 )
 from workflows.scaling.decide import Signals
 from workflows.scaling.forecast import WEEK_S, DemandForecast, forecast_demand
+from workflows.scaling.gpu_sharing import EPSILON, GPU_COUNT_LABEL, SHARED_GPU_RESOURCE, SHARING_STRATEGY_LABEL, gpu_memory_utilization
 from workflows.scaling.placement import Gpu, Node
 from workflows.scaling.prewarm import slot_key
 from workflows.scaling.queue_limit import QueueLimit
@@ -272,11 +273,55 @@ _DONE = ("Succeeded", "Failed")
 
 
 def _gpus(pod: client.V1Pod) -> int:
+    """Whole GPUs the pod holds (``nvidia.com/gpu``)."""
     total = 0
     for c in pod.spec.containers or []:
         limits = (c.resources.limits if c.resources else None) or {}
         total += int(limits.get(naming.GPU_RESOURCE, 0))
     return total
+
+
+def gpu_share(pod: client.V1Pod) -> float | None:
+    """The fraction of one GPU's memory a pod on a GPU share (``nvidia.com/gpu.shared``) claims: its
+    vLLM ``--gpu-memory-utilization``; None for a pod that asks for no share."""
+    for c in pod.spec.containers or []:
+        limits = (c.resources.limits if c.resources else None) or {}
+        if int(limits.get(SHARED_GPU_RESOURCE, 0)) > 0:
+            try:
+                return gpu_memory_utilization([str(a) for a in c.args or []])
+            except ValueError:
+                return None  # vLLM refuses it at start: nothing to place
+    return None
+
+
+def node_gpus(node: client.V1Node, pods: list[client.V1Pod], memory_gib: float) -> list[Gpu]:
+    """A node's physical GPUs as placement sees them: whole GPUs held by pods first, then the shares
+    its pods claim, first fit from the fullest GPU (a time-sliced node advertises shares, not GPUs:
+    its GPU count is GPU feature discovery's ``nvidia.com/gpu.count``)."""
+    labels = node.metadata.labels or {}
+    allocatable = (node.status.allocatable if node.status else None) or {}
+    if labels.get(SHARING_STRATEGY_LABEL) in ("time-slicing", "mps"):
+        count = int(labels.get(GPU_COUNT_LABEL, 0))
+    else:
+        count = int(allocatable.get(naming.GPU_RESOURCE, 0))
+    held = sum(_gpus(p) for p in pods)
+    gpus = [Gpu(index=i, free_gib=0 if i < held else memory_gib, allocated=i < held) for i in range(count)]
+    for share in sorted((f for f in map(gpu_share, pods) if f), reverse=True):
+        fits = [g for g in gpus if not g.allocated and g.free_gib + EPSILON >= share * memory_gib]
+        if fits:
+            gpu = min(fits, key=lambda g: (g.free_gib, g.index))
+            gpu.free_gib = max(0.0, gpu.free_gib - share * memory_gib)
+    return gpus
+
+
+def pending_replica(pod: client.V1Pod) -> PendingReplica | None:
+    """What an Unschedulable model pod asks of the pool: whole GPUs, or one GPU's share."""
+    name = f"{pod.metadata.namespace}/{pod.metadata.name}"
+    model = (pod.metadata.labels or {})[naming.LABEL_MODEL]
+    if _gpus(pod) > 0:
+        return PendingReplica(pod=name, model=model, gpus=_gpus(pod))
+    share = gpu_share(pod)
+    return PendingReplica(pod=name, model=model, gpus=1, gpu_share=share) if share else None
 
 
 def _capacity_types(pod: client.V1Pod) -> set[str] | None:
@@ -319,9 +364,7 @@ class NodePoolActivities(contract.NodePoolActivities):
         nodes = []
         memory = []
         for n in core.list_node(label_selector=f"{naming.NODE_POOL}={req.pool}", _request_timeout=API_TIMEOUT).items:
-            allocatable = int((n.status.allocatable or {}).get(naming.GPU_RESOURCE, 0)) if n.status else 0
-            held = sum(_gpus(p) for p in on_node.get(n.metadata.name, []))
-            # Model pods hold whole GPUs; without the feature-discovery label every GPU counts as the default size.
+            # Without the feature-discovery label every GPU counts as the default size.
             memory_gib = int((n.metadata.labels or {}).get(GPU_MEMORY_LABEL, 0)) / 1024 or DEFAULT_GPU_MEMORY_GIB
             memory.append(memory_gib)
             nodes.append(
@@ -329,7 +372,7 @@ class NodePoolActivities(contract.NodePoolActivities):
                     name=n.metadata.name,
                     pool=req.pool,
                     capacity_type=(n.metadata.labels or {}).get(naming.NODE_CAPACITY_TYPE, req.capacity_type),
-                    gpus=[Gpu(index=i, free_gib=0 if i < held else memory_gib, allocated=i < held) for i in range(allocatable)],
+                    gpus=node_gpus(n, on_node.get(n.metadata.name, []), memory_gib),
                     replicas=len(on_node.get(n.metadata.name, [])),
                     schedulable=not n.spec.unschedulable,
                 )
@@ -341,20 +384,12 @@ class NodePoolActivities(contract.NodePoolActivities):
             types = _capacity_types(p)
             if (types is None and req.takes_unconstrained) or (types is not None and req.capacity_type in types):
                 pending.append(p)
+        replicas = [r for r in map(pending_replica, pending) if r is not None]
         return PoolObservation(
             nodes=sorted(nodes, key=lambda n: n.name),
-            pending_gpus=sum(_gpus(p) for p in pending),
+            pending_gpus=sum(r.gpus for r in replicas),
             pending_pods=sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in pending),
-            pending=sorted(
-                (
-                    PendingReplica(
-                        pod=f"{p.metadata.namespace}/{p.metadata.name}", model=p.metadata.labels[naming.LABEL_MODEL], gpus=_gpus(p)
-                    )
-                    for p in pending
-                    if _gpus(p) > 0
-                ),
-                key=lambda r: r.pod,
-            ),
+            pending=sorted(replicas, key=lambda r: r.pod),
             gpu_memory_gib=max(memory, default=DEFAULT_GPU_MEMORY_GIB),
             desired_capacity=group["DesiredCapacity"],
             max_size=group["MaxSize"],

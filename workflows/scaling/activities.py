@@ -208,6 +208,13 @@ class PendingReplica(BaseModel):
     pod: str = Field(description="NAMESPACE/NAME")
     model: str
     gpus: int = Field(ge=1)
+    gpu_share: float | None = Field(
+        None, gt=0, le=1, description="a replica on a share of one GPU (nvidia.com/gpu.shared): the fraction of its memory it claims"
+    )
+
+    def gpu_memory_gib(self, gpu_memory_gib: float) -> float:
+        """The memory it needs, on GPUs of ``gpu_memory_gib``."""
+        return (self.gpu_share if self.gpu_share is not None else self.gpus) * gpu_memory_gib
 
 
 class PoolObservation(BaseModel):

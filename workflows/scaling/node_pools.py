@@ -240,7 +240,7 @@ class NodePoolScaling:
             needs = [
                 ModelNeed(
                     model=r.model,
-                    gpu_memory_gib=r.gpus * seen.gpu_memory_gib,
+                    gpu_memory_gib=r.gpu_memory_gib(seen.gpu_memory_gib),
                     gpus_per_replica=r.gpus,
                     pool_class=pool_class,
                 )
