@@ -12,21 +12,27 @@ import httpx
 import pytest
 from kubernetes import client
 
+from temporalio.testing import ActivityEnvironment
+
 from infra.sandbox.config import NodePool
 from infra.sandbox.kubeapi.gpushare import GPU_INDEX_ANNOTATION
-from infra.sandbox.nodes import Instance, node_manifest
+from infra.sandbox.nodes import Instance, aws_clients, ensure_pools, node_manifest
+from tests.e2e.test_scaling_layers import node_pool_activities
 from tests.sandbox_fixtures import create_logical_deployment, wait_until
+from workflows.scaling.activities import PendingReplica, PoolRef
 from workflows.scaling.gpu_sharing import GPU_MEMORY_UTILIZATION_FLAG, SHARED_GPU_RESOURCE
+from workflows.scaling.placement import ModelNeed, PoolSizing, plan_pending
 
 NAMESPACE = "e2e-gpu-sharing"
 CLAIM = 0.45  # two fit on one GPU, a third does not (although the GPU has 4 time-slicing replicas)
+SHARED_POOL = NodePool(name="gpu-shared", count=1, capacity_type="on-demand", instance_type="g6e.xlarge", gpus=1,
+                       gpu_memory_gib=80, gpu_sharing="time-slicing", gpu_replicas=4)
 
 
 @pytest.fixture(scope="module")
 def shared_node(kube):
     core = client.CoreV1Api(kube)
-    pool = NodePool(name="gpu-shared", count=1, capacity_type="on-demand", instance_type="g6e.xlarge", gpus=1,
-                    gpu_memory_gib=80, gpu_sharing="time-slicing", gpu_replicas=4)
+    pool = SHARED_POOL
     body = node_manifest(Instance("i-0shared0000000001", pool.name, "us-east-1a", pool.instance_type,
                                   "ip-10-0-99-1.ec2.internal", "10.0.99.1", "running"), pool)
     body["spec"]["providerID"] = "sandbox:///e2e/gpu-shared"  # not an instance of the cloud: it leaves the node alone
@@ -82,3 +88,20 @@ def test_two_models_share_a_gpu_and_a_third_that_does_not_fit_waits(sandbox, kub
         answer = wait_until(lambda: (r := httpx.post(url, json={"prompt": "tide", "max_tokens": 4}, timeout=10)).status_code == 200 and r,
                             10, f"{name} to answer through the gateway")
         assert answer.json()["model"] == {"chat": "llama-3-8b", "embed": "bge-m3"}[name]
+
+
+def test_the_node_layer_sees_the_claimed_share_and_asks_a_node_for_the_waiting_replica(sandbox, kube, shared_node):
+    """NodePoolScaling's observation of the shared pool (its Auto Scaling group at 0 in moto, so the
+    sandbox's cloud leaves it alone): the node's one GPU with 0.9 of it claimed, and the waiting third
+    replica asking for a 0.45 share, which the planner puts on a new node. The node layer once
+    counted nvidia.com/gpu only: no GPU on the node, nothing pending, the pool never grew."""
+    ec2, autoscaling = aws_clients(sandbox.env["AWS_ENDPOINT_URL"])
+    ensure_pools(ec2, autoscaling, [SHARED_POOL.model_copy(update={"count": 0})])
+    seen = ActivityEnvironment().run(node_pool_activities(sandbox).observe_node_pool, PoolRef(pool=SHARED_POOL.name, takes_unconstrained=True))
+    (node,) = seen.nodes
+    assert [(g.index, round(g.free_gib, 6), g.allocated) for g in node.gpus] == [(0, 8.0, False)]
+    (waiting,) = seen.pending
+    assert waiting == PendingReplica(pod=waiting.pod, model="bge-reranker", gpus=1, gpu_share=CLAIM) and seen.pending_gpus == 1
+    need = ModelNeed(model=waiting.model, gpu_memory_gib=waiting.gpu_memory_gib(seen.gpu_memory_gib))
+    plan = plan_pending(seen.nodes, [need], PoolSizing(gpus_per_node=1, max_nodes=2), "on-demand", seen.gpu_memory_gib)
+    assert (plan.fits_existing, plan.new_nodes) == (0, 1)
