@@ -53,7 +53,9 @@ def pods_of(core, versioned: str) -> list:
     return [p for p in core.list_namespaced_pod(NAMESPACE).items if p.metadata.name.startswith(versioned + "-")]
 
 
-def test_two_models_share_a_gpu_and_a_third_that_does_not_fit_waits(sandbox, kube, shared_node):
+@pytest.fixture(scope="module")
+def three_models(kube, shared_node):
+    """Two models on the shared GPU (Running), then a third that does not fit (Pending)."""
     core = client.CoreV1Api(kube)
     served = {"chat": shared_model(kube, "chat", "llama-3-8b"), "embed": shared_model(kube, "embed", "bge-m3")}
 
@@ -64,9 +66,6 @@ def test_two_models_share_a_gpu_and_a_third_that_does_not_fit_waits(sandbox, kub
         return ready if len(ready) == 2 else None
 
     pods = wait_until(running, 15, "both models Running")
-    assert {p.spec.node_name for p in pods} == {shared_node}
-    assert {(p.metadata.annotations or {}).get(GPU_INDEX_ANNOTATION) for p in pods} == {"0"}  # the same GPU
-
     third = shared_model(kube, "rerank", "bge-reranker")
 
     def refused():
@@ -75,6 +74,14 @@ def test_two_models_share_a_gpu_and_a_third_that_does_not_fit_waits(sandbox, kub
         return (pod, cond) if cond is not None and cond.status == "False" else None
 
     pod, cond = wait_until(refused, 10, "the third model's pod to be refused")
+    return served, pods, pod, cond
+
+
+def test_two_models_share_a_gpu_and_a_third_that_does_not_fit_waits(sandbox, kube, shared_node, three_models):
+    core = client.CoreV1Api(kube)
+    served, pods, pod, cond = three_models
+    assert {p.spec.node_name for p in pods} == {shared_node}
+    assert {(p.metadata.annotations or {}).get(GPU_INDEX_ANNOTATION) for p in pods} == {"0"}  # the same GPU
     assert pod.status.phase == "Pending" and pod.spec.node_name is None and cond.reason == "Unschedulable"
     nodes = len(core.list_node().items)
     assert cond.message.startswith(f"0/{nodes} nodes are available: ")
@@ -90,7 +97,7 @@ def test_two_models_share_a_gpu_and_a_third_that_does_not_fit_waits(sandbox, kub
         assert answer.json()["model"] == {"chat": "llama-3-8b", "embed": "bge-m3"}[name]
 
 
-def test_the_node_layer_sees_the_claimed_share_and_asks_a_node_for_the_waiting_replica(sandbox, kube, shared_node):
+def test_the_node_layer_sees_the_claimed_share_and_asks_a_node_for_the_waiting_replica(sandbox, three_models):
     """NodePoolScaling's observation of the shared pool (its Auto Scaling group at 0 in moto, so the
     sandbox's cloud leaves it alone): the node's one GPU with 0.9 of it claimed, and the waiting third
     replica asking for a 0.45 share, which the planner puts on a new node. The node layer once
@@ -100,8 +107,10 @@ def test_the_node_layer_sees_the_claimed_share_and_asks_a_node_for_the_waiting_r
     seen = ActivityEnvironment().run(node_pool_activities(sandbox).observe_node_pool, PoolRef(pool=SHARED_POOL.name, takes_unconstrained=True))
     (node,) = seen.nodes
     assert [(g.index, round(g.free_gib, 6), g.allocated) for g in node.gpus] == [(0, 8.0, False)]
+    pending = three_models[2]
+    assert seen.pending == [PendingReplica(pod=f"{NAMESPACE}/{pending.metadata.name}", model="bge-reranker", gpus=1, gpu_share=CLAIM)]
+    assert seen.pending_gpus == 1
     (waiting,) = seen.pending
-    assert waiting == PendingReplica(pod=waiting.pod, model="bge-reranker", gpus=1, gpu_share=CLAIM) and seen.pending_gpus == 1
     need = ModelNeed(model=waiting.model, gpu_memory_gib=waiting.gpu_memory_gib(seen.gpu_memory_gib))
     plan = plan_pending(seen.nodes, [need], PoolSizing(gpus_per_node=1, max_nodes=2), "on-demand", seen.gpu_memory_gib)
     assert (plan.fits_existing, plan.new_nodes) == (0, 1)
