@@ -77,7 +77,7 @@ from workflows.scaling.activities import (
 )
 from workflows.scaling.decide import Signals
 from workflows.scaling.forecast import WEEK_S, DemandForecast, forecast_demand
-from workflows.scaling.gpu_sharing import EPSILON, GPU_COUNT_LABEL, SHARED_GPU_RESOURCE, SHARING_STRATEGY_LABEL, gpu_memory_utilization
+from workflows.scaling.gpu_sharing import GPU_COUNT_LABEL, SHARED_GPU_RESOURCE, SHARING_STRATEGIES, SHARING_STRATEGY_LABEL, container_share, fullest_fit
 from workflows.scaling.placement import Gpu, Node
 from workflows.scaling.prewarm import slot_key
 from workflows.scaling.queue_limit import QueueLimit
@@ -282,36 +282,30 @@ def _gpus(pod: client.V1Pod) -> int:
 
 
 def gpu_share(pod: client.V1Pod) -> float | None:
-    """The fraction of one GPU's memory a pod on a GPU share (``nvidia.com/gpu.shared``) claims: its
-    vLLM ``--gpu-memory-utilization``; None for a pod that asks for no share."""
+    """The fraction of one GPU's memory a pod on a GPU share (``nvidia.com/gpu.shared``) claims;
+    None for a pod that asks for no share."""
     for c in pod.spec.containers or []:
         limits = (c.resources.limits if c.resources else None) or {}
-        if int(limits.get(SHARED_GPU_RESOURCE, 0)) > 0:
-            try:
-                return gpu_memory_utilization([str(a) for a in c.args or []])
-            except ValueError:
-                return None  # vLLM refuses it at start: nothing to place
+        if SHARED_GPU_RESOURCE in limits:
+            return container_share(limits[SHARED_GPU_RESOURCE], c.args or [])
     return None
 
 
 def node_gpus(node: client.V1Node, pods: list[client.V1Pod], memory_gib: float) -> list[Gpu]:
     """A node's physical GPUs as placement sees them: whole GPUs held by pods first, then the shares
-    its pods claim, first fit from the fullest GPU (a time-sliced node advertises shares, not GPUs:
-    its GPU count is GPU feature discovery's ``nvidia.com/gpu.count``)."""
+    its pods claim, placed as the VRAM-aware scheduler places them (a time-sliced node advertises
+    shares, not GPUs: its GPU count is GPU feature discovery's ``nvidia.com/gpu.count``)."""
     labels = node.metadata.labels or {}
     allocatable = (node.status.allocatable if node.status else None) or {}
-    if labels.get(SHARING_STRATEGY_LABEL) in ("time-slicing", "mps"):
-        count = int(labels.get(GPU_COUNT_LABEL, 0))
-    else:
-        count = int(allocatable.get(naming.GPU_RESOURCE, 0))
+    shared = labels.get(SHARING_STRATEGY_LABEL) in SHARING_STRATEGIES
+    count = int(labels.get(GPU_COUNT_LABEL, 0)) if shared else int(allocatable.get(naming.GPU_RESOURCE, 0))
     held = sum(_gpus(p) for p in pods)
-    gpus = [Gpu(index=i, free_gib=0 if i < held else memory_gib, allocated=i < held) for i in range(count)]
+    used = [1.0 if i < held else 0.0 for i in range(count)]
     for share in sorted((f for f in map(gpu_share, pods) if f), reverse=True):
-        fits = [g for g in gpus if not g.allocated and g.free_gib + EPSILON >= share * memory_gib]
-        if fits:
-            gpu = min(fits, key=lambda g: (g.free_gib, g.index))
-            gpu.free_gib = max(0.0, gpu.free_gib - share * memory_gib)
-    return gpus
+        index = fullest_fit(used, share)
+        if index is not None:
+            used[index] += share
+    return [Gpu(index=i, free_gib=0 if i < held else max(0.0, memory_gib * (1 - u)), allocated=i < held) for i, u in enumerate(used)]
 
 
 def pending_replica(pod: client.V1Pod) -> PendingReplica | None:

@@ -19,6 +19,7 @@ from collections import Counter
 from typing import Any
 
 from workflows.naming import GPU_RESOURCE
+from workflows.scaling.gpu_sharing import fullest_fit
 
 from . import gpushare
 from .conditions import condition, node_ready, set_condition
@@ -255,7 +256,7 @@ class Controllers(threading.Thread):
                 why = self._unfit(pod, node, request, used[name])
                 if not why and name in vram:
                     fraction = gpushare.claim(pod["spec"], gpushare.shared_resource(node))
-                    index = gpushare.pick_gpu(vram[name], fraction) if fraction else None
+                    index = fullest_fit(vram[name], fraction) if fraction else None
                     if fraction and index is None:
                         why = gpushare.no_room_message(fraction)
                     elif fraction:

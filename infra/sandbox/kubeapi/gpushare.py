@@ -15,16 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from workflows.naming import GPU_RESOURCE
-from workflows.scaling.gpu_sharing import (
-    EPSILON,
-    GPU_COUNT_LABEL,
-    SHARED_GPU_RESOURCE,
-    SHARING_STRATEGY_LABEL,
-    gpu_memory_utilization,
-)
+from workflows.scaling.gpu_sharing import GPU_COUNT_LABEL, SHARED_GPU_RESOURCE, SHARING_STRATEGIES, SHARING_STRATEGY_LABEL, container_share
 
 GPU_INDEX_ANNOTATION = "sandbox.tideplane.io/gpu-index"  # the physical GPU a shared pod was given
-SHARING_STRATEGIES = ("time-slicing", "mps")
 
 
 def shared_resource(node: dict[str, Any]) -> str | None:
@@ -44,12 +37,9 @@ def claim(pod_spec: dict[str, Any], resource: str) -> float | None:
     """The fraction of one GPU the pod's vLLM container claims, if it asks for a share of ``resource``."""
     for container in pod_spec.get("containers") or []:
         res = container.get("resources") or {}
-        if {**(res.get("limits") or {}), **(res.get("requests") or {})}.get(resource) in (None, 0, "0"):
-            continue
-        try:
-            return gpu_memory_utilization([str(a) for a in container.get("args") or []])
-        except ValueError:
-            return None  # vLLM exits at start with its own message; nothing to account
+        asked = {**(res.get("limits") or {}), **(res.get("requests") or {})}.get(resource)
+        if asked not in (None, 0, "0"):
+            return container_share(asked, container.get("args") or [])
     return None
 
 
@@ -68,12 +58,6 @@ def used_fractions(node: dict[str, Any], pods: list[dict[str, Any]]) -> list[flo
         if index is not None and index < len(used) and fraction:
             used[index] += fraction
     return used
-
-
-def pick_gpu(used: list[float], fraction: float) -> int | None:
-    """First fit by free memory: the fullest GPU that still holds ``fraction`` (None: none does)."""
-    fitting = [i for i, u in enumerate(used) if u + fraction <= 1 + EPSILON]
-    return min(fitting, key=lambda i: (1 - used[i], i), default=None)
 
 
 def no_room_message(fraction: float) -> str:

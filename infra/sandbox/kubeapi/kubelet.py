@@ -101,6 +101,15 @@ def node_images(node: dict[str, Any]) -> set[str]:
     return {name for image in (node.get("status") or {}).get("images") or [] for name in image.get("names") or []}
 
 
+def add_images(node: dict[str, Any], images: list[str]) -> list[str]:
+    """List ``images`` in the node's status.images (a pull); the ones it did not hold yet."""
+    present = node_images(node)
+    missing = [i for i in dict.fromkeys(images) if i not in present]
+    if missing:
+        node.setdefault("status", {}).setdefault("images", []).extend({"names": [i], "sizeBytes": IMAGE_SIZE_BYTES} for i in missing)
+    return missing
+
+
 def pre_stop_seconds(pod: dict[str, Any]) -> float:
     """The longest preStop sleep of the pod's containers (lifecycle.preStop.sleep.seconds)."""
     return max([float((((c.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}).get("seconds", 0))
@@ -258,16 +267,12 @@ class Kubelet:
         node = self.store.try_get(NODES, "", node_name)
         if node is None:
             return
-        present = node_images(node)
-        missing = list(dict.fromkeys(c["image"] for c in pod["spec"].get("initContainers") or [] if c["image"] not in present))
-        if not missing:
-            return
-        for image in missing:
+        new = copy.deepcopy(node)
+        for image in add_images(new, [c["image"] for c in pod["spec"].get("initContainers") or []]):
             self.ctl.record(pod, "Normal", "Pulling", f'Pulling image "{image}"', "kubelet")
             self.ctl.record(pod, "Normal", "Pulled", f'Successfully pulled image "{image}"', "kubelet")
-        new = copy.deepcopy(node)
-        new.setdefault("status", {}).setdefault("images", []).extend({"names": [image], "sizeBytes": IMAGE_SIZE_BYTES} for image in missing)
-        self.store.update(NODES, new)
+        if new != node:
+            self.store.update(NODES, new)
 
     def _schedule_run(self, pod: dict[str, Any], now: float, node: dict[str, Any] | None = None) -> None:
         """Timers of a freshly (re)started container: when it is Ready, or crashes. ``node``: a
@@ -338,10 +343,8 @@ class Kubelet:
         if node is None:
             return
         new = copy.deepcopy(node)
-        status, annotations = new.setdefault("status", {}), new["metadata"].setdefault("annotations", {})
-        present = node_images(new)
-        status.setdefault("images", []).extend(
-            {"names": [c["image"]], "sizeBytes": IMAGE_SIZE_BYTES} for c in pod["spec"]["containers"] if c["image"] not in present)
+        annotations = new["metadata"].setdefault("annotations", {})
+        add_images(new, [c["image"] for c in pod["spec"]["containers"]])
         caches = json.loads(annotations.get(ENGINE_CACHES_ANNOTATION) or "[]")
         if cache is not None and cache not in caches:
             annotations[ENGINE_CACHES_ANNOTATION] = json.dumps([*caches, cache])
