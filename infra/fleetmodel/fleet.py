@@ -11,7 +11,8 @@ came in that minute is at most ``ttft_slo_s``: by ``histogram_quantile`` over vL
 
 Modes (``Backend``):
 - ``RequestLevel``: every request through ``infra.fleetmodel.replica.Replica`` (continuous
-  batching, KV cache, preemption), round-robin over the Ready replicas. For slices of hours.
+  batching, KV cache, preemption), each to the Ready replica with the fewest requests outstanding,
+  as the gateway routes (or round robin, a bare Service's). For slices of hours.
 - ``Aggregate``: the same engine as mean-field steady state per step: per-replica step time from
   the batch the load keeps in flight, a fleet-wide FIFO backlog once the replicas saturate
   (step-time blow-up, ``max_num_seqs`` or KV cache), TTFT per prompt-size quantile. For 14 days.
@@ -24,7 +25,8 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from collections.abc import Hashable, Mapping
+from typing import Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -280,13 +282,29 @@ def fine_value(k: int) -> float:
 # Request-level mode
 
 
-class RequestLevel:
-    """Every request through a ``Replica``; replicas are independent between scrapes, so each is
-    advanced on its own. A replica taken away hands its unfinished requests back to the others
-    (as clients retry them), keeping their arrival times."""
+Key = TypeVar("Key", bound=Hashable)
 
-    def __init__(self, requests: list[Request], engine: Engine):
+
+def least_queue(queues: Mapping[Key, int]) -> Key | None:
+    """The replica with the fewest requests outstanding (waiting + running); ties by key, so the
+    choice is stable. The Gateway API Inference Extension's endpoint picker routes on queue depth,
+    and Envoy Gateway's default load balancer is LeastRequest (fewest active requests of two drawn)."""
+    return min(queues, key=lambda key: (queues[key], key)) if queues else None
+
+
+Routing = Literal["least_queue", "round_robin"]
+
+
+class RequestLevel:
+    """Every request through a ``Replica``. ``routing``: ``least_queue`` (the gateway's: each
+    request to the replica with the fewest outstanding when it arrives) or ``round_robin`` (a bare
+    Service's; replicas are then independent between scrapes and each is advanced on its own). A
+    replica taken away hands its unfinished requests back to the others (as clients retry them),
+    keeping their arrival times."""
+
+    def __init__(self, requests: list[Request], engine: Engine, routing: Routing = "least_queue"):
         self.engine = engine
+        self.routing = routing
         self.requests = sorted((Request(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests), key=lambda r: r.arrival_s)
         self.next = 0
         self.replicas: list[Replica] = []
@@ -309,16 +327,26 @@ class RequestLevel:
         if not self.replicas:
             self.orphans = arriving
             return Scrape(_NO_POINTS, float(len(arriving)), 0.0, 0.0, None)
-        routed: list[list[Request]] = [[] for _ in self.replicas]
-        for r in arriving:
-            routed[self.rr % len(self.replicas)].append(r)
-            self.rr += 1
+        before = [(replica.busy_s, replica.preemptions) for replica in self.replicas]
+        if self.routing == "round_robin":
+            routed: list[list[Request]] = [[] for _ in self.replicas]
+            for r in arriving:
+                routed[self.rr % len(self.replicas)].append(r)
+                self.rr += 1
+            for replica, mine in zip(self.replicas, routed):
+                replica.advance_to(t1, mine)
+        else:
+            for r in arriving:
+                for replica in self.replicas:
+                    replica.advance_to(r.arrival_s)
+                pick = least_queue({i: len(x.inbound) + len(x.waiting) + len(x.running) for i, x in enumerate(self.replicas)})
+                self.replicas[pick].advance_to(r.arrival_s, [r])
+            for replica in self.replicas:
+                replica.advance_to(t1)
         points: list[float] = []
         busy = []
         preempted = 0
-        for replica, mine in zip(self.replicas, routed):
-            before_busy, before_pre = replica.busy_s, replica.preemptions
-            replica.advance_to(t1, mine)
+        for replica, (before_busy, before_pre) in zip(self.replicas, before):
             busy.append((replica.busy_s - before_busy) / (t1 - t0))
             preempted += replica.preemptions - before_pre
             points.extend(r.ttft for r in replica.first_tokens)

@@ -43,6 +43,7 @@ from kubernetes import client
 from pydantic import ValidationError
 
 from infra.fleetmodel.engine import Engine, engine_for_service, load_engine
+from infra.fleetmodel.fleet import least_queue
 from infra.fleetmodel.metrics import HISTOGRAMS, Histogram, dcgm_gpu_util
 from infra.fleetmodel.replica import Replica as ModelReplica
 from infra.fleetmodel.replica import Request
@@ -54,7 +55,7 @@ from infra.sandbox.config import (
     Profile,
 )
 from infra.sandbox.answers import MirrorLog, answer
-from infra.sandbox.gateway import MODEL_HEADER, POOL_GROUP, backend_for, headers_set_by, is_pool, least_queue
+from infra.sandbox.gateway import MODEL_HEADER, POOL_GROUP, backend_for, headers_set_by, is_pool
 from infra.sandbox.httpserver import SandboxHTTPServer
 from infra.sandbox.kubeapi.gpushare import gpu_index, physical_gpus, shared_resource
 from infra.sandbox.lora import LoraAdapters, ModelRequests, lora_settings

@@ -64,8 +64,3 @@ def headers_set_by(backend: dict) -> dict[str, str]:
 
 def is_pool(backend: dict) -> bool:
     return backend.get("group") == POOL_GROUP and backend.get("kind") == "InferencePool"
-
-
-def least_queue(queues: Mapping[tuple[str, str], int]) -> tuple[str, str] | None:
-    """The replica with the fewest waiting + running requests; ties by name, so the choice is stable."""
-    return min(queues, key=lambda key: (queues[key], key)) if queues else None

@@ -3,7 +3,8 @@
 import pytest
 from pydantic import ValidationError
 
-from infra.sandbox.gateway import backend_for, is_pool, least_queue
+from infra.fleetmodel.fleet import least_queue
+from infra.sandbox.gateway import backend_for, is_pool
 from workflows.classes.manifests import RequestClassesInput, class_route, inference_objective, inference_pool
 
 CLASSES = RequestClassesInput(namespace="llm-serving", route="chat-classes", classes=[
