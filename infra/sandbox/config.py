@@ -27,6 +27,7 @@ DEMAND_CONFIGMAP = "fleet-demand"  # data: "<namespace>/<name>" -> Demand JSON
 # the instance came from the warm pool), which the kubelet reports as the node part of a cold start.
 ENGINE_CACHES_ANNOTATION = "sandbox.tideplane.io/engine-caches"
 NODE_START_ANNOTATION = "sandbox.tideplane.io/node-start"  # "<seconds> <launched|warm-pool>"
+IMAGE_SIZE_BYTES = 10 * 1024**3  # a vLLM serving image, as a node's status.images reports it
 
 
 class _Strict(BaseModel):

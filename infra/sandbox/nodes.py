@@ -39,6 +39,7 @@ from activities.clients.s3 import S3Client
 from infra.sandbox.config import (
     DEFAULT_CONFIG,
     ENGINE_CACHES_ANNOTATION,
+    IMAGE_SIZE_BYTES,
     NODE_START_ANNOTATION,
     NodePool,
     SandboxConfig,
@@ -65,7 +66,6 @@ WARM_START_SECONDS = 60.0
 WARM_POOL_TAG = "tideplane.io/warm-pool"  # on the stopped instances played as a group's warm pool
 RETURNED_TAG = "tideplane.io/returned-from"  # on one of them: the scaled-in instance it stands for
 REUSE_PAIRING_SECONDS = 5.0  # real seconds a scale-in and a gone node may be apart to be paired
-IMAGE_SIZE_BYTES = 10 * 1024**3  # a vLLM serving image, as status.images reports it
 POOL_TAG = "tideplane.io/node-pool"
 PROVIDER_PREFIX = "aws:///"
 MAX_POOL_SIZE = 64

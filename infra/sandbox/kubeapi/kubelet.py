@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from infra.fleetmodel.coldstart import load_cold_start
-from infra.sandbox.config import ENGINE_CACHES_ANNOTATION, NODE_START_ANNOTATION, PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
+from infra.sandbox.config import ENGINE_CACHES_ANNOTATION, IMAGE_SIZE_BYTES, NODE_START_ANNOTATION, PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
 from workflows.naming import LABEL_MODEL, LABEL_VERSION
 from workflows.staging.activities import LABEL_COMPONENT, STAGER_COMPONENT
 from workflows.staging.cache import cached_version_label
@@ -69,7 +69,6 @@ CRASH_AFTER_SECONDS = 1.0  # a crash_on_start container runs this long before it
 BACKOFF_SECONDS, MAX_BACKOFF_SECONDS = 10.0, 300.0  # the kubelet's container restart back-off
 NOT_READY = ("ContainersNotReady", "containers with unready status")
 ENGINE_CACHE_ENV = "VLLM_CACHE_ROOT"
-IMAGE_SIZE_BYTES = 10 * 1024**3
 
 
 def engine_cache(pod: dict[str, Any]) -> str | None:
