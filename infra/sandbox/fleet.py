@@ -755,15 +755,19 @@ class Fleet:
             total = int(node_labels.get(GPU_MEMORY_LABEL, DEFAULT_GPU_MEMORY_MIB))
             for index, holders in enumerate(self.shared_gpus.get(name, [])):
                 # a time-sliced GPU is one device to DCGM: its pods' claims are preallocated, and a
-                # kernel of any of them counts as the device busy (no pod label: it has several)
-                labels = {"gpu": str(index), "UUID": f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{name}/{index}')}",
+                # kernel of any of them counts as the device busy. dcgm-exporter with
+                # --kubernetes-virtual-gpus copies the device's series to each pod on it (label vgpu)
+                device = {"gpu": str(index), "UUID": f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{name}/{index}')}",
                           "device": f"nvidia{index}", "modelName": node_labels.get(GPU_PRODUCT_LABEL, ""), "Hostname": name}
                 used = min(total, int(sum(gpu_memory_utilization(list(container_args(pods[h]))) for h in holders) * total))
                 util = min(100.0, sum(self.replicas[k][1].gpu_utilisation for h in holders
                                       if (k := tuple(h.split("/", 1))) in self.replicas))
-                out.sample("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", labels, util)
-                out.sample("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", labels, used)
-                out.sample("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", labels, total - used)
+                copies = [device | {"namespace": h.partition("/")[0], "pod": h.partition("/")[2], "container": "vllm", "vgpu": str(share)}
+                          for share, h in enumerate(holders)] or [device]
+                for labels in copies:
+                    out.sample("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", labels, util)
+                    out.sample("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", labels, used)
+                    out.sample("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", labels, total - used)
             for index, holder in enumerate(self.gpus.get(name, [])):
                 labels = {
                     "gpu": str(index),

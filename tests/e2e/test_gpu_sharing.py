@@ -1,12 +1,16 @@
 """End to end against the sandbox: two models share one time-sliced GPU, a third does not fit.
 
 Real parts: the Kubernetes API emulator's scheduler with VRAM accounting on shared GPUs, its
-kubelet, and the fleet simulator's OpenAI-compatible proxy. The shared node is registered the way
+kubelet, the fleet simulator's OpenAI-compatible proxy and its DCGM series in Prometheus. The shared node is registered the way
 the sandbox's cloud registers its nodes (``node_manifest`` of a pool with ``gpu_sharing:
 time-slicing``), outside the cloud's Auto Scaling groups so the other modules' pools are unchanged.
 """
 
 from __future__ import annotations
+
+import math
+import time
+from datetime import datetime, timezone
 
 import httpx
 import pytest
@@ -14,11 +18,14 @@ from kubernetes import client
 
 from temporalio.testing import ActivityEnvironment
 
+from activities.clients.prometheus import PrometheusClient
+from activities.cost import CostActivities
 from infra.sandbox.config import NodePool
 from infra.sandbox.kubeapi.gpushare import GPU_INDEX_ANNOTATION
 from infra.sandbox.nodes import Instance, aws_clients, ensure_pools, node_manifest
 from tests.e2e.test_scaling_layers import node_pool_activities
 from tests.sandbox_fixtures import create_logical_deployment, wait_until
+from workflows.cost.activities import CollectCostInput
 from workflows.scaling.activities import PendingReplica, PoolRef
 from workflows.scaling.gpu_sharing import GPU_MEMORY_UTILIZATION_FLAG, SHARED_GPU_RESOURCE
 from workflows.scaling.placement import ModelNeed, PoolSizing, plan_pending
@@ -114,3 +121,27 @@ def test_the_node_layer_sees_the_claimed_share_and_asks_a_node_for_the_waiting_r
     need = ModelNeed(model=waiting.model, gpu_memory_gib=waiting.gpu_memory_gib(seen.gpu_memory_gib))
     plan = plan_pending(seen.nodes, [need], PoolSizing(gpus_per_node=1, max_nodes=2), "on-demand", seen.gpu_memory_gib)
     assert (plan.fits_existing, plan.new_nodes) == (0, 1)
+
+
+def test_the_cost_report_pays_the_shared_gpu_once_split_between_its_two_models(sandbox, three_models):
+    """The cost activity's default GPU occupancy over the sandbox's Prometheus: the fleet exports the
+    time-sliced GPU as dcgm-exporter with --kubernetes-virtual-gpus does (a copy per pod on it), and
+    each Running model holds half of it. Counted per series, as before, each held a whole GPU; with no
+    pod on the series, as the exporter's default, nobody paid for it."""
+    served, pods, _, _ = three_models
+    cost = CostActivities(PrometheusClient(sandbox.urls["prometheus"]))
+    window = 4
+
+    def occupancy() -> dict[str, float]:
+        end = datetime.fromtimestamp(math.floor(time.time()) - 1, tz=timezone.utc)
+        inputs = ActivityEnvironment().run(cost.collect_cost_inputs, CollectCostInput(end=end, window_seconds=window, step_seconds=1))
+        return {g.pod: g.gpu_seconds / window for g in inputs.gpu if g.namespace == NAMESPACE}
+
+    seen: list[dict[str, float]] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # until both pods' series span the whole window
+        seen.append(occupancy())
+        if len(seen) > 1 and seen[-1] == seen[-2] and len(seen[-1]) == 2:
+            break
+        time.sleep(1)
+    assert seen[-1] == {p.metadata.name: pytest.approx(0.5) for p in pods}

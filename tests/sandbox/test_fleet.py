@@ -4,6 +4,7 @@ import random
 import re
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.fleet import (
@@ -181,6 +182,8 @@ def test_changed_demand_restarts_its_curve_clock():
 
 
 def test_a_time_sliced_gpu_is_one_dcgm_device_holding_its_pods_claims():
+    """One physical GPU whose series dcgm-exporter (--kubernetes-virtual-gpus) copies to each pod on
+    it: the same device, its memory the sum of the claims, a vgpu label per pod."""
     fleet = Fleet(time_scale=10, seed=1)
     node = {"metadata": {"name": "node-s", "labels": {"nvidia.com/gpu.memory": "81920", "nvidia.com/gpu.count": "1",
                                                        "nvidia.com/gpu.sharing-strategy": "time-slicing"}},
@@ -194,7 +197,11 @@ def test_a_time_sliced_gpu_is_one_dcgm_device_holding_its_pods_claims():
         pods.append(p)
     fleet.update(Cluster(pods=pods, nodes=[node], profiles={"default": PROFILE}), 0.5)
     text = fleet.metrics()
-    assert 'DCGM_FI_DEV_FB_USED{gpu="0",' in text and 'Hostname="node-s"} 61440.0' in text  # 0.75 of 80 GiB
-    assert 'DCGM_FI_DEV_FB_FREE{gpu="0",' in text and 'Hostname="node-s"} 20480.0' in text
-    assert 'gpu="1"' not in text  # one physical GPU, although it advertises 4 shares
+    series = {name: [(s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+              for name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE")}
+    used, free = series["DCGM_FI_DEV_FB_USED"], series["DCGM_FI_DEV_FB_FREE"]
+    assert sorted((labels["pod"], labels["vgpu"]) for labels, _ in used) == [("chat-a", "0"), ("embed-a", "1")]
+    assert {(labels["UUID"], labels["gpu"], value) for labels, value in used} == {(used[0][0]["UUID"], "0", 61440.0)}  # 0.75 of 80 GiB
+    assert {value for _, value in free} == {20480.0}
+    assert not re.search(r'[{,]gpu="1"', text)  # one physical GPU, although it advertises 4 shares
 

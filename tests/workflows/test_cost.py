@@ -45,7 +45,9 @@ PODS = {
     "chat-v1-b": ("node-b", 1, "1.0.0", 50.0, 150.0),
     "loader-x": ("node-b", 1, None, 0.0, 0.0),
 }
-NODES = {"node-a": ("gpu-on-demand", "on-demand", 4), "node-b": ("gpu-spot", "spot", 2)}
+NODES = {"node-a": ("gpu-on-demand", "on-demand", 4), "node-b": ("gpu-spot", "spot", 2), "node-c": ("gpu-shared", "on-demand", 1)}
+# pods sharing node-c's one time-sliced GPU: dcgm-exporter --kubernetes-virtual-gpus copies its series to each
+SHARED = {"embed-a": "e1", "rerank-a": "r1"}
 WINDOW = 6  # seconds
 PRICES = Prices(by_capacity_type={"on-demand": 36.0, "spot": 18.0})  # $0.01 and $0.005 per GPU-second
 
@@ -64,6 +66,9 @@ class Fleet:
             for _ in range(gpus):
                 gpu = free[node].pop(0)
                 util.add_metric([str(gpu), f"GPU-{node}-{gpu}", node, NS, pod], 50)
+        gpu = free["node-c"].pop(0)
+        for pod in SHARED:
+            util.add_metric([str(gpu), f"GPU-node-c-{gpu}", "node-c", NS, pod], 80)
         for node, left in free.items():
             for gpu in left:
                 util.add_metric([str(gpu), f"GPU-{node}-{gpu}", node, "", ""], 0)
@@ -78,6 +83,8 @@ class Fleet:
             running.add_metric(values, 3)
             generated.add_metric(values, gen_rate * elapsed)
             prompt.add_metric(values, prompt_rate * elapsed)
+        for pod, version in SHARED.items():
+            running.add_metric([NS, pod, pod.split("-")[0], version, pod.split("-")[0], "node-c"], 1)
         nodes = GaugeMetricFamily("kube_node_labels", "node labels",
                                   labels=["node", "label_karpenter_sh_nodepool", "label_karpenter_sh_capacity_type"])
         for node, (pool, capacity, _) in NODES.items():
@@ -121,12 +128,15 @@ async def test_cost_report_workflow_against_prometheus(time_skipping_env, cost, 
             )
     table = result.table
     # Hand calculation over 6 s: node-a (on-demand, $0.01/GPU-s) holds 2 + 1 GPUs for chat,
-    # node-b (spot, $0.005/GPU-s) 1 GPU for chat and 1 for the never-serving loader.
+    # node-b (spot, $0.005/GPU-s) 1 GPU for chat and 1 for the never-serving loader, node-c
+    # (on-demand) one GPU time-sliced between embed and rerank: half of it each.
     pools = {(r.deployment, r.pool, r.capacity_type): (round(r.gpu_hours * 3600, 3), round(r.cost, 6)) for r in table.pools}
     assert pools == {
         ("chat", "gpu-on-demand", "on-demand"): (18.0, 0.18),
         ("chat", "gpu-spot", "spot"): (6.0, 0.03),
         ("(unattributed)", "gpu-spot", "spot"): (6.0, 0.03),
+        ("embed", "gpu-shared", "on-demand"): (3.0, 0.03),
+        ("rerank", "gpu-shared", "on-demand"): (3.0, 0.03),
     }
     versions = {v.version: v for v in table.versions}
     v1, v2 = versions["1.0.0"], versions["2.0.0"]
@@ -138,8 +148,9 @@ async def test_cost_report_workflow_against_prometheus(time_skipping_env, cost, 
     assert v1.cost_per_million_tokens == pytest.approx(0.15 / 3600 * 1e6, rel=0.01)  # $41.67
     assert v2.cost_per_million_generated_tokens == pytest.approx(0.06 / 480 * 1e6, rel=0.01)  # $125
     assert v1.generated_tokens_per_gpu_second == pytest.approx(900 / 18, rel=0.01)  # 50 tok/s/GPU
-    assert table.total_cost == pytest.approx(0.24)
-    assert result.markdown.startswith("## Cost ") and "**Total: $0.24 for 0.01 GPU-hours**" in result.markdown
+    assert versions["e1"].cost == versions["r1"].cost == pytest.approx(3 * 0.01)  # a shared GPU is paid in full, once
+    assert table.total_cost == pytest.approx(0.30)
+    assert result.markdown.startswith("## Cost ") and "**Total: $0.30 for 0.01 GPU-hours**" in result.markdown
 
 
 def test_month_spend_is_the_cost_reports_total_and_its_current_rate(cost, window_end):
@@ -147,8 +158,8 @@ def test_month_spend_is_the_cost_reports_total_and_its_current_rate(cost, window
     req = MonthSpendInput(month_start=window_end - timedelta(seconds=WINDOW), end=window_end, prices=PRICES,
                           step_seconds=1, rate_window_seconds=3)
     spend = ActivityEnvironment().run(cost.read_month_spend, req)
-    assert spend.spent_usd == pytest.approx(0.24)  # the report's total over the same 6 s
-    assert spend.rate_usd_per_hour == pytest.approx((3 * 36.0 + 2 * 18.0))  # 3 on-demand + 2 spot GPUs held: $144/h
+    assert spend.spent_usd == pytest.approx(0.30)  # the report's total over the same 6 s
+    assert spend.rate_usd_per_hour == pytest.approx((4 * 36.0 + 2 * 18.0))  # 3 + 1 shared on-demand + 2 spot GPUs held: $180/h
 
 
 def test_bad_query_template_is_non_retryable(cost, window_end):
@@ -195,7 +206,7 @@ async def test_daily_schedule_runs_the_report(cost, window_end):
         await env.shutdown()
     # The run ended at trigger time over the last hour: all of the exporter's GPUs, priced.
     pools = {(r.deployment, r.capacity_type) for r in result.table.pools}
-    assert pools == {("chat", "on-demand"), ("chat", "spot"), ("(unattributed)", "spot")}
+    assert pools == {("chat", "on-demand"), ("chat", "spot"), ("(unattributed)", "spot"), ("embed", "on-demand"), ("rerank", "on-demand")}
     assert result.end - result.start == timedelta(hours=1)
     gpu_seconds = {r.deployment: r.gpu_hours * 3600 for r in result.table.pools if r.capacity_type == "spot"}
     assert gpu_seconds["chat"] == gpu_seconds["(unattributed)"] > WINDOW  # 1 GPU each, every second since the first scrape

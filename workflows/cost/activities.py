@@ -20,14 +20,18 @@ class CostQueries(BaseModel):
     """PromQL templates (``${window}``; a literal $ is $$) and the labels each must return.
 
     gpu_occupancy (GPUs a pod holds at an instant; run as a range query at ``step_seconds`` and
-    summed into GPU-seconds) -> namespace, pod, node; pods -> namespace, pod, deployment, version, model_name;
-    nodes -> node, pool, capacity_type (kube-state-metrics' kube_node_labels, with
+    summed into GPU-seconds) -> namespace, pod, node: a GPU is split among the pods its DCGM series
+    name, so a time-sliced GPU (dcgm-exporter ``--kubernetes-virtual-gpus``: a copy of the device's
+    series per pod on it) is paid in full by the pods sharing it, and a whole GPU by its one pod;
+    pods -> namespace, pod, deployment, version, model_name; nodes -> node, pool, capacity_type
+    (kube-state-metrics' kube_node_labels, with
     ``--metric-labels-allowlist=nodes=[karpenter.sh/nodepool,karpenter.sh/capacity-type]``);
     tokens -> namespace, deployment, version, model_name.
     """
 
     gpu_occupancy: str = (
-        'label_replace(count by (namespace, pod, Hostname) (DCGM_FI_DEV_GPU_UTIL{pod!=""}), "node", "$$1", "Hostname", "(.*)")'
+        'label_replace(sum by (namespace, pod, Hostname) (count by (namespace, pod, Hostname, UUID) (DCGM_FI_DEV_GPU_UTIL{pod!=""})'
+        ' / on (UUID) group_left () count by (UUID) (DCGM_FI_DEV_GPU_UTIL{pod!=""})), "node", "$$1", "Hostname", "(.*)")'
     )
     pods: str = (
         "group by (namespace, pod, deployment, version, model_name) (last_over_time(vllm:num_requests_running[${window}]))"
