@@ -31,6 +31,8 @@ TEST_CONFIG = {
     "node_pools": [
         {"name": "gpu-on-demand", "count": 2, "capacity_type": "on-demand", "zones": ["us-east-1a", "us-east-1b"], "gpus": 4, "gpu_memory_gib": 80},
         {"name": "gpu-spot", "count": 1, "capacity_type": "spot", "zones": ["us-east-1c"], "gpus": 4, "gpu_memory_gib": 80},
+        {"name": "gpu-shared", "count": 0, "capacity_type": "on-demand", "instance_type": "p5.4xlarge", "max_nodes": 4, "gpus": 1,
+         "gpu_memory_gib": 80, "gpu_sharing": "time-slicing", "gpu_replicas": 4},
         {"name": "cpu", "count": 1, "capacity_type": "on-demand", "instance_type": "m7i.8xlarge", "gpus": 0},
     ],
     "profiles": {"default": {"load_seconds": 20, "error_rate": 0.001, "ttft_seconds": 0.15, "tpot_seconds": 0.025, "capacity_rps": 4}},

@@ -1,9 +1,11 @@
-"""End to end against the sandbox: two models share one time-sliced GPU, a third does not fit.
+"""End to end against the sandbox: two models share one time-sliced GPU, a third does not fit
+until the node layer grows the shared pool.
 
 Real parts: the Kubernetes API emulator's scheduler with VRAM accounting on shared GPUs, its
 kubelet, the fleet simulator's OpenAI-compatible proxy and its DCGM series in Prometheus. The shared node is registered the way
 the sandbox's cloud registers its nodes (``node_manifest`` of a pool with ``gpu_sharing:
-time-slicing``), outside the cloud's Auto Scaling groups so the other modules' pools are unchanged.
+time-slicing``) but outside its Auto Scaling group: the sandbox's ``gpu-shared`` pool, empty at
+start, is grown by the node layer's production activity at the end.
 """
 
 from __future__ import annotations
@@ -20,20 +22,20 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.clients.prometheus import PrometheusClient
 from activities.cost import CostActivities
-from infra.sandbox.config import NodePool
+from infra.sandbox.config import SandboxConfig
 from infra.sandbox.kubeapi.gpushare import GPU_INDEX_ANNOTATION
-from infra.sandbox.nodes import Instance, aws_clients, ensure_pools, node_manifest
+from infra.sandbox.nodes import Instance, node_manifest
 from tests.e2e.test_scaling_layers import node_pool_activities
-from tests.sandbox_fixtures import create_logical_deployment, wait_until
+from tests.sandbox_fixtures import TEST_CONFIG, create_logical_deployment, wait_until
 from workflows.cost.activities import CollectCostInput
-from workflows.scaling.activities import PendingReplica, PoolRef
-from workflows.scaling.gpu_sharing import GPU_MEMORY_UTILIZATION_FLAG, SHARED_GPU_RESOURCE
+from workflows.naming import NODE_POOL
+from workflows.scaling.activities import PendingReplica, PoolRef, SetCapacityInput
+from workflows.scaling.gpu_sharing import GPU_MEMORY_UTILIZATION_FLAG, SHARED_GPU_RESOURCE, SHARING_STRATEGY_LABEL
 from workflows.scaling.placement import ModelNeed, PoolSizing, plan_pending
 
 NAMESPACE = "e2e-gpu-sharing"
 CLAIM = 0.45  # two fit on one GPU, a third does not (although the GPU has 4 time-slicing replicas)
-SHARED_POOL = NodePool(name="gpu-shared", count=1, capacity_type="on-demand", instance_type="g6e.xlarge", gpus=1,
-                       gpu_memory_gib=80, gpu_sharing="time-slicing", gpu_replicas=4)
+SHARED_POOL = next(p for p in SandboxConfig.model_validate(TEST_CONFIG).node_pools if p.gpu_sharing == "time-slicing")
 
 
 @pytest.fixture(scope="module")
@@ -105,12 +107,10 @@ def test_two_models_share_a_gpu_and_a_third_that_does_not_fit_waits(sandbox, kub
 
 
 def test_the_node_layer_sees_the_claimed_share_and_asks_a_node_for_the_waiting_replica(sandbox, three_models):
-    """NodePoolScaling's observation of the shared pool (its Auto Scaling group at 0 in moto, so the
-    sandbox's cloud leaves it alone): the node's one GPU with 0.9 of it claimed, and the waiting third
-    replica asking for a 0.45 share, which the planner puts on a new node. The node layer once
-    counted nvidia.com/gpu only: no GPU on the node, nothing pending, the pool never grew."""
-    ec2, autoscaling = aws_clients(sandbox.env["AWS_ENDPOINT_URL"])
-    ensure_pools(ec2, autoscaling, [SHARED_POOL.model_copy(update={"count": 0})])
+    """NodePoolScaling's observation of the shared pool (its Auto Scaling group at 0 in moto): the
+    node's one GPU with 0.9 of it claimed, and the waiting third replica asking for a 0.45 share, which
+    the planner puts on a new node. The node layer once counted nvidia.com/gpu only: no GPU on the
+    node, nothing pending, the pool never grew."""
     seen = ActivityEnvironment().run(node_pool_activities(sandbox).observe_node_pool, PoolRef(pool=SHARED_POOL.name, takes_unconstrained=True))
     (node,) = seen.nodes
     assert [(g.index, round(g.free_gib, 6), g.allocated) for g in node.gpus] == [(0, 8.0, False)]
@@ -135,7 +135,9 @@ def test_the_cost_report_pays_the_shared_gpu_once_split_between_its_two_models(s
     def occupancy() -> dict[str, float]:
         end = datetime.fromtimestamp(math.floor(time.time()) - 1, tz=timezone.utc)
         inputs = ActivityEnvironment().run(cost.collect_cost_inputs, CollectCostInput(end=end, window_seconds=window, step_seconds=1))
-        return {g.pod: g.gpu_seconds / window for g in inputs.gpu if g.namespace == NAMESPACE}
+        return {g.pod: g.gpu_seconds / window for g in inputs.gpu if g.namespace == NAMESPACE and g.pod in names}
+
+    names = {p.metadata.name for p in pods}
 
     seen: list[dict[str, float]] = []
     deadline = time.monotonic() + 20
@@ -145,3 +147,29 @@ def test_the_cost_report_pays_the_shared_gpu_once_split_between_its_two_models(s
             break
         time.sleep(1)
     assert seen[-1] == {p.metadata.name: pytest.approx(0.5) for p in pods}
+
+
+def test_the_grown_pool_takes_the_waiting_replica_on_a_new_time_sliced_node(sandbox, kube, shared_node, three_models):
+    """The node layer's production activity sets the shared pool's Auto Scaling group (moto) to the
+    one node the planner asked for; the sandbox's cloud launches it as a time-sliced node, and the
+    third model's replica, Pending so far, is scheduled there and runs."""
+    core = client.CoreV1Api(kube)
+    acts = node_pool_activities(sandbox)
+    waiting = three_models[2]
+    ActivityEnvironment().run(acts.set_pool_capacity, SetCapacityInput(pool=SHARED_POOL.name, desired=1))
+    try:
+        def running_elsewhere():
+            pod = core.read_namespaced_pod(waiting.metadata.name, NAMESPACE)
+            return pod if pod.status.phase == "Running" and pod.spec.node_name not in (None, shared_node) else None
+
+        pod = wait_until(running_elsewhere, 60, "the waiting replica to run on a new node")
+        node = core.read_node(pod.spec.node_name)
+        assert node.spec.provider_id.startswith("aws:///")  # an instance of the group, not the hand-made node
+        assert node.metadata.labels[NODE_POOL] == SHARED_POOL.name
+        assert node.metadata.labels[SHARING_STRATEGY_LABEL] == "time-slicing"
+        assert node.status.allocatable[SHARED_GPU_RESOURCE] == str(SHARED_POOL.gpu_replicas)
+        assert (pod.metadata.annotations or {}).get(GPU_INDEX_ANNOTATION) == "0"
+    finally:
+        ActivityEnvironment().run(acts.set_pool_capacity, SetCapacityInput(pool=SHARED_POOL.name, desired=0))
+        wait_until(lambda: not [n for n in core.list_node(label_selector=f"{NODE_POOL}={SHARED_POOL.name}").items
+                                if n.metadata.name != shared_node], 60, "the grown node to go")
