@@ -757,37 +757,43 @@ class Fleet:
                 # a time-sliced GPU is one device to DCGM: its pods' claims are preallocated, and a
                 # kernel of any of them counts as the device busy. dcgm-exporter with
                 # --kubernetes-virtual-gpus copies the device's series to each pod on it (label vgpu)
-                device = {"gpu": str(index), "UUID": f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{name}/{index}')}",
-                          "device": f"nvidia{index}", "modelName": node_labels.get(GPU_PRODUCT_LABEL, ""), "Hostname": name}
+                device = _device_labels(name, index, node_labels)
                 used = min(total, int(sum(gpu_memory_utilization(list(container_args(pods[h]))) for h in holders) * total))
                 util = min(100.0, sum(self.replicas[k][1].gpu_utilisation for h in holders
                                       if (k := tuple(h.split("/", 1))) in self.replicas))
-                copies = [device | {"namespace": h.partition("/")[0], "pod": h.partition("/")[2], "container": "vllm", "vgpu": str(share)}
-                          for share, h in enumerate(holders)] or [device]
+                copies = [device | _pod_labels(h) | {"vgpu": str(share)} for share, h in enumerate(holders)] or [device]
                 for labels in copies:
-                    out.sample("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", labels, util)
-                    out.sample("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", labels, used)
-                    out.sample("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", labels, total - used)
+                    _dcgm_samples(out, labels, util, used, total)
             for index, holder in enumerate(self.gpus.get(name, [])):
-                labels = {
-                    "gpu": str(index),
-                    "UUID": f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{name}/{index}')}",
-                    "device": f"nvidia{index}",
-                    "modelName": node_labels.get(GPU_PRODUCT_LABEL, "NVIDIA H100 80GB HBM3"),
-                    "Hostname": name,
-                }
+                labels = _device_labels(name, index, node_labels)
                 util, used = 0.0, 0
                 if holder is not None:
-                    namespace, _, pod_name = holder.partition("/")
-                    labels |= {"namespace": namespace, "pod": pod_name, "container": "vllm"}
+                    labels |= _pod_labels(holder)
+                    namespace, pod_name = labels["namespace"], labels["pod"]
                     pod_labels = pods[holder]["metadata"].get("labels") or {}
                     profile = profile_for(self.cluster.profiles, pod_labels.get(LABEL_MODEL, ""), pod_labels.get(LABEL_VERSION, ""))
                     used = min(total, int(profile.gpu_memory_gib * 1024))
                     replica = self.replicas.get((namespace, pod_name))
                     util = replica[1].gpu_utilisation if replica else 0.0
-                out.sample("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", labels, util)
-                out.sample("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", labels, used)
-                out.sample("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", labels, total - used)
+                _dcgm_samples(out, labels, util, used, total)
+
+
+def _device_labels(node: str, index: int, node_labels: dict[str, str]) -> dict[str, str]:
+    """dcgm-exporter's labels of GPU ``index`` of ``node`` (a stable UUID per node and index)."""
+    return {"gpu": str(index), "UUID": f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}/{index}')}", "device": f"nvidia{index}",
+            "modelName": node_labels.get(GPU_PRODUCT_LABEL, "NVIDIA H100 80GB HBM3"), "Hostname": node}
+
+
+def _dcgm_samples(out: Exposition, labels: dict[str, str], util: float, used: int, total: int) -> None:
+    out.sample("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", labels, util)
+    out.sample("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", labels, used)
+    out.sample("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", labels, total - used)
+
+
+def _pod_labels(holder: str) -> dict[str, str]:
+    """The labels dcgm-exporter's pod mapping adds to a GPU's series for the pod ``namespace/name``."""
+    namespace, _, pod = holder.partition("/")
+    return {"namespace": namespace, "pod": pod, "container": "vllm"}
 
 
 # ---------------------------------------------------------------------------------------------
