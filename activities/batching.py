@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError, CancelledError
 from activities.clients.kube import API_TIMEOUT, KubeClient, edit_container_args, is_ready, label_selector, selector
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.vllm import VllmClient
-from workflows.naming import DeploymentRef
+from workflows.core.naming import DeploymentRef
 from workflows.rollout import activities as contract
 from workflows.rollout.activities import (
     SET_ENGINE_ARGS,

@@ -36,9 +36,9 @@ from temporalio.exceptions import ApplicationError
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, already_exists, label_selector
 from activities.clients.s3 import CHUNK_BYTES, S3Client, parse_s3_uri
-from activities.verified_file import ChecksumMismatch, already_verified, discard_partial, fetch_verified
-from workflows.telemetry import NODE_CACHE_BYTES, NODE_CACHE_LAST_USED, NODE_CACHE_SERVED
-from workflows.naming import GPU_RESOURCE, LABEL_MODEL, LABEL_VERSION, NODE_POOL
+from activities.core.verified_file import ChecksumMismatch, already_verified, discard_partial, fetch_verified
+from workflows.core.telemetry import NODE_CACHE_BYTES, NODE_CACHE_LAST_USED, NODE_CACHE_SERVED
+from workflows.core.naming import GPU_RESOURCE, LABEL_MODEL, LABEL_VERSION, NODE_POOL
 from workflows.staging import activities as contract
 from workflows.staging.activities import (
     LABEL_COMPONENT,

@@ -1,7 +1,7 @@
 """Token metering and quotas: tokens per tenant from Prometheus, the gateway's rate-limit policy in the cluster.
 
 The rate limits live in the route's one Envoy Gateway ``BackendTrafficPolicy``, shared with the
-scaling loop's queue limit (activities/traffic_policy.py).
+scaling loop's queue limit (activities/core/traffic_policy.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient, render
-from activities.traffic_policy import apply_traffic_policy
+from activities.core.traffic_policy import apply_traffic_policy
 from workflows.quotas import activities as contract
 from workflows.quotas.activities import (
     AppliedQuotaPolicy,
@@ -22,7 +22,7 @@ from workflows.quotas.activities import (
     UsageSamples,
 )
 from workflows.quotas.metering import UsageSample
-from workflows.traffic_policy import QUOTA_FIELDS
+from workflows.core.traffic_policy import QUOTA_FIELDS
 
 
 

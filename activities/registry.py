@@ -55,8 +55,8 @@ from activities.clients.s3 import (
     require_allowed_bucket,
 )
 from activities.rollout import list_routes
-from workflows import search_attributes as sa
-from workflows.naming import LABEL_MODEL, LABEL_VERSION
+from workflows.core import search_attributes as sa
+from workflows.core.naming import LABEL_MODEL, LABEL_VERSION
 from workflows.rollout.workflow import WORKFLOW_TYPE as ROLLOUT_WORKFLOW
 from workflows.registry import activities as contract
 from workflows.registry.activities import (

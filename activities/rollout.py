@@ -4,7 +4,7 @@ canary gates in Prometheus. ``RolloutActivities`` implements the contract in
 workflows/rollout/activities.py with the clients and settings values the worker passes in.
 
 Staging. Weights are tens of GiB: each file is fetched resumably and verified while it downloads
-(activities/verified_file.py), so a retry fetches only what an earlier attempt did not verify.
+(activities/core/verified_file.py), so a retry fetches only what an earlier attempt did not verify.
 
 Kubernetes. Every write is declarative (create, or replace/patch to the desired state) so an
 activity retried after a crash converges on the same objects instead of duplicating them. Errors
@@ -50,11 +50,11 @@ from activities.clients.s3 import (
 from activities.clients.shadow import ShadowPairsClient
 from activities.clients.vllm import VllmClient
 from activities.node_cache import NodeCache
-from activities.verified_file import ChecksumMismatch, already_verified, discard_partial, fetch_verified
-from workflows import naming, telemetry
+from activities.core.verified_file import ChecksumMismatch, already_verified, discard_partial, fetch_verified
+from workflows.core import naming, telemetry
 from workflows.adapters.routing import lora_modules
-from workflows.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
-from workflows.naming import DeploymentRef
+from workflows.core.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
+from workflows.core.naming import DeploymentRef
 from workflows.rollout import activities as contract
 from workflows.rollout.activities import (
     DESCRIBE_DEPLOYMENT,

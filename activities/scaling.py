@@ -50,9 +50,9 @@ from activities.clients.aws import AwsClient
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
 from activities.clients.prometheus import PrometheusClient, render
 from activities.rollout import deployment_state, owned_elsewhere
-from activities.traffic_policy import POLICY_API, apply_traffic_policy, remove_traffic_policy_fields
-from workflows import naming
-from workflows.naming import DeploymentRef
+from activities.core.traffic_policy import POLICY_API, apply_traffic_policy, remove_traffic_policy_fields
+from workflows.core import naming
+from workflows.core.naming import DeploymentRef
 from workflows.scaling import activities as contract
 from workflows.scaling.activities import (
     COLD_START_PARTS,
@@ -81,7 +81,7 @@ from workflows.scaling.gpu_sharing import GPU_COUNT_LABEL, SHARED_GPU_RESOURCE, 
 from workflows.scaling.placement import Gpu, Node
 from workflows.scaling.prewarm import slot_key
 from workflows.scaling.queue_limit import QueueLimit
-from workflows.traffic_policy import QUEUE_LIMIT_FIELDS, legacy_policy_names
+from workflows.core.traffic_policy import QUEUE_LIMIT_FIELDS, legacy_policy_names
 from workflows.spot.mix import MIX_TARGET_ANNOTATION
 
 WEEK_SECONDS = 7 * 24 * 3600

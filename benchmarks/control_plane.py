@@ -30,7 +30,7 @@ from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
 from infra.sandbox.ports import free_port
 from workflows.scaling import activities as acts
-from workflows import search_attributes
+from workflows.core import search_attributes
 from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
 from workflows.scaling.decide import ScalingPolicy, Signals
 from workflows.scaling.loop import ReactiveScaling, ScalingInput

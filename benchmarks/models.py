@@ -38,7 +38,7 @@ from benchmarks.scaling import SERVEGEN_SOURCE, TideplanePolicy, at_slo, markdow
 from infra.fleetmodel.engine import Engine, load_engine
 from infra.fleetmodel.fleet import Aggregate, FleetConfig, Result, simulate
 from infra.fleetmodel.sizes import load_servegen_sizes
-from workflows.bounds import MAX_REPLICAS
+from workflows.core.bounds import MAX_REPLICAS
 from workflows.scaling.decide import Signals, demand_rate
 from workflows.scaling.gpu_sharing import ModelShare, PackLimits, SharedGpu, SharedReplica, model_demand, pack, share_pool
 

@@ -48,7 +48,7 @@ from benchmarks.nodes import NodeLayer
 from infra.fleetmodel.coldstart import ColdStart, Levers, load_cold_start
 from infra.fleetmodel.fleet import Aggregate, FleetConfig, Result, simulate
 from infra.fleetmodel.sizes import SizeMix, from_requests, load_servegen_sizes
-from workflows.bounds import MAX_REPLICAS
+from workflows.core.bounds import MAX_REPLICAS
 from workflows.scaling.prewarm import prewarm_floor, slot_key
 from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide, slo_replicas
 from workflows.scaling.floors import DeploymentFloors, PrewarmSpec, floor_at
@@ -330,7 +330,7 @@ def suite(work: Workload, cfg: FleetConfig, overrides: dict | None, families: tu
         policies += [KedaPolicy(start, t, "waiting", HpaRule(max_replicas=cap)) for t in KEDA_WAITING]
         policies += [KedaPolicy(start, t, "in_flight", HpaRule(max_replicas=cap)) for t in KEDA_IN_FLIGHT]
     if want("tideplane"):
-        # ScalingPolicy bounds max_replicas (workflows.bounds): m-mid's 1.5 x peak need exceeds it
+        # ScalingPolicy bounds max_replicas (workflows.core.bounds): m-mid's 1.5 x peak need exceeds it
         policy = tideplane_policy(typical, min(cap, MAX_REPLICAS), overrides, unloaded_ttft(probe, cfg.load()))
         cold = load_cold_start()
         for name, forecasting, levers in ABLATION:

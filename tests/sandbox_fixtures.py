@@ -22,7 +22,7 @@ from infra.sandbox.launcher import Ports, Sandbox, SandboxError
 from infra.sandbox.nodes import aws_clients, restore_pools
 from infra.sandbox.worker_identity import WORKER_NAMESPACE
 from infra.sandbox.worker_identity import enable_serving_namespace
-from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, NODE_POOL, versioned_name
+from workflows.core.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, NODE_POOL, versioned_name
 
 # Fast enough for tests: a replica is Ready 1 s (real) after it is scheduled, a new node joins in ~4 s.
 TEST_TIME_SCALE = 20

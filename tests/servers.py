@@ -16,7 +16,7 @@ from temporalio.runtime import Runtime
 from temporalio.testing import WorkflowEnvironment
 
 from infra.sandbox.ports import free_port, wait_for_port
-from workflows import search_attributes
+from workflows.core import search_attributes
 
 BIN = Path(sys.executable).parent  # the venv's bin: temporal, temporal-test-server, moto_server
 

@@ -16,7 +16,7 @@ from typing import Annotated
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from workflows.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
+from workflows.core.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
 
 
 def _env(name: str, *fallbacks: str) -> AliasChoices:

@@ -29,7 +29,7 @@ from infra.sandbox.worker_identity import enable_serving_namespace
 from workers import golden_cli, registry_cli
 from workers.client import connect
 from workers.config import Settings, load_settings
-from workflows.naming import (
+from workflows.core.naming import (
     GPU_RESOURCE,
     NODE_CAPACITY_TYPE,
     NODE_POOL,

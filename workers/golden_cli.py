@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from activities.registry import Registry, golden_history, set_golden_set
 from workers.config import Settings
-from workflows.steps import field_errors
+from workflows.core.failures import field_errors
 from workflows.rollout.quality import GoldenSet
 
 

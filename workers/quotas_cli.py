@@ -33,7 +33,7 @@ from workers.client import connect
 from workers.config import Settings, load_settings
 from workers.cost_cli import print_report, run_now, window_hours
 from workers.schedules import apply_schedule, fingerprinted, load_model_file
-from workflows import naming
+from workflows.core import naming
 from workflows.quotas.policy import QuotaFile, QuotaInput
 from workflows.quotas.workflow import (
     ApplyTokenQuotas,

@@ -32,7 +32,7 @@ from workers.config import Settings, load_settings
 from workers.golden_cli import add_golden_commands
 from workers.progress import ProgressLine, size
 from workers.wording import counted
-from workflows.naming import RETENTION_SCHEDULE_ID, RETENTION_WORKFLOW_ID
+from workflows.core.naming import RETENTION_SCHEDULE_ID, RETENTION_WORKFLOW_ID
 from workflows.registry.retention import RegistryRetention, RetentionInput, RetentionResult, render_plan
 from workflows.registry.schema import ANY_DEPLOYMENT, AdapterOf, parse_quantization, parse_ref
 

@@ -45,11 +45,11 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from workers.client import connect
 from workers.config import Settings, load_settings
-from workflows import naming
+from workflows.core import naming
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.floors import FloorEntry, ScheduleFile, ScheduleFloor, ScheduleFloorInput
 from workflows.scaling.prewarm import PredictivePrewarm, PrewarmInput
-from workflows.steps import field_errors
+from workflows.core.failures import field_errors
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -1,6 +1,6 @@
 """The worker's /metrics endpoint: the Temporal runtime's own Prometheus exporter.
 
-tideplane's metrics (declared in ``workflows/telemetry.py``) are recorded through the SDK's
+tideplane's metrics (declared in ``workflows/core/telemetry.py``) are recorded through the SDK's
 metric meters, ``workflow.metric_meter()`` and ``activity.metric_meter()``, so they come out of
 the same exporter as the SDK's ``temporal_*`` metrics: one scrape target per worker pod, one port.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from workflows.telemetry import BUCKETS
+from workflows.core.telemetry import BUCKETS
 
 
 def metrics_runtime(port: int, host: str = "0.0.0.0") -> Runtime:

@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from temporalio.exceptions import ApplicationError
 from urllib3.util.retry import Retry
 
-from workflows import naming
+from workflows.core import naming
 
 # (connect, read) seconds on every API call: a hung API server must not hang an activity.
 API_TIMEOUT = (5, 30)

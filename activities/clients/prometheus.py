@@ -25,7 +25,7 @@ from temporalio.common import MetricMeter
 from temporalio.exceptions import ApplicationError
 from urllib3.util.retry import Retry
 
-from workflows import telemetry
+from workflows.core import telemetry
 
 HTTP_TIMEOUT = (3.0, 10.0)  # (connect, read) seconds
 QUERY_TIMEOUT = "8s"  # Prometheus' own evaluation limit, under the HTTP timeout
@@ -37,7 +37,7 @@ def render(name: str, template: str, variables: dict[str, str]) -> str:
 
     Values are escaped as PromQL string contents (``\\`` and ``"``), so a value inside a label
     matcher can never end the string and add to the query; windows, which go inside ``[...]``,
-    arrive rendered from numbers (workflows.bounds.render_window).
+    arrive rendered from numbers (workflows.core.bounds.render_window).
     """
     escaped = {key: str(value).replace("\\", "\\\\").replace('"', '\\"') for key, value in variables.items()}
     try:

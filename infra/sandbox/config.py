@@ -12,7 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from workflows.steps import field_errors
+from workflows.core.failures import field_errors
 
 DEFAULT_CONFIG = Path(__file__).with_name("sandbox.yaml")
 

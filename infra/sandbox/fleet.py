@@ -63,7 +63,7 @@ from infra.sandbox.lora import error as lora_error
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.oom import OomWatch
 from infra.sandbox.ratelimit import TOKEN_FAMILY, Admission, TokenGate
-from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
+from workflows.core.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 from workflows.rollout.batching import engine_overrides
 from workflows.scaling.gpu_sharing import gpu_memory_utilization
 

@@ -40,7 +40,7 @@ from infra.sandbox.kubeclient import api_client, kubeconfig_yaml, raw
 from infra.sandbox.node_agents import TARGETS_FILE
 from infra.sandbox.worker_identity import install_worker_identity
 from infra.sandbox.ports import free_port
-from workflows.search_attributes import CLI_TYPES
+from workflows.core.search_attributes import CLI_TYPES
 
 REPO = Path(__file__).resolve().parents[2]
 INFERENCE_EXTENSION_CRDS = REPO / "infra" / "k8s" / "inference-extension" / "crds.yaml"

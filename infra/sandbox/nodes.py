@@ -49,7 +49,14 @@ from infra.sandbox.fleet import GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL
 from infra.sandbox.kubeapi.resources import KUBERNETES_VERSION
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.node_agents import NodeAgents
-from workflows.naming import GPU_RESOURCE, LABEL_MODEL, NODE_CAPACITY_TYPE, NODE_INSTANCE_TYPE, NODE_POOL, NODE_ZONE
+from workflows.core.naming import (
+    GPU_RESOURCE,
+    LABEL_MODEL,
+    NODE_CAPACITY_TYPE,
+    NODE_INSTANCE_TYPE,
+    NODE_POOL,
+    NODE_ZONE,
+)
 from workflows.scaling.gpu_sharing import (
     GPU_COUNT_LABEL,
     GPU_REPLICAS_LABEL,

@@ -32,7 +32,7 @@ from kubernetes import client
 
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.launcher import Ports, Sandbox, SandboxError
-from workflows.naming import NODE_CAPACITY_TYPE
+from workflows.core.naming import NODE_CAPACITY_TYPE
 from workflows.spot.events import (
     NOTICE_SECONDS,
     NoticeKind,

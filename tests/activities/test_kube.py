@@ -27,8 +27,8 @@ from infra.sandbox.kubeclient import api_client as sandbox_client
 from infra.sandbox.kubeclient import kubeconfig_yaml
 from infra.sandbox.nodes import Instance, node_manifest
 from infra.sandbox.ports import free_port, wait_for_port
-from workflows import naming
-from workflows.naming import DeploymentRef
+from workflows.core import naming
+from workflows.core.naming import DeploymentRef
 from workflows.rollout.activities import (
     EnsureVersionInput,
     RouteWeightsInput,

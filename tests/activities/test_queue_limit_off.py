@@ -15,13 +15,13 @@ from temporalio.testing import ActivityEnvironment
 from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
 from activities.scaling import RETRY_AFTER_ANNOTATION, ScalingActivities, queue_limit_policy
-from activities.traffic_policy import POLICY_API, POLICY_PLURAL, apply_traffic_policy
+from activities.core.traffic_policy import POLICY_API, POLICY_PLURAL, apply_traffic_policy
 from tests.activities.conftest import NOWHERE
-from workflows.naming import DeploymentRef, traffic_policy_name
+from workflows.core.naming import DeploymentRef, traffic_policy_name
 from workflows.quotas.policy import MONTHLY_QUOTAS_ANNOTATION, QuotaFile, quota_policy
 from workflows.scaling.activities import ClearQueueLimitInput, QueueLimitInput
 from workflows.scaling.queue_limit import QueueLimit
-from workflows.traffic_policy import QUOTA_FIELDS
+from workflows.core.traffic_policy import QUOTA_FIELDS
 
 NS = "llm-serving"
 CHAT = DeploymentRef(namespace=NS, name="chat")

@@ -27,7 +27,7 @@ from activities.clients.s3 import S3Client
 from activities.registry import ChecksumMismatch, NotFound, Registry, RegistryActivities, RegistryError
 from workers import registry_cli
 from workers.config import Settings
-from workflows import search_attributes
+from workflows.core import search_attributes
 from workflows.registry import activities as ra
 from workflows.registry.activities import DeleteWeightsInput, ListVersionsInput
 from workflows.registry.schema import (

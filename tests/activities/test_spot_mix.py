@@ -14,7 +14,7 @@ from activities.clients.aws import AwsClient
 from activities.clients.kube import KubeClient
 from activities.rollout import ServingPods, deployment_manifest
 from activities.spot import MIX_FOR, SpotActivities, fallback_name, mix_name
-from workflows.naming import NODE_CAPACITY_TYPE, DeploymentRef
+from workflows.core.naming import NODE_CAPACITY_TYPE, DeploymentRef
 from workflows.rollout.activities import EnsureVersionInput
 from workflows.spot.activities import (
     ApplySpotMixInput,

@@ -13,7 +13,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.clients.vllm import VllmClient
 from activities.rollout import RolloutActivities, ServingPods
-from workflows.naming import DeploymentRef
+from workflows.core.naming import DeploymentRef
 from workflows.rollout.activities import WarmUpInput
 
 

@@ -30,7 +30,13 @@ from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.worker_identity import enable_serving_namespace
 from tests.e2e.test_rollout import IMAGE, NAME, clean_up, rollout_input, temporal_start
 from tests.sandbox_fixtures import TEST_TIME_SCALE, create_logical_deployment, wait_until
-from workflows.naming import TASK_QUEUE, rollout_workflow_id, scaling_workflow_id, traffic_policy_name, versioned_name
+from workflows.core.naming import (
+    TASK_QUEUE,
+    rollout_workflow_id,
+    scaling_workflow_id,
+    traffic_policy_name,
+    versioned_name,
+)
 from workflows.rollout.batching import BatchingSetting
 from workflows.rollout.types import Outcome, RolloutResult
 from workflows.scaling.decide import ScalingPolicy

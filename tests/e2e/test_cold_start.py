@@ -30,7 +30,7 @@ from infra.sandbox.worker_identity import enable_serving_namespace
 from tests.e2e.test_scaling import MODEL_CACHE, scaling_activities
 from tests.e2e.test_scaling_layers import node_pool_activities
 from tests.sandbox_fixtures import wait_until
-from workflows.naming import LABEL_APP, NODE_POOL, DeploymentRef
+from workflows.core.naming import LABEL_APP, NODE_POOL, DeploymentRef
 from workflows.rollout.activities import EnsureVersionInput, ScaleVersionInput
 from workflows.scaling.activities import RemoveNodeInput, ScaleTarget, SetCapacityInput, SetWarmPoolInput
 

@@ -29,7 +29,7 @@ from infra.sandbox.knobs import set_demand, set_profile
 from tests.sandbox_fixtures import create_logical_deployment, wait_until
 from workflows.cost.pricing import Prices
 from workflows.cost.report import CostReport, CostReportInput, CostReportResult
-from workflows.naming import NODE_CAPACITY_TYPE
+from workflows.core.naming import NODE_CAPACITY_TYPE
 
 MODEL, VERSION = "cost-model", "1.0.0"
 OUTPUT_TOKENS, PROMPT_TOKENS = 100, 300  # unequal, so swapped counters would show

@@ -27,7 +27,7 @@ from tests.e2e.test_rollout import (
     watching,
 )
 from tests.sandbox_fixtures import wait_until
-from workflows.naming import versioned_name
+from workflows.core.naming import versioned_name
 from workflows.rollout.types import Outcome
 
 WARM_UP_DEADLINE = 20.0

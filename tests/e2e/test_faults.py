@@ -43,7 +43,7 @@ from tests.sandbox_fixtures import create_logical_deployment
 from workers.client import connect
 from workers.config import load_settings
 from workers.worker import WORKFLOWS, build_activities
-from workflows.naming import versioned_name
+from workflows.core.naming import versioned_name
 from workflows.rollout.workflow import start_rollout
 from workflows.rollout.types import (
     Outcome,

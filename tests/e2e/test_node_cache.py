@@ -26,7 +26,7 @@ from tests.e2e.test_rollout import temporal_start
 from tests.e2e.worker_process import WorkerProcess
 from tests.sandbox_fixtures import TEST_CONFIG, wait_for
 from workers.node_cache_cli import cache_rows
-from workflows.naming import LABEL_APP, LABEL_VERSION, NODE_POOL, rollout_workflow_id
+from workflows.core.naming import LABEL_APP, LABEL_VERSION, NODE_POOL, rollout_workflow_id
 from workflows.rollout.types import Outcome, RolloutResult, RolloutStatus
 from workflows.staging.activities import NODE_CACHE_URL_ANNOTATION
 from workflows.staging.cache import cached_version_label

@@ -18,7 +18,7 @@ from temporalio.worker import Worker
 from infra.sandbox.worker_identity import enable_serving_namespace
 from tests.e2e.test_scaling_layers import node_pool_activities
 from tests.sandbox_fixtures import wait_for
-from workflows.naming import (
+from workflows.core.naming import (
     GPU_RESOURCE,
     LABEL_APP,
     LABEL_MODEL,

@@ -5,7 +5,7 @@ llm-serving/chat whose numbers we control (version 2.0.0 is the bad canary: 60 r
 waiting, 3 s TTFT, 200 ms TPOT, and its node's GPU is hot and full), (2) tideplane series whose
 numbers we also choose (a 7-minute cold start, a scale-up given up, a paused rollout: figures a
 short sandbox run cannot produce), recorded with the product's own functions of
-workflows/telemetry.py into the product's exporter (workers.telemetry.metrics_runtime), so names,
+workflows/core/telemetry.py into the product's exporter (workers.telemetry.metrics_runtime), so names,
 labels and bucket bounds are exactly the worker's, and (3) a target where nothing listens.
 These are the rules' inputs; that the product emits every one of these metrics is shown by
 ``test_every_declared_metric_moves_after_real_runs`` below. Every alert's ``for:`` is dropped in a rendered copy of alerts.yml (the
@@ -55,8 +55,8 @@ from tests.e2e.test_rollout import (  # the rollout scenario and its fixtures, r
 from tests.e2e.worker_process import WorkerProcess
 from tests.sandbox_fixtures import TEST_TIME_SCALE, create_logical_deployment, wait_until
 from workers.telemetry import metrics_runtime
-from workflows import telemetry
-from workflows.naming import NODE_CAPACITY_TYPE, rollout_workflow_id, scaling_workflow_id
+from workflows.core import telemetry
+from workflows.core.naming import NODE_CAPACITY_TYPE, rollout_workflow_id, scaling_workflow_id
 
 NS, DEP = "alerts-test", "chat"  # a namespace no other test records in the shared registry
 

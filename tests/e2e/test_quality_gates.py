@@ -39,7 +39,7 @@ from tests.e2e.test_rollout import (
     temporal_start,
 )
 from tests.sandbox_fixtures import create_logical_deployment, wait_until
-from workflows.naming import versioned_name
+from workflows.core.naming import versioned_name
 from workflows.registry.schema import Manifest
 from workflows.rollout.types import Outcome
 

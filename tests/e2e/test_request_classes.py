@@ -28,7 +28,7 @@ from activities.cost import CostActivities
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from tests.e2e.test_scaling import rollout_activities, scaling_activities
 from tests.sandbox_fixtures import TEST_TIME_SCALE, create_logical_deployment, wait_for
-from workflows import naming
+from workflows.core import naming
 from workflows.classes.manifests import RequestClassesInput
 from workflows.classes.workflow import ApplyRequestClasses
 from workflows.scaling.budget import MonthlyBudget

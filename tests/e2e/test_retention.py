@@ -32,13 +32,13 @@ from tests.kube_fixtures import run_kube_api, write_kubeconfig
 from workers import registry_cli
 from workers.config import Settings
 from workers.registry_cli import ensure_retention_schedule
-from workflows import search_attributes
-from workflows.naming import LABEL_APP, LABEL_MODEL, LABEL_VERSION, RETENTION_SCHEDULE_ID
+from workflows.core import search_attributes
+from workflows.core.naming import LABEL_APP, LABEL_MODEL, LABEL_VERSION, RETENTION_SCHEDULE_ID
 from workflows.registry.activities import DeleteWeightsInput, ListReferencesInput
 from workflows.registry.retention import DELETE_HEARTBEAT, RETENTION_WORKFLOW, RegistryRetention, RetentionInput, RetentionResult
 from workflows.registry.schema import Canary, Stable
 from workflows.rollout.workflow import WORKFLOW_TYPE
-from workflows.telemetry import RETENTION_ACTIONS
+from workflows.core.telemetry import RETENTION_ACTIONS
 
 DAY = timedelta(days=1)
 

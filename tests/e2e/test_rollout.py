@@ -42,7 +42,7 @@ from infra.sandbox.kubeclient import api_client
 from infra.sandbox.launcher import BIN
 from tests.sandbox_fixtures import create_logical_deployment, wait_until
 from workflows.rollout.gates import ERROR_RATE, Verdict
-from workflows.naming import (
+from workflows.core.naming import (
     LABEL_APP,
     LABEL_MANAGED_BY,
     LABEL_MODEL,

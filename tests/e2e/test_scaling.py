@@ -36,8 +36,8 @@ from infra.sandbox.launcher import AWS_ENV
 from infra.sandbox.ports import free_port
 from infra.sandbox.worker_identity import enable_serving_namespace
 from tests.sandbox_fixtures import TEST_TIME_SCALE
-from workflows import naming
-from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
+from workflows.core import naming
+from workflows.core.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.activities import DEFAULT_REPLICA_HISTORY_QUERY, ReadSignalsInput, ReplicaHistoryInput
 from workflows.scaling.loop import ReactiveScaling, ScalingInput, ScalingStatus

@@ -31,8 +31,8 @@ from tests.e2e.test_scaling import MODEL_CACHE, rollout_activities, scaling_acti
 from tests.sandbox_fixtures import wait_for
 from tests.workflows.test_telemetry import ours, samples
 from workers.telemetry import metrics_runtime
-from workflows import naming
-from workflows.naming import LABEL_APP, NODE_CAPACITY_TYPE, NODE_POOL, DeploymentRef, node_pool_workflow_id
+from workflows.core import naming
+from workflows.core.naming import LABEL_APP, NODE_CAPACITY_TYPE, NODE_POOL, DeploymentRef, node_pool_workflow_id
 from workflows.rollout.activities import EnsureVersionInput
 from workflows.scaling.activities import PoolRef
 from workflows.scaling.cpu_fallback import CpuFallback
@@ -40,7 +40,7 @@ from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.loop import ReactiveScaling, ScalingInput, ScalingStatus
 from workflows.scaling.node_pools import NodePoolInput, NodePoolScaling, NodePoolStatus
 from workflows.scaling.placement import PoolSizing
-from workflows.telemetry import (
+from workflows.core.telemetry import (
     COLD_START_SECONDS,
     REPLICAS_DESIRED,
     REPLICAS_READY,

@@ -40,7 +40,7 @@ from infra.sandbox.launcher import AWS_ENV
 from infra.sandbox.spot import spot_interrupt_running
 from tests.sandbox_fixtures import create_logical_deployment, wait_for
 from workers.worker import activity_methods
-from workflows.naming import (
+from workflows.core.naming import (
     LABEL_APP,
     NODE_CAPACITY_TYPE,
     NODE_POOL,

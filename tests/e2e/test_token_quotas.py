@@ -25,7 +25,7 @@ from activities.quotas import QuotaActivities
 from tests.sandbox_fixtures import create_logical_deployment, wait_for
 from workers.cost_cli import run_now
 from workers.quotas_cli import apply
-from workflows import naming
+from workflows.core import naming
 from workflows.quotas.policy import QuotaFile
 from workflows.quotas.workflow import ApplyTokenQuotas, TokenMetering, TokenMeteringInput
 

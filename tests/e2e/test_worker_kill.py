@@ -54,7 +54,7 @@ from tests.e2e.test_rollout import (
     status,
     watching,
 )
-from workflows.naming import (
+from workflows.core.naming import (
     LABEL_VERSION,
     NODE_CAPACITY_TYPE,
     scaling_workflow_id,

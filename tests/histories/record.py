@@ -41,8 +41,8 @@ from activities.rollout import RetireScheduling
 from tests.workflows.test_quality_gates import DOSE_WRONG, QualityFleet
 from tests.workflows.test_rollout import BAD, GOOD, SHORT, Fleet, rollout_input
 from workers.worker import WORKFLOWS
-from workflows import search_attributes
-from workflows.naming import DeploymentRef
+from workflows.core import search_attributes
+from workflows.core.naming import DeploymentRef
 from workflows.spot import activities as spot
 from workflows.spot.return_to_spot import ReturnToSpot
 from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput

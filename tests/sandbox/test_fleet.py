@@ -17,7 +17,7 @@ from infra.sandbox.fleet import (
     pod_rates,
     profile_for,
 )
-from workflows.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
+from workflows.core.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 
 PROFILE = Profile(capacity_rps=4, error_rate=0.0, ttft_seconds=0.2, tpot_seconds=0.02, output_tokens=101, prompt_tokens=300)
 

@@ -17,7 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.kube_fixtures import run_kube_api
 from tests.sandbox_fixtures import wait_until
-from workflows.naming import GPU_RESOURCE, NODE_CAPACITY_TYPE, NODE_INSTANCE_TYPE, NODE_ZONE
+from workflows.core.naming import GPU_RESOURCE, NODE_CAPACITY_TYPE, NODE_INSTANCE_TYPE, NODE_ZONE
 
 
 NS = "llm-serving"

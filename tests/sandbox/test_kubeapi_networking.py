@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 
 from tests.kube_fixtures import emulated_cluster, kube_wait as wait
-from workflows.naming import GPU_RESOURCE, LABEL_MODEL
+from workflows.core.naming import GPU_RESOURCE, LABEL_MODEL
 
 NS = "llm-serving"
 GATEWAY_API = ("gateway.networking.k8s.io", "v1")

@@ -18,7 +18,7 @@ from kubernetes import client
 from activities.clients.kube import KubeClient
 from activities.rollout import DELETION_COST, mark_deletion_costs
 from tests.kube_fixtures import emulated_cluster, kube_wait as wait, namespace_for
-from workflows.naming import GPU_RESOURCE
+from workflows.core.naming import GPU_RESOURCE
 from workflows.staging.activities import LABEL_COMPONENT, STAGER_COMPONENT
 
 

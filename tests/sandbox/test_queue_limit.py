@@ -5,7 +5,7 @@ from __future__ import annotations
 from infra.sandbox.config import Demand
 from infra.sandbox.fleet import Cluster, Fleet
 from tests.sandbox.test_fleet import PROFILE, pod, route, service
-from workflows.naming import DeploymentRef
+from workflows.core.naming import DeploymentRef
 
 from activities.scaling import queue_limit_policy
 from workflows.scaling.queue_limit import QueueLimit

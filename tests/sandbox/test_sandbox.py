@@ -21,7 +21,7 @@ from prometheus_api_client import PrometheusConnect
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.launcher import RULES_DIR, Ports, Sandbox, SandboxRunning
 from tests.sandbox_fixtures import TEST_CONFIG, create_logical_deployment, wait_until
-from workflows.naming import GPU_RESOURCE, NODE_CAPACITY_TYPE, NODE_POOL
+from workflows.core.naming import GPU_RESOURCE, NODE_CAPACITY_TYPE, NODE_POOL
 
 BIN = Path(sys.executable).parent
 NAMESPACE = "e2e-fleet"

@@ -8,14 +8,14 @@ from kubernetes import client
 
 from activities.clients.kube import KubeClient
 from activities.scaling import queue_limit_policy
-from activities.traffic_policy import POLICY_API, POLICY_PLURAL, apply_traffic_policy
+from activities.core.traffic_policy import POLICY_API, POLICY_PLURAL, apply_traffic_policy
 from infra.sandbox.fleet import read_cluster, report_policy_status
 from infra.sandbox.launcher import ENVOY_GATEWAY_CRDS
 from tests.kube_fixtures import emulated_cluster
-from workflows.naming import DeploymentRef, traffic_policy_name
+from workflows.core.naming import DeploymentRef, traffic_policy_name
 from workflows.quotas.policy import QuotaFile, quota_policy
 from workflows.scaling.queue_limit import QueueLimit
-from workflows.traffic_policy import QUEUE_LIMIT_FIELDS, QUOTA_FIELDS
+from workflows.core.traffic_policy import QUEUE_LIMIT_FIELDS, QUOTA_FIELDS
 
 NS = "llm-serving"
 QUOTAS = QuotaFile(namespace=NS, route="chat", tenants=[{"name": "acme", "tokens_per_minute": 100, "monthly_tokens": 10_000}])

@@ -1,11 +1,11 @@
-"""Bounds on inputs (workflows/bounds.py) and how query variables reach PromQL (issue 20 defects 2, 5, 6)."""
+"""Bounds on inputs (workflows/core/bounds.py) and how query variables reach PromQL (issue 20 defects 2, 5, 6)."""
 
 from __future__ import annotations
 
 import pytest
 
 from activities.clients.prometheus import render
-from workflows.bounds import render_window
+from workflows.core.bounds import render_window
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,11 @@
-"""Object names derived from versions (workflows/naming.py)."""
+"""Object names derived from versions (workflows/core/naming.py)."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from workflows.naming import VersionLabel, versioned_name
+from workflows.core.naming import VersionLabel, versioned_name
 
 
 def test_dotted_versions_keep_their_readable_names():

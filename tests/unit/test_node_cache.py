@@ -13,7 +13,7 @@ import yaml
 from benchmarks.staging import ORIGIN_BOUND, model_chunks, simulate_pool
 from workers.cli import _parser
 from workers.config import Settings
-from workflows import telemetry
+from workflows.core import telemetry
 from workflows.staging.activities import NodeStageRequest
 
 from workflows.staging.cache import (

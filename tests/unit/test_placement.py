@@ -1,6 +1,6 @@
 """Placement planner and pool sizing rules."""
 
-from workflows.naming import NODE_CAPACITY_TYPE
+from workflows.core.naming import NODE_CAPACITY_TYPE
 from workflows.scaling.placement import Gpu, ModelNeed, Node, PoolSizing, node_selector, node_to_free, place_replica, size_pool
 
 

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from activities.rollout import ServingPods, deployment_manifest, image_allowed
-from workflows.naming import DeploymentRef
+from workflows.core.naming import DeploymentRef
 from workflows.rollout.activities import EnsureVersionInput, WeightFile
 from workflows.rollout.types import RolloutInput
 from workflows.staging.activities import NodeStageRequest

@@ -6,7 +6,7 @@ import pydantic
 import pytest
 
 from activities.rollout import ServingPods, deployment_manifest
-from workflows.naming import GPU_RESOURCE, DeploymentRef
+from workflows.core.naming import GPU_RESOURCE, DeploymentRef
 from workflows.rollout.activities import EnsureVersionInput
 from workflows.rollout.types import RolloutInput
 from workflows.scaling.gpu_sharing import SHARED_GPU_RESOURCE, gpu_memory_utilization

@@ -13,7 +13,7 @@ from workflows.spot.events import (
     parse_event,
     provider_id,
 )
-from workflows.naming import spot_reclaim_workflow_id
+from workflows.core.naming import spot_reclaim_workflow_id
 
 # Verbatim shape of AWS's documented examples (ids and times filled in).
 INTERRUPTION = """{

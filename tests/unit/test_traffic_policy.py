@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from activities.scaling import queue_limit_policy
-from workflows.naming import DeploymentRef, traffic_policy_name
+from workflows.core.naming import DeploymentRef, traffic_policy_name
 from workflows.quotas.policy import QuotaFile, quota_policy
 from workflows.scaling.queue_limit import QueueLimit
-from workflows.traffic_policy import QUEUE_LIMIT_FIELDS, QUOTA_FIELDS, merged_policy, without_writer
+from workflows.core.traffic_policy import QUEUE_LIMIT_FIELDS, QUOTA_FIELDS, merged_policy, without_writer
 
 QUOTAS = QuotaFile(namespace="llm-serving", route="chat", tenants=[{"name": "acme", "tokens_per_minute": 100, "monthly_tokens": 10_000}])
 LIMIT = queue_limit_policy(DeploymentRef(namespace="llm-serving", name="chat"), QueueLimit(max_pending_requests=7, retry_after_seconds=2))

@@ -1,5 +1,5 @@
 """A file a user wrote that a model refuses is reported with every wrong field's dotted path, the
-same way for the sandbox config, golden sets and schedules (workflows.steps.field_errors)."""
+same way for the sandbox config, golden sets and schedules (workflows.core.failures.field_errors)."""
 
 import pytest
 

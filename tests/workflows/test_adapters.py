@@ -28,7 +28,7 @@ from workflows.adapters.activities import (
 )
 from workflows.adapters.types import AdapterAbortInput, AdapterRolloutInput
 from workflows.adapters.workflow import AdapterRollout
-from workflows.naming import DeploymentRef
+from workflows.core.naming import DeploymentRef
 from workflows.registry.activities import ListVersionsInput, RegistryStatusResult, SetRegistryStatusInput, VersionList
 from workflows.registry.schema import Stable, VersionSummary
 from workflows.rollout import gates as canary

@@ -32,7 +32,7 @@ from workers.config import Settings
 from workflows.cost.activities import CollectCostInput, CostQueries, MonthSpendInput
 from workflows.cost.pricing import Prices
 from workflows.cost.report import CostReport, CostReportInput, CostReportResult, cost_report_schedule
-from workflows.naming import COST_REPORT_SCHEDULE_ID
+from workflows.core.naming import COST_REPORT_SCHEDULE_ID
 
 NS = "llm-serving"
 

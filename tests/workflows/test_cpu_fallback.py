@@ -21,13 +21,13 @@ from temporalio.worker import Worker
 from infra.sandbox.ports import free_port
 from tests.workflows.test_telemetry import ours, samples
 from workers.telemetry import metrics_runtime
-from workflows import naming
+from workflows.core import naming
 from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
 from workflows.scaling import activities as acts
 from workflows.scaling.cpu_fallback import CpuFallback, CpuFallbackState, decide_fallback
 from workflows.scaling.decide import ScalingPolicy, Signals
 from workflows.scaling.loop import PolicyPatch, ReactiveScaling, ScalingInput, ScalingStatus
-from workflows.telemetry import (
+from workflows.core.telemetry import (
     COLD_START_SECONDS,
     REPLICAS_DESIRED,
     REPLICAS_READY,

@@ -33,13 +33,13 @@ from temporalio.runtime import BufferedMetricUpdate, MetricBuffer, Runtime, Tele
 from temporalio.worker import Replayer, Worker
 
 from tests.servers import time_skipping
-from workflows import telemetry
+from workflows.core import telemetry
 from workflows.rollout import gates as canary
-from workflows import search_attributes as sa
+from workflows.core import search_attributes as sa
 from activities.rollout import RetireScheduling
 from workflows.rollout.retire import RetireVersion
 from workflows.rollout.workflow import ModelRollout, start_rollout
-from workflows.naming import DeploymentRef
+from workflows.core.naming import DeploymentRef
 from workflows.registry.activities import (
     GoldenSetFound,
     GoldenSetInput,

@@ -21,7 +21,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, Wor
 from temporalio.worker import Worker
 
 from workers.schedules import floor_spec
-from workflows import naming
+from workflows.core import naming
 from workflows.cost.activities import MonthSpendInput
 from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
 from workflows.scaling.budget import MonthlyBudget, Spend

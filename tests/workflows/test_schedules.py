@@ -27,7 +27,7 @@ from tests.servers import BIN
 from tests.workflows.test_scaling import FakeDeployment
 from workers import schedules
 from workers.config import Settings
-from workflows import naming, search_attributes
+from workflows.core import naming, search_attributes
 from workflows.scaling.floors import ScheduleFloor
 from workflows.scaling.loop import ReactiveScaling, ScalingInput
 from workflows.scaling.prewarm import PredictivePrewarm

@@ -11,7 +11,7 @@ from temporalio import activity
 from temporalio.client import WorkflowFailureError
 from temporalio.worker import Worker
 
-from workflows import naming
+from workflows.core import naming
 from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
 from workflows.scaling import activities as acts
 from workflows.scaling.decide import ScalingPolicy, Signals

@@ -16,7 +16,7 @@ from temporalio.worker import Worker
 
 from tests.workflows.test_node_pool_warm import FakeGroup
 from tests.workflows.test_scaling import FakeDeployment, start_loop, status
-from workflows import naming
+from workflows.core import naming
 from workflows.scaling import activities as acts
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.loop import ReactiveScaling, ScalingInput

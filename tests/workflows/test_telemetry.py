@@ -2,7 +2,7 @@
 Temporal SDK's own, from one exporter.
 
 A workflow records through ``workflow.metric_meter()`` and an activity through
-``activity.metric_meter()`` with the functions of ``workflows/telemetry.py``, on a worker whose
+``activity.metric_meter()`` with the functions of ``workflows/core/telemetry.py``, on a worker whose
 client uses ``workers.telemetry.metrics_runtime``; /metrics is read over HTTP as Prometheus would.
 The workflow cache is off, so every workflow task replays the history from the start: a figure
 recorded before a timer must still count once.
@@ -27,7 +27,7 @@ with workflow.unsafe.imports_passed_through():
 
     from infra.sandbox.ports import free_port
     from workers.telemetry import metrics_runtime
-    from workflows import telemetry
+    from workflows.core import telemetry
 
 NS, DEP = "telemetry-test", f"chat-{uuid.uuid4().hex[:6]}"
 

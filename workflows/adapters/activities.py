@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 from temporalio import activity
 
-from workflows.naming import DeploymentRef
+from workflows.core.naming import DeploymentRef
 from workflows.rollout.activities import WeightFile
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workflows.bounds import Seconds, gate_window
-from workflows.naming import DeploymentName, DeploymentRef
+from workflows.core.bounds import Seconds, gate_window
+from workflows.core.naming import DeploymentName, DeploymentRef
 from workflows.registry.schema import ModelName, SemVer
 from workflows.rollout.gates import AnalysisLimits, Gates
 from workflows.rollout.types import CanaryStep, GateQueries, Outcome, Stage, VerdictRecord

@@ -50,7 +50,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.rollout.activities import GateQueriesInput, RolloutActivities, StageWeightsInput
     from workflows.rollout.gates import Decision, StepAnalysis, evaluate, required_passes
     from workflows.rollout.types import Outcome, Stage, VerdictRecord
-    from workflows.steps import cause, wait_until
+    from workflows.core.failures import cause
+    from workflows.core.waiting import wait_until
 
 WORKFLOW_TYPE = "AdapterRollout"
 _FORWARD = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=30))

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from workflows.naming import LABEL_APP, LABEL_MANAGED_BY, MANAGED_BY
+from workflows.core.naming import LABEL_APP, LABEL_MANAGED_BY, MANAGED_BY
 
 POOL_GROUP = "inference.networking.k8s.io"
 POOL_API_VERSION = f"{POOL_GROUP}/v1"

@@ -2,7 +2,7 @@
 
 A quota file names the HTTPRoute tenants call and, per tenant, a token rate and a monthly token
 quota. tideplane writes them into the route's one Envoy Gateway ``BackendTrafficPolicy``
-(``gateway.envoyproxy.io/v1alpha1``, shared with the queue limit: workflows/traffic_policy.py): one global rate-limit rule per tenant,
+(``gateway.envoyproxy.io/v1alpha1``, shared with the queue limit: workflows/core/traffic_policy.py): one global rate-limit rule per tenant,
 selected by the tenant header (``x-tenant: acme``), whose cost is the tokens of each answer (Envoy
 AI Gateway's ``io.envoy.ai_gateway``/``llm_total_token`` response metadata) and not the request,
 so a tenant is refused (429) once its tokens within the minute reach its rate. A tenant whose
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, Field, model_validator
 
-from workflows.naming import LABEL_MANAGED_BY, MANAGED_BY, traffic_policy_name
+from workflows.core.naming import LABEL_MANAGED_BY, MANAGED_BY, traffic_policy_name
 
 POLICY_API_VERSION = "gateway.envoyproxy.io/v1alpha1"
 ROUTE_GROUP = "gateway.networking.k8s.io"
@@ -67,7 +67,7 @@ class QuotaInput(BaseModel):
 
 
 def policy_name(route: str) -> str:
-    """The route's BackendTrafficPolicy, shared with the queue limit (workflows/traffic_policy.py)."""
+    """The route's BackendTrafficPolicy, shared with the queue limit (workflows/core/traffic_policy.py)."""
     return traffic_policy_name(route)
 
 

@@ -39,7 +39,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from workflows import telemetry
+    from workflows.core import telemetry
     from workflows.registry.activities import DeleteWeightsInput, ListReferencesInput, ListVersionsInput, RegistryActivities
     from workflows.registry.schema import ANY_DEPLOYMENT, VersionSummary
 

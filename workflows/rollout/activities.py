@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 
-from workflows.naming import DeploymentName, DeploymentRef, rollout_workflow_id
+from workflows.core.naming import DeploymentName, DeploymentRef, rollout_workflow_id
 from workflows.rollout.batching import BatchingSetting, SweepPoint
 from workflows.rollout.quality import CaseResult, GoldenSet, ShadowPair
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from workflows.bounds import Seconds
+from workflows.core.bounds import Seconds
 
 MAX_NUM_SEQS = "--max-num-seqs"
 MAX_NUM_BATCHED_TOKENS = "--max-num-batched-tokens"

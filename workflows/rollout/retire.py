@@ -23,7 +23,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.naming import DeploymentRef
+    from workflows.core.naming import DeploymentRef
     from workflows.rollout.activities import RetireInput, RolloutActivities, ScaleVersionInput
 
 WORKFLOW_TYPE = "RetireVersion"

@@ -29,7 +29,7 @@ from workflows.rollout.gates import (
     StepAnalysis,
     required_passes,
 )
-from workflows.bounds import (
+from workflows.core.bounds import (
     MAX_GPUS_PER_REPLICA,
     MAX_REPLICAS,
     MAX_WINDOW_SECONDS,
@@ -38,7 +38,7 @@ from workflows.bounds import (
     SecondsOrZero,
     gate_window,
 )
-from workflows.naming import DeploymentName, DeploymentRef, VersionLabel
+from workflows.core.naming import DeploymentName, DeploymentRef, VersionLabel
 from workflows.rollout.activities import Benchmark, EnvFromSecret, StagedWeights, plain_credentials
 from workflows.rollout.batching import BatchingSweep, SweepChoice
 from workflows.scaling.gpu_sharing import GPU_MEMORY_UTILIZATION_FLAG

@@ -46,7 +46,7 @@ with workflow.unsafe.imports_passed_through():
     # Full dotted names: inside the sandbox ``from workflows import x`` would re-import x (the
     # sandboxed ``workflows`` package lacks it), giving pydantic classes that differ from the real ones.
     from workflows.rollout.gates import Decision, StepAnalysis, Verdict, canary_replicas, evaluate, required_passes
-    from workflows.naming import TASK_QUEUE, rollout_workflow_id
+    from workflows.core.naming import TASK_QUEUE, rollout_workflow_id
     from workflows.registry.schema import BenchmarkResult, Canary, Deprecated, Stable, Testing
     from workflows.registry.activities import (
         GoldenSetInput,
@@ -106,9 +106,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.staging.activities import NodeStaging, NodeStagingActivities, StartNodeStagingInput
     from workflows.adapters.activities import AdapterActivities, MoveAdapterRulesInput
     from workflows.adapters.routing import lora_modules, with_lora_modules
-    from workflows.search_attributes import CANARY_PERCENT, DEPLOYMENT, MODEL, STAGE, VERSION
-    from workflows.steps import cause, validated, wait_until
-    from workflows.telemetry import (
+    from workflows.core.search_attributes import CANARY_PERCENT, DEPLOYMENT, MODEL, STAGE, VERSION
+    from workflows.core.failures import cause, validated
+    from workflows.core.waiting import wait_until
+    from workflows.core.telemetry import (
         LEGACY_GATE_VERDICT,
         LEGACY_ROLLOUT,
         METER_PATCH,

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 from temporalio import activity
 
-from workflows.bounds import PromWindow
-from workflows.naming import DeploymentRef
+from workflows.core.bounds import PromWindow
+from workflows.core.naming import DeploymentRef
 from workflows.scaling.decide import Signals
 from workflows.scaling.forecast import WEEK_S, DemandForecast
 from workflows.scaling.queue_limit import QueueLimit

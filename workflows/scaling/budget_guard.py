@@ -12,7 +12,7 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from workflows.cost.activities import CostActivities, MonthSpendInput
     from workflows.scaling.budget import BudgetVerdict, MonthlyBudget, Spend, check_budget, month_bounds
-    from workflows.steps import cause
+    from workflows.core.failures import cause
 
 BUDGET_PATCH = "monthly-budget"
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from workflows.bounds import MAX_REPLICAS, SecondsOrZero
-from workflows.naming import DeploymentName
+from workflows.core.bounds import MAX_REPLICAS, SecondsOrZero
+from workflows.core.naming import DeploymentName
 
 
 class CpuFallback(BaseModel):

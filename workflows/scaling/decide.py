@@ -34,7 +34,7 @@ import math
 
 from pydantic import BaseModel, Field, model_validator
 
-from workflows.bounds import DAY_SECONDS, MAX_GPUS_PER_REPLICA, MAX_REPLICAS, Replicas, SecondsOrZero
+from workflows.core.bounds import DAY_SECONDS, MAX_GPUS_PER_REPLICA, MAX_REPLICAS, Replicas, SecondsOrZero
 from workflows.scaling.budget import MonthlyBudget
 from workflows.scaling.completion import drain_replicas, drain_seconds
 from workflows.scaling.cpu_fallback import CpuFallback

@@ -18,8 +18,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from temporalio import workflow
 
-from workflows.bounds import Replicas, Seconds, SecondsOrZero
-from workflows.naming import DeploymentName, scaling_workflow_id
+from workflows.core.bounds import Replicas, Seconds, SecondsOrZero
+from workflows.core.naming import DeploymentName, scaling_workflow_id
 
 SET_FLOOR_SIGNAL = "set_floor"  # ReactiveScaling's signal; ScheduleFloor and PredictivePrewarm send it
 

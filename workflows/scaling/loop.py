@@ -14,7 +14,7 @@ by the NodePoolScaling loop of the matching pool, which reads the same pods. A b
 declare a CPU fallback that the loop scales up while GPU replicas stay unavailable past a
 deadline (workflows.scaling.cpu_fallback).
 
-Metrics go through the workflow metric meter (workflows/telemetry.py): decisions that change
+Metrics go through the workflow metric meter (workflows/core/telemetry.py): decisions that change
 something, or hold for a reason worth alerting on; replicas desired and Ready; and each scale-up,
 from the decision to all its replicas Ready (its cold start, seen at the loop's interval) or
 given up (the loop scaled down first).
@@ -35,11 +35,11 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     # full dotted names: `from workflows import naming` would give the sandbox its own copy of naming
-    import workflows.naming as naming
-    from workflows.bounds import DAY_SECONDS, MAX_ITERATIONS, PromWindow
-    import workflows.search_attributes as search_attributes
-    import workflows.telemetry as telemetry
-    from workflows.naming import DeploymentRef
+    import workflows.core.naming as naming
+    from workflows.core.bounds import DAY_SECONDS, MAX_ITERATIONS, PromWindow
+    import workflows.core.search_attributes as search_attributes
+    import workflows.core.telemetry as telemetry
+    from workflows.core.naming import DeploymentRef
     from workflows.rollout.activities import DEPLOYMENT_OWNED, RolloutActivities, ScaleVersionInput
     import workflows.scaling.activities as acts
     from workflows.scaling.activities import ScalingActivities
@@ -62,7 +62,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.spot.activities import ApplySpotMixInput, SpotDomainsInput, SpotMixActivities
     from workflows.spot.mix import SpotMixPolicy, markets, observe, plan_spot_mix, replicas_per_pool
     from workflows.spot.policy import warm_pool_needed
-    from workflows.steps import cause, validated, wait_until
+    from workflows.core.failures import cause, validated
+    from workflows.core.waiting import wait_until
 
 DECISIONS_KEPT = 20
 FORECAST_FLOOR = "forecast"  # the floor source the loop's own demand forecast holds

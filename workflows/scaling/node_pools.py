@@ -56,9 +56,9 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     import workflows.scaling.activities as acts
-    import workflows.telemetry as telemetry
-    from workflows.bounds import DAY_SECONDS, MAX_ITERATIONS
-    from workflows.naming import split_deployment
+    import workflows.core.telemetry as telemetry
+    from workflows.core.bounds import DAY_SECONDS, MAX_ITERATIONS
+    from workflows.core.naming import split_deployment
     from workflows.scaling.activities import NodePoolActivities, ScalingActivities
     from workflows.scaling.budget import MonthlyBudget
     from workflows.scaling.budget_guard import BUDGET_PATCH, judge_growth
@@ -76,7 +76,7 @@ with workflow.unsafe.imports_passed_through():
         with_floors,
         with_freed,
     )
-    from workflows.steps import cause
+    from workflows.core.failures import cause
 
 
 WARM_POOL_PATCH = "node-pool-warm-pool"

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from workflows.naming import NODE_CAPACITY_TYPE
+from workflows.core.naming import NODE_CAPACITY_TYPE
 
 PoolClass = Literal["realtime", "batch"]
 CAPACITY_FOR_CLASS: dict[str, str] = {"realtime": "on-demand", "batch": "spot"}

@@ -26,8 +26,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    import workflows.naming as naming
-    from workflows.bounds import Seconds, SecondsOrZero
+    import workflows.core.naming as naming
+    from workflows.core.bounds import Seconds, SecondsOrZero
     from workflows.scaling.activities import (
         DEFAULT_DEMAND_HISTORY_QUERY,
         ReplicaHistoryInput,

@@ -26,7 +26,7 @@ import math
 
 from pydantic import BaseModel, Field
 
-from workflows.bounds import MAX_SECONDS
+from workflows.core.bounds import MAX_SECONDS
 
 
 class NodeCosts(BaseModel):

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 from temporalio.common import RetryPolicy
 
-from workflows.naming import DeploymentRef
+from workflows.core.naming import DeploymentRef
 from workflows.spot.events import SpotNotice
 from workflows.spot.mix import DomainNow, SpotDomain
 

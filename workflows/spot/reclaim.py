@@ -42,11 +42,11 @@ with workflow.unsafe.imports_passed_through():
         SpotWorkflowStarts,
         UnschedulableInput,
     )
-    from workflows import telemetry
-    from workflows.naming import DeploymentRef
+    from workflows.core import telemetry
+    from workflows.core.naming import DeploymentRef
     from workflows.spot.events import NoticeKind, SpotNotice
     from workflows.spot.policy import DomainRisk, on_demand_needed, preemption_predicted, rebalance_hold
-    from workflows.steps import wait_until
+    from workflows.core.waiting import wait_until
 
 
 # Runs started before the policy sized the claims claimed every replica on the node, without a sample first.

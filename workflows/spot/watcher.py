@@ -33,7 +33,8 @@ with workflow.unsafe.imports_passed_through():
         StartReclaimInput,
     )
     from workflows.spot.policy import notice_expiry, notice_key, rebalance_hold
-    from workflows.steps import cause, wait_until
+    from workflows.core.failures import cause
+    from workflows.core.waiting import wait_until
 
 
 # Runs started before notices were deduplicated started a reclaim for every repeat.

@@ -18,7 +18,7 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from workflows.naming import GPU_RESOURCE
+from workflows.core.naming import GPU_RESOURCE
 from workflows.scaling.gpu_sharing import fullest_fit
 
 from . import gpushare

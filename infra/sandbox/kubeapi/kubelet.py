@@ -48,7 +48,7 @@ import yaml
 
 from infra.fleetmodel.coldstart import load_cold_start
 from infra.sandbox.config import ENGINE_CACHES_ANNOTATION, IMAGE_SIZE_BYTES, NODE_START_ANNOTATION, PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
-from workflows.naming import LABEL_MODEL, LABEL_VERSION
+from workflows.core.naming import LABEL_MODEL, LABEL_VERSION
 from workflows.staging.activities import LABEL_COMPONENT, STAGER_COMPONENT
 from workflows.staging.cache import cached_version_label
 

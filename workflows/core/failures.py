@@ -1,17 +1,8 @@
-"""How every workflow runs its steps: one way to explain a failed activity, one way to wait.
-
-Workflows call activities one way, by method reference of the activity contract classes
-(``workflow.execute_activity_method(RolloutActivities.stage_weights, ...)``); the contracts live
-in ``workflows/<capability>/activities.py`` and are implemented in ``activities/<capability>.py``.
-"""
+"""How a failure is explained: the cause of a failed activity or child workflow, and bad update
+input refused naming every field (waiting is workflows/core/waiting.py)."""
 
 from __future__ import annotations
 
-import asyncio
-from datetime import timedelta
-from typing import Callable
-
-from temporalio import workflow
 from pydantic import BaseModel, ValidationError
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 from temporalio.exceptions import TimeoutError as TemporalTimeout
@@ -25,15 +16,6 @@ def cause(err: BaseException) -> str:
     if isinstance(err, TemporalTimeout):
         return f"timed out ({err.type.name if err.type else 'timeout'})"
     return str(err) or type(err).__name__
-
-
-async def wait_until(condition: Callable[[], bool], timeout: timedelta | None = None, summary: str | None = None) -> bool:
-    """Wait for ``condition`` (durably: a timer in the history); False when ``timeout`` came first."""
-    try:
-        await workflow.wait_condition(condition, timeout=timeout, timeout_summary=summary)
-    except asyncio.TimeoutError:
-        return False
-    return True
 
 
 def validated(model: type[BaseModel], raw: object, what: str) -> BaseModel:

@@ -1,5 +1,5 @@
 """Writes a writer's fields into the one Envoy Gateway BackendTrafficPolicy of an HTTPRoute
-(workflows/traffic_policy.py): read, merge, create or replace with the resourceVersion read (a 409
+(workflows/core/traffic_policy.py): read, merge, create or replace with the resourceVersion read (a 409
 re-reads and merges again: ``retry_on_conflict``), then delete the per-writer objects of the names used before.
 A writer that stops takes its fields out again the same way, deleting the object (precondition: the
 resourceVersion read) once nothing but its target is left.
@@ -18,8 +18,8 @@ from kubernetes.client.exceptions import ApiException
 from temporalio.exceptions import ApplicationError
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, read_or_none, retry_on_conflict
-from workflows.naming import LABEL_MANAGED_BY, MANAGED_BY, traffic_policy_name
-from workflows.traffic_policy import legacy_policy_names, merged_policy, without_writer
+from workflows.core.naming import LABEL_MANAGED_BY, MANAGED_BY, traffic_policy_name
+from workflows.core.traffic_policy import legacy_policy_names, merged_policy, without_writer
 
 # (group, version) literal here, not imported: the RBAC scanner (tests/unit/test_k8s_manifests.py) reads it.
 POLICY_API = ("gateway.envoyproxy.io", "v1alpha1")
