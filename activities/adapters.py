@@ -19,8 +19,8 @@ from temporalio.exceptions import ApplicationError
 from activities.clients.kube import API_TIMEOUT, KubeClient, edit_container_args, fail, is_ready, label_selector, retry_on_conflict, selector
 from activities.registry import Registry, RegistryError
 from activities.rollout import CONTAINER, read_route
-from workflows.adapters import activities as contract
-from workflows.adapters.activities import (
+from workflows.adapters import contract
+from workflows.adapters.contract import (
     AdapterOnReplicasInput,
     AdapterReplicas,
     AdapterRouteInput,
@@ -39,7 +39,7 @@ from workflows.adapters.routing import (
     with_adapter_rule,
     with_lora_modules,
 )
-from workflows.rollout.activities import WeightFile
+from workflows.rollout.contract import WeightFile
 
 HTTP_TIMEOUT = httpx.Timeout(60.0, connect=5.0)  # loading reads the adapter's files on the pod
 ALREADY_LOADED = "has already been loaded"

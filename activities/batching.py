@@ -19,8 +19,8 @@ from activities.clients.kube import API_TIMEOUT, KubeClient, edit_container_args
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.vllm import VllmClient
 from workflows.core.naming import DeploymentRef
-from workflows.rollout import activities as contract
-from workflows.rollout.activities import (
+from workflows.rollout import contract
+from workflows.rollout.contract import (
     SET_ENGINE_ARGS,
     SWEEP_BATCHING,
     EngineArgsInput,

@@ -13,8 +13,8 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, apply_service, fail, gateway_parent_ref, read_or_none
-from workflows.classes import activities as contract
-from workflows.classes.activities import AppliedClasses
+from workflows.classes import contract
+from workflows.classes.contract import AppliedClasses
 from workflows.classes.manifests import (
     Mode,
     RequestClassesInput,

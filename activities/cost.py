@@ -12,8 +12,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.clients.prometheus import PrometheusClient, render
-from workflows.cost import activities as contract
-from workflows.cost.activities import CollectCostInput, CostInputs, MonthSpendInput
+from workflows.cost import contract
+from workflows.cost.contract import CollectCostInput, CostInputs, MonthSpendInput
 from workflows.cost.pricing import GpuSeconds, NodeInfo, PodInfo, TokenCount, compute_cost
 from workflows.scaling.budget import Spend
 

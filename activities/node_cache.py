@@ -39,8 +39,8 @@ from activities.clients.s3 import CHUNK_BYTES, S3Client, parse_s3_uri
 from activities.core.verified_file import ChecksumMismatch, already_verified, discard_partial, fetch_verified
 from workflows.core.telemetry import NODE_CACHE_BYTES, NODE_CACHE_LAST_USED, NODE_CACHE_SERVED
 from workflows.core.naming import GPU_RESOURCE, LABEL_MODEL, LABEL_VERSION, NODE_POOL
-from workflows.staging import activities as contract
-from workflows.staging.activities import (
+from workflows.staging import contract
+from workflows.staging.contract import (
     LABEL_COMPONENT,
     NODE_CACHE_URL_ANNOTATION,
     NODE_STAGING_STATUS,

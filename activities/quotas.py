@@ -12,8 +12,8 @@ from temporalio.exceptions import ApplicationError
 from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient, render
 from activities.core.traffic_policy import apply_traffic_policy
-from workflows.quotas import activities as contract
-from workflows.quotas.activities import (
+from workflows.quotas import contract
+from workflows.quotas.contract import (
     AppliedQuotaPolicy,
     MonthTokensInput,
     QuotaPolicyInput,

@@ -1,7 +1,7 @@
 """The model registry in S3, beside the weights: manifests, indexes, checksums, retention deletes.
 
 ``Registry`` is the store (used by the CLI and the demo as well); ``RegistryActivities`` are the
-activities of workflows/registry/activities.py on top of it and of the cluster's Deployments.
+activities of workflows/registry/contract.py on top of it and of the cluster's Deployments.
 
 Layout in the weights bucket (``TIDEPLANE_WEIGHTS_BUCKET``)::
 
@@ -58,8 +58,8 @@ from activities.rollout import list_routes
 from workflows.core import search_attributes as sa
 from workflows.core.naming import LABEL_MODEL, LABEL_VERSION
 from workflows.rollout.workflow import WORKFLOW_TYPE as ROLLOUT_WORKFLOW
-from workflows.registry import activities as contract
-from workflows.registry.activities import (
+from workflows.registry import contract
+from workflows.registry.contract import (
     DeleteWeightsInput,
     DeleteWeightsResult,
     ListReferencesInput,
@@ -96,7 +96,7 @@ from workflows.registry.schema import (
     place,
     summarize,
 )
-from workflows.rollout.activities import WeightFile
+from workflows.rollout.contract import WeightFile
 from workflows.rollout.quality import GoldenHistory, GoldenRevision, GoldenSet
 
 PREFIX = "registry"

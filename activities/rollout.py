@@ -1,7 +1,7 @@
 """What ModelRollout does outside the workflow: stage weights from S3 into the model cache, run one
 Deployment + Service per version and the HTTPRoute split, warm the new version up, and measure its
 canary gates in Prometheus. ``RolloutActivities`` implements the contract in
-workflows/rollout/activities.py with the clients and settings values the worker passes in.
+workflows/rollout/contract.py with the clients and settings values the worker passes in.
 
 Staging. Weights are tens of GiB: each file is fetched resumably and verified while it downloads
 (activities/core/verified_file.py), so a retry fetches only what an earlier attempt did not verify.
@@ -55,8 +55,8 @@ from workflows.core import naming, telemetry
 from workflows.adapters.routing import lora_modules
 from workflows.core.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
 from workflows.core.naming import DeploymentRef
-from workflows.rollout import activities as contract
-from workflows.rollout.activities import (
+from workflows.rollout import contract
+from workflows.rollout.contract import (
     DESCRIBE_DEPLOYMENT,
     ENSURE_VERSION,
     QUERY_GATES,
@@ -80,14 +80,14 @@ from workflows.rollout.activities import (
     WarmUpInput,
     WeightFile,
 )
-from workflows.rollout.activities import (
+from workflows.rollout.contract import (
     CANCEL_RETIRE,
     SCHEDULE_RETIRE,
     CancelRetireInput,
     RetireInput,
     retire_workflow_id,
 )
-from workflows.rollout.activities import (
+from workflows.rollout.contract import (
     READ_SHADOW_PAIRS,
     RUN_GOLDEN_SET,
     GoldenRunInput,
@@ -98,7 +98,7 @@ from workflows.rollout.activities import (
 from workflows.rollout.quality import CaseResult, ShadowPair, grade
 from workflows.rollout.retire import RetireVersion
 from workflows.scaling.placement import node_selector, tolerations
-from workflows.staging.activities import NodeStageRequest
+from workflows.staging.contract import NodeStageRequest
 from workflows.staging.cache import cached_version_label
 from workflows.scaling.gpu_sharing import GPU_MEMORY_UTILIZATION_FLAG, SHARED_GPU_RESOURCE
 

@@ -2,7 +2,7 @@
 GPU node pools as EC2 Auto Scaling groups seen through Kubernetes.
 
 ``ScalingActivities`` and ``NodePoolActivities`` implement the contracts in
-workflows/scaling/activities.py with the worker's clients. ``ScalingActivities`` (Kubernetes,
+workflows/scaling/contract.py with the worker's clients. ``ScalingActivities`` (Kubernetes,
 Prometheus), for ReactiveScaling and PredictivePrewarm:
 
 - ``read_scaling_signals`` renders the signal query templates and runs each as an instant query.
@@ -53,8 +53,8 @@ from activities.rollout import deployment_state, owned_elsewhere
 from activities.core.traffic_policy import POLICY_API, apply_traffic_policy, remove_traffic_policy_fields
 from workflows.core import naming
 from workflows.core.naming import DeploymentRef
-from workflows.scaling import activities as contract
-from workflows.scaling.activities import (
+from workflows.scaling import contract
+from workflows.scaling.contract import (
     COLD_START_PARTS,
     PROMETHEUS_MAX_POINTS,
     ClearQueueLimitInput,

@@ -25,8 +25,8 @@ from temporalio.exceptions import ApplicationError
 from activities.clients.aws import AwsClient
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, retry_on_conflict
 from workflows.core import naming
-from workflows.spot import activities as contract
-from workflows.spot.activities import (
+from workflows.spot import contract
+from workflows.spot.contract import (
     AppliedSpotMix,
     ApplySpotMixInput,
     ClaimFallbackInput,

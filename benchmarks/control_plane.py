@@ -29,9 +29,9 @@ from temporalio.worker import Worker
 from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
 from infra.sandbox.ports import free_port
-from workflows.scaling import activities as acts
+from workflows.scaling import contract as acts
 from workflows.core import search_attributes
-from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
+from workflows.rollout.contract import SCALE_VERSION, ScaleVersionInput
 from workflows.scaling.decide import ScalingPolicy, Signals
 from workflows.scaling.loop import ReactiveScaling, ScalingInput
 

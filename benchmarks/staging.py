@@ -34,8 +34,8 @@ from benchmarks.scaling import write_csv
 from infra.sandbox.ports import free_port, wait_for_port
 from workers.progress import ProgressLine
 from workers.wording import counted
-from workflows.rollout.activities import StageWeightsInput, WeightFile
-from workflows.staging.activities import NodeStageRequest, Peer
+from workflows.rollout.contract import StageWeightsInput, WeightFile
+from workflows.staging.contract import NodeStageRequest, Peer
 from workflows.staging.cache import Chunk, fetch_order, next_fetch
 
 BUCKET = "tideplane-bench"

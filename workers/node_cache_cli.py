@@ -20,7 +20,7 @@ from activities.clients.s3 import S3Client
 from activities.node_cache import ChunkServer, NodeCache, Stager, node_cache_index, peer_url
 from workers.config import Settings
 from workers.wording import counted
-from workflows.staging.activities import NodeStageRequest
+from workflows.staging.contract import NodeStageRequest
 
 # Where Kubernetes reads a container's termination message (the pod's terminationMessagePath default).
 TERMINATION_LOG = Path("/dev/termination-log")
@@ -85,7 +85,7 @@ def add_node_cache_commands(commands: argparse._SubParsersAction) -> None:
     cache = commands.add_parser("node-cache", help="node-local weight caches: stage, serve, list")
     actions = cache.add_subparsers(dest="action", required=True)
     stage = actions.add_parser("stage", help="stage a version into this node's cache (a staging Job's container)")
-    stage.add_argument("--request", required=True, help="NodeStageRequest JSON (workflows/staging/activities.py)")
+    stage.add_argument("--request", required=True, help="NodeStageRequest JSON (workflows/staging/contract.py)")
     stage.set_defaults(func=cmd_stage)
     serve = actions.add_parser("serve", help="serve this node's verified chunks to peers (the cache DaemonSet's container)")
     serve.add_argument("--node", required=True, help="this node's name (the downward API's spec.nodeName)")

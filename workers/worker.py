@@ -41,33 +41,33 @@ from activities.spot import SpotActivities, SpotWorkflowStarts
 from workers import telemetry
 from workers.client import connect
 from workers.config import Settings
-from workflows.adapters.activities import AdapterActivities as AdapterContract
+from workflows.adapters.contract import AdapterActivities as AdapterContract
 from workflows.adapters.workflow import AdapterRollout
 from workflows.spot.reclaim import SpotReclaim
 from workflows.spot.return_to_spot import ReturnToSpot
 from workflows.spot.watcher import SpotInterruptionWatcher
-from workflows.classes.activities import RequestClassActivities as RequestClassContract
+from workflows.classes.contract import RequestClassActivities as RequestClassContract
 from workflows.classes.workflow import ApplyRequestClasses
-from workflows.cost.activities import CostActivities as CostContract
+from workflows.cost.contract import CostActivities as CostContract
 from workflows.cost.report import CostReport
-from workflows.quotas.activities import QuotaActivities as QuotaContract
+from workflows.quotas.contract import QuotaActivities as QuotaContract
 from workflows.quotas.workflow import ApplyTokenQuotas, TokenMetering
 from workflows.scaling.node_pools import NodePoolScaling
-from workflows.registry.activities import RegistryActivities as RegistryContract
+from workflows.registry.contract import RegistryActivities as RegistryContract
 from workflows.registry.retention import RegistryRetention
-from workflows.rollout.activities import BatchingActivities as BatchingContract
-from workflows.staging.activities import NodeStagingActivities as NodeStagingContract
-from workflows.rollout.activities import RetireScheduling as RetireContract
-from workflows.rollout.activities import RolloutActivities as RolloutContract
+from workflows.rollout.contract import BatchingActivities as BatchingContract
+from workflows.staging.contract import NodeStagingActivities as NodeStagingContract
+from workflows.rollout.contract import RetireScheduling as RetireContract
+from workflows.rollout.contract import RolloutActivities as RolloutContract
 from workflows.rollout.retire import RetireVersion
 from workflows.rollout.workflow import ModelRollout
-from workflows.scaling.activities import NodePoolActivities as NodePoolContract
-from workflows.scaling.activities import ScalingActivities as ScalingContract
+from workflows.scaling.contract import NodePoolActivities as NodePoolContract
+from workflows.scaling.contract import ScalingActivities as ScalingContract
 from workflows.scaling.floors import ScheduleFloor
 from workflows.scaling.loop import ReactiveScaling
 from workflows.scaling.prewarm import PredictivePrewarm
 from workflows.scaling.shared_pool import SharedPoolScaling
-from workflows.spot import activities as spot_contract
+from workflows.spot import contract as spot_contract
 
 log = logging.getLogger("tideplane.worker")
 

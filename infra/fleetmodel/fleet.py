@@ -1,7 +1,7 @@
 """A fleet of vLLM replicas under a scaling policy, in simulated time; two interchangeable modes.
 
 The control loop is shared: Prometheus scrapes every ``scrape_s``; a policy sees what the product's
-signal queries would read (``workflows.scaling.activities.DEFAULT_SIGNAL_QUERIES``: waiting and
+signal queries would read (``workflows.scaling.contract.DEFAULT_SIGNAL_QUERIES``: waiting and
 running requests summed, KV-cache usage max, TTFT p99 as ``histogram_quantile`` over the rate of
 vLLM's buckets in a 1-minute window, DCGM utilisation averaged over the serving pods) and is asked
 for replicas every ``interval_s``; a replica ordered at t serves from ``t + cold_start_s`` and is

@@ -24,7 +24,7 @@ from kubernetes import client
 from activities.clients.s3 import S3Client
 from activities.node_cache import ChunkServer, NodeCache, Stager, stage_args
 from infra.sandbox.kubeclient import raw
-from workflows.staging.activities import LABEL_COMPONENT, NODE_CACHE_URL_ANNOTATION, STAGER_COMPONENT
+from workflows.staging.contract import LABEL_COMPONENT, NODE_CACHE_URL_ANNOTATION, STAGER_COMPONENT
 
 log = logging.getLogger("tideplane.node-agents")
 TARGETS_FILE = "targets.json"  # Prometheus file_sd: the agents' /metrics (prometheus.yml.tmpl's node-cache job)

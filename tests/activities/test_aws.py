@@ -15,7 +15,7 @@ from temporalio.exceptions import ApplicationError
 from activities.clients.aws import AwsClient
 from activities.clients.kube import KubeClient
 from activities.scaling import NodePoolActivities
-from workflows.scaling.activities import SetWarmPoolInput
+from workflows.scaling.contract import SetWarmPoolInput
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from infra.sandbox.nodes import Instance, node_manifest
 from infra.sandbox.ports import free_port, wait_for_port
 from workflows.core import naming
 from workflows.core.naming import DeploymentRef
-from workflows.rollout.activities import (
+from workflows.rollout.contract import (
     EnsureVersionInput,
     RouteWeightsInput,
     ScaleVersionInput,
@@ -369,7 +369,7 @@ def test_one_scaling_loop_owns_the_deployment_it_scales(rollout):
     """Issue 20: two scaling loops fought (24 vs 8 replicas). The scaled Deployment carries its
     loop's ID (kept across continue-as-new: the same workflow ID); a second loop is refused."""
     from activities.scaling import ScalingActivities
-    from workflows.scaling.activities import ScaleTarget
+    from workflows.scaling.contract import ScaleTarget
 
     ref = _ref("looped")
     _run(rollout.ensure_version, _version("looped", "1.0.0"))

@@ -20,7 +20,7 @@ from temporalio.testing import ActivityEnvironment
 
 from infra.prometheus import running_prometheus, serve_registry
 from infra.sandbox.ports import free_port
-from workflows.rollout.activities import GateQueriesInput
+from workflows.rollout.contract import GateQueriesInput
 
 RPS = 10.0
 BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5)
@@ -140,7 +140,7 @@ def test_demand_forecast_reads_the_rate_history_from_prometheus(prometheus):
     from activities.clients.kube import KubeClient
     from activities.clients.prometheus import PrometheusClient
     from activities.scaling import ScalingActivities
-    from workflows.scaling.activities import DemandForecastInput
+    from workflows.scaling.contract import DemandForecastInput
 
     scaling = ScalingActivities(KubeClient(client.ApiClient()), PrometheusClient(prometheus))
     query = 'sum(rate(http_requests_total{namespace="${namespace}",deployment="${deployment}",version="1.0.0"}[5s]))'

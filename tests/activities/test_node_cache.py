@@ -15,8 +15,8 @@ import pytest
 
 from activities.clients.s3 import S3Client
 from activities.node_cache import ChunkServer, NodeCache, Stager, cache_metrics
-from workflows.rollout.activities import WeightFile
-from workflows.staging.activities import NodeStageRequest, Peer
+from workflows.rollout.contract import WeightFile
+from workflows.staging.contract import NodeStageRequest, Peer
 
 BUCKET = "node-cache-test"
 FILE_BYTES = 64 * 1024

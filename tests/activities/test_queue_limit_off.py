@@ -19,7 +19,7 @@ from activities.core.traffic_policy import POLICY_API, POLICY_PLURAL, apply_traf
 from tests.activities.conftest import NOWHERE
 from workflows.core.naming import DeploymentRef, traffic_policy_name
 from workflows.quotas.policy import MONTHLY_QUOTAS_ANNOTATION, QuotaFile, quota_policy
-from workflows.scaling.activities import ClearQueueLimitInput, QueueLimitInput
+from workflows.scaling.contract import ClearQueueLimitInput, QueueLimitInput
 from workflows.scaling.queue_limit import QueueLimit
 from workflows.core.traffic_policy import QUOTA_FIELDS
 

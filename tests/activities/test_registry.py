@@ -28,8 +28,8 @@ from activities.registry import ChecksumMismatch, NotFound, Registry, RegistryAc
 from workers import registry_cli
 from workers.config import Settings
 from workflows.core import search_attributes
-from workflows.registry import activities as ra
-from workflows.registry.activities import DeleteWeightsInput, ListVersionsInput
+from workflows.registry import contract as ra
+from workflows.registry.contract import DeleteWeightsInput, ListVersionsInput
 from workflows.registry.schema import (
     AdapterOf,
     BenchmarkResult,

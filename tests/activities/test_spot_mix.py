@@ -15,8 +15,8 @@ from activities.clients.kube import KubeClient
 from activities.rollout import ServingPods, deployment_manifest
 from activities.spot import MIX_FOR, SpotActivities, fallback_name, mix_name
 from workflows.core.naming import NODE_CAPACITY_TYPE, DeploymentRef
-from workflows.rollout.activities import EnsureVersionInput
-from workflows.spot.activities import (
+from workflows.rollout.contract import EnsureVersionInput
+from workflows.spot.contract import (
     ApplySpotMixInput,
     ClaimFallbackInput,
     CountsInput,

@@ -15,7 +15,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.clients.s3 import CHUNK_BYTES
 from activities.rollout import RolloutActivities
-from workflows.rollout.activities import StageWeightsInput, WeightFile
+from workflows.rollout.contract import StageWeightsInput, WeightFile
 
 
 class NetworkCut(Exception):

@@ -22,7 +22,7 @@ from temporalio.testing import ActivityEnvironment
 from activities import rollout as rollout_activities
 from activities.clients.s3 import CHUNK_BYTES
 from activities.rollout import RolloutActivities
-from workflows.rollout.activities import StageWeightsInput, WeightFile
+from workflows.rollout.contract import StageWeightsInput, WeightFile
 
 CHUNK = CHUNK_BYTES
 SIZE = 2 * CHUNK + 4 * 1024 * 1024 + 123  # three chunks, the last one short

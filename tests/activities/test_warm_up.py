@@ -14,7 +14,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.clients.vllm import VllmClient
 from activities.rollout import RolloutActivities, ServingPods
 from workflows.core.naming import DeploymentRef
-from workflows.rollout.activities import WarmUpInput
+from workflows.rollout.contract import WarmUpInput
 
 
 def _server(failures: int):

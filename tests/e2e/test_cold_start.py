@@ -31,8 +31,8 @@ from tests.e2e.test_scaling import MODEL_CACHE, scaling_activities
 from tests.e2e.test_scaling_layers import node_pool_activities
 from tests.sandbox_fixtures import wait_until
 from workflows.core.naming import LABEL_APP, NODE_POOL, DeploymentRef
-from workflows.rollout.activities import EnsureVersionInput, ScaleVersionInput
-from workflows.scaling.activities import RemoveNodeInput, ScaleTarget, SetCapacityInput, SetWarmPoolInput
+from workflows.rollout.contract import EnsureVersionInput, ScaleVersionInput
+from workflows.scaling.contract import RemoveNodeInput, ScaleTarget, SetCapacityInput, SetWarmPoolInput
 
 NAMESPACE = "e2e-cold-start"
 POOL = "gpu-on-demand"

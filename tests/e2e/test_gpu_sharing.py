@@ -27,9 +27,9 @@ from infra.sandbox.kubeapi.gpushare import GPU_INDEX_ANNOTATION
 from infra.sandbox.nodes import Instance, node_manifest
 from tests.e2e.test_scaling_layers import node_pool_activities
 from tests.sandbox_fixtures import TEST_CONFIG, create_logical_deployment, wait_until
-from workflows.cost.activities import CollectCostInput
+from workflows.cost.contract import CollectCostInput
 from workflows.core.naming import NODE_POOL
-from workflows.scaling.activities import PendingReplica, PoolRef, SetCapacityInput
+from workflows.scaling.contract import PendingReplica, PoolRef, SetCapacityInput
 from workflows.scaling.gpu_sharing import GPU_MEMORY_UTILIZATION_FLAG, SHARED_GPU_RESOURCE, SHARING_STRATEGY_LABEL
 from workflows.scaling.placement import ModelNeed, PoolSizing, plan_pending
 

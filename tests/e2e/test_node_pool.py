@@ -27,7 +27,7 @@ from workflows.core.naming import (
     NODE_POOL,
     node_pool_workflow_id,
 )
-from workflows.scaling.activities import PoolRef
+from workflows.scaling.contract import PoolRef
 from workflows.scaling.node_pools import NodePoolInput, NodePoolScaling, NodePoolStatus
 from workflows.scaling.placement import PoolSizing
 

@@ -34,7 +34,7 @@ from workers.config import Settings
 from workers.registry_cli import ensure_retention_schedule
 from workflows.core import search_attributes
 from workflows.core.naming import LABEL_APP, LABEL_MODEL, LABEL_VERSION, RETENTION_SCHEDULE_ID
-from workflows.registry.activities import DeleteWeightsInput, ListReferencesInput
+from workflows.registry.contract import DeleteWeightsInput, ListReferencesInput
 from workflows.registry.retention import DELETE_HEARTBEAT, RETENTION_WORKFLOW, RegistryRetention, RetentionInput, RetentionResult
 from workflows.registry.schema import Canary, Stable
 from workflows.rollout.workflow import WORKFLOW_TYPE

@@ -53,7 +53,7 @@ from workflows.core.naming import (
     versioned_name,
 )
 from workflows.registry.schema import Manifest
-from workflows.rollout.activities import retire_workflow_id
+from workflows.rollout.contract import retire_workflow_id
 from workflows.rollout.types import Outcome, RolloutResult, RolloutStatus, Stage
 
 NAME = "chat"

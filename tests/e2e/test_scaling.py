@@ -39,7 +39,7 @@ from tests.sandbox_fixtures import TEST_TIME_SCALE
 from workflows.core import naming
 from workflows.core.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 from workflows.scaling.decide import ScalingPolicy
-from workflows.scaling.activities import DEFAULT_REPLICA_HISTORY_QUERY, ReadSignalsInput, ReplicaHistoryInput
+from workflows.scaling.contract import DEFAULT_REPLICA_HISTORY_QUERY, ReadSignalsInput, ReplicaHistoryInput
 from workflows.scaling.loop import ReactiveScaling, ScalingInput, ScalingStatus
 
 NAMESPACE = "e2e-scaling"

@@ -33,8 +33,8 @@ from tests.workflows.test_telemetry import ours, samples
 from workers.telemetry import metrics_runtime
 from workflows.core import naming
 from workflows.core.naming import LABEL_APP, NODE_CAPACITY_TYPE, NODE_POOL, DeploymentRef, node_pool_workflow_id
-from workflows.rollout.activities import EnsureVersionInput
-from workflows.scaling.activities import PoolRef
+from workflows.rollout.contract import EnsureVersionInput
+from workflows.scaling.contract import PoolRef
 from workflows.scaling.cpu_fallback import CpuFallback
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.loop import ReactiveScaling, ScalingInput, ScalingStatus

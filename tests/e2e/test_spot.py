@@ -48,7 +48,13 @@ from workflows.core.naming import (
     return_to_spot_workflow_id,
     spot_reclaim_workflow_id,
 )
-from workflows.spot.activities import ClaimFallbackInput, CountsInput, FailoverPolicy, FallbackClaims, ReleaseFallbackInput
+from workflows.spot.contract import (
+    ClaimFallbackInput,
+    CountsInput,
+    FailoverPolicy,
+    FallbackClaims,
+    ReleaseFallbackInput,
+)
 from workflows.spot.reclaim import SpotReclaim, SpotReclaimResult
 from workflows.spot.return_to_spot import ReturnToSpot, ReturnToSpotResult
 from workflows.spot.watcher import SpotInterruptionWatcher, WatcherInput

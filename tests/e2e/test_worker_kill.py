@@ -62,11 +62,11 @@ from workflows.core.naming import (
     versioned_name,
 )
 from workflows.rollout.workflow import start_rollout
-from workflows.rollout.activities import retire_workflow_id
+from workflows.rollout.contract import retire_workflow_id
 from workflows.rollout.types import Outcome, RolloutInput, RolloutResult, Stage
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.loop import ReactiveScaling, ScalingInput, ScalingStatus
-from workflows.spot.activities import FailoverPolicy
+from workflows.spot.contract import FailoverPolicy
 from workflows.spot.reclaim import ReclaimStatus, SpotReclaimResult
 from workflows.spot.watcher import SpotInterruptionWatcher, WatcherInput
 

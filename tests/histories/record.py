@@ -43,12 +43,12 @@ from tests.workflows.test_rollout import BAD, GOOD, SHORT, Fleet, rollout_input
 from workers.worker import WORKFLOWS
 from workflows.core import search_attributes
 from workflows.core.naming import DeploymentRef
-from workflows.spot import activities as spot
+from workflows.spot import contract as spot
 from workflows.spot.return_to_spot import ReturnToSpot
-from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
+from workflows.rollout.contract import SCALE_VERSION, ScaleVersionInput
 from workflows.rollout.gates import ERROR_RATE
 from workflows.rollout.workflow import ModelRollout, start_rollout
-from workflows.scaling import activities as scaling
+from workflows.scaling import contract as scaling
 from workflows.scaling.decide import ScalingPolicy, Signals
 from workflows.scaling.loop import ReactiveScaling, ScalingInput
 

@@ -22,7 +22,7 @@ from infra.sandbox.kubeapi.kubelet import local_weights_fraction
 from infra.sandbox.oom import OomWatch
 from tests.kube_fixtures import emulated_cluster, kube_wait as wait, namespace_for
 from workflows.core.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, DeploymentRef
-from workflows.rollout.activities import EnsureVersionInput, WeightFile
+from workflows.rollout.contract import EnsureVersionInput, WeightFile
 from workflows.staging.cache import cached_version_label
 
 PROFILES = {

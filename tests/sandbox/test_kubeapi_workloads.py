@@ -19,7 +19,7 @@ from activities.clients.kube import KubeClient
 from activities.rollout import DELETION_COST, mark_deletion_costs
 from tests.kube_fixtures import emulated_cluster, kube_wait as wait, namespace_for
 from workflows.core.naming import GPU_RESOURCE
-from workflows.staging.activities import LABEL_COMPONENT, STAGER_COMPONENT
+from workflows.staging.contract import LABEL_COMPONENT, STAGER_COMPONENT
 
 
 @pytest.fixture(scope="module")

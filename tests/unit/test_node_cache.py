@@ -14,7 +14,7 @@ from benchmarks.staging import ORIGIN_BOUND, model_chunks, simulate_pool
 from workers.cli import _parser
 from workers.config import Settings
 from workflows.core import telemetry
-from workflows.staging.activities import NodeStageRequest
+from workflows.staging.contract import NodeStageRequest
 
 from workflows.staging.cache import (
     CachedVersion,

@@ -10,7 +10,7 @@ from kubernetes import client
 
 from activities.scaling import gpu_share, node_gpus, pending_replica
 from workflows.core.naming import GPU_RESOURCE, LABEL_MODEL
-from workflows.scaling.activities import PendingReplica
+from workflows.scaling.contract import PendingReplica
 from workflows.scaling.gpu_sharing import GPU_COUNT_LABEL, SHARED_GPU_RESOURCE, SHARING_STRATEGY_LABEL
 from workflows.scaling.placement import ModelNeed, Node, PoolSizing, plan_pending
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from activities.rollout import ServingPods, deployment_manifest
 from activities.spot import fallback_manifest
 from workflows.core.naming import GPU_RESOURCE, LABEL_CLASS, NODE_CAPACITY_TYPE, DeploymentRef
-from workflows.rollout.activities import EnsureVersionInput
+from workflows.rollout.contract import EnsureVersionInput
 from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide
 from workflows.scaling.placement import Gpu, ModelNeed, Node, PoolSizing, plan_pending, size_pool
 

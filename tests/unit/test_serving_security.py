@@ -12,9 +12,9 @@ from pydantic import ValidationError
 
 from activities.rollout import ServingPods, deployment_manifest, image_allowed
 from workflows.core.naming import DeploymentRef
-from workflows.rollout.activities import EnsureVersionInput, WeightFile
+from workflows.rollout.contract import EnsureVersionInput, WeightFile
 from workflows.rollout.types import RolloutInput
-from workflows.staging.activities import NodeStageRequest
+from workflows.staging.contract import NodeStageRequest
 from workflows.staging.cache import cached_version_label
 
 CACHE = Path("/var/cache/tideplane/models")

@@ -7,7 +7,7 @@ import pytest
 
 from activities.rollout import ServingPods, deployment_manifest
 from workflows.core.naming import GPU_RESOURCE, DeploymentRef
-from workflows.rollout.activities import EnsureVersionInput
+from workflows.rollout.contract import EnsureVersionInput
 from workflows.rollout.types import RolloutInput
 from workflows.scaling.gpu_sharing import SHARED_GPU_RESOURCE, gpu_memory_utilization
 

@@ -17,7 +17,7 @@ from temporalio.worker import Worker
 
 from temporalio.exceptions import ApplicationError
 
-from workflows.adapters.activities import (
+from workflows.adapters.contract import (
     AdapterOnReplicasInput,
     AdapterReplicas,
     AdapterRouteInput,
@@ -29,10 +29,10 @@ from workflows.adapters.activities import (
 from workflows.adapters.types import AdapterAbortInput, AdapterRolloutInput
 from workflows.adapters.workflow import AdapterRollout
 from workflows.core.naming import DeploymentRef
-from workflows.registry.activities import ListVersionsInput, RegistryStatusResult, SetRegistryStatusInput, VersionList
+from workflows.registry.contract import ListVersionsInput, RegistryStatusResult, SetRegistryStatusInput, VersionList
 from workflows.registry.schema import Stable, VersionSummary
 from workflows.rollout import gates as canary
-from workflows.rollout.activities import (
+from workflows.rollout.contract import (
     DeploymentState,
     GateQueriesInput,
     GateQueriesResult,

@@ -29,7 +29,7 @@ from infra.prometheus import running_prometheus, serve_registry
 from tests.servers import BIN
 from workers import cost_cli
 from workers.config import Settings
-from workflows.cost.activities import CollectCostInput, CostQueries, MonthSpendInput
+from workflows.cost.contract import CollectCostInput, CostQueries, MonthSpendInput
 from workflows.cost.pricing import Prices
 from workflows.cost.report import CostReport, CostReportInput, CostReportResult, cost_report_schedule
 from workflows.core.naming import COST_REPORT_SCHEDULE_ID

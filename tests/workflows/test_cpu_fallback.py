@@ -22,8 +22,8 @@ from infra.sandbox.ports import free_port
 from tests.workflows.test_telemetry import ours, samples
 from workers.telemetry import metrics_runtime
 from workflows.core import naming
-from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
-from workflows.scaling import activities as acts
+from workflows.rollout.contract import SCALE_VERSION, ScaleVersionInput
+from workflows.scaling import contract as acts
 from workflows.scaling.cpu_fallback import CpuFallback, CpuFallbackState, decide_fallback
 from workflows.scaling.decide import ScalingPolicy, Signals
 from workflows.scaling.loop import PolicyPatch, ReactiveScaling, ScalingInput, ScalingStatus

@@ -14,7 +14,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from workflows.scaling import activities as acts
+from workflows.scaling import contract as acts
 from workflows.scaling.decide import ScalingPolicy, slo_replicas
 from workflows.scaling.forecast import WEEK_S, DemandForecast
 from workflows.scaling.node_pools import ForecastedDeployment, NodePoolInput, NodePoolScaling, NodePoolStatus, WarmPoolSettings

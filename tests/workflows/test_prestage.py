@@ -8,10 +8,10 @@ from temporalio import activity
 from temporalio.client import WorkflowFailureError
 
 from tests.workflows.test_rollout import Fleet, client, metered_env, rollout_input, run_rollout  # noqa: F401 - fixtures
-from workflows.rollout.activities import ENSURE_VERSION, STAGE_WEIGHTS
+from workflows.rollout.contract import ENSURE_VERSION, STAGE_WEIGHTS
 from workflows.rollout.types import Outcome
 from workflows.rollout.workflow import ModelRollout
-from workflows.staging.activities import (
+from workflows.staging.contract import (
     NODE_STAGING_STATUS,
     START_NODE_STAGING,
     NodeStageReport,

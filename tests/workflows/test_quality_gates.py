@@ -21,8 +21,8 @@ from tests.workflows.test_rollout import (  # noqa: F401  (fixtures: metered_env
     rollout_input,
     run_rollout,
 )
-from workflows.registry.activities import GoldenSetFound, GoldenSetInput
-from workflows.rollout.activities import (
+from workflows.registry.contract import GoldenSetFound, GoldenSetInput
+from workflows.rollout.contract import (
     READ_SHADOW_PAIRS,
     RUN_GOLDEN_SET,
     GoldenRunInput,

@@ -40,7 +40,7 @@ from activities.rollout import RetireScheduling
 from workflows.rollout.retire import RetireVersion
 from workflows.rollout.workflow import ModelRollout, start_rollout
 from workflows.core.naming import DeploymentRef
-from workflows.registry.activities import (
+from workflows.registry.contract import (
     GoldenSetFound,
     GoldenSetInput,
     RecordRegistryBenchmarkInput,
@@ -49,7 +49,7 @@ from workflows.registry.activities import (
     RegistryWeightsInput,
     SetRegistryStatusInput,
 )
-from workflows.rollout.activities import (
+from workflows.rollout.contract import (
     DESCRIBE_DEPLOYMENT,
     ENSURE_VERSION,
     QUERY_GATES,
@@ -92,7 +92,7 @@ from workflows.rollout.types import (
     Stage,
 )
 
-# The registry's activity names (RegistryActivities in workflows/registry/activities.py)
+# The registry's activity names (RegistryActivities in workflows/registry/contract.py)
 RESOLVE_REGISTRY_WEIGHTS, SET_REGISTRY_STATUS, RECORD_REGISTRY_BENCHMARK = (
     "resolve_registry_weights", "set_registry_status", "record_registry_benchmark",
 )

@@ -22,10 +22,10 @@ from temporalio.worker import Worker
 
 from workers.schedules import floor_spec
 from workflows.core import naming
-from workflows.cost.activities import MonthSpendInput
-from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
+from workflows.cost.contract import MonthSpendInput
+from workflows.rollout.contract import SCALE_VERSION, ScaleVersionInput
 from workflows.scaling.budget import MonthlyBudget, Spend
-from workflows.scaling import activities as acts
+from workflows.scaling import contract as acts
 from workflows.scaling.decide import ScalingPolicy, Signals, slo_replicas
 from workflows.scaling.forecast import DemandForecast, forecast_demand
 from workflows.scaling.floors import FloorEntry, ScheduleFloor, ScheduleFloorInput, SetFloor, floor_at

@@ -8,7 +8,7 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from tests.workflows.test_scaling import FakeDeployment, start_loop, status
 from workflows.core import naming
-from workflows.scaling import activities as acts
+from workflows.scaling import contract as acts
 from workflows.scaling.decide import ScalingPolicy, Signals
 from workflows.scaling.loop import ReactiveScaling
 

@@ -12,8 +12,8 @@ from temporalio.client import WorkflowFailureError
 from temporalio.worker import Worker
 
 from workflows.core import naming
-from workflows.rollout.activities import SCALE_VERSION, ScaleVersionInput
-from workflows.scaling import activities as acts
+from workflows.rollout.contract import SCALE_VERSION, ScaleVersionInput
+from workflows.scaling import contract as acts
 from workflows.scaling.decide import ScalingPolicy, Signals
 from workflows.scaling.shared_pool import PoolMember, SharedPoolInput, SharedPoolScaling, SharedPoolStatus
 

@@ -27,7 +27,7 @@ from temporalio.worker import Worker
 from activities.spot import SpotWorkflowStarts
 from workers.worker import activity_methods
 from workflows.core.naming import DeploymentRef, return_to_spot_workflow_id, spot_reclaim_workflow_id
-from workflows.spot.activities import (
+from workflows.spot.contract import (
     ClaimFallbackInput,
     CountsInput,
     CountsResult,

@@ -17,13 +17,13 @@ from temporalio.worker import Worker
 from tests.workflows.test_node_pool_warm import FakeGroup
 from tests.workflows.test_scaling import FakeDeployment, start_loop, status
 from workflows.core import naming
-from workflows.scaling import activities as acts
+from workflows.scaling import contract as acts
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.loop import ReactiveScaling, ScalingInput
 from workflows.scaling.node_pools import NodePoolInput, NodePoolScaling, WarmPoolSettings
 from workflows.scaling.placement import PoolSizing
 from workflows.scaling.warm_pool import WARM_POOL_FLOOR_SIGNAL, nodes_for
-from workflows.spot.activities import AppliedSpotMix, ApplySpotMixInput, SpotDomainsInput, SpotDomainsNow
+from workflows.spot.contract import AppliedSpotMix, ApplySpotMixInput, SpotDomainsInput, SpotDomainsNow
 from workflows.spot.mix import DomainNow, SpotDomain, SpotMixPolicy, observe, plan_spot_mix, replicas_per_pool
 from workflows.spot.policy import ZoneMarket, plan_mix
 

@@ -31,7 +31,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.adapters.activities import (
+    from workflows.adapters.contract import (
         AdapterActivities,
         AdapterOnReplicasInput,
         AdapterRouteInput,
@@ -45,9 +45,9 @@ with workflow.unsafe.imports_passed_through():
         AdapterRolloutResult,
         AdapterRolloutStatus,
     )
-    from workflows.registry.activities import ListVersionsInput, RegistryActivities, SetRegistryStatusInput
+    from workflows.registry.contract import ListVersionsInput, RegistryActivities, SetRegistryStatusInput
     from workflows.registry.schema import Canary, Deprecated, Stable, Testing
-    from workflows.rollout.activities import GateQueriesInput, RolloutActivities, StageWeightsInput
+    from workflows.rollout.contract import GateQueriesInput, RolloutActivities, StageWeightsInput
     from workflows.rollout.gates import Decision, StepAnalysis, evaluate, required_passes
     from workflows.rollout.types import Outcome, Stage, VerdictRecord
     from workflows.core.failures import cause

@@ -22,7 +22,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.classes.activities import AppliedClasses, RequestClassActivities
+    from workflows.classes.contract import AppliedClasses, RequestClassActivities
     from workflows.classes.manifests import RequestClassesInput
 
 

@@ -19,7 +19,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.cost.activities import CollectCostInput, CostActivities, CostQueries
+    from workflows.cost.contract import CollectCostInput, CostActivities, CostQueries
     from workflows.cost.pricing import CostTable, Prices, compute_cost, render_markdown
     from workflows.core.daily_schedule import daily_schedule
     from workflows.core.naming import COST_REPORT_WORKFLOW_ID

@@ -24,7 +24,7 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from workflows.core import telemetry
     from workflows.core.daily_schedule import daily_schedule
-    from workflows.quotas.activities import MonthTokensInput, QuotaActivities, QuotaPolicyInput, UsageInput
+    from workflows.quotas.contract import MonthTokensInput, QuotaActivities, QuotaPolicyInput, UsageInput
     from workflows.quotas.metering import TokenQueries, TokenUsage, render_markdown, tabulate
     from workflows.core.naming import TOKEN_METERING_WORKFLOW_ID
     from workflows.quotas.policy import QuotaInput, over_quota, policy_name, quota_policy

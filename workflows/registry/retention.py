@@ -40,7 +40,7 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from workflows.core import telemetry
-    from workflows.registry.activities import DeleteWeightsInput, ListReferencesInput, ListVersionsInput, RegistryActivities
+    from workflows.registry.contract import DeleteWeightsInput, ListReferencesInput, ListVersionsInput, RegistryActivities
     from workflows.registry.schema import ANY_DEPLOYMENT, VersionSummary
 
 RETENTION_WORKFLOW = "RegistryRetention"

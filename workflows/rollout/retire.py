@@ -24,7 +24,7 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from workflows.core.naming import DeploymentRef
-    from workflows.rollout.activities import RetireInput, RolloutActivities, ScaleVersionInput
+    from workflows.rollout.contract import RetireInput, RolloutActivities, ScaleVersionInput
 
 WORKFLOW_TYPE = "RetireVersion"
 # Scaling down is the way back to a clean cluster: it never gives up (30 s between attempts at most).

@@ -39,11 +39,11 @@ from workflows.core.bounds import (
     gate_window,
 )
 from workflows.core.naming import DeploymentName, DeploymentRef, VersionLabel
-from workflows.rollout.activities import Benchmark, EnvFromSecret, StagedWeights, plain_credentials
+from workflows.rollout.contract import Benchmark, EnvFromSecret, StagedWeights, plain_credentials
 from workflows.rollout.batching import BatchingSweep, SweepChoice
 from workflows.scaling.gpu_sharing import GPU_MEMORY_UTILIZATION_FLAG
 from workflows.rollout.quality import GoldenVerdict, ShadowSettings, ShadowVerdict
-from workflows.staging.activities import NodeStaging, PrestageSettings
+from workflows.staging.contract import NodeStaging, PrestageSettings
 
 MAX_OBSERVATIONS = 3000  # ~11 history events each: well under Temporal's 51,200-event limit
 # The input travels in the history, the status query and activity inputs (args/env): keep it far below

@@ -48,7 +48,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.rollout.gates import Decision, StepAnalysis, Verdict, canary_replicas, evaluate, required_passes
     from workflows.core.naming import TASK_QUEUE, rollout_workflow_id
     from workflows.registry.schema import BenchmarkResult, Canary, Deprecated, Stable, Testing
-    from workflows.registry.activities import (
+    from workflows.registry.contract import (
         GoldenSetInput,
         RecordRegistryBenchmarkInput,
         RegistryActivities,
@@ -56,7 +56,7 @@ with workflow.unsafe.imports_passed_through():
         SetRegistryStatusInput,
     )
     from workflows.rollout.batching import SweepChoice, SweepRecord, choose_setting
-    from workflows.rollout.activities import (
+    from workflows.rollout.contract import (
         DEPLOYMENT_OWNED,
         BatchingActivities,
         Benchmark,
@@ -103,8 +103,8 @@ with workflow.unsafe.imports_passed_through():
         Stage,
         VerdictRecord,
     )
-    from workflows.staging.activities import NodeStaging, NodeStagingActivities, StartNodeStagingInput
-    from workflows.adapters.activities import AdapterActivities, MoveAdapterRulesInput
+    from workflows.staging.contract import NodeStaging, NodeStagingActivities, StartNodeStagingInput
+    from workflows.adapters.contract import AdapterActivities, MoveAdapterRulesInput
     from workflows.adapters.routing import lora_modules, with_lora_modules
     from workflows.core.search_attributes import CANARY_PERCENT, DEPLOYMENT, MODEL, STAGE, VERSION
     from workflows.core.failures import cause, validated

@@ -10,7 +10,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.cost.activities import CostActivities, MonthSpendInput
+    from workflows.cost.contract import CostActivities, MonthSpendInput
     from workflows.scaling.budget import BudgetVerdict, MonthlyBudget, Spend, check_budget, month_bounds
     from workflows.core.failures import cause
 

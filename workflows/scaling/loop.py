@@ -40,9 +40,9 @@ with workflow.unsafe.imports_passed_through():
     import workflows.core.search_attributes as search_attributes
     import workflows.core.telemetry as telemetry
     from workflows.core.naming import DeploymentRef
-    from workflows.rollout.activities import DEPLOYMENT_OWNED, RolloutActivities, ScaleVersionInput
-    import workflows.scaling.activities as acts
-    from workflows.scaling.activities import ScalingActivities
+    from workflows.rollout.contract import DEPLOYMENT_OWNED, RolloutActivities, ScaleVersionInput
+    import workflows.scaling.contract as acts
+    from workflows.scaling.contract import ScalingActivities
     from workflows.scaling.budget_guard import BUDGET_PATCH, judge_growth
     from workflows.scaling.cpu_fallback import CpuFallbackState, decide_fallback
     from workflows.scaling.decide import (
@@ -59,7 +59,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.scaling.placement import CAPACITY_FOR_CLASS
     from workflows.scaling.queue_limit import QueueLimit, queue_limit
     from workflows.scaling.warm_pool import CLAIM_RENEWALS_PER_TTL, WARM_POOL_FLOOR_SIGNAL, WarmPoolFloor, claim_ttl_seconds
-    from workflows.spot.activities import ApplySpotMixInput, SpotDomainsInput, SpotMixActivities
+    from workflows.spot.contract import ApplySpotMixInput, SpotDomainsInput, SpotMixActivities
     from workflows.spot.mix import SpotMixPolicy, markets, observe, plan_spot_mix, replicas_per_pool
     from workflows.spot.policy import warm_pool_needed
     from workflows.core.failures import cause, validated

@@ -55,11 +55,11 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    import workflows.scaling.activities as acts
+    import workflows.scaling.contract as acts
     import workflows.core.telemetry as telemetry
     from workflows.core.bounds import DAY_SECONDS, MAX_ITERATIONS
     from workflows.core.naming import split_deployment
-    from workflows.scaling.activities import NodePoolActivities, ScalingActivities
+    from workflows.scaling.contract import NodePoolActivities, ScalingActivities
     from workflows.scaling.budget import MonthlyBudget
     from workflows.scaling.budget_guard import BUDGET_PATCH, judge_growth
     from workflows.scaling.decide import ScalingPolicy, slo_replicas

@@ -28,7 +28,7 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     import workflows.core.naming as naming
     from workflows.core.bounds import Seconds, SecondsOrZero
-    from workflows.scaling.activities import (
+    from workflows.scaling.contract import (
         DEFAULT_DEMAND_HISTORY_QUERY,
         ReplicaHistoryInput,
         ScalingActivities,

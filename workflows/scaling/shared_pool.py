@@ -26,7 +26,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     import workflows.core.naming as naming
     from workflows.core.bounds import DAY_SECONDS, MAX_ITERATIONS, PromWindow
-    import workflows.scaling.activities as acts
+    import workflows.scaling.contract as acts
     from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide, demand_rate
     from workflows.scaling.gpu_sharing import ModelDemand, model_demand, share_pool
     from workflows.scaling.loop import read_scale, read_signals, scale_to

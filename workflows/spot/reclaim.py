@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.spot.activities import (
+    from workflows.spot.contract import (
         CALL_TIMEOUT,
         QUICK_RETRY,
         ClaimFallbackInput,

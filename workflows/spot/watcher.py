@@ -20,7 +20,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.spot.activities import (
+    from workflows.spot.contract import (
         CALL_TIMEOUT,
         PATIENT_RETRY,
         QUICK_RETRY,

@@ -49,7 +49,7 @@ import yaml
 from infra.fleetmodel.coldstart import load_cold_start
 from infra.sandbox.config import ENGINE_CACHES_ANNOTATION, IMAGE_SIZE_BYTES, NODE_START_ANNOTATION, PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
 from workflows.core.naming import LABEL_MODEL, LABEL_VERSION
-from workflows.staging.activities import LABEL_COMPONENT, STAGER_COMPONENT
+from workflows.staging.contract import LABEL_COMPONENT, STAGER_COMPONENT
 from workflows.staging.cache import cached_version_label
 
 from .api import pod_ready

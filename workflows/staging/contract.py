@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 
-from workflows.rollout.activities import WeightFile
+from workflows.rollout.contract import WeightFile
 from workflows.staging.cache import PATH_SEGMENT
 
 START_NODE_STAGING = "start_node_staging"

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 
 from workflows.core.naming import DeploymentRef
-from workflows.rollout.activities import WeightFile
+from workflows.rollout.contract import WeightFile
 
 
 class ResolveAdapterInput(BaseModel):

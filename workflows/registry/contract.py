@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 
 from workflows.registry.schema import BenchmarkResult, ModelName, SemVer, Status, VersionSummary
-from workflows.rollout.activities import WeightFile
+from workflows.rollout.contract import WeightFile
 from workflows.rollout.quality import GoldenRevision
 
 # --- for the rollout ---------------------------------------------------------------------------
