@@ -16,30 +16,29 @@ from kubernetes.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.clients.kube import API_TIMEOUT, KubeClient, edit_container_args, fail, is_ready, label_selector, retry_on_conflict, selector
+from activities.clients.kube import (
+    API_TIMEOUT,
+    KubeClient,
+    edit_container_args,
+    fail,
+    is_ready,
+    label_selector,
+    selector,
+)
+from activities.core.deployments import CONTAINER, edit_route_rules
 from activities.registry import Registry, RegistryError
-from activities.rollout import CONTAINER, read_route
 from workflows.adapters import contract
 from workflows.adapters.contract import (
     AdapterOnReplicasInput,
     AdapterReplicas,
     AdapterRouteInput,
     LoraModuleInput,
-    MoveAdapterRulesInput,
     ResolveAdapterInput,
     ResolvedAdapter,
 )
-from workflows.adapters.routing import (
-    adapter_rule,
-    adapters_on,
-    lora_modules,
-    matches_adapter,
-    moved_adapter_rules,
-    with_adapter_module,
-    with_adapter_rule,
-    with_lora_modules,
-)
-from workflows.rollout.contract import WeightFile
+from workflows.adapters.routing import adapter_rule, matches_adapter, with_adapter_module, with_adapter_rule
+from workflows.core.lora import lora_modules, with_lora_modules
+from workflows.core.versions import WeightFile
 
 HTTP_TIMEOUT = httpx.Timeout(60.0, connect=5.0)  # loading reads the adapter's files on the pod
 ALREADY_LOADED = "has already been loaded"
@@ -149,23 +148,10 @@ class AdapterActivities(contract.AdapterActivities):
             raise ApplicationError(f"weights: must be 0..100 and sum to 100, got {req.weights}", non_retryable=True)
         ref = req.deployment
         if not req.weights:
-            self._edit_route(ref, lambda rules: [r for r in rules if not matches_adapter(r, req.adapter)], must_exist=False)
+            edit_route_rules(self.kube, ref, lambda rules: [r for r in rules if not matches_adapter(r, req.adapter)], must_exist=False)
             return
         rule = adapter_rule(req.adapter, ref.versioned(req.base_version), req.port, req.weights)
-        self._edit_route(ref, lambda rules: with_adapter_rule(rules, req.adapter, rule))
-
-    @activity.defn(name="move_adapter_rules")
-    def move_adapter_rules(self, req: MoveAdapterRulesInput) -> list[str]:
-        ref = req.deployment
-        old, new = ref.versioned(req.from_version), req.to_version and ref.versioned(req.to_version)
-        moved: list[str] = []
-
-        def move(rules: list[dict]) -> list[dict]:
-            moved[:] = adapters_on(rules, old)
-            return moved_adapter_rules(rules, old, new)
-
-        self._edit_route(ref, move, must_exist=False)
-        return moved
+        edit_route_rules(self.kube, ref, lambda rules: with_adapter_rule(rules, req.adapter, rule))
 
     @activity.defn(name="set_lora_module")
     def set_lora_module(self, req: LoraModuleInput) -> None:
@@ -173,24 +159,3 @@ class AdapterActivities(contract.AdapterActivities):
             self.kube, req.deployment.namespace, req.deployment.versioned(req.base_version), CONTAINER,
             lambda args: with_lora_modules(args, with_adapter_module(lora_modules(args), req.adapter, req.version, req.lora_path)),
         )
-
-    def _edit_route(self, ref, edit, must_exist: bool = True) -> None:
-        """Read the HTTPRoute, apply ``edit`` to its rules, replace it when they changed (conflicts retried)."""
-        what = f"HTTPRoute {ref}"
-
-        def write() -> None:
-            route = read_route(self.kube, ref)
-            if route is None:
-                if must_exist:
-                    raise ApplicationError(f"no {what}: deploy the base model with a ModelRollout first", non_retryable=True)
-                return
-            rules = route.setdefault("spec", {}).setdefault("rules", [])
-            wanted = edit(rules)
-            if wanted == rules:
-                return
-            route["spec"]["rules"] = wanted
-            self.kube.custom.replace_namespaced_custom_object(
-                "gateway.networking.k8s.io", "v1", ref.namespace, "httproutes", ref.name, route, _request_timeout=API_TIMEOUT
-            )
-
-        retry_on_conflict(what, write)

@@ -15,7 +15,7 @@ from activities.clients.prometheus import PrometheusClient, render
 from workflows.cost import contract
 from workflows.cost.contract import CollectCostInput, CostInputs, MonthSpendInput
 from workflows.cost.pricing import GpuSeconds, NodeInfo, PodInfo, TokenCount, compute_cost
-from workflows.scaling.budget import Spend
+from workflows.cost.budget import Spend
 
 MAX_POINTS = 10_000  # per series and request; Prometheus refuses more than 11,000
 

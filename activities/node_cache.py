@@ -13,7 +13,7 @@ attempt) are linked, not fetched; each missing chunk comes from a peer's chunk s
 holds it, else from S3 — only by the node the rendezvous hash names (``origin_fetcher``), so N
 nodes read each chunk from S3 about once — and every chunk is verified against its SHA-256 on the
 way in (``fetch_verified``, resumable). Least recently used unpinned versions are evicted first
-when a capacity is set. What to fetch, evict and from whom is decided by workflows/staging/cache.py.
+when a capacity is set. What to fetch, evict and from whom is decided by workflows/node_cache/chunks.py.
 """
 
 from __future__ import annotations
@@ -39,21 +39,21 @@ from activities.clients.s3 import CHUNK_BYTES, S3Client, parse_s3_uri
 from activities.core.verified_file import ChecksumMismatch, already_verified, discard_partial, fetch_verified
 from workflows.core.telemetry import NODE_CACHE_BYTES, NODE_CACHE_LAST_USED, NODE_CACHE_SERVED
 from workflows.core.naming import GPU_RESOURCE, LABEL_MODEL, LABEL_VERSION, NODE_POOL
-from workflows.staging import contract
-from workflows.staging.contract import (
+from workflows.node_cache import contract
+from workflows.node_cache.contract import (
     LABEL_COMPONENT,
     NODE_CACHE_URL_ANNOTATION,
     NODE_STAGING_STATUS,
     START_NODE_STAGING,
-    STAGER_COMPONENT,
-    NodeStageReport,
-    NodeStageRequest,
-    NodeStaging,
-    NodeStagingStatus,
+    NODE_CACHE_JOB_COMPONENT,
+    NodeCacheReport,
+    NodeCacheRequest,
+    NodeCacheProgress,
+    NodeCacheStatus,
     Peer,
-    StartNodeStagingInput,
+    StartNodeCacheInput,
 )
-from workflows.staging.cache import (
+from workflows.node_cache.chunks import (
     CachedVersion,
     CacheIndex,
     Chunk,
@@ -148,7 +148,7 @@ class NodeCache:
 # ---- staging one version onto one node -----------------------------------------------------------
 
 
-class Stager:
+class NodeCacheStager:
     """``stage_node`` with its sources: S3 (the origin) and the peers' chunk servers."""
 
     def __init__(self, cache: NodeCache, s3: S3Client, http: httpx.Client | None = None) -> None:
@@ -156,7 +156,7 @@ class Stager:
         self.s3 = s3
         self.http = http or httpx.Client(timeout=PEER_TIMEOUT)
 
-    def stage(self, req: NodeStageRequest) -> NodeStageReport:
+    def stage(self, req: NodeCacheRequest) -> NodeCacheReport:
         started = time.monotonic()
         index = self.cache.read_index()
         origin: dict[str, tuple[str, str]] = {}  # sha256 -> (bucket, key)
@@ -201,7 +201,7 @@ class Stager:
             stalled_since = None
         self.cache.add_version(req.model, req.version, wanted)
         distinct = {c.sha256: c.size_bytes for c in wanted}
-        return NodeStageReport(
+        return NodeCacheReport(
             node=req.node, model=req.model, version=req.version, size_bytes=sum(c.size_bytes for c in wanted),
             origin_bytes=counts["origin"], peer_bytes=counts["peer"],
             reused_bytes=sum(distinct.values()) - counts["origin"] - counts["peer"],
@@ -266,11 +266,11 @@ def _chunk_lock(dest: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def stage_args(argv: list[str]) -> NodeStageRequest:
+def stage_args(argv: list[str]) -> NodeCacheRequest:
     """The staging container's arguments (``node-cache stage --request JSON``) as a request."""
     if argv[:3] != ["node-cache", "stage", "--request"] or len(argv) != 4:
         raise ValueError(f"expected: node-cache stage --request JSON, got {argv!r}")
-    return NodeStageRequest.model_validate_json(argv[3])
+    return NodeCacheRequest.model_validate_json(argv[3])
 
 
 # ---- the chunk server (the DaemonSet's, and each sandbox node agent's) -----------------------------
@@ -363,7 +363,7 @@ class _ChunkHandler(BaseHTTPRequestHandler):
 # ---- pre-staging: one Job per node ---------------------------------------------------------------
 
 
-class NodeStagingActivities(contract.NodeStagingActivities):
+class NodeCacheActivities(contract.NodeCacheActivities):
     """Creates and reads the staging Jobs (in the rollout's serving namespace) with the worker's Kubernetes client."""
 
     def __init__(
@@ -379,7 +379,7 @@ class NodeStagingActivities(contract.NodeStagingActivities):
         self.capacity_bytes = capacity_bytes
 
     @activity.defn(name=START_NODE_STAGING)
-    def start_node_staging(self, req: StartNodeStagingInput) -> NodeStagingStatus:
+    def start_node_staging(self, req: StartNodeCacheInput) -> NodeCacheStatus:
         self.kube.require_namespace(req.namespace)
         nodes = self._pool_nodes(req.pool)
         if not nodes:
@@ -388,7 +388,7 @@ class NodeStagingActivities(contract.NodeStagingActivities):
         pinned = self._pinned(req.model)
         for node in nodes:
             name = node.metadata.name
-            request = NodeStageRequest(
+            request = NodeCacheRequest(
                 model=req.model, version=req.version, files=req.files, node=name,
                 stagers=[p.node for p in peers], peers=[p for p in peers if p.node != name],
                 pinned=pinned, capacity_bytes=self.capacity_bytes,
@@ -401,7 +401,7 @@ class NodeStagingActivities(contract.NodeStagingActivities):
         return self.node_staging_status(req)
 
     @activity.defn(name=NODE_STAGING_STATUS)
-    def node_staging_status(self, req: StartNodeStagingInput) -> NodeStagingStatus:
+    def node_staging_status(self, req: StartNodeCacheInput) -> NodeCacheStatus:
         selector = label_selector({LABEL_RUN: _run_label(req)})
         jobs = self.kube.batch.list_namespaced_job(req.namespace, label_selector=selector, _request_timeout=API_TIMEOUT).items
         pods = self.kube.core.list_namespaced_pod(req.namespace, label_selector=selector, _request_timeout=API_TIMEOUT).items
@@ -411,16 +411,16 @@ class NodeStagingActivities(contract.NodeStagingActivities):
             done = {c.type for c in (job.status.conditions or []) if c.status == "True"}
             mine = [p for p in pods if (p.metadata.labels or {}).get("job-name") == job.metadata.name]
             if "Complete" in done:
-                nodes.append(NodeStaging(node=node, state="staged", report=_report(mine)))
+                nodes.append(NodeCacheProgress(node=node, state="staged", report=_report(mine)))
             elif "Failed" in done:
-                nodes.append(NodeStaging(node=node, state="failed", message=_last_message(mine)))
+                nodes.append(NodeCacheProgress(node=node, state="failed", message=_last_message(mine)))
             else:
                 running = any((p.status.phase or "") == "Running" for p in mine)
-                nodes.append(NodeStaging(node=node, state="staging" if running else "pending", message=_last_message(mine)))
+                nodes.append(NodeCacheProgress(node=node, state="staging" if running else "pending", message=_last_message(mine)))
         self._label_holders(req, [n.node for n in nodes if n.state == "staged"])
-        return NodeStagingStatus(nodes=nodes)
+        return NodeCacheStatus(nodes=nodes)
 
-    def _label_holders(self, req: StartNodeStagingInput, staged: list[str]) -> None:
+    def _label_holders(self, req: StartNodeCacheInput, staged: list[str]) -> None:
         """Label the nodes that hold the version now (``cached_version_label``): the version's serving
         pods prefer them and load from their cache. A label outliving an eviction costs nothing but
         the preference: the pods' staging init container fetches what the node lacks."""
@@ -456,8 +456,8 @@ class NodeStagingActivities(contract.NodeStagingActivities):
         versions = {(d.metadata.labels or {}).get(LABEL_VERSION) for d in deployments}
         return sorted(version_key(model, v) for v in versions if v)
 
-    def _job(self, req: StartNodeStagingInput, node: str, request: NodeStageRequest) -> dict:
-        labels = {LABEL_COMPONENT: STAGER_COMPONENT, LABEL_RUN: _run_label(req), LABEL_NODE: node}
+    def _job(self, req: StartNodeCacheInput, node: str, request: NodeCacheRequest) -> dict:
+        labels = {LABEL_COMPONENT: NODE_CACHE_JOB_COMPONENT, LABEL_RUN: _run_label(req), LABEL_NODE: node}
         digest = hashlib.sha256(f"{req.run_id}/{node}".encode()).hexdigest()[:20]
         return {
             "apiVersion": "batch/v1",
@@ -503,7 +503,7 @@ def peer_url(node, template: str) -> str:
     return template.format(node_ip=ip, node=node.metadata.name).rstrip("/")
 
 
-def _run_label(req: StartNodeStagingInput) -> str:
+def _run_label(req: StartNodeCacheInput) -> str:
     return hashlib.sha256(req.run_id.encode()).hexdigest()[:16]
 
 
@@ -516,11 +516,11 @@ def _terminated(pods: list) -> list:
     return states
 
 
-def _report(pods: list) -> NodeStageReport | None:
+def _report(pods: list) -> NodeCacheReport | None:
     for terminated in reversed(_terminated(pods)):
         if terminated.exit_code == 0 and terminated.message:
             try:
-                return NodeStageReport.model_validate_json(terminated.message)
+                return NodeCacheReport.model_validate_json(terminated.message)
             except ValueError:
                 return None
     return None

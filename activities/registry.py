@@ -54,10 +54,10 @@ from activities.clients.s3 import (
     parse_s3_uri,
     require_allowed_bucket,
 )
-from activities.rollout import list_routes
+from activities.core.deployments import list_routes
 from workflows.core import search_attributes as sa
-from workflows.core.naming import LABEL_MODEL, LABEL_VERSION
-from workflows.rollout.workflow import WORKFLOW_TYPE as ROLLOUT_WORKFLOW
+from workflows.core.naming import LABEL_MODEL, LABEL_VERSION, MODEL_ROLLOUT_WORKFLOW
+from workflows.core.versions import Canary, Deprecated, Stable, Testing, WeightFile, semver_key
 from workflows.registry import contract
 from workflows.registry.contract import (
     DeleteWeightsInput,
@@ -72,36 +72,27 @@ from workflows.registry.contract import (
     RegistryWeightsInput,
     SetRegistryStatusInput,
     VersionList,
-    GoldenSetFound,
-    GoldenSetInput,
 )
 from workflows.registry.schema import (
     ANY_DEPLOYMENT,
     AdapterOf,
     BenchmarkResult,
-    Canary,
-    Deprecated,
     Manifest,
     ManifestFile,
     ModelIndex,
     ModelsIndex,
     NoQuantization,
-    Stable,
     StatusChange,
-    Testing,
     VersionSummary,
     Weights,
-    semver_key,
-    set_digest,
     place,
+    set_digest,
     summarize,
 )
-from workflows.rollout.contract import WeightFile
-from workflows.rollout.quality import GoldenHistory, GoldenRevision, GoldenSet
 
 PREFIX = "registry"
 HEARTBEAT_EVERY = 10.0  # seconds between delete_registry_weights heartbeats (its timeout: a minute)
-RUNNING_ROLLOUTS = f'WorkflowType = "{ROLLOUT_WORKFLOW}" AND ExecutionStatus = "Running"'
+RUNNING_ROLLOUTS = f'WorkflowType = "{MODEL_ROLLOUT_WORKFLOW}" AND ExecutionStatus = "Running"'
 MODELS_KEY = f"{PREFIX}/models.json"
 T = TypeVar("T", bound=BaseModel)
 AnyStatus = Testing | Canary | Stable | Deprecated
@@ -191,7 +182,7 @@ class Registry:
 
     # --- compare-and-swap ------------------------------------------------------------------------
 
-    def _read(self, key: str, cls: type[T]) -> tuple[T | None, str | None]:
+    def read_document(self, key: str, cls: type[T]) -> tuple[T | None, str | None]:
         try:
             obj = self.s3.boto.get_object(Bucket=self.bucket, Key=key)
         except ClientError as exc:
@@ -217,12 +208,12 @@ class Registry:
             raise
         return True
 
-    def _update(self, key: str, cls: type[T], change: Callable[[T | None], T | None]) -> T | None:
+    def update_document(self, key: str, cls: type[T], change: Callable[[T | None], T | None]) -> T | None:
         """Read-modify-write until it sticks. ``change`` gets a fresh copy each attempt and
         returns the new value, or None to leave the object as it is (then the current value is
         returned)."""
         for attempt in range(self.cas_attempts):
-            current, etag = self._read(key, cls)
+            current, etag = self.read_document(key, cls)
             new = change(current.model_copy(deep=True) if current is not None else None)
             if new is None:
                 return current
@@ -242,7 +233,7 @@ class Registry:
             manifest.revision += 1
             return manifest
 
-        manifest = self._update(self.manifest_key(model, version), Manifest, apply)
+        manifest = self.update_document(self.manifest_key(model, version), Manifest, apply)
         self._sync_index(manifest)
         return manifest
 
@@ -257,7 +248,7 @@ class Registry:
             index.versions[manifest.version] = summary
             return index
 
-        self._update(self.index_key(manifest.model), ModelIndex, upsert)
+        self.update_document(self.index_key(manifest.model), ModelIndex, upsert)
 
     def _add_model(self, model: str) -> None:
         def add(models: ModelsIndex | None) -> ModelsIndex | None:
@@ -267,19 +258,19 @@ class Registry:
             models.models = sorted([*models.models, model])
             return models
 
-        self._update(MODELS_KEY, ModelsIndex, add)
+        self.update_document(MODELS_KEY, ModelsIndex, add)
 
     # --- reading ---------------------------------------------------------------------------------
 
     def list_models(self) -> list[str]:
-        models, _ = self._read(MODELS_KEY, ModelsIndex)
+        models, _ = self.read_document(MODELS_KEY, ModelsIndex)
         return models.models if models else []
 
     def list_versions(self, models: list[str] | None = None) -> list[VersionSummary]:
         """Summaries of every version of ``models`` (all models by default), in semver order."""
         names = self.list_models() if models is None else models
         with ThreadPoolExecutor(max_workers=8) as pool:
-            indexes = list(pool.map(lambda m: self._read(self.index_key(m), ModelIndex)[0], names))
+            indexes = list(pool.map(lambda m: self.read_document(self.index_key(m), ModelIndex)[0], names))
         out: list[VersionSummary] = []
         for index in indexes:
             if index is not None:
@@ -287,7 +278,7 @@ class Registry:
         return out
 
     def show(self, model: str, version: str) -> Manifest:
-        manifest, _ = self._read(self.manifest_key(model, version), Manifest)
+        manifest, _ = self.read_document(self.manifest_key(model, version), Manifest)
         if manifest is None:
             raise NotFound(f"{model}@{version} is not in the registry")
         return manifest
@@ -328,7 +319,7 @@ class Registry:
         weights = Weights(
             location=location, files=files, digest=set_digest(files), size_bytes=sum(f.size_bytes for f in files)
         )
-        existing, _ = self._read(key, Manifest)
+        existing, _ = self.read_document(key, Manifest)
         uploaded: list[str] = []
         if existing is None and upload:
             etags = self._upload(upload, progress)
@@ -347,7 +338,7 @@ class Registry:
             updated_at=at,
         )
         if existing is None and not self._put(key, manifest, None):
-            existing, _ = self._read(key, Manifest)
+            existing, _ = self.read_document(key, Manifest)
         if existing is not None:
             if existing.weights.digest != weights.digest:
                 self._delete_keys(self.bucket, uploaded)  # this attempt's own, unpublished bytes
@@ -362,7 +353,7 @@ class Registry:
 
     def _require_base(self, adapter: AdapterOf) -> None:
         """An adapter's base version must be in the registry, as a model, not an adapter."""
-        base, _ = self._read(self.manifest_key(adapter.base_model, adapter.base_version), Manifest)
+        base, _ = self.read_document(self.manifest_key(adapter.base_model, adapter.base_version), Manifest)
         if base is None:
             raise BaseNotRegistered(f"adapter.base_version: {adapter.base_ref} is not in the registry (register the base model first)")
         if base.adapter is not None:
@@ -728,12 +719,6 @@ class RegistryActivities(contract.RegistryActivities):
                         found.append((ref, f"HTTPRoute {meta['namespace']}/{meta['name']} ({backend.get('weight', 1)} %)"))
         return found
 
-    # --- golden sets (issue 21; the store's functions are at the end of this module) ------------
-
-    @activity.defn(name="read_golden_set")
-    def read_golden_set(self, req: GoldenSetInput) -> GoldenSetFound:
-        history = golden_history(self.registry, req.model)
-        return GoldenSetFound(current=history.current if history else None)
 
 
 async def _running_rollouts() -> list[tuple[str, str]]:
@@ -745,37 +730,3 @@ async def _running_rollouts() -> list[tuple[str, str]]:
         if model and version:
             found.append((f"{model}@{version}", f"running rollout {execution.id}"))
     return found
-
-
-# --- golden sets (issue 21): registry/<model>/golden.json, every revision kept ------------------
-
-
-def golden_key(model: str) -> str:
-    return f"{PREFIX}/{model}/golden.json"
-
-
-def golden_history(registry: Registry, model: str) -> GoldenHistory | None:
-    """Every revision of the model's golden set, or None when it has none."""
-    return registry._read(golden_key(model), GoldenHistory)[0]
-
-
-def set_golden_set(registry: Registry, model: str, golden: GoldenSet, at: datetime | None = None) -> tuple[GoldenRevision, bool]:
-    """Store ``golden`` as the model's next revision (compare-and-swap); the same set again is
-    unchanged (False). Refused for a model that is not in the registry."""
-    if model not in registry.list_models():
-        raise NotFound(f"model {model!r} is not in the registry (register a version first)")
-    digest = hashlib.sha256(golden.model_dump_json().encode()).hexdigest()
-    changed = [False]
-
-    def add(history: GoldenHistory | None) -> GoldenHistory | None:
-        history = history or GoldenHistory(model=model)
-        changed[0] = history.current is None or history.current.sha256 != digest
-        if not changed[0]:
-            return None
-        number = history.current.revision + 1 if history.current else 1
-        history.revisions.append(GoldenRevision(revision=number, sha256=digest, set_at=at or _now(), golden=golden))
-        return history
-
-    history = registry._update(golden_key(model), GoldenHistory, add)
-    assert history is not None and history.current is not None
-    return history.current, changed[0]

@@ -49,10 +49,19 @@ from temporalio.exceptions import ApplicationError
 from activities.clients.aws import AwsClient
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none, selector
 from activities.clients.prometheus import PrometheusClient, render
-from activities.rollout import deployment_state, owned_elsewhere
+from activities.core.deployments import deployment_state, owned_elsewhere
 from activities.core.traffic_policy import POLICY_API, apply_traffic_policy, remove_traffic_policy_fields
 from workflows.core import naming
+from workflows.core.gpu_shares import (
+    GPU_COUNT_LABEL,
+    SHARED_GPU_RESOURCE,
+    SHARING_STRATEGIES,
+    SHARING_STRATEGY_LABEL,
+    container_share,
+    fullest_fit,
+)
 from workflows.core.naming import DeploymentRef
+from workflows.core.traffic_policy import QUEUE_LIMIT_FIELDS, legacy_policy_names
 from workflows.scaling import contract
 from workflows.scaling.contract import (
     COLD_START_PARTS,
@@ -77,11 +86,9 @@ from workflows.scaling.contract import (
 )
 from workflows.scaling.decide import Signals
 from workflows.scaling.forecast import WEEK_S, DemandForecast, forecast_demand
-from workflows.scaling.gpu_sharing import GPU_COUNT_LABEL, SHARED_GPU_RESOURCE, SHARING_STRATEGIES, SHARING_STRATEGY_LABEL, container_share, fullest_fit
 from workflows.scaling.placement import Gpu, Node
 from workflows.scaling.prewarm import slot_key
 from workflows.scaling.queue_limit import QueueLimit
-from workflows.core.traffic_policy import QUEUE_LIMIT_FIELDS, legacy_policy_names
 from workflows.spot.mix import MIX_TARGET_ANNOTATION
 
 WEEK_SECONDS = 7 * 24 * 3600

@@ -22,7 +22,8 @@ from infra.fleetmodel.fleet import requests_from_counts
 from infra.fleetmodel.metrics import exact_quantile
 from infra.fleetmodel.replica import Replica
 from infra.fleetmodel.sizes import SizeMix, TokenDist, from_requests, load_servegen_sizes
-from workflows.rollout.batching import VLLM_DEFAULT, BatchingSetting, SweepPoint, choose_setting
+from workflows.rollout.batching import VLLM_DEFAULT, choose_setting
+from workflows.core.batching_settings import BatchingSetting, SweepPoint
 
 CANDIDATES = (
     VLLM_DEFAULT,

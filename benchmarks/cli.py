@@ -55,7 +55,7 @@ def _spot(args: argparse.Namespace) -> int:
 
 
 def _staging(args: argparse.Namespace) -> int:
-    from benchmarks import staging
+    from benchmarks import node_cache as staging
 
     if args.nodes:
         measured = int(args.size_gib * 2**30) if args.size_gib else 60 * 2**20

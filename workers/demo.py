@@ -38,7 +38,7 @@ from workflows.core.naming import (
     rollout_workflow_id,
     split_deployment,
 )
-from workflows.rollout.quality import describe_pair
+from workflows.quality.shadow import describe_pair
 from workflows.rollout.types import RolloutInput, RolloutResult, RolloutStatus
 from workflows.rollout.workflow import static_details, static_summary
 

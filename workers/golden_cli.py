@@ -1,5 +1,5 @@
 """``tideplane registry golden set MODEL FILE`` and ``golden show MODEL``: a model's golden set
-(workflows/rollout/quality.py), versioned in the registry beside its weights; the rollout runs
+(workflows/quality/golden_set.py), versioned in the registry beside its weights; the rollout runs
 the current revision at warm-up."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from activities.registry import Registry, golden_history, set_golden_set
+from activities.registry import Registry
+from activities.quality.golden_sets import golden_history, set_golden_set
 from workers.config import Settings
 from workflows.core.failures import field_errors
-from workflows.rollout.quality import GoldenSet
+from workflows.quality.golden_set import GoldenSet
 
 
 def load_golden(path: str) -> GoldenSet:

@@ -17,10 +17,10 @@ import httpx
 
 from activities.clients.kube import KubeClient
 from activities.clients.s3 import S3Client
-from activities.node_cache import ChunkServer, NodeCache, Stager, node_cache_index, peer_url
+from activities.node_cache import ChunkServer, NodeCache, NodeCacheStager, node_cache_index, peer_url
 from workers.config import Settings
 from workers.wording import counted
-from workflows.staging.contract import NodeStageRequest
+from workflows.node_cache.contract import NodeCacheRequest
 
 # Where Kubernetes reads a container's termination message (the pod's terminationMessagePath default).
 TERMINATION_LOG = Path("/dev/termination-log")
@@ -28,8 +28,8 @@ TERMINATION_LOG = Path("/dev/termination-log")
 
 def cmd_stage(args, config: Settings) -> int:
     """Stage one version into this node's cache; the report goes to stdout and the termination log."""
-    request = NodeStageRequest.model_validate_json(args.request)
-    stager = Stager(NodeCache(config.node_cache_dir), S3Client(config.aws_endpoint_url, config.aws_region))
+    request = NodeCacheRequest.model_validate_json(args.request)
+    stager = NodeCacheStager(NodeCache(config.node_cache_dir), S3Client(config.aws_endpoint_url, config.aws_region))
     report = stager.stage(request).model_dump_json()
     print(report)
     try:
@@ -85,7 +85,7 @@ def add_node_cache_commands(commands: argparse._SubParsersAction) -> None:
     cache = commands.add_parser("node-cache", help="node-local weight caches: stage, serve, list")
     actions = cache.add_subparsers(dest="action", required=True)
     stage = actions.add_parser("stage", help="stage a version into this node's cache (a staging Job's container)")
-    stage.add_argument("--request", required=True, help="NodeStageRequest JSON (workflows/staging/contract.py)")
+    stage.add_argument("--request", required=True, help="NodeCacheRequest JSON (workflows/node_cache/contract.py)")
     stage.set_defaults(func=cmd_stage)
     serve = actions.add_parser("serve", help="serve this node's verified chunks to peers (the cache DaemonSet's container)")
     serve.add_argument("--node", required=True, help="this node's name (the downward API's spec.nodeName)")

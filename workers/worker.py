@@ -26,16 +26,19 @@ from activities.clients.aws import AwsClient
 from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
-from activities.clients.shadow import ShadowPairsClient
 from activities.clients.vllm import VllmClient
 from activities.adapters import AdapterActivities
 from activities.classes import RequestClassActivities
 from activities.cost import CostActivities
-from activities.node_cache import NodeStagingActivities
+from activities.node_cache import NodeCacheActivities
+from activities.quality.quality_activities import QualityActivities
+from activities.quality.shadow_pairs import ShadowPairsClient
 from activities.quotas import QuotaActivities
 from activities.registry import RegistryActivities
-from activities.batching import BatchingActivities
-from activities.rollout import RetireScheduling, RolloutActivities, ServingPods
+from activities.rollout.batching_activities import BatchingActivities
+from activities.rollout.retire_scheduling import RetireScheduling
+from activities.rollout.rollout_activities import RolloutActivities
+from activities.rollout.serving_pods import ServingPods
 from activities.scaling import NodePoolActivities, ScalingActivities
 from activities.spot import SpotActivities, SpotWorkflowStarts
 from workers import telemetry
@@ -53,10 +56,11 @@ from workflows.cost.report import CostReport
 from workflows.quotas.contract import QuotaActivities as QuotaContract
 from workflows.quotas.workflow import ApplyTokenQuotas, TokenMetering
 from workflows.scaling.node_pools import NodePoolScaling
+from workflows.quality.contract import QualityActivities as QualityContract
 from workflows.registry.contract import RegistryActivities as RegistryContract
 from workflows.registry.retention import RegistryRetention
 from workflows.rollout.contract import BatchingActivities as BatchingContract
-from workflows.staging.contract import NodeStagingActivities as NodeStagingContract
+from workflows.node_cache.contract import NodeCacheActivities as NodeCacheContract
 from workflows.rollout.contract import RetireScheduling as RetireContract
 from workflows.rollout.contract import RolloutActivities as RolloutContract
 from workflows.rollout.retire import RetireVersion
@@ -108,7 +112,7 @@ def build_activities(config: Settings) -> list[Callable]:
     )
     rollout = RolloutActivities(
         kube, s3, prometheus, VllmClient(), pods, config.gateway, config.service_url_template, config.weights_buckets,
-        ShadowPairsClient(config.shadow_pairs_url), image_prefixes=config.image_prefixes,
+        image_prefixes=config.image_prefixes,
         max_replicas=config.max_replicas, max_gpus_per_replica=config.max_gpus_per_replica,
     )
     registry = RegistryActivities(s3, kube, config.weights_bucket, config.weights_buckets)
@@ -119,6 +123,10 @@ def build_activities(config: Settings) -> list[Callable]:
         *activity_methods(RetireScheduling(), RetireContract),
         *activity_methods(BatchingActivities(kube, prometheus, VllmClient(), config.service_url_template), BatchingContract),
         *activity_methods(registry, RegistryContract),
+        *activity_methods(
+            QualityActivities(VllmClient(), config.service_url_template, registry.registry, ShadowPairsClient(config.shadow_pairs_url)),
+            QualityContract,
+        ),
         *activity_methods(AdapterActivities(kube, registry.registry, config.pod_url_template), AdapterContract),
         *activity_methods(cost, CostContract),
         *activity_methods(RequestClassActivities(kube, config.gateway), RequestClassContract),
@@ -129,11 +137,11 @@ def build_activities(config: Settings) -> list[Callable]:
         *activity_methods(spot, spot_contract.SpotMixActivities),
         *activity_methods(SpotWorkflowStarts(), spot_contract.SpotWorkflowStarts),
         *activity_methods(
-            NodeStagingActivities(
+            NodeCacheActivities(
                 kube, config.node_cache_image, config.node_cache_dir,
                 config.node_cache_peer_url_template, config.node_cache_capacity_bytes,
             ),
-            NodeStagingContract,
+            NodeCacheContract,
         ),
     ]
 

@@ -10,6 +10,13 @@ from typing import Callable
 
 import httpx
 
+from workflows.core.naming import DeploymentRef
+
+def service_url(template: str, ref: DeploymentRef, version: str) -> str:
+    """Base URL of one version's OpenAI-compatible server, per the worker's ``service_url_template``."""
+    return template.format(service=ref.versioned(version), namespace=ref.namespace).rstrip("/")
+
+
 # A cold replica's first completions are slow (CUDA graphs, caches); 120 s read bounds a stuck one.
 HTTP_TIMEOUT = httpx.Timeout(120.0, connect=5.0)
 CONCURRENCY = 4

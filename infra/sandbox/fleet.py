@@ -64,8 +64,8 @@ from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.oom import OomWatch
 from infra.sandbox.ratelimit import TOKEN_FAMILY, Admission, TokenGate
 from workflows.core.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
-from workflows.rollout.batching import engine_overrides
-from workflows.scaling.gpu_sharing import gpu_memory_utilization
+from workflows.core.batching_settings import engine_overrides
+from workflows.core.gpu_shares import gpu_memory_utilization
 
 log = logging.getLogger("tideplane.fleet")
 

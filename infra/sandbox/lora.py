@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infra.fleetmodel.metrics import Histogram
-from workflows.adapters.routing import lora_modules
+from workflows.core.lora import lora_modules
 
 RUNTIME_UPDATING_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 ENABLE_LORA_ARG = "--enable-lora"

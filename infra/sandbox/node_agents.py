@@ -22,9 +22,9 @@ from pathlib import Path
 from kubernetes import client
 
 from activities.clients.s3 import S3Client
-from activities.node_cache import ChunkServer, NodeCache, Stager, stage_args
+from activities.node_cache import ChunkServer, NodeCache, NodeCacheStager, stage_args
 from infra.sandbox.kubeclient import raw
-from workflows.staging.contract import LABEL_COMPONENT, NODE_CACHE_URL_ANNOTATION, STAGER_COMPONENT
+from workflows.node_cache.contract import LABEL_COMPONENT, NODE_CACHE_URL_ANNOTATION, NODE_CACHE_JOB_COMPONENT
 
 log = logging.getLogger("tideplane.node-agents")
 TARGETS_FILE = "targets.json"  # Prometheus file_sd: the agents' /metrics (prometheus.yml.tmpl's node-cache job)
@@ -56,7 +56,7 @@ class NodeAgents:
                 self.core.patch_node(name, {"metadata": {"annotations": {NODE_CACHE_URL_ANNOTATION: server.url}}})
         self._write_targets(targets)
         pods = raw(self.core.list_pod_for_all_namespaces(
-            label_selector=f"{LABEL_COMPONENT}={STAGER_COMPONENT}", _preload_content=False))["items"]
+            label_selector=f"{LABEL_COMPONENT}={NODE_CACHE_JOB_COMPONENT}", _preload_content=False))["items"]
         for pod in pods:
             uid, node = pod["metadata"]["uid"], pod["spec"].get("nodeName")
             if node in self.servers and pod["status"].get("phase") == "Running" and uid not in self.started:
@@ -84,7 +84,7 @@ class NodeAgents:
         meta = pod["metadata"]
         try:
             request = stage_args(pod["spec"]["containers"][0].get("args") or [])
-            report = Stager(cache, self.s3).stage(request)
+            report = NodeCacheStager(cache, self.s3).stage(request)
             code, message = 0, report.model_dump_json()
         except Exception as exc:  # noqa: BLE001 - a container that fails exits 1 with its error
             log.warning("staging pod %s/%s failed: %s", meta["namespace"], meta["name"], exc)

@@ -57,7 +57,7 @@ from workflows.core.naming import (
     NODE_POOL,
     NODE_ZONE,
 )
-from workflows.scaling.gpu_sharing import (
+from workflows.core.gpu_shares import (
     GPU_COUNT_LABEL,
     GPU_REPLICAS_LABEL,
     SHARED_GPU_RESOURCE,

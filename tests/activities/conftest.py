@@ -14,7 +14,8 @@ from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
 from activities.clients.vllm import VllmClient
-from activities.rollout import RolloutActivities, ServingPods
+from activities.rollout.rollout_activities import RolloutActivities
+from activities.rollout.serving_pods import ServingPods
 from tests.kube_fixtures import kube_api, kube_api_url  # noqa: F401 - a fresh emulated cluster (test_registry)
 from tests.servers import moto_url  # noqa: F401
 

@@ -21,7 +21,8 @@ from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities.clients.kube import CONFLICT_RETRIES, apply_service, retry_on_conflict, serving_namespace
-from activities.rollout import ROUTE_API, RolloutActivities
+from activities.core.deployments import ROUTE_API
+from activities.rollout.rollout_activities import RolloutActivities
 from infra.sandbox.config import NodePool
 from infra.sandbox.kubeclient import api_client as sandbox_client
 from infra.sandbox.kubeclient import kubeconfig_yaml

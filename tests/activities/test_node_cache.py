@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from activities.clients.s3 import S3Client
-from activities.node_cache import ChunkServer, NodeCache, Stager, cache_metrics
-from workflows.rollout.contract import WeightFile
-from workflows.staging.contract import NodeStageRequest, Peer
+from activities.node_cache import ChunkServer, NodeCache, NodeCacheStager, cache_metrics
+from workflows.core.versions import WeightFile
+from workflows.node_cache.contract import NodeCacheRequest, Peer
 
 BUCKET = "node-cache-test"
 FILE_BYTES = 64 * 1024
@@ -44,7 +44,7 @@ class Node:
         self.cache = NodeCache(root / name)
         self.server = ChunkServer(("127.0.0.1", 0), self.cache, name)
         threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
-        self.stager = Stager(self.cache, s3)
+        self.stager = NodeCacheStager(self.cache, s3)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -64,7 +64,7 @@ def stage_all(nodes: list[Node], model: str, version: str, files: list[WeightFil
     errors: list = []
 
     def run(i: int, node: Node) -> None:
-        req = NodeStageRequest(
+        req = NodeCacheRequest(
             model=model, version=version, files=files, node=node.name, stagers=[n.name for n in nodes],
             peers=[Peer(node=n.name, url=n.server.url) for n in nodes if n is not node], peer_wait_seconds=10,
         )
@@ -120,7 +120,7 @@ def test_a_peer_serving_other_bytes_is_refused_and_s3_read_instead(s3, tmp_path)
         path.write_bytes(os.urandom(FILE_BYTES))
         path.with_name(digest + ".sha256").write_text(f"{digest} {FILE_BYTES}\n")
         liar.cache.add_chunk(digest, FILE_BYTES)
-        req = NodeStageRequest(model="m", version="2.0.0", files=files, node="honest", stagers=["honest"],
+        req = NodeCacheRequest(model="m", version="2.0.0", files=files, node="honest", stagers=["honest"],
                                peers=[Peer(node="liar", url=liar.server.url)])
         report = honest.stager.stage(req)
         assert (report.peer_bytes, report.origin_bytes) == (0, FILE_BYTES)

@@ -33,16 +33,18 @@ from workflows.registry.contract import DeleteWeightsInput, ListVersionsInput
 from workflows.registry.schema import (
     AdapterOf,
     BenchmarkResult,
-    Canary,
-    Deprecated,
     Gguf,
     Manifest,
-    Stable,
-    Testing as StatusTesting,
     parse_quantization,
     parse_ref,
-    semver_key,
     set_digest,
+)
+from workflows.core.versions import (
+    Canary,
+    Deprecated,
+    Stable,
+    Testing as StatusTesting,
+    semver_key,
 )
 
 MiB = 1024 * 1024

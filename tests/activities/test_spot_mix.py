@@ -12,7 +12,7 @@ from pathlib import Path
 
 from activities.clients.aws import AwsClient
 from activities.clients.kube import KubeClient
-from activities.rollout import ServingPods, deployment_manifest
+from activities.rollout.serving_pods import ServingPods, deployment_manifest
 from activities.spot import MIX_FOR, SpotActivities, fallback_name, mix_name
 from workflows.core.naming import NODE_CAPACITY_TYPE, DeploymentRef
 from workflows.rollout.contract import EnsureVersionInput

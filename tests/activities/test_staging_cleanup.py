@@ -14,8 +14,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.clients.s3 import CHUNK_BYTES
-from activities.rollout import RolloutActivities
-from workflows.rollout.contract import StageWeightsInput, WeightFile
+from activities.rollout.rollout_activities import RolloutActivities
+from workflows.rollout.contract import StageWeightsInput
+from workflows.core.versions import WeightFile
 
 
 class NetworkCut(Exception):

@@ -21,8 +21,9 @@ from temporalio.testing import ActivityEnvironment
 
 from activities import rollout as rollout_activities
 from activities.clients.s3 import CHUNK_BYTES
-from activities.rollout import RolloutActivities
-from workflows.rollout.contract import StageWeightsInput, WeightFile
+from activities.rollout.rollout_activities import RolloutActivities
+from workflows.rollout.contract import StageWeightsInput
+from workflows.core.versions import WeightFile
 
 CHUNK = CHUNK_BYTES
 SIZE = 2 * CHUNK + 4 * 1024 * 1024 + 123  # three chunks, the last one short

@@ -12,7 +12,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.clients.vllm import VllmClient
-from activities.rollout import RolloutActivities, ServingPods
+from activities.rollout.rollout_activities import RolloutActivities
+from activities.rollout.serving_pods import ServingPods
 from workflows.core.naming import DeploymentRef
 from workflows.rollout.contract import WarmUpInput
 

@@ -27,7 +27,8 @@ from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
 from activities.clients.vllm import VllmClient
 from activities.registry import Registry, RegistryActivities
-from activities.rollout import RolloutActivities, ServingPods
+from activities.rollout.rollout_activities import RolloutActivities
+from activities.rollout.serving_pods import ServingPods
 from infra.sandbox.config import Profile
 from infra.sandbox.knobs import set_profile
 from infra.sandbox.launcher import AWS_ENV, WEIGHTS_BUCKET

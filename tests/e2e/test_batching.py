@@ -37,7 +37,7 @@ from workflows.core.naming import (
     traffic_policy_name,
     versioned_name,
 )
-from workflows.rollout.batching import BatchingSetting
+from workflows.core.batching_settings import BatchingSetting
 from workflows.rollout.types import Outcome, RolloutResult
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.loop import ReactiveScaling, ScalingInput

@@ -30,7 +30,7 @@ from tests.sandbox_fixtures import TEST_CONFIG, create_logical_deployment, wait_
 from workflows.cost.contract import CollectCostInput
 from workflows.core.naming import NODE_POOL
 from workflows.scaling.contract import PendingReplica, PoolRef, SetCapacityInput
-from workflows.scaling.gpu_sharing import GPU_MEMORY_UTILIZATION_FLAG, SHARED_GPU_RESOURCE, SHARING_STRATEGY_LABEL
+from workflows.core.gpu_shares import GPU_MEMORY_UTILIZATION_FLAG, SHARED_GPU_RESOURCE, SHARING_STRATEGY_LABEL
 from workflows.scaling.placement import ModelNeed, PoolSizing, plan_pending
 
 NAMESPACE = "e2e-gpu-sharing"

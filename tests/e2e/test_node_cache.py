@@ -28,8 +28,8 @@ from tests.sandbox_fixtures import TEST_CONFIG, wait_for
 from workers.node_cache_cli import cache_rows
 from workflows.core.naming import LABEL_APP, LABEL_VERSION, NODE_POOL, rollout_workflow_id
 from workflows.rollout.types import Outcome, RolloutResult, RolloutStatus
-from workflows.staging.contract import NODE_CACHE_URL_ANNOTATION
-from workflows.staging.cache import cached_version_label
+from workflows.node_cache.contract import NODE_CACHE_URL_ANNOTATION
+from workflows.node_cache.chunks import cached_version_label
 
 NS, NAME, MODEL = "e2e-node-cache", "chat", "e2e-cache-llm"
 POOL, POOL_NODES = "gpu-on-demand", 3

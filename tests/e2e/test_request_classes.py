@@ -31,7 +31,7 @@ from tests.sandbox_fixtures import TEST_TIME_SCALE, create_logical_deployment, w
 from workflows.core import naming
 from workflows.classes.manifests import RequestClassesInput
 from workflows.classes.workflow import ApplyRequestClasses
-from workflows.scaling.budget import MonthlyBudget
+from workflows.cost.budget import MonthlyBudget
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.loop import ReactiveScaling, ScalingInput
 

@@ -25,7 +25,7 @@ from temporalio.worker import Worker
 from activities.clients.kube import KubeClient
 from activities.clients.s3 import S3Client
 from activities.registry import Registry, RegistryActivities
-from activities.rollout import ROUTE_API
+from activities.core.deployments import ROUTE_API
 from infra.sandbox import kubeclient
 from infra.sandbox.worker_identity import enable_serving_namespace
 from tests.kube_fixtures import run_kube_api, write_kubeconfig
@@ -36,8 +36,8 @@ from workflows.core import search_attributes
 from workflows.core.naming import LABEL_APP, LABEL_MODEL, LABEL_VERSION, RETENTION_SCHEDULE_ID
 from workflows.registry.contract import DeleteWeightsInput, ListReferencesInput
 from workflows.registry.retention import DELETE_HEARTBEAT, RETENTION_WORKFLOW, RegistryRetention, RetentionInput, RetentionResult
-from workflows.registry.schema import Canary, Stable
-from workflows.rollout.workflow import WORKFLOW_TYPE
+from workflows.core.versions import Canary, Stable
+from workflows.core.naming import MODEL_ROLLOUT_WORKFLOW
 from workflows.core.telemetry import RETENTION_ACTIONS
 
 DAY = timedelta(days=1)
@@ -110,7 +110,7 @@ async def start_rollout(env: WorkflowEnvironment, model: str, version: str) -> s
     upserts these search attributes); on a queue no worker polls, so it stays where it is."""
     workflow_id = f"rollout/llm-serving/{uuid.uuid4().hex[:8]}"
     await env.client.start_workflow(
-        WORKFLOW_TYPE, {"deployment": "llm-serving/chat", "model": model, "version": version, "image": "vllm"},
+        MODEL_ROLLOUT_WORKFLOW, {"deployment": "llm-serving/chat", "model": model, "version": version, "image": "vllm"},
         id=workflow_id, task_queue=f"no-worker-{uuid.uuid4().hex[:8]}",
         search_attributes=TypedSearchAttributes([
             SearchAttributePair(search_attributes.MODEL, model), SearchAttributePair(search_attributes.VERSION, version),

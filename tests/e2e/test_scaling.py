@@ -29,7 +29,8 @@ from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
 from activities.clients.vllm import VllmClient
-from activities.rollout import RolloutActivities, ServingPods
+from activities.rollout.rollout_activities import RolloutActivities
+from activities.rollout.serving_pods import ServingPods
 from activities.scaling import ScalingActivities
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.launcher import AWS_ENV

@@ -32,7 +32,8 @@ from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
 from activities.clients.vllm import VllmClient
-from activities.rollout import RolloutActivities, ServingPods
+from activities.rollout.rollout_activities import RolloutActivities
+from activities.rollout.serving_pods import ServingPods
 from activities.spot import FALLBACK_FOR, SpotActivities, SpotWorkflowStarts, fallback_name
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, Profile
 from infra.sandbox.knobs import set_profile

@@ -37,7 +37,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.rollout import RetireScheduling
+from activities.rollout.retire_scheduling import RetireScheduling
 from tests.workflows.test_quality_gates import DOSE_WRONG, QualityFleet
 from tests.workflows.test_rollout import BAD, GOOD, SHORT, Fleet, rollout_input
 from workers.worker import WORKFLOWS

@@ -15,15 +15,16 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from activities.rollout import ServingPods, deployment_manifest
+from activities.rollout.serving_pods import ServingPods, deployment_manifest
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, Demand
 from infra.sandbox.fleet import Fleet, read_cluster
 from infra.sandbox.kubeapi.kubelet import local_weights_fraction
 from infra.sandbox.oom import OomWatch
 from tests.kube_fixtures import emulated_cluster, kube_wait as wait, namespace_for
 from workflows.core.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, DeploymentRef
-from workflows.rollout.contract import EnsureVersionInput, WeightFile
-from workflows.staging.cache import cached_version_label
+from workflows.rollout.contract import EnsureVersionInput
+from workflows.core.versions import WeightFile
+from workflows.node_cache.chunks import cached_version_label
 
 PROFILES = {
     "crash": {"crash_on_start": True},

@@ -16,10 +16,10 @@ import pytest
 from kubernetes import client
 
 from activities.clients.kube import KubeClient
-from activities.rollout import DELETION_COST, mark_deletion_costs
+from activities.rollout.serving_pods import DELETION_COST, mark_deletion_costs
 from tests.kube_fixtures import emulated_cluster, kube_wait as wait, namespace_for
 from workflows.core.naming import GPU_RESOURCE
-from workflows.staging.contract import LABEL_COMPONENT, STAGER_COMPONENT
+from workflows.node_cache.contract import LABEL_COMPONENT, NODE_CACHE_JOB_COMPONENT
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +224,7 @@ def test_a_node_cache_staging_pod_runs_until_its_node_agent_reports_the_exit(clu
     Running until the agent's POST /sandbox/exit, then ends it with the report as termination message."""
     batch, core = client.BatchV1Api(cluster.api), client.CoreV1Api(cluster.api)
     staging = job("stage-node", "chat", backoffLimit=0)
-    staging["spec"]["template"]["metadata"]["labels"][LABEL_COMPONENT] = STAGER_COMPONENT
+    staging["spec"]["template"]["metadata"]["labels"][LABEL_COMPONENT] = NODE_CACHE_JOB_COMPONENT
     for name in ("stage-node", "stage-node-bad"):
         batch.create_namespaced_job(ns, {**staging, "metadata": {"name": name}})
 

@@ -11,12 +11,14 @@ from infra.sandbox.gateway import MODEL_HEADER, backend_for, headers_set_by
 from infra.sandbox.lora import LoraAdapters, lora_settings
 from workflows.adapters.routing import (
     adapter_rule,
-    adapters_on,
-    lora_modules,
-    moved_adapter_rules,
     served_name,
     with_adapter_module,
     with_adapter_rule,
+)
+from workflows.core.lora import (
+    adapters_on,
+    lora_modules,
+    moved_adapter_rules,
     with_lora_modules,
 )
 from workflows.adapters.types import ADAPTER_QUERIES

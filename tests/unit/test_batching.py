@@ -11,10 +11,12 @@ from infra.sandbox.config import Profile
 from infra.sandbox.fleet import engine_of
 from workflows.rollout.batching import (
     VLLM_DEFAULT,
-    BatchingSetting,
     BatchingSweep,
-    SweepPoint,
     choose_setting,
+)
+from workflows.core.batching_settings import (
+    BatchingSetting,
+    SweepPoint,
     engine_overrides,
     with_engine_args,
 )

@@ -10,7 +10,7 @@ from datetime import datetime
 import boto3
 import pytest
 
-from benchmarks import scaling, spot, staging, traces
+from benchmarks import scaling, spot, node_cache as staging, traces
 from benchmarks.baselines import HpaPolicy, HpaRule, KedaPolicy, OraclePolicy, StaticPolicy
 from benchmarks.scaling import TideplanePolicy
 from infra.fleetmodel.fleet import Aggregate, FleetConfig, simulate

@@ -1,10 +1,10 @@
-"""The monthly GPU budget's verdict on a scale-up (workflows/scaling/budget.py)."""
+"""The monthly GPU budget's verdict on a scale-up (workflows/cost/budget.py)."""
 
 from datetime import datetime, timezone
 
 import pytest
 
-from workflows.scaling.budget import MonthlyBudget, Spend, check_budget, month_bounds
+from workflows.cost.budget import MonthlyBudget, Spend, check_budget, month_bounds
 from workflows.scaling.decide import ScalingPolicy
 
 # 2026-12-31 00:00 UTC: 24 hours left in the month; on-demand H100 at $12.29/GPU-hour = $294.96 per replica-day

@@ -8,11 +8,11 @@ from workflows.scaling.gpu_sharing import (
     PackLimits,
     SharedGpu,
     SharedReplica,
-    gpu_memory_utilization,
     pack,
     release,
     share_pool,
 )
+from workflows.core.gpu_shares import gpu_memory_utilization
 
 LLAMA_7B = ModelShare(model="llama-7b", gpu_memory_utilization=0.3, weights_gib=14, min_kv_cache_gib=4)
 EMBED = ModelShare(model="embed", gpu_memory_utilization=0.1, weights_gib=1.5, min_kv_cache_gib=1)

@@ -74,7 +74,8 @@ def _kube_methods() -> set[str]:
 
 
 def _constants(tree: ast.Module) -> dict[str, object]:
-    """Module-level literal constants (e.g. ROUTE_API = ("gateway.networking.k8s.io", "v1"))."""
+    """Module-level literal constants (e.g. ROUTE_API = ("gateway.networking.k8s.io", "v1")), and those
+    imported by name from another module of activities/ (activities/core/deployments.py's ROUTE_API)."""
     found = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -82,6 +83,11 @@ def _constants(tree: ast.Module) -> dict[str, object]:
                 found[node.targets[0].id] = ast.literal_eval(node.value)
             except ValueError:
                 pass
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("activities."):
+            source = ROOT / (node.module.replace(".", "/") + ".py")
+            if source.is_file():
+                theirs = _constants(ast.parse(source.read_text()))
+                found.update({a.asname or a.name: theirs[a.name] for a in node.names if a.name in theirs})
     return found
 
 

@@ -1,4 +1,4 @@
-"""The node cache's pure decisions (workflows/staging/cache.py): what to fetch, what to evict, whom
+"""The node cache's pure decisions (workflows/node_cache/chunks.py): what to fetch, what to evict, whom
 to fetch from."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.staging import ORIGIN_BOUND, model_chunks, simulate_pool
+from benchmarks.node_cache import ORIGIN_BOUND, model_chunks, simulate_pool
 from workers.cli import _parser
 from workers.config import Settings
 from workflows.core import telemetry
-from workflows.staging.contract import NodeStageRequest
+from workflows.node_cache.contract import NodeCacheRequest
 
-from workflows.staging.cache import (
+from workflows.node_cache.chunks import (
     CachedVersion,
     CacheIndex,
     Chunk,
@@ -177,7 +177,7 @@ def test_an_orphan_chunk_of_a_stager_in_flight_is_not_evicted():
 def test_a_model_or_version_cannot_leave_the_cache_directory():
     files = [{"uri": "s3://b/k", "sha256": "ab" * 32}]
     with pytest.raises(ValueError):
-        NodeStageRequest(model="../etc", version="1.0.0", files=files, node="n", stagers=["n"])
+        NodeCacheRequest(model="../etc", version="1.0.0", files=files, node="n", stagers=["n"])
     with pytest.raises(ValueError):
-        NodeStageRequest(model="llama", version="1.0.0/../../x", files=files, node="n", stagers=["n"])
-    assert NodeStageRequest(model="llama-3.1", version="1.0.0+build.5", files=files, node="n", stagers=["n"]).version
+        NodeCacheRequest(model="llama", version="1.0.0/../../x", files=files, node="n", stagers=["n"])
+    assert NodeCacheRequest(model="llama-3.1", version="1.0.0+build.5", files=files, node="n", stagers=["n"]).version

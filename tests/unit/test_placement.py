@@ -1,7 +1,8 @@
 """Placement planner and pool sizing rules."""
 
 from workflows.core.naming import NODE_CAPACITY_TYPE
-from workflows.scaling.placement import Gpu, ModelNeed, Node, PoolSizing, node_selector, node_to_free, place_replica, size_pool
+from workflows.scaling.placement import Gpu, ModelNeed, Node, PoolSizing, node_to_free, place_replica, size_pool
+from workflows.core.pools import node_selector
 
 
 def node(name, free, capacity="on-demand", replicas=0, util=0.0, allocated=()):

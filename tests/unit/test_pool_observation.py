@@ -11,7 +11,7 @@ from kubernetes import client
 from activities.scaling import gpu_share, node_gpus, pending_replica
 from workflows.core.naming import GPU_RESOURCE, LABEL_MODEL
 from workflows.scaling.contract import PendingReplica
-from workflows.scaling.gpu_sharing import GPU_COUNT_LABEL, SHARED_GPU_RESOURCE, SHARING_STRATEGY_LABEL
+from workflows.core.gpu_shares import GPU_COUNT_LABEL, SHARED_GPU_RESOURCE, SHARING_STRATEGY_LABEL
 from workflows.scaling.placement import ModelNeed, Node, PoolSizing, plan_pending
 
 MEMORY = 80.0

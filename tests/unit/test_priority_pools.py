@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from activities.rollout import ServingPods, deployment_manifest
+from activities.rollout.serving_pods import ServingPods, deployment_manifest
 from activities.spot import fallback_manifest
 from workflows.core.naming import GPU_RESOURCE, LABEL_CLASS, NODE_CAPACITY_TYPE, DeploymentRef
 from workflows.rollout.contract import EnsureVersionInput

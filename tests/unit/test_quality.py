@@ -6,19 +6,21 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from activities.rollout import schema_problem
-from workflows.rollout.quality import (
-    CaseResult,
+from activities.quality.quality_activities import schema_problem
+from workflows.core.verdicts import CaseResult
+from workflows.quality.golden_set import (
     Check,
     GoldenSet,
-    ShadowPair,
-    ShadowSettings,
-    ShadowThresholds,
     check_failure,
-    describe_pair,
     golden_verdict,
     grade,
     normalise,
+)
+from workflows.quality.shadow import (
+    ShadowPair,
+    ShadowSettings,
+    ShadowThresholds,
+    describe_pair,
     shadow_measures,
     shadow_verdict,
 )

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from workflows.registry.retention import plan_retention
-from workflows.registry.schema import Canary, Deprecated, Stable, VersionSummary
-from workflows.registry.schema import Testing as StatusTesting
+from workflows.core.versions import Canary, Deprecated, Stable
+from workflows.registry.schema import VersionSummary
+from workflows.core.versions import Testing as StatusTesting
 
 NOW = datetime(2026, 11, 29, 3, 0, tzinfo=timezone.utc)
 DAY = timedelta(days=1)

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from activities.rollout import ServingPods, deployment_manifest, image_allowed
+from activities.rollout.serving_pods import ServingPods, deployment_manifest, image_allowed
 from workflows.core.naming import DeploymentRef
-from workflows.rollout.contract import EnsureVersionInput, WeightFile
+from workflows.rollout.contract import EnsureVersionInput
+from workflows.core.versions import WeightFile
 from workflows.rollout.types import RolloutInput
-from workflows.staging.contract import NodeStageRequest
-from workflows.staging.cache import cached_version_label
+from workflows.node_cache.contract import NodeCacheRequest
+from workflows.node_cache.chunks import cached_version_label
 
 CACHE = Path("/var/cache/tideplane/models")
 HF_TOKEN = {"valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
@@ -121,7 +122,7 @@ def test_a_pre_staged_version_is_read_from_the_node_cache_with_a_staging_fallbac
     assert container["args"][container["args"].index("--model") + 1] == local
     assert all(m["readOnly"] for m in container["volumeMounts"]) and {"name": "node-cache-version", "mountPath": local, "readOnly": True} in container["volumeMounts"]
     (stage,) = pod["initContainers"]
-    request = NodeStageRequest.model_validate_json(stage["args"][3])
+    request = NodeCacheRequest.model_validate_json(stage["args"][3])
     assert stage["args"][:3] == ["node-cache", "stage", "--request"] and request.node == "$(NODE_NAME)" and request.files == files
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in stage["env"]
     assert stage["securityContext"]["allowPrivilegeEscalation"] is False and pod["securityContext"]["runAsNonRoot"] is True

@@ -5,11 +5,11 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from activities.rollout import ServingPods, deployment_manifest
+from activities.rollout.serving_pods import ServingPods, deployment_manifest
 from workflows.core.naming import GPU_RESOURCE, DeploymentRef
 from workflows.rollout.contract import EnsureVersionInput
 from workflows.rollout.types import RolloutInput
-from workflows.scaling.gpu_sharing import SHARED_GPU_RESOURCE, gpu_memory_utilization
+from workflows.core.gpu_shares import SHARED_GPU_RESOURCE, gpu_memory_utilization
 
 ROLLOUT = {"deployment": "llm-serving/embed", "model": "bge-m3", "version": "1.0.0", "image": "vllm/vllm-openai:v0.8.5"}
 

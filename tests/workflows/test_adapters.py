@@ -22,24 +22,27 @@ from workflows.adapters.contract import (
     AdapterReplicas,
     AdapterRouteInput,
     LoraModuleInput,
-    MoveAdapterRulesInput,
     ResolveAdapterInput,
     ResolvedAdapter,
 )
+from workflows.rollout.contract import MoveAdapterRulesInput
 from workflows.adapters.types import AdapterAbortInput, AdapterRolloutInput
 from workflows.adapters.workflow import AdapterRollout
 from workflows.core.naming import DeploymentRef
 from workflows.registry.contract import ListVersionsInput, RegistryStatusResult, SetRegistryStatusInput, VersionList
-from workflows.registry.schema import Stable, VersionSummary
+from workflows.core.versions import Stable
+from workflows.registry.schema import VersionSummary
 from workflows.rollout import gates as canary
-from workflows.rollout.contract import (
+from workflows.core.versions import (
     DeploymentState,
+    VersionInfo,
+    WeightFile,
+)
+from workflows.rollout.contract import (
     GateQueriesInput,
     GateQueriesResult,
     StagedWeights,
     StageWeightsInput,
-    VersionInfo,
-    WeightFile,
 )
 from workflows.rollout.types import Outcome
 from tests.workflows.test_rollout import STABLE, NEW, Fleet, rollout_input, run_rollout

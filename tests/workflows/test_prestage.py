@@ -11,13 +11,13 @@ from tests.workflows.test_rollout import Fleet, client, metered_env, rollout_inp
 from workflows.rollout.contract import ENSURE_VERSION, STAGE_WEIGHTS
 from workflows.rollout.types import Outcome
 from workflows.rollout.workflow import ModelRollout
-from workflows.staging.contract import (
+from workflows.node_cache.contract import (
     NODE_STAGING_STATUS,
     START_NODE_STAGING,
-    NodeStageReport,
-    NodeStaging,
-    NodeStagingStatus,
-    StartNodeStagingInput,
+    NodeCacheReport,
+    NodeCacheProgress,
+    NodeCacheStatus,
+    StartNodeCacheInput,
 )
 
 NODES = ["node-a", "node-b", "node-c"]
@@ -39,23 +39,23 @@ class Nodes(Fleet):
     def activities(self):
         return [*super().activities(), self.start_node_staging, self.node_staging_status]
 
-    def _status(self) -> NodeStagingStatus:
+    def _status(self) -> NodeCacheStatus:
         states = self.script[min(self.reads, len(self.script) - 1)]
         self.reads += 1
-        return NodeStagingStatus(nodes=[
-            NodeStaging(node=node, state=state, message="NoRoom: full" if state == "failed" else None,
-                        report=NodeStageReport(node=node, model="llama", version="1.3.0", size_bytes=100, origin_bytes=34,
+        return NodeCacheStatus(nodes=[
+            NodeCacheProgress(node=node, state=state, message="NoRoom: full" if state == "failed" else None,
+                        report=NodeCacheReport(node=node, model="llama", version="1.3.0", size_bytes=100, origin_bytes=34,
                                                peer_bytes=66, reused_bytes=0, seconds=1.0) if state == "staged" else None)
             for node, state in zip(NODES, states)
         ])
 
     @activity.defn(name=START_NODE_STAGING)
-    async def start_node_staging(self, input: StartNodeStagingInput) -> NodeStagingStatus:
+    async def start_node_staging(self, input: StartNodeCacheInput) -> NodeCacheStatus:
         await self._record(START_NODE_STAGING, input)
         return self._status()
 
     @activity.defn(name=NODE_STAGING_STATUS)
-    async def node_staging_status(self, input: StartNodeStagingInput) -> NodeStagingStatus:
+    async def node_staging_status(self, input: StartNodeCacheInput) -> NodeCacheStatus:
         await self._record(NODE_STAGING_STATUS, input)
         return self._status()
 

@@ -21,8 +21,8 @@ from tests.workflows.test_rollout import (  # noqa: F401  (fixtures: metered_env
     rollout_input,
     run_rollout,
 )
-from workflows.registry.contract import GoldenSetFound, GoldenSetInput
-from workflows.rollout.contract import (
+from workflows.quality.contract import GoldenSetFound, GoldenSetInput
+from workflows.quality.contract import (
     READ_SHADOW_PAIRS,
     RUN_GOLDEN_SET,
     GoldenRunInput,
@@ -30,7 +30,9 @@ from workflows.rollout.contract import (
     ShadowPairsInput,
     ShadowPairsResult,
 )
-from workflows.rollout.quality import CaseResult, GoldenRevision, GoldenSet, ShadowPair
+from workflows.core.verdicts import CaseResult
+from workflows.quality.golden_set import GoldenRevision, GoldenSet
+from workflows.quality.shadow import ShadowPair
 from workflows.rollout.types import Outcome, RolloutStatus, Stage
 
 GOLDEN = GoldenSet.model_validate(

@@ -36,13 +36,15 @@ from tests.servers import time_skipping
 from workflows.core import telemetry
 from workflows.rollout import gates as canary
 from workflows.core import search_attributes as sa
-from activities.rollout import RetireScheduling
+from activities.rollout.retire_scheduling import RetireScheduling
 from workflows.rollout.retire import RetireVersion
 from workflows.rollout.workflow import ModelRollout, start_rollout
 from workflows.core.naming import DeploymentRef
-from workflows.registry.contract import (
+from workflows.quality.contract import (
     GoldenSetFound,
     GoldenSetInput,
+)
+from workflows.registry.contract import (
     RecordRegistryBenchmarkInput,
     RegistryStatusResult,
     RegistryWeights,
@@ -61,7 +63,6 @@ from workflows.rollout.contract import (
     WAIT_READY,
     WARM_UP,
     Benchmark,
-    DeploymentState,
     EngineArgsInput,
     EnsureVersionInput,
     GateQueriesInput,
@@ -73,14 +74,18 @@ from workflows.rollout.contract import (
     StageWeightsInput,
     SweepBatchingInput,
     SweepBatchingResult,
-    VersionInfo,
     WaitReadyInput,
     WarmUpInput,
-    WeightFile,
     RetireInput,
     retire_workflow_id,
 )
-from workflows.rollout.batching import VLLM_DEFAULT, BatchingSetting, SweepPoint
+from workflows.core.versions import (
+    DeploymentState,
+    VersionInfo,
+    WeightFile,
+)
+from workflows.rollout.batching import VLLM_DEFAULT
+from workflows.core.batching_settings import BatchingSetting, SweepPoint
 from workflows.rollout.types import (
     DEFAULT_STEPS,
     AbortInput,

@@ -24,7 +24,7 @@ from workers.schedules import floor_spec
 from workflows.core import naming
 from workflows.cost.contract import MonthSpendInput
 from workflows.rollout.contract import SCALE_VERSION, ScaleVersionInput
-from workflows.scaling.budget import MonthlyBudget, Spend
+from workflows.cost.budget import MonthlyBudget, Spend
 from workflows.scaling import contract as acts
 from workflows.scaling.decide import ScalingPolicy, Signals, slo_replicas
 from workflows.scaling.forecast import DemandForecast, forecast_demand

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 
 from workflows.core.naming import DeploymentRef
-from workflows.rollout.contract import WeightFile
+from workflows.core.versions import WeightFile
 
 
 class ResolveAdapterInput(BaseModel):
@@ -60,14 +60,6 @@ class LoraModuleInput(BaseModel):
     lora_path: str
 
 
-class MoveAdapterRulesInput(BaseModel):
-    """Re-point the adapter rules on ``from_version``'s Service at ``to_version``'s (None: remove them)."""
-
-    deployment: DeploymentRef
-    from_version: str
-    to_version: str | None
-
-
 class AdapterActivities:
     """The adapters' registry entries, replicas and route (activities/adapters.py)."""
 
@@ -94,9 +86,4 @@ class AdapterActivities:
     @activity.defn(name="set_lora_module")
     def set_lora_module(self, req: LoraModuleInput) -> None:
         """Write the adapter version into the base Deployment's ``--lora-modules`` (a rolling restart)."""
-        raise NotImplementedError
-
-    @activity.defn(name="move_adapter_rules")
-    def move_adapter_rules(self, req: MoveAdapterRulesInput) -> list[str]:
-        """Re-point (or remove) the adapter rules of the HTTPRoute; the adapters' names it moved."""
         raise NotImplementedError

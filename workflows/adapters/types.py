@@ -6,7 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from workflows.core.bounds import Seconds, gate_window
 from workflows.core.naming import DeploymentName, DeploymentRef
-from workflows.registry.schema import ModelName, SemVer
+from workflows.core.versions import ModelName, SemVer
 from workflows.rollout.gates import AnalysisLimits, Gates
 from workflows.rollout.types import CanaryStep, GateQueries, Outcome, Stage, VerdictRecord
 

@@ -46,7 +46,7 @@ with workflow.unsafe.imports_passed_through():
         AdapterRolloutStatus,
     )
     from workflows.registry.contract import ListVersionsInput, RegistryActivities, SetRegistryStatusInput
-    from workflows.registry.schema import Canary, Deprecated, Stable, Testing
+    from workflows.core.versions import Canary, Deprecated, Stable, Testing
     from workflows.rollout.contract import GateQueriesInput, RolloutActivities, StageWeightsInput
     from workflows.rollout.gates import Decision, StepAnalysis, evaluate, required_passes
     from workflows.rollout.types import Outcome, Stage, VerdictRecord

@@ -4,8 +4,7 @@ input refused naming every field (waiting is workflows/core/waiting.py)."""
 from __future__ import annotations
 
 from pydantic import BaseModel, ValidationError
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
-from temporalio.exceptions import TimeoutError as TemporalTimeout
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, TimeoutError as TemporalTimeout
 
 
 def cause(err: BaseException) -> str:

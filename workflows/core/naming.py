@@ -25,6 +25,8 @@ LABEL_CLASS = "tideplane.io/priority-class"  # realtime | batch
 # The workflow that owns a logical deployment's objects (on its HTTPRoute during a rollout, on the
 # version Deployments a scaling loop scales): its workflow ID, which continue-as-new keeps.
 ANNOTATION_OWNER = "tideplane.io/owner"
+# ApplicationError type of a refusal: another workflow owns the deployment (ANNOTATION_OWNER).
+DEPLOYMENT_OWNED = "DeploymentOwned"
 
 # Node labels as Karpenter / EKS set them.
 NODE_CAPACITY_TYPE = "karpenter.sh/capacity-type"  # on-demand | spot
@@ -116,6 +118,9 @@ class DeploymentRef(BaseModel):
     def versioned(self, version: str) -> str:
         """Name of the Deployment and Service that serve ``version`` of this deployment."""
         return versioned_name(self.name, version)
+
+
+MODEL_ROLLOUT_WORKFLOW = "ModelRollout"  # the workflow type (registry retention lists its running executions)
 
 
 def rollout_workflow_id(deployment: str) -> str:

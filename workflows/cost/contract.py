@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 
 from workflows.cost.pricing import GpuSeconds, NodeInfo, PodInfo, Prices, TokenCount
-from workflows.scaling.budget import Spend
+from workflows.cost.budget import Spend
 
 
 class CostQueries(BaseModel):

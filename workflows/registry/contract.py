@@ -13,9 +13,8 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 from temporalio import activity
 
-from workflows.registry.schema import BenchmarkResult, ModelName, SemVer, Status, VersionSummary
-from workflows.rollout.contract import WeightFile
-from workflows.rollout.quality import GoldenRevision
+from workflows.core.versions import ModelName, SemVer, Status, WeightFile
+from workflows.registry.schema import BenchmarkResult, VersionSummary
 
 # --- for the rollout ---------------------------------------------------------------------------
 
@@ -56,17 +55,6 @@ class RecordRegistryBenchmarkInput(BaseModel):
     model: str
     version: str
     benchmark: BenchmarkResult
-
-
-# --- golden sets (workflows/rollout/quality.py) --------------------------------------------------
-
-
-class GoldenSetInput(BaseModel):
-    model: str
-
-
-class GoldenSetFound(BaseModel):
-    current: GoldenRevision | None = Field(None, description="None: the model has no golden set")
 
 
 # --- for retention -----------------------------------------------------------------------------
@@ -140,9 +128,4 @@ class RegistryActivities:
     async def delete_registry_weights(self, req: DeleteWeightsInput) -> DeleteWeightsResult:
         """Delete a deprecated version's weights; refused (deleted=False) if it is no longer
         deprecated or a rollout of it runs. Heartbeats; a retry resumes after the last deleted key."""
-        raise NotImplementedError
-
-    @activity.defn(name="read_golden_set")
-    def read_golden_set(self, req: GoldenSetInput) -> GoldenSetFound:
-        """The model's current golden set (the rollout's warm-up gate runs it)."""
         raise NotImplementedError

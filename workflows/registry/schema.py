@@ -16,46 +16,25 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from workflows.rollout.batching import SweepRecord
-from workflows.rollout.quality import GoldenVerdict
+from workflows.core.batching_settings import SweepRecord
+from workflows.core.verdicts import GoldenVerdict
+from workflows.core.versions import (
+    MODEL_NAME_PATTERN,
+    SHA256_PATTERN,
+    Canary,
+    Deprecated,
+    ModelName,
+    SemVer,
+    Serving,
+    Stable,
+    Status,
+    Testing,
+    checked_semver,
+)
 
 SCHEMA_VERSION = 1
-
-# semver.org's recommended regular expression (2.0.0), anchored.
-_SEMVER = re.compile(
-    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
-    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
-)
-# A model name is one S3 key segment and one Kubernetes label value: no "/", no "@".
-MODEL_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
-SHA256_PATTERN = r"^[0-9a-f]{64}$"
-
-
-def _semver(value: str) -> str:
-    if not _SEMVER.match(value):
-        raise ValueError(f"not a semantic version (MAJOR.MINOR.PATCH[-pre][+build]): {value!r}")
-    return value
-
-
-SemVer = Annotated[str, AfterValidator(_semver)]
-ModelName = Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
-
-
-def semver_key(version: str) -> tuple:
-    """Sort key with semver precedence: 1.2.0-rc.1 < 1.2.0 < 1.10.0; build metadata ignored."""
-    match = _SEMVER.match(version)
-    if not match:
-        raise ValueError(f"not a semantic version: {version!r}")
-    major, minor, patch, pre, _build = match.groups()
-    if pre is None:
-        pre_key: tuple = ((1,),)  # a release sorts after all its pre-releases
-    else:
-        pre_key = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in pre.split("."))
-        pre_key = ((0,), *pre_key)
-    return (int(major), int(minor), int(patch), pre_key)
 
 
 def parse_ref(ref: str) -> tuple[str, str | None]:
@@ -64,7 +43,7 @@ def parse_ref(ref: str) -> tuple[str, str | None]:
     if not re.match(MODEL_NAME_PATTERN, model):
         raise ValueError(f"bad model name in {ref!r} (letters, digits, '.', '_', '-')")
     if sep:
-        _semver(version)
+        checked_semver(version)
         return model, version
     return model, None
 
@@ -125,29 +104,6 @@ def parse_quantization(text: str) -> NoQuantization | Gguf | Awq | Gptq:
 # --- status: a discriminated union on "state" --------------------------------------------------
 
 
-class Testing(BaseModel):
-    state: Literal["testing"] = "testing"
-
-
-class Canary(BaseModel):
-    state: Literal["canary"] = "canary"
-    percent: int = Field(ge=0, le=100, description="share of traffic the canary carries")
-    since: datetime = Field(description="when the version became a canary")
-
-
-class Stable(BaseModel):
-    state: Literal["stable"] = "stable"
-    since: datetime
-
-
-class Deprecated(BaseModel):
-    state: Literal["deprecated"] = "deprecated"
-    since: datetime
-
-
-Status = Annotated[Union[Testing, Canary, Stable, Deprecated], Field(discriminator="state")]
-# Where a version serves on one deployment: a canary or the stable version.
-Serving = Annotated[Union[Canary, Stable], Field(discriminator="state")]
 # The deployment key of a status set without naming a deployment (by hand, or in a manifest
 # written before status was per deployment): it stands for "some deployment, not recorded".
 ANY_DEPLOYMENT = "*"

@@ -1,8 +1,6 @@
-"""Batching settings of a vLLM engine, and the choice among those a sweep measured (pure).
+"""The rollout's batching sweep at warm-up: what to measure, and the choice among what it measured (pure).
 
-vLLM batches continuously; how much it batches is set by ``--max-num-seqs`` (requests in the
-running batch), ``--max-num-batched-tokens`` (tokens one scheduler step computes: the prefill
-chunk budget) and ``--enable-chunked-prefill`` / ``--no-enable-chunked-prefill``. More batching
+The settings are vLLM's engine arguments (workflows/core/batching_settings.py). More batching
 raises throughput until the step time, and with it TPOT, grows past its SLO; less batching keeps
 steps short but lets requests wait, and TTFT grows. The rollout's warm-up measures a few
 settings against the version's own traffic shape and keeps the highest throughput whose TTFT
@@ -14,37 +12,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from workflows.core.batching_settings import BatchingSetting, SweepPoint
 from workflows.core.bounds import Seconds
-
-MAX_NUM_SEQS = "--max-num-seqs"
-MAX_NUM_BATCHED_TOKENS = "--max-num-batched-tokens"
-CHUNKED_PREFILL = "--enable-chunked-prefill"
-NO_CHUNKED_PREFILL = "--no-enable-chunked-prefill"
-_VALUED = (MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS)
-_FLAGS = (CHUNKED_PREFILL, NO_CHUNKED_PREFILL)
-
-
-class BatchingSetting(BaseModel):
-    """One point of the sweep, as vLLM's engine arguments."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_num_seqs: int = Field(ge=1, le=65_536)
-    max_num_batched_tokens: int = Field(ge=16, le=1_048_576)
-    chunked_prefill: bool = True
-
-    def label(self) -> str:
-        chunk = "chunked" if self.chunked_prefill else "whole prefill"
-        return f"seqs {self.max_num_seqs}, tokens {self.max_num_batched_tokens}, {chunk}"
-
-    def engine_args(self) -> list[str]:
-        """The arguments as ``vllm serve`` spells them."""
-        return [
-            MAX_NUM_SEQS, str(self.max_num_seqs),
-            MAX_NUM_BATCHED_TOKENS, str(self.max_num_batched_tokens),
-            CHUNKED_PREFILL if self.chunked_prefill else NO_CHUNKED_PREFILL,
-        ]
-
 
 # vLLM's own choice for the OpenAI server on a >= 70 GiB GPU (EngineArgs.get_batch_defaults, V1),
 # as infra/fleetmodel/calibration.yaml records it: the baseline every sweep includes.
@@ -56,39 +25,6 @@ DEFAULT_CANDIDATES = (
     BatchingSetting(max_num_seqs=128, max_num_batched_tokens=1024),
     BatchingSetting(max_num_seqs=64, max_num_batched_tokens=512),
 )
-
-
-def with_engine_args(args: list[str], setting: BatchingSetting) -> list[str]:
-    """``args`` with their batching arguments (``--x N``, ``--x=N``, the prefill flags) replaced by ``setting``'s."""
-    kept: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in _FLAGS:
-            continue
-        if name in _VALUED:
-            skip = "=" not in arg
-            continue
-        kept.append(arg)
-    return kept + setting.engine_args()
-
-
-def engine_overrides(args: list[str]) -> dict[str, int | bool]:
-    """The batching settings ``args`` give (``max_num_seqs``, ``max_num_batched_tokens``,
-    ``enable_chunked_prefill``); the ones not given are absent (the engine's defaults hold)."""
-    out: dict[str, int | bool] = {}
-    for i, arg in enumerate(args):
-        name, eq, inline = arg.partition("=")
-        if name in _VALUED:
-            value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
-            if value.isdigit() and int(value) > 0:
-                out[name.lstrip("-").replace("-", "_")] = int(value)
-        elif name in _FLAGS:
-            out["enable_chunked_prefill"] = name == CHUNKED_PREFILL
-    return out
 
 
 class BatchingSweep(BaseModel):
@@ -117,34 +53,11 @@ class BatchingSweep(BaseModel):
         return self
 
 
-class SweepPoint(BaseModel):
-    """What one setting gave under the sweep's load."""
-
-    setting: BatchingSetting
-    tokens_per_second: float = Field(ge=0, description="generated tokens per second of the run")
-    ttft_p99_seconds: float | None = Field(None, description="vLLM's histogram over the run (None: no data)")
-    tpot_p99_seconds: float | None = None
-    requests: int = Field(ge=0)
-    errors: int = Field(ge=0)
-
-
 class SweepChoice(BaseModel):
     """The setting to keep, and why."""
 
     setting: BatchingSetting
     within_slo: list[BatchingSetting] = Field(default_factory=list, description="empty: none met the SLO at the sweep's load")
-    reason: str
-
-
-class SweepRecord(BaseModel):
-    """A sweep as the registry keeps it (``BenchmarkResult.batching``)."""
-
-    ttft_slo_seconds: float
-    tpot_slo_seconds: float
-    prompt_tokens: int
-    output_tokens: int
-    points: list[SweepPoint]
-    chosen: BatchingSetting
     reason: str
 
 

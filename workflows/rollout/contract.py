@@ -13,9 +13,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 
+from workflows.core.batching_settings import BatchingSetting, SweepPoint
 from workflows.core.naming import DeploymentName, DeploymentRef, rollout_workflow_id
-from workflows.rollout.batching import BatchingSetting, SweepPoint
-from workflows.rollout.quality import CaseResult, GoldenSet, ShadowPair
+from workflows.core.versions import DeploymentState, WeightFile
 
 # Activity names (stable API: histories refer to them).
 STAGE_WEIGHTS = "stage_weights"
@@ -28,17 +28,10 @@ WARM_UP = "warm_up"
 QUERY_GATES = "query_gates"
 SWEEP_BATCHING = "sweep_batching"
 SET_ENGINE_ARGS = "set_engine_args"
-
-# ApplicationError type of a refusal: another workflow owns the deployment (naming.ANNOTATION_OWNER).
-DEPLOYMENT_OWNED = "DeploymentOwned"
+MOVE_ADAPTER_RULES = "move_adapter_rules"
 
 SCHEDULE_RETIRE = "schedule_retire"
 CANCEL_RETIRE = "cancel_retire"
-
-
-class WeightFile(BaseModel):
-    uri: str = Field(description="s3://bucket/key of one weights file")
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 class StageWeightsInput(BaseModel):
@@ -53,30 +46,6 @@ class StagedWeights(BaseModel):
     size_bytes: int
     resumed_bytes: int = Field(0, description="bytes already verified by an earlier attempt, not fetched again")
     seconds: float
-
-
-class VersionInfo(BaseModel):
-    version: str
-    model: str
-    replicas: int
-    ready_replicas: int
-    route_weight: int
-    lora_modules: dict[str, str] = Field(
-        default_factory=dict, description="the LoRA adapters its pods load at start (served name -> path, --lora-modules)"
-    )
-
-
-class DeploymentState(BaseModel):
-    """What is in the cluster now for one logical deployment."""
-
-    route_exists: bool
-    versions: list[VersionInfo] = Field(default_factory=list)
-
-    @property
-    def stable(self) -> VersionInfo | None:
-        """The version carrying the most traffic (None on a first deploy)."""
-        serving = [v for v in self.versions if v.route_weight > 0]
-        return max(serving, key=lambda v: v.route_weight) if serving else None
 
 
 class SecretKeyRef(BaseModel):
@@ -236,37 +205,12 @@ class GateQueriesResult(BaseModel):
     values: dict[str, float | None] = Field(description="gate name -> scalar result (None: no data)")
 
 
-# ---- quality gates (workflows/rollout/quality.py) -------------------------------------------------
-
-RUN_GOLDEN_SET = "run_golden_set"
-READ_SHADOW_PAIRS = "read_shadow_pairs"
-
-
-class GoldenRunInput(BaseModel):
-    """Ask every case of the golden set of the new version and of stable, with temperature 0."""
+class MoveAdapterRulesInput(BaseModel):
+    """Re-point the adapter rules on ``from_version``'s Service at ``to_version``'s (None: remove them)."""
 
     deployment: DeploymentRef
-    model: str
-    version: str
-    stable_version: str | None = None
-    golden: GoldenSet
-
-
-class GoldenRunResult(BaseModel):
-    new: list[CaseResult]
-    stable: list[CaseResult] | None = None
-
-
-class ShadowPairsInput(BaseModel):
-    deployment: DeploymentRef
-    version: str = Field(description="the canary whose mirrored answers are compared")
-    stable_version: str
-    after: int = Field(0, ge=0, description="read pairs recorded after this sequence number")
-
-
-class ShadowPairsResult(BaseModel):
-    pairs: list[ShadowPair]
-    last: int = Field(description="pass as 'after' next time")
+    from_version: str
+    to_version: str | None
 
 
 class RolloutActivities:
@@ -313,20 +257,15 @@ class RolloutActivities:
         """Each gate's PromQL template rendered and run as an instant query."""
         raise NotImplementedError
 
-    @activity.defn(name=RUN_GOLDEN_SET)
-    def run_golden_set(self, req: GoldenRunInput) -> GoldenRunResult:
-        """The golden set against the new version's and stable's own Services, each answer graded."""
-        raise NotImplementedError
-
-    @activity.defn(name=READ_SHADOW_PAIRS)
-    def read_shadow_pairs(self, req: ShadowPairsInput) -> ShadowPairsResult:
-        """The (stable answer, canary answer) pairs of mirrored live requests recorded since ``after``."""
+    @activity.defn(name=MOVE_ADAPTER_RULES)
+    def move_adapter_rules(self, req: MoveAdapterRulesInput) -> list[str]:
+        """At promotion, re-point (or remove) the LoRA adapters' rules of the HTTPRoute; the adapters' names it moved."""
         raise NotImplementedError
 
 
 class BatchingActivities:
     """How ModelRollout tunes batching at warm-up on the new version's own replicas (implemented in
-    activities/batching.py; the choice among the measured settings is workflows/rollout/batching.py)."""
+    activities/rollout/batching_activities.py; the choice among the measured settings is workflows/rollout/batching.py)."""
 
     @activity.defn(name=SWEEP_BATCHING)
     def sweep_batching(self, req: SweepBatchingInput) -> SweepBatchingResult:

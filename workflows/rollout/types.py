@@ -41,9 +41,10 @@ from workflows.core.bounds import (
 from workflows.core.naming import DeploymentName, DeploymentRef, VersionLabel
 from workflows.rollout.contract import Benchmark, EnvFromSecret, StagedWeights, plain_credentials
 from workflows.rollout.batching import BatchingSweep, SweepChoice
-from workflows.scaling.gpu_sharing import GPU_MEMORY_UTILIZATION_FLAG
-from workflows.rollout.quality import GoldenVerdict, ShadowSettings, ShadowVerdict
-from workflows.staging.contract import NodeStaging, PrestageSettings
+from workflows.core.gpu_shares import GPU_MEMORY_UTILIZATION_FLAG
+from workflows.core.verdicts import GoldenVerdict
+from workflows.quality.shadow import ShadowSettings, ShadowVerdict
+from workflows.node_cache.contract import NodeCacheProgress, NodeCacheSettings
 
 MAX_OBSERVATIONS = 3000  # ~11 history events each: well under Temporal's 51,200-event limit
 # The input travels in the history, the status query and activity inputs (args/env): keep it far below
@@ -195,12 +196,12 @@ class RolloutInput(_Strict):
     )
     scale_down_delay_seconds: SecondsOrZero = Field(600, description="old (or failed) version kept warm this long")
     shadow: ShadowSettings | None = Field(
-        None, description="mirror live requests to the canary and gate on answer drift (workflows/rollout/quality.py)"
+        None, description="mirror live requests to the canary and gate on answer drift (workflows/quality/golden_set.py)"
     )
     batching: BatchingSweep | None = Field(
         None, description="tune vLLM's batching at warm-up: sweep settings, keep the best within the SLO (workflows/rollout/batching.py)"
     )
-    prestage: PrestageSettings | None = Field(
+    prestage: NodeCacheSettings | None = Field(
         None, description="stage the weights into the pool's node caches, peer to peer, before the version starts"
     )
 
@@ -348,7 +349,7 @@ class RolloutStatus(BaseModel):
     golden: GoldenVerdict | None = Field(None, description="the golden-set gate's verdict at warm-up")
     shadow: ShadowVerdict | None = Field(None, description="the last shadow comparison's verdict")
     batching: SweepChoice | None = Field(None, description="the batching setting the warm-up's sweep kept")
-    nodes: list[NodeStaging] = Field(default_factory=list, description="pre-staging: each node's progress")
+    nodes: list[NodeCacheProgress] = Field(default_factory=list, description="pre-staging: each node's progress")
 
 
 class RolloutResult(BaseModel):

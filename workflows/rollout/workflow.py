@@ -46,50 +46,57 @@ with workflow.unsafe.imports_passed_through():
     # Full dotted names: inside the sandbox ``from workflows import x`` would re-import x (the
     # sandboxed ``workflows`` package lacks it), giving pydantic classes that differ from the real ones.
     from workflows.rollout.gates import Decision, StepAnalysis, Verdict, canary_replicas, evaluate, required_passes
-    from workflows.core.naming import TASK_QUEUE, rollout_workflow_id
-    from workflows.registry.schema import BenchmarkResult, Canary, Deprecated, Stable, Testing
+    from workflows.core.naming import MODEL_ROLLOUT_WORKFLOW, TASK_QUEUE, rollout_workflow_id
+    from workflows.registry.schema import BenchmarkResult
+    from workflows.core.versions import Canary, Deprecated, Stable, Testing
+    from workflows.quality.contract import GoldenSetInput, QualityActivities
     from workflows.registry.contract import (
-        GoldenSetInput,
         RecordRegistryBenchmarkInput,
         RegistryActivities,
         RegistryWeightsInput,
         SetRegistryStatusInput,
     )
-    from workflows.rollout.batching import SweepChoice, SweepRecord, choose_setting
+    from workflows.rollout.batching import SweepChoice, choose_setting
+    from workflows.core.batching_settings import SweepRecord
+    from workflows.core.naming import DEPLOYMENT_OWNED
     from workflows.rollout.contract import (
-        DEPLOYMENT_OWNED,
         BatchingActivities,
         Benchmark,
         CancelRetireInput,
-        DeploymentState,
         EngineArgsInput,
         EnsureVersionInput,
         GateQueriesInput,
-        GoldenRunInput,
         RetireInput,
         RetireScheduling,
         RolloutActivities,
+        MoveAdapterRulesInput,
         RouteMirror,
         RouteWeightsInput,
         ScaleVersionInput,
         StagedWeights,
         StageWeightsInput,
         SweepBatchingInput,
-        VersionInfo,
         WaitReadyInput,
-        ShadowPairsInput,
         WarmUpInput,
-        WeightFile,
         retire_workflow_id,
     )
-    from workflows.rollout.quality import (
-        GoldenVerdict,
+    from workflows.core.versions import (
+        DeploymentState,
+        VersionInfo,
+        WeightFile,
+    )
+    from workflows.quality.contract import (
+        GoldenRunInput,
+        ShadowPairsInput,
+    )
+    from workflows.core.verdicts import GoldenVerdict
+    from workflows.quality.shadow import (
         ShadowPair,
         ShadowVerdict,
         describe_pair,
-        golden_verdict,
         shadow_verdict,
     )
+    from workflows.quality.golden_set import golden_verdict
     from workflows.rollout.types import (
         AbortInput,
         Outcome,
@@ -103,9 +110,9 @@ with workflow.unsafe.imports_passed_through():
         Stage,
         VerdictRecord,
     )
-    from workflows.staging.contract import NodeStaging, NodeStagingActivities, StartNodeStagingInput
-    from workflows.adapters.contract import AdapterActivities, MoveAdapterRulesInput
-    from workflows.adapters.routing import lora_modules, with_lora_modules
+    from workflows.node_cache.contract import NodeCacheProgress, NodeCacheActivities, StartNodeCacheInput
+
+    from workflows.core.lora import lora_modules, with_lora_modules
     from workflows.core.search_attributes import CANARY_PERCENT, DEPLOYMENT, MODEL, STAGE, VERSION
     from workflows.core.failures import cause, validated
     from workflows.core.waiting import wait_until
@@ -118,7 +125,6 @@ with workflow.unsafe.imports_passed_through():
         rollout_paused,
     )
 
-WORKFLOW_TYPE = "ModelRollout"
 # Runs from before this patch kept the rollout open for the scale-down delay; newer ones end when
 # traffic has moved and leave the delayed scale-down to a RetireVersion workflow (rollout/retire.py).
 RETIRE_PATCH = "retire-after-promotion"
@@ -193,7 +199,7 @@ async def _stop(task: asyncio.Future) -> None:
         await task
 
 
-@workflow.defn(name=WORKFLOW_TYPE, failure_exception_types=[ValidationError])
+@workflow.defn(name=MODEL_ROLLOUT_WORKFLOW, failure_exception_types=[ValidationError])
 class ModelRollout:
     """One rollout of one version to one logical deployment. ValidationError fails the run (a bad
     input is reported with its field at once instead of retrying the workflow task forever)."""
@@ -235,7 +241,7 @@ class ModelRollout:
         self._shadow_after = 0  # last mirrored pair read
         self._shadow_pairs: list[ShadowPair] = []  # the current window's pairs
         self._shadow_passed = False  # some window's comparison passed
-        self._nodes: list[NodeStaging] = []  # pre-staging progress per node
+        self._nodes: list[NodeCacheProgress] = []  # pre-staging progress per node
         self._adapters: dict[str, str] | None = None  # None: no adapter to carry; else those carried to this version
 
     @workflow.run
@@ -482,7 +488,7 @@ class ModelRollout:
     async def _move_adapter_rules(self, from_version: str, to_version: str | None) -> None:
         """The adapters' rules follow the base (None: removed); runs to its end, as a route change does."""
         await self._act(
-            AdapterActivities.move_adapter_rules,
+            RolloutActivities.move_adapter_rules,
             MoveAdapterRulesInput(deployment=self._ref, from_version=from_version, to_version=to_version),
             summary=f"adapter rules: from {from_version} to {to_version or 'nothing (another model)'}",
             retry=_BACK,
@@ -747,7 +753,7 @@ class ModelRollout:
             result.route_reverted_seconds = reverted
         return result
 
-    # ---- quality gates (issue 21; verdicts in workflows/rollout/quality.py) ------------------------
+    # ---- quality gates (issue 21; verdicts in workflows/quality/golden_set.py) ------------------------
 
     async def _quality_gates_at_warm_up(self) -> None:
         """Before any traffic moves: the model's golden set against the new version and stable
@@ -757,7 +763,7 @@ class ModelRollout:
         if not workflow.patched(GOLDEN_PATCH):
             return
         found = await self._act(
-            RegistryActivities.read_golden_set,
+            QualityActivities.read_golden_set,
             GoldenSetInput(model=inp.model),
             summary=f"look up the golden set of {inp.model} in the registry",
             retry=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["NotFoundError", "ValidationError"]),
@@ -767,7 +773,7 @@ class ModelRollout:
             golden = found.current.golden
             stable = self._stable.version if self._stable else None
             run = await self._act(
-                RolloutActivities.run_golden_set,
+                QualityActivities.run_golden_set,
                 GoldenRunInput(deployment=self._ref, model=inp.model, version=inp.version, stable_version=stable, golden=golden),
                 summary=f"golden set r{found.current.revision} ({len(golden.cases)} cases) against {inp.version}"
                 + (f" and {stable}" if stable else ""),
@@ -815,7 +821,7 @@ class ModelRollout:
             return
         try:
             read = await self._act(
-                RolloutActivities.read_shadow_pairs,
+                QualityActivities.read_shadow_pairs,
                 ShadowPairsInput(
                     deployment=self._ref, version=inp.version, stable_version=self._stable.version, after=self._shadow_after
                 ),
@@ -862,13 +868,13 @@ class ModelRollout:
         ``min_nodes`` hold the version; the others finish behind. Fewer by the deadline, or too many
         failed to reach it, fails the rollout before the cluster's serving objects change."""
         inp, spec = self._in, self._in.prestage
-        req = StartNodeStagingInput(
+        req = StartNodeCacheInput(
             namespace=self._ref.namespace,
             model=inp.model, version=inp.version, files=files, pool=spec.pool, run_id=workflow.info().run_id,
             image=inp.image,
         )
         status = await self._act(
-            NodeStagingActivities.start_node_staging,
+            NodeCacheActivities.start_node_staging,
             req,
             summary=f"start staging {inp.model} {inp.version} onto the nodes of {spec.pool or 'the GPU pools'}",
         )
@@ -895,7 +901,7 @@ class ModelRollout:
                 )
             await workflow.sleep(spec.poll_seconds, summary="wait for the nodes' staging")
             status = await self._act(
-                NodeStagingActivities.node_staging_status, req, summary="read the nodes' staging", read_only=True
+                NodeCacheActivities.node_staging_status, req, summary="read the nodes' staging", read_only=True
             )
 
     async def _checkpoint(self) -> None:

@@ -35,10 +35,10 @@ import math
 from pydantic import BaseModel, Field, model_validator
 
 from workflows.core.bounds import DAY_SECONDS, MAX_GPUS_PER_REPLICA, MAX_REPLICAS, Replicas, SecondsOrZero
-from workflows.scaling.budget import MonthlyBudget
+from workflows.cost.budget import MonthlyBudget
 from workflows.scaling.completion import drain_replicas, drain_seconds
 from workflows.scaling.cpu_fallback import CpuFallback
-from workflows.scaling.placement import PoolClass
+from workflows.core.pools import PoolClass
 from workflows.spot.mix import SpotMixPolicy
 
 
@@ -112,7 +112,7 @@ class ScalingPolicy(BaseModel):
         " on-demand base (workflows/spot/mix.py), instead of scaling the versioned Deployment"
     )
     monthly_budget: MonthlyBudget | None = Field(
-        None, description="growth that would take the month's GPU spend over this budget is refused (workflows/scaling/budget.py)"
+        None, description="growth that would take the month's GPU spend over this budget is refused (workflows/cost/budget.py)"
     )
 
     @model_validator(mode="after")

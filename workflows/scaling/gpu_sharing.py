@@ -16,56 +16,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-# Names the NVIDIA device plugin and GPU feature discovery put on a node whose GPUs are shared
-# (k8s-device-plugin README, "Shared Access to GPUs"; sharing.timeSlicing.renameByDefault: true
-# advertises the replicas as ``nvidia.com/gpu.shared`` so that only pods asking for a share land there).
-SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
-SHARING_STRATEGY_LABEL = "nvidia.com/gpu.sharing-strategy"  # none | time-slicing | mps
-SHARING_STRATEGIES = ("time-slicing", "mps")  # the label's values for a node whose GPUs are shared
-GPU_REPLICAS_LABEL = "nvidia.com/gpu.replicas"  # shares per physical GPU
-GPU_COUNT_LABEL = "nvidia.com/gpu.count"  # physical GPUs
-SHARED_PRODUCT_SUFFIX = "-SHARED"  # GFD appends it to nvidia.com/gpu.product on shared nodes
+from workflows.core.gpu_shares import EPSILON, GPU_MEMORY_UTILIZATION_FLAG
 
-GPU_MEMORY_UTILIZATION_FLAG = "--gpu-memory-utilization"
-VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM EngineArgs default
 ACTIVATION_RESERVE_GIB = 2.0  # torch/CUDA-graph/activation memory beside weights and KV (infra/fleetmodel/calibration.yaml)
-EPSILON = 1e-9
-
-
-def gpu_memory_utilization(args: list[str]) -> float:
-    """The fraction of its GPU a vLLM server claims, from its command-line arguments (vLLM's default
-    when absent); ``ValueError`` for a value vLLM itself would refuse."""
-    value: str | None = None
-    for i, arg in enumerate(args):
-        if arg == GPU_MEMORY_UTILIZATION_FLAG and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(GPU_MEMORY_UTILIZATION_FLAG + "="):
-            value = arg.partition("=")[2]
-    if value is None:
-        return VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
-    fraction = float(value)
-    if not 0 < fraction <= 1:
-        raise ValueError(f"{GPU_MEMORY_UTILIZATION_FLAG} must be in (0, 1], got {value}")
-    return fraction
-
-
-def container_share(asked: object, args: list[str]) -> float | None:
-    """The fraction of one GPU a container asking for ``asked`` GPU shares claims (its vLLM
-    ``--gpu-memory-utilization``); None when it asks for none, or for a value vLLM refuses at start
-    (nothing to place)."""
-    if asked in (None, 0, "0"):
-        return None
-    try:
-        return gpu_memory_utilization([str(a) for a in args])
-    except ValueError:
-        return None
-
-
-def fullest_fit(used: list[float], fraction: float) -> int | None:
-    """Where a share goes, as a VRAM-aware scheduler (HAMi) puts it: the fullest GPU that still
-    holds ``fraction`` (``used``: each GPU's claimed fraction; None: none holds it)."""
-    fitting = [i for i, u in enumerate(used) if u + fraction <= 1 + EPSILON]
-    return min(fitting, key=lambda i: (1 - used[i], i), default=None)
 
 
 class ModelShare(BaseModel):

@@ -40,10 +40,11 @@ with workflow.unsafe.imports_passed_through():
     import workflows.core.search_attributes as search_attributes
     import workflows.core.telemetry as telemetry
     from workflows.core.naming import DeploymentRef
-    from workflows.rollout.contract import DEPLOYMENT_OWNED, RolloutActivities, ScaleVersionInput
+    from workflows.core.naming import DEPLOYMENT_OWNED
+    from workflows.rollout.contract import RolloutActivities, ScaleVersionInput
     import workflows.scaling.contract as acts
     from workflows.scaling.contract import ScalingActivities
-    from workflows.scaling.budget_guard import BUDGET_PATCH, judge_growth
+    from workflows.cost.budget_guard import BUDGET_PATCH, judge_growth
     from workflows.scaling.cpu_fallback import CpuFallbackState, decide_fallback
     from workflows.scaling.decide import (
         NOTABLE_HOLDS,
@@ -56,7 +57,7 @@ with workflow.unsafe.imports_passed_through():
         slo_replicas,
     )
     from workflows.scaling.floors import SET_FLOOR_SIGNAL, FloorClaim, SetFloor, floor_label
-    from workflows.scaling.placement import CAPACITY_FOR_CLASS
+    from workflows.core.pools import CAPACITY_FOR_CLASS
     from workflows.scaling.queue_limit import QueueLimit, queue_limit
     from workflows.scaling.warm_pool import CLAIM_RENEWALS_PER_TTL, WARM_POOL_FLOOR_SIGNAL, WarmPoolFloor, claim_ttl_seconds
     from workflows.spot.contract import ApplySpotMixInput, SpotDomainsInput, SpotMixActivities
@@ -408,7 +409,7 @@ class ReactiveScaling:
     async def _within_budget(
         self, namespace: str, name: str, now: datetime, scale: acts.ScaleStatus, decision: ScalingDecision
     ) -> ScalingDecision:
-        """Cut growth the monthly budget cannot pay for (workflows/scaling/budget.py); a protected
+        """Cut growth the monthly budget cannot pay for (workflows/cost/budget.py); a protected
         realtime class keeps it. Spend unreadable: the growth goes ahead, said in the reason."""
         budget = self._policy.monthly_budget
         verdict = await judge_growth(budget, now, scale.replicas, decision.desired, self._policy.gpus_per_replica,

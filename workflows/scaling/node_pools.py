@@ -60,10 +60,11 @@ with workflow.unsafe.imports_passed_through():
     from workflows.core.bounds import DAY_SECONDS, MAX_ITERATIONS
     from workflows.core.naming import split_deployment
     from workflows.scaling.contract import NodePoolActivities, ScalingActivities
-    from workflows.scaling.budget import MonthlyBudget
-    from workflows.scaling.budget_guard import BUDGET_PATCH, judge_growth
+    from workflows.cost.budget import MonthlyBudget
+    from workflows.cost.budget_guard import BUDGET_PATCH, judge_growth
     from workflows.scaling.decide import ScalingPolicy, slo_replicas
-    from workflows.scaling.placement import CLASS_FOR_CAPACITY, ModelNeed, PoolDecision, PoolSizing, plan_pending, size_pool
+    from workflows.core.pools import CLASS_FOR_CAPACITY
+    from workflows.scaling.placement import ModelNeed, PoolDecision, PoolSizing, plan_pending, size_pool
     from workflows.scaling.forecast import WEEK_S
     from workflows.scaling.warm_pool import (
         WARM_POOL_FLOOR_SIGNAL,
@@ -356,7 +357,7 @@ class NodePoolScaling:
         return nodes
 
     async def _within_budget(self, input: NodePoolInput, current: int, desired: int, reason: str) -> tuple[int, str]:
-        """Nodes the monthly budget pays for (workflows/scaling/budget.py); a protected pool keeps its growth."""
+        """Nodes the monthly budget pays for (workflows/cost/budget.py); a protected pool keeps its growth."""
         verdict = await judge_growth(input.budget, workflow.now(), current, desired, input.sizing.gpus_per_node,
                                      input.pool.capacity_type, pool=self._pool, unit="node")
         if isinstance(verdict, str):

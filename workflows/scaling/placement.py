@@ -3,20 +3,16 @@
 GPUs cannot be oversubscribed and a model's weights must fit in each GPU it is sharded over, so
 "is there room for one more replica" is a per-GPU question, not a sum: the planner says where a
 replica fits, when it needs a new node, and when memory is there in total but fragmented.
-Priority classes map to capacity types: realtime on on-demand, batch on spot.
+Priority classes map to capacity types as workflows/core/pools.py says: realtime on on-demand, batch on spot.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from workflows.core.naming import NODE_CAPACITY_TYPE
-
-PoolClass = Literal["realtime", "batch"]
-CAPACITY_FOR_CLASS: dict[str, str] = {"realtime": "on-demand", "batch": "spot"}
+from workflows.core.pools import CAPACITY_FOR_CLASS, PoolClass
 
 
 class Gpu(BaseModel):
@@ -53,26 +49,6 @@ class Placement(BaseModel):
     needs_node: bool = False
     fragmented: bool = False
     report: str
-
-
-# Taint an operator puts on spot nodes to keep everything but batch work off them (Karpenter and
-# EKS do not taint spot by default; with the taint, only pods tolerating it land there).
-SPOT_TAINT = {"key": NODE_CAPACITY_TYPE, "value": "spot", "effect": "NoSchedule"}
-
-
-def node_selector(pool_class: PoolClass) -> dict[str, str]:
-    """The pod spec nodeSelector that keeps a class on its capacity type (required, like a node affinity).
-
-    A nodeSelector rather than a nodeAffinity term so that whoever moves the pods elsewhere (the
-    spot failover's on-demand twin) overrides the one key instead of adding a second, conflicting
-    requirement.
-    """
-    return {NODE_CAPACITY_TYPE: CAPACITY_FOR_CLASS[pool_class]}
-
-
-def tolerations(pool_class: PoolClass) -> list[dict]:
-    """Batch pods tolerate the spot taint; realtime pods never need to (they select on-demand nodes)."""
-    return [{**SPOT_TAINT, "operator": "Equal"}] if pool_class == "batch" else []
 
 
 def _usable(node: Node, need: ModelNeed) -> list[Gpu]:
@@ -135,9 +111,6 @@ class PoolSizing(BaseModel):
     warm_standby: int = Field(1, ge=0, description="idle nodes kept up so a replica needs no node boot")
     gpus_per_node: int = Field(8, ge=1)
     pending_grace_seconds: float = Field(60, ge=0, description="how long pods stay Unschedulable before growing")
-
-
-CLASS_FOR_CAPACITY: dict[str, PoolClass] = {v: k for k, v in CAPACITY_FOR_CLASS.items()}
 
 
 class PendingPlan(BaseModel):

@@ -19,7 +19,7 @@ from collections import Counter
 from typing import Any
 
 from workflows.core.naming import GPU_RESOURCE
-from workflows.scaling.gpu_sharing import fullest_fit
+from workflows.core.gpu_shares import fullest_fit
 
 from . import gpushare
 from .conditions import condition, node_ready, set_condition

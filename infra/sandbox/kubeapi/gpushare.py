@@ -15,7 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 from workflows.core.naming import GPU_RESOURCE
-from workflows.scaling.gpu_sharing import GPU_COUNT_LABEL, SHARED_GPU_RESOURCE, SHARING_STRATEGIES, SHARING_STRATEGY_LABEL, container_share
+from workflows.core.gpu_shares import (
+    GPU_COUNT_LABEL,
+    SHARED_GPU_RESOURCE,
+    SHARING_STRATEGIES,
+    SHARING_STRATEGY_LABEL,
+    container_share,
+)
 
 GPU_INDEX_ANNOTATION = "sandbox.tideplane.io/gpu-index"  # the physical GPU a shared pod was given
 

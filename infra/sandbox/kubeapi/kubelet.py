@@ -49,8 +49,8 @@ import yaml
 from infra.fleetmodel.coldstart import load_cold_start
 from infra.sandbox.config import ENGINE_CACHES_ANNOTATION, IMAGE_SIZE_BYTES, NODE_START_ANNOTATION, PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
 from workflows.core.naming import LABEL_MODEL, LABEL_VERSION
-from workflows.staging.contract import LABEL_COMPONENT, STAGER_COMPONENT
-from workflows.staging.cache import cached_version_label
+from workflows.node_cache.contract import LABEL_COMPONENT, NODE_CACHE_JOB_COMPONENT
+from workflows.node_cache.chunks import cached_version_label
 
 from .api import pod_ready
 from .conditions import node_ready, set_condition
@@ -124,7 +124,7 @@ def _number(profile: dict[str, Any], key: str, default: float = 0.0) -> float:
 
 def agent_run(pod: dict[str, Any]) -> bool:
     """A pod whose container the sandbox's node agent runs (a node-cache staging Job's)."""
-    return (pod["metadata"].get("labels") or {}).get(LABEL_COMPONENT) == STAGER_COMPONENT
+    return (pod["metadata"].get("labels") or {}).get(LABEL_COMPONENT) == NODE_CACHE_JOB_COMPONENT
 
 
 def backoff(restarts: int) -> float:

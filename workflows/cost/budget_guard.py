@@ -11,7 +11,7 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.cost.contract import CostActivities, MonthSpendInput
-    from workflows.scaling.budget import BudgetVerdict, MonthlyBudget, Spend, check_budget, month_bounds
+    from workflows.cost.budget import BudgetVerdict, MonthlyBudget, Spend, check_budget, month_bounds
     from workflows.core.failures import cause
 
 BUDGET_PATCH = "monthly-budget"

@@ -1,9 +1,9 @@
 """The contract between ModelRollout's pre-staging and the activities that stage onto nodes.
 
 Pre-staging runs one Job per node of the target pool, in the rollout's namespace (activities/node_cache.py builds them); each
-Job's pod runs ``tideplane node-cache stage --request JSON`` (a ``NodeStageRequest``) on its node:
+Job's pod runs ``tideplane node-cache stage --request JSON`` (a ``NodeCacheRequest``) on its node:
 the resumable, verified staging code, into the node's chunk cache, fetching each missing chunk
-from a peer that holds it and from S3 otherwise. Its ``NodeStageReport`` comes back as the
+from a peer that holds it and from S3 otherwise. Its ``NodeCacheReport`` comes back as the
 container's termination message. Activity names are a stable API.
 """
 
@@ -14,8 +14,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 
-from workflows.rollout.contract import WeightFile
-from workflows.staging.cache import PATH_SEGMENT
+from workflows.core.versions import WeightFile
+from workflows.node_cache.chunks import PATH_SEGMENT
 
 START_NODE_STAGING = "start_node_staging"
 NODE_STAGING_STATUS = "node_staging_status"
@@ -24,7 +24,7 @@ NODE_STAGING_STATUS = "node_staging_status"
 # its chunk server under; without it the peer URL is the worker's template on the node's InternalIP.
 NODE_CACHE_URL_ANNOTATION = "tideplane.io/node-cache-url"
 # Label of the staging Jobs and their pods.
-STAGER_COMPONENT = "node-cache-stage"
+NODE_CACHE_JOB_COMPONENT = "node-cache-stage"
 LABEL_COMPONENT = "tideplane.io/component"
 
 
@@ -33,7 +33,7 @@ class Peer(BaseModel):
     url: str = Field(description="the node's chunk server, e.g. http://10.0.3.7:8470")
 
 
-class NodeStageRequest(BaseModel):
+class NodeCacheRequest(BaseModel):
     """What one staging pod does (its ``--request``): stage a version into its node's cache."""
 
     model: str = Field(pattern=PATH_SEGMENT)
@@ -47,7 +47,7 @@ class NodeStageRequest(BaseModel):
     peer_wait_seconds: float = Field(30.0, ge=0, description="how long to wait for a peer's chunk before reading S3")
 
 
-class NodeStageReport(BaseModel):
+class NodeCacheReport(BaseModel):
     """A staging pod's result: where its bytes came from."""
 
     node: str
@@ -61,7 +61,7 @@ class NodeStageReport(BaseModel):
     seconds: float
 
 
-class PrestageSettings(BaseModel):
+class NodeCacheSettings(BaseModel):
     """Rollout input ``prestage``: stage the version onto the pool's nodes before the canary starts."""
 
     model_config = ConfigDict(extra="forbid")
@@ -72,7 +72,7 @@ class PrestageSettings(BaseModel):
     poll_seconds: float = Field(5.0, gt=0)
 
 
-class StartNodeStagingInput(BaseModel):
+class StartNodeCacheInput(BaseModel):
     namespace: str = Field(description="an enabled serving namespace (the rollout's): the Jobs run there")
     model: str
     version: str
@@ -85,12 +85,12 @@ class StartNodeStagingInput(BaseModel):
     )
 
 
-class NodeStaging(BaseModel):
+class NodeCacheProgress(BaseModel):
     """One node's progress."""
 
     node: str
     state: Literal["pending", "staging", "staged", "failed"]
-    report: NodeStageReport | None = None
+    report: NodeCacheReport | None = None
     message: str | None = None
 
     def describe(self) -> str:
@@ -103,22 +103,22 @@ class NodeStaging(BaseModel):
         return f"{self.node} {self.state}" + (f" ({self.message})" if self.state == "failed" and self.message else "")
 
 
-class NodeStagingStatus(BaseModel):
-    nodes: list[NodeStaging] = Field(default_factory=list)
+class NodeCacheStatus(BaseModel):
+    nodes: list[NodeCacheProgress] = Field(default_factory=list)
 
     def count(self, state: str) -> int:
         return sum(1 for n in self.nodes if n.state == state)
 
 
-class NodeStagingActivities:
+class NodeCacheActivities:
     """What pre-staging asks of the cluster (activities/node_cache.py)."""
 
     @activity.defn(name=START_NODE_STAGING)
-    def start_node_staging(self, req: StartNodeStagingInput) -> NodeStagingStatus:
+    def start_node_staging(self, req: StartNodeCacheInput) -> NodeCacheStatus:
         """Create (idempotently) one staging Job per Ready node of the pool."""
         raise NotImplementedError
 
     @activity.defn(name=NODE_STAGING_STATUS)
-    def node_staging_status(self, req: StartNodeStagingInput) -> NodeStagingStatus:
+    def node_staging_status(self, req: StartNodeCacheInput) -> NodeCacheStatus:
         """Each node's staging state, with its report once its pod has finished."""
         raise NotImplementedError

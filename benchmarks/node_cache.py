@@ -28,15 +28,16 @@ import boto3
 from temporalio.testing import ActivityEnvironment
 
 from activities.clients.s3 import S3Client
-from activities.node_cache import ChunkServer, NodeCache, Stager
+from activities.node_cache import ChunkServer, NodeCache, NodeCacheStager
 from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
 from infra.sandbox.ports import free_port, wait_for_port
 from workers.progress import ProgressLine
 from workers.wording import counted
-from workflows.rollout.contract import StageWeightsInput, WeightFile
-from workflows.staging.contract import NodeStageRequest, Peer
-from workflows.staging.cache import Chunk, fetch_order, next_fetch
+from workflows.rollout.contract import StageWeightsInput
+from workflows.core.versions import WeightFile
+from workflows.node_cache.contract import NodeCacheRequest, Peer
+from workflows.node_cache.chunks import Chunk, fetch_order, next_fetch
 
 BUCKET = "tideplane-bench"
 # The bench's own moto, given explicitly: a sourced sandbox env file (AWS_ENDPOINT_URL, AWS_*) must not redirect it.
@@ -95,7 +96,8 @@ def _stager(endpoint: str, cache: Path):
     from activities.clients.prometheus import PrometheusClient
     from activities.clients.s3 import S3Client
     from activities.clients.vllm import VllmClient
-    from activities.rollout import RolloutActivities, ServingPods
+    from activities.rollout.rollout_activities import RolloutActivities
+    from activities.rollout.serving_pods import ServingPods
 
     s3 = S3Client(
         endpoint, MOTO_CREDENTIALS["region_name"],
@@ -201,7 +203,7 @@ def markdown_table(table: list[dict], columns: list[str] = COLUMNS) -> str:
 # stage a small 30-file model from the bench's moto; origin bytes are counted where S3 answers
 # (every ranged read), not by the stagers. Wall times here are CPU-bound on a shared 2-core machine
 # (hashing, moto), so they say little about a network. *Modelled*: the same pure decisions
-# (workflows/staging/cache.py ``fetch_order`` / ``next_fetch``) replayed in an event-driven transfer
+# (workflows/node_cache/chunks.py ``fetch_order`` / ``next_fetch``) replayed in an event-driven transfer
 # model with links of a real cluster (S3 egress shared by all readers, each node's NIC), which is
 # where the wall-time goal is judged.
 
@@ -293,10 +295,10 @@ def _stage_pool(s3: _CountingS3, root: Path, version: str, files: list[WeightFil
 
     def stage(node: str) -> None:
         peers = [Peer(node=n, url=servers[n].url) for n in names if n != node] if p2p else []
-        req = NodeStageRequest(model="bench", version=version, files=files, node=node,
+        req = NodeCacheRequest(model="bench", version=version, files=files, node=node,
                                stagers=names if p2p else [node], peers=peers)
         try:
-            reports.append(Stager(servers[node].cache, s3).stage(req))
+            reports.append(NodeCacheStager(servers[node].cache, s3).stage(req))
         except Exception as exc:  # noqa: BLE001 - re-raised below, with the node
             errors.append(f"{node}: {exc}")
 
@@ -387,7 +389,7 @@ def run_nodes(
         write_csv(out_dir / "staging_nodes.csv", table, NODE_COLUMNS)
         (out_dir / "staging_nodes.md").write_text(
             "Origin (S3) bytes and wall time for N nodes staging one model, with and without peer-to-peer"
-            " (benchmarks/staging.py). Modelled rows replay the stager's decisions on the stated links;"
+            " (benchmarks/node_cache.py). Modelled rows replay the stager's decisions on the stated links;"
             " measured rows run the real stagers on this machine (CPU-bound wall times).\n\n"
             + _table(table, NODE_COLUMNS) + "\n"
         )

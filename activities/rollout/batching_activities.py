@@ -13,11 +13,13 @@ import math
 import time
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.exceptions import CancelledError
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, edit_container_args, is_ready, label_selector, selector
 from activities.clients.prometheus import PrometheusClient
-from activities.clients.vllm import VllmClient
+from activities.clients.vllm import VllmClient, service_url
+from activities.core.deployments import CONTAINER
+from workflows.core.batching_settings import BatchingSetting, SweepPoint, with_engine_args
 from workflows.core.naming import DeploymentRef
 from workflows.rollout import contract
 from workflows.rollout.contract import (
@@ -27,9 +29,7 @@ from workflows.rollout.contract import (
     SweepBatchingInput,
     SweepBatchingResult,
 )
-from workflows.rollout.batching import BatchingSetting, SweepPoint, with_engine_args
 
-CONTAINER = "server"  # activities/rollout.py's serving container
 DEFAULT_PROMPT_TOKENS = 512  # a deployment with no recent traffic
 DEFAULT_OUTPUT_TOKENS = 128
 CHARS_PER_TOKEN = 4
@@ -52,7 +52,7 @@ class BatchingActivities(contract.BatchingActivities):
         prompt_tokens, output_tokens = self._request_size(req)
         details = activity.info().heartbeat_details
         points = [SweepPoint.model_validate(p) for p in details[0]["points"]] if details else []
-        url = self.service_url_template.format(service=req.deployment.versioned(req.version), namespace=req.deployment.namespace)
+        url = service_url(self.service_url_template, req.deployment, req.version)
         body: dict = {"prompt": "tide " * (prompt_tokens * CHARS_PER_TOKEN // 5 + 1), "max_tokens": output_tokens, "temperature": 0}
         if req.model:
             body["model"] = req.model

@@ -1,0 +1,107 @@
+"""A model version as every capability names it: its model name and semantic version, its weight
+files, the states the registry moves it through (testing, canary, stable, deprecated), and what the
+cluster runs of it (``DeploymentState``: each version's replicas and route weight).
+
+Pure pydantic: the rollout, the adapter rollout, the registry, the node cache and the scaling loop
+share these types; the registry's manifest (workflows/registry/schema.py) is built from them.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, Field
+
+# semver.org's recommended regular expression (2.0.0), anchored.
+_SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+# A model name is one S3 key segment and one Kubernetes label value: no "/", no "@".
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+def checked_semver(value: str) -> str:
+    if not _SEMVER.match(value):
+        raise ValueError(f"not a semantic version (MAJOR.MINOR.PATCH[-pre][+build]): {value!r}")
+    return value
+
+
+SemVer = Annotated[str, AfterValidator(checked_semver)]
+ModelName = Annotated[str, Field(pattern=MODEL_NAME_PATTERN)]
+
+
+def semver_key(version: str) -> tuple:
+    """Sort key with semver precedence: 1.2.0-rc.1 < 1.2.0 < 1.10.0; build metadata ignored."""
+    match = _SEMVER.match(version)
+    if not match:
+        raise ValueError(f"not a semantic version: {version!r}")
+    major, minor, patch, pre, _build = match.groups()
+    if pre is None:
+        pre_key: tuple = ((1,),)  # a release sorts after all its pre-releases
+    else:
+        pre_key = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in pre.split("."))
+        pre_key = ((0,), *pre_key)
+    return (int(major), int(minor), int(patch), pre_key)
+
+
+class Testing(BaseModel):
+    state: Literal["testing"] = "testing"
+
+
+class Canary(BaseModel):
+    state: Literal["canary"] = "canary"
+    percent: int = Field(ge=0, le=100, description="share of traffic the canary carries")
+    since: datetime = Field(description="when the version became a canary")
+
+
+class Stable(BaseModel):
+    state: Literal["stable"] = "stable"
+    since: datetime
+
+
+class Deprecated(BaseModel):
+    state: Literal["deprecated"] = "deprecated"
+    since: datetime
+
+
+Status = Annotated[Union[Testing, Canary, Stable, Deprecated], Field(discriminator="state")]
+# Where a version serves on one deployment: a canary or the stable version.
+Serving = Annotated[Union[Canary, Stable], Field(discriminator="state")]
+
+
+class WeightFile(BaseModel):
+    """One weights file of a version: where it is in S3 and its SHA-256."""
+
+    uri: str = Field(description="s3://bucket/key of one weights file")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class VersionInfo(BaseModel):
+    """One version of a logical deployment as the cluster runs it."""
+
+    version: str
+    model: str
+    replicas: int
+    ready_replicas: int
+    route_weight: int
+    lora_modules: dict[str, str] = Field(
+        default_factory=dict, description="the LoRA adapters its pods load at start (served name -> path, --lora-modules)"
+    )
+
+
+class DeploymentState(BaseModel):
+    """What is in the cluster now for one logical deployment."""
+
+    route_exists: bool
+    versions: list[VersionInfo] = Field(default_factory=list)
+
+    @property
+    def stable(self) -> VersionInfo | None:
+        """The version carrying the most traffic (None on a first deploy)."""
+        serving = [v for v in self.versions if v.route_weight > 0]
+        return max(serving, key=lambda v: v.route_weight) if serving else None
