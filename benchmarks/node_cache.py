@@ -28,7 +28,9 @@ import boto3
 from temporalio.testing import ActivityEnvironment
 
 from activities.clients.s3 import S3Client
-from activities.node_cache import ChunkServer, NodeCache, NodeCacheStager
+from activities.node_cache.chunk_server import ChunkServer
+from activities.node_cache.cache import NodeCache
+from activities.node_cache.stager import NodeCacheStager
 from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
 from infra.sandbox.ports import free_port, wait_for_port

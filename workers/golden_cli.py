@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from activities.registry import Registry
+from activities.registry.store import Registry
 from activities.quality.golden_sets import golden_history, set_golden_set
 from workers.config import Settings
 from workflows.core.failures import field_errors

@@ -17,7 +17,10 @@ import httpx
 
 from activities.clients.kube import KubeClient
 from activities.clients.s3 import S3Client
-from activities.node_cache import ChunkServer, NodeCache, NodeCacheStager, node_cache_index, peer_url
+from activities.node_cache.chunk_server import ChunkServer, node_cache_index
+from activities.node_cache.cache import NodeCache
+from activities.node_cache.stager import NodeCacheStager
+from activities.node_cache.node_cache_activities import peer_url
 from workers.config import Settings
 from workers.wording import counted
 from workflows.node_cache.contract import NodeCacheRequest

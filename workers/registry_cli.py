@@ -26,7 +26,7 @@ from temporalio.client import (
 )
 
 from activities.clients.s3 import S3Client
-from activities.registry import Registry, RegistryError
+from activities.registry.store import Registry, RegistryError
 from workers.client import connect
 from workers.config import Settings, load_settings
 from workers.golden_cli import add_golden_commands

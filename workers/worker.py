@@ -22,56 +22,56 @@ from pydantic import ValidationError
 from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
+from activities.adapters.adapter_activities import AdapterActivities
+from activities.classes.request_class_activities import RequestClassActivities
 from activities.clients.aws import AwsClient
 from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
 from activities.clients.vllm import VllmClient
-from activities.adapters import AdapterActivities
-from activities.classes import RequestClassActivities
-from activities.cost import CostActivities
-from activities.node_cache import NodeCacheActivities
+from activities.cost.cost_activities import CostActivities
+from activities.node_cache.node_cache_activities import NodeCacheActivities
 from activities.quality.quality_activities import QualityActivities
 from activities.quality.shadow_pairs import ShadowPairsClient
-from activities.quotas import QuotaActivities
-from activities.registry import RegistryActivities
+from activities.quotas.quota_activities import QuotaActivities
+from activities.registry.registry_activities import RegistryActivities
 from activities.rollout.batching_activities import BatchingActivities
 from activities.rollout.retire_scheduling import RetireScheduling
 from activities.rollout.rollout_activities import RolloutActivities
 from activities.rollout.serving_pods import ServingPods
-from activities.scaling import NodePoolActivities, ScalingActivities
-from activities.spot import SpotActivities, SpotWorkflowStarts
+from activities.scaling.node_pool_activities import NodePoolActivities
+from activities.scaling.scaling_activities import ScalingActivities
+from activities.spot.spot_activities import SpotActivities
+from activities.spot.spot_mix_activities import SpotMixActivities
+from activities.spot.spot_workflow_starts import SpotWorkflowStarts
 from workers import telemetry
 from workers.client import connect
 from workers.config import Settings
-from workflows.adapters.contract import AdapterActivities as AdapterContract
+from workflows.adapters import contract as adapters_contract
 from workflows.adapters.workflow import AdapterRollout
-from workflows.spot.reclaim import SpotReclaim
-from workflows.spot.return_to_spot import ReturnToSpot
-from workflows.spot.watcher import SpotInterruptionWatcher
-from workflows.classes.contract import RequestClassActivities as RequestClassContract
+from workflows.classes import contract as classes_contract
 from workflows.classes.workflow import ApplyRequestClasses
-from workflows.cost.contract import CostActivities as CostContract
+from workflows.cost import contract as cost_contract
 from workflows.cost.report import CostReport
-from workflows.quotas.contract import QuotaActivities as QuotaContract
+from workflows.node_cache import contract as node_cache_contract
+from workflows.quality import contract as quality_contract
+from workflows.quotas import contract as quotas_contract
 from workflows.quotas.workflow import ApplyTokenQuotas, TokenMetering
-from workflows.scaling.node_pools import NodePoolScaling
-from workflows.quality.contract import QualityActivities as QualityContract
-from workflows.registry.contract import RegistryActivities as RegistryContract
+from workflows.registry import contract as registry_contract
 from workflows.registry.retention import RegistryRetention
-from workflows.rollout.contract import BatchingActivities as BatchingContract
-from workflows.node_cache.contract import NodeCacheActivities as NodeCacheContract
-from workflows.rollout.contract import RetireScheduling as RetireContract
-from workflows.rollout.contract import RolloutActivities as RolloutContract
+from workflows.rollout import contract as rollout_contract
 from workflows.rollout.retire import RetireVersion
 from workflows.rollout.workflow import ModelRollout
-from workflows.scaling.contract import NodePoolActivities as NodePoolContract
-from workflows.scaling.contract import ScalingActivities as ScalingContract
+from workflows.scaling import contract as scaling_contract
 from workflows.scaling.floors import ScheduleFloor
 from workflows.scaling.loop import ReactiveScaling
+from workflows.scaling.node_pools import NodePoolScaling
 from workflows.scaling.prewarm import PredictivePrewarm
 from workflows.scaling.shared_pool import SharedPoolScaling
 from workflows.spot import contract as spot_contract
+from workflows.spot.reclaim import SpotReclaim
+from workflows.spot.return_to_spot import ReturnToSpot
+from workflows.spot.watcher import SpotInterruptionWatcher
 
 log = logging.getLogger("tideplane.worker")
 
@@ -119,29 +119,29 @@ def build_activities(config: Settings) -> list[Callable]:
     cost = CostActivities(prometheus)
     aws = AwsClient(config.aws_region, config.aws_endpoint_url)
     return [
-        *activity_methods(rollout, RolloutContract),
-        *activity_methods(RetireScheduling(), RetireContract),
-        *activity_methods(BatchingActivities(kube, prometheus, VllmClient(), config.service_url_template), BatchingContract),
-        *activity_methods(registry, RegistryContract),
+        *activity_methods(rollout, rollout_contract.RolloutActivities),
+        *activity_methods(RetireScheduling(), rollout_contract.RetireScheduling),
+        *activity_methods(BatchingActivities(kube, prometheus, VllmClient(), config.service_url_template), rollout_contract.BatchingActivities),
+        *activity_methods(registry, registry_contract.RegistryActivities),
         *activity_methods(
             QualityActivities(VllmClient(), config.service_url_template, registry.registry, ShadowPairsClient(config.shadow_pairs_url)),
-            QualityContract,
+            quality_contract.QualityActivities,
         ),
-        *activity_methods(AdapterActivities(kube, registry.registry, config.pod_url_template), AdapterContract),
-        *activity_methods(cost, CostContract),
-        *activity_methods(RequestClassActivities(kube, config.gateway), RequestClassContract),
-        *activity_methods(QuotaActivities(kube, prometheus), QuotaContract),
-        *activity_methods(ScalingActivities(kube, prometheus), ScalingContract),
-        *activity_methods(NodePoolActivities(kube, aws), NodePoolContract),
-        *activity_methods(spot := SpotActivities(kube, aws, config.spot_queue_url), spot_contract.SpotActivities),
-        *activity_methods(spot, spot_contract.SpotMixActivities),
+        *activity_methods(AdapterActivities(kube, registry.registry, config.pod_url_template), adapters_contract.AdapterActivities),
+        *activity_methods(cost, cost_contract.CostActivities),
+        *activity_methods(RequestClassActivities(kube, config.gateway), classes_contract.RequestClassActivities),
+        *activity_methods(QuotaActivities(kube, prometheus), quotas_contract.QuotaActivities),
+        *activity_methods(ScalingActivities(kube, prometheus), scaling_contract.ScalingActivities),
+        *activity_methods(NodePoolActivities(kube, aws), scaling_contract.NodePoolActivities),
+        *activity_methods(SpotActivities(kube, aws, config.spot_queue_url), spot_contract.SpotActivities),
+        *activity_methods(SpotMixActivities(kube, aws), spot_contract.SpotMixActivities),
         *activity_methods(SpotWorkflowStarts(), spot_contract.SpotWorkflowStarts),
         *activity_methods(
             NodeCacheActivities(
                 kube, config.node_cache_image, config.node_cache_dir,
                 config.node_cache_peer_url_template, config.node_cache_capacity_bytes,
             ),
-            NodeCacheContract,
+            node_cache_contract.NodeCacheActivities,
         ),
     ]
 

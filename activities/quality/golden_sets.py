@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime, timezone
 
-from activities.registry import PREFIX, NotFound, Registry
+from activities.registry.store import PREFIX, NotFound, Registry
 from workflows.quality.golden_set import GoldenHistory, GoldenRevision, GoldenSet
 
 

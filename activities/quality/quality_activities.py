@@ -12,7 +12,7 @@ from temporalio.exceptions import ApplicationError
 from activities.clients.vllm import VllmClient, service_url
 from activities.quality.golden_sets import golden_history
 from activities.quality.shadow_pairs import ShadowPairsClient
-from activities.registry import Registry
+from activities.registry.store import Registry
 from workflows.core.verdicts import CaseResult
 from workflows.quality import contract
 from workflows.quality.contract import (

@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, selector
 from activities.core.deployments import CONTAINER
-from activities.node_cache import NodeCache
+from activities.node_cache.cache import NodeCache
 from activities.rollout.model_cache import safe_component
 from workflows.core import naming
 from workflows.core.gpu_shares import GPU_MEMORY_UTILIZATION_FLAG, SHARED_GPU_RESOURCE

@@ -22,7 +22,9 @@ from pathlib import Path
 from kubernetes import client
 
 from activities.clients.s3 import S3Client
-from activities.node_cache import ChunkServer, NodeCache, NodeCacheStager, stage_args
+from activities.node_cache.chunk_server import ChunkServer
+from activities.node_cache.cache import NodeCache
+from activities.node_cache.stager import NodeCacheStager, stage_args
 from infra.sandbox.kubeclient import raw
 from workflows.node_cache.contract import LABEL_COMPONENT, NODE_CACHE_URL_ANNOTATION, NODE_CACHE_JOB_COMPONENT
 

@@ -14,7 +14,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.clients.aws import AwsClient
 from activities.clients.kube import KubeClient
-from activities.scaling import NodePoolActivities
+from activities.scaling.node_pool_activities import NodePoolActivities
 from workflows.scaling.contract import SetWarmPoolInput
 
 

@@ -369,7 +369,7 @@ def test_one_rollout_owns_the_route_until_it_releases_it(rollout):
 def test_one_scaling_loop_owns_the_deployment_it_scales(rollout):
     """Issue 20: two scaling loops fought (24 vs 8 replicas). The scaled Deployment carries its
     loop's ID (kept across continue-as-new: the same workflow ID); a second loop is refused."""
-    from activities.scaling import ScalingActivities
+    from activities.scaling.scaling_activities import ScalingActivities
     from workflows.scaling.contract import ScaleTarget
 
     ref = _ref("looped")

@@ -139,7 +139,7 @@ def test_demand_forecast_reads_the_rate_history_from_prometheus(prometheus):
 
     from activities.clients.kube import KubeClient
     from activities.clients.prometheus import PrometheusClient
-    from activities.scaling import ScalingActivities
+    from activities.scaling.scaling_activities import ScalingActivities
     from workflows.scaling.contract import DemandForecastInput
 
     scaling = ScalingActivities(KubeClient(client.ApiClient()), PrometheusClient(prometheus))

@@ -14,7 +14,9 @@ import httpx
 import pytest
 
 from activities.clients.s3 import S3Client
-from activities.node_cache import ChunkServer, NodeCache, NodeCacheStager, cache_metrics
+from activities.node_cache.chunk_server import ChunkServer, cache_metrics
+from activities.node_cache.cache import NodeCache
+from activities.node_cache.stager import NodeCacheStager
 from workflows.core.versions import WeightFile
 from workflows.node_cache.contract import NodeCacheRequest, Peer
 

@@ -14,7 +14,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
-from activities.scaling import RETRY_AFTER_ANNOTATION, ScalingActivities, queue_limit_policy
+from activities.scaling.scaling_activities import RETRY_AFTER_ANNOTATION, ScalingActivities, queue_limit_policy
 from activities.core.traffic_policy import POLICY_API, POLICY_PLURAL, apply_traffic_policy
 from tests.activities.conftest import NOWHERE
 from workflows.core.naming import DeploymentRef, traffic_policy_name

@@ -24,7 +24,8 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.clients.kube import KubeClient
 from activities.clients.s3 import S3Client
-from activities.registry import ChecksumMismatch, NotFound, Registry, RegistryActivities, RegistryError
+from activities.registry.store import ChecksumMismatch, NotFound, Registry, RegistryError
+from activities.registry.registry_activities import RegistryActivities
 from workers import registry_cli
 from workers.config import Settings
 from workflows.core import search_attributes

@@ -6,7 +6,7 @@ from __future__ import annotations
 from kubernetes import client
 from temporalio.testing import ActivityEnvironment
 
-from activities.classes import RequestClassActivities
+from activities.classes.request_class_activities import RequestClassActivities
 from activities.clients.kube import KubeClient, serving_namespace
 from tests.kube_fixtures import kube_wait
 from workflows.classes.manifests import RequestClassesInput

@@ -13,7 +13,9 @@ from pathlib import Path
 from activities.clients.aws import AwsClient
 from activities.clients.kube import KubeClient
 from activities.rollout.serving_pods import ServingPods, deployment_manifest
-from activities.spot import MIX_FOR, SpotActivities, fallback_name, mix_name
+from activities.spot.fallback_deployments import MIX_FOR, fallback_name, mix_name
+from activities.spot.spot_activities import SpotActivities
+from activities.spot.spot_mix_activities import SpotMixActivities
 from workflows.core.naming import NODE_CAPACITY_TYPE, DeploymentRef
 from workflows.rollout.contract import EnsureVersionInput
 from workflows.spot.contract import (
@@ -52,19 +54,19 @@ def _spot_group(aws: AwsClient, name: str, max_size: int) -> None:
 def test_a_split_is_written_per_pool_converges_and_keeps_its_base_through_a_return_to_spot(kube_api, moto_url):
     kube = KubeClient(kube_api)
     aws = AwsClient("us-east-1", moto_url, access_key_id="testing", secret_access_key="testing")
-    spot = SpotActivities(kube, aws)
+    spot, mix = SpotActivities(kube, aws), SpotMixActivities(kube, aws)
     name = _batch_version(kube)
     _spot_group(aws, "mix-spot-a", 4)
     _spot_group(aws, "mix-spot-b", 0)  # capacity withdrawn (what spot-replay does to a lost zone)
     domains = [SpotDomain(pool=p, zone=z, instance_type="p4d.24xlarge", spot_price=10.0, replicas_per_node=2)
                for p, z in (("mix-spot-a", "us-east-1a"), ("mix-spot-b", "us-east-1b"))]
-    assert [(d.pool, d.available, d.capacity) for d in spot.read_spot_domains(SpotDomainsInput(domains=domains)).domains] == [
+    assert [(d.pool, d.available, d.capacity) for d in mix.read_spot_domains(SpotDomainsInput(domains=domains)).domains] == [
         ("mix-spot-a", True, 8), ("mix-spot-b", False, 0)
     ]
 
     split = ApplySpotMixInput(deployment=REF, version="1.0.0", total=5, spot={"mix-spot-a": 4, "mix-spot-b": 0}, on_demand=1)
     for _ in range(2):  # a retried or repeated write converges
-        written = spot.apply_spot_mix(split)
+        written = mix.apply_spot_mix(split)
     a = kube.apps.read_namespaced_deployment(mix_name(name, "mix-spot-a"), REF.namespace)
     assert a.spec.replicas == 4 and a.spec.template.metadata.labels[MIX_FOR] == name
     assert a.spec.template.spec.node_selector == {NODE_CAPACITY_TYPE: "spot", "karpenter.sh/nodepool": "mix-spot-a"}
@@ -85,7 +87,7 @@ def test_a_split_is_written_per_pool_converges_and_keeps_its_base_through_a_retu
     assert released.claims == {"i-0abc": 2}
     assert kube.apps.read_namespaced_deployment(fallback_name(name), REF.namespace).spec.replicas == 1  # the mix's base stays
 
-    spot.apply_spot_mix(split.model_copy(update={"spot": {"mix-spot-a": 0, "mix-spot-b": 0}, "on_demand": 5}))
+    mix.apply_spot_mix(split.model_copy(update={"spot": {"mix-spot-a": 0, "mix-spot-b": 0}, "on_demand": 5}))
     assert kube.apps.read_namespaced_deployment(mix_name(name, "mix-spot-a"), REF.namespace).spec.replicas == 0
     od = kube.apps.read_namespaced_deployment(fallback_name(name), REF.namespace)
     assert od.spec.replicas == 5 and MIX_CLAIMANT in od.metadata.annotations["tideplane.io/spot-claims"]

@@ -10,7 +10,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.clients.s3 import S3Client
-from activities.registry import Registry
+from activities.registry.store import Registry
 from infra.sandbox.kubeclient import api_client
 from infra.sandbox.launcher import AWS_ENV, WEIGHTS_BUCKET
 from tests.e2e.worker_process import WorkerProcess

@@ -21,12 +21,13 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from activities.adapters import AdapterActivities
+from activities.adapters.adapter_activities import AdapterActivities
 from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
 from activities.clients.vllm import VllmClient
-from activities.registry import Registry, RegistryActivities
+from activities.registry.store import Registry
+from activities.registry.registry_activities import RegistryActivities
 from activities.rollout.rollout_activities import RolloutActivities
 from activities.rollout.serving_pods import ServingPods
 from infra.sandbox.config import Profile

@@ -23,7 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from activities.clients.prometheus import PrometheusClient
-from activities.cost import CostActivities
+from activities.cost.cost_activities import CostActivities
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
 from tests.sandbox_fixtures import create_logical_deployment, wait_until

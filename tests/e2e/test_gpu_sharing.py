@@ -21,7 +21,7 @@ from kubernetes import client
 from temporalio.testing import ActivityEnvironment
 
 from activities.clients.prometheus import PrometheusClient
-from activities.cost import CostActivities
+from activities.cost.cost_activities import CostActivities
 from infra.sandbox.config import SandboxConfig
 from infra.sandbox.kubeapi.gpushare import GPU_INDEX_ANNOTATION
 from infra.sandbox.nodes import Instance, node_manifest

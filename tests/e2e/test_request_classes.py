@@ -21,10 +21,10 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from activities.classes import RequestClassActivities
+from activities.classes.request_class_activities import RequestClassActivities
 from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
-from activities.cost import CostActivities
+from activities.cost.cost_activities import CostActivities
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from tests.e2e.test_scaling import rollout_activities, scaling_activities
 from tests.sandbox_fixtures import TEST_TIME_SCALE, create_logical_deployment, wait_for

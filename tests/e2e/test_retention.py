@@ -24,7 +24,8 @@ from temporalio.worker import Worker
 
 from activities.clients.kube import KubeClient
 from activities.clients.s3 import S3Client
-from activities.registry import Registry, RegistryActivities
+from activities.registry.store import Registry
+from activities.registry.registry_activities import RegistryActivities
 from activities.core.deployments import ROUTE_API
 from infra.sandbox import kubeclient
 from infra.sandbox.worker_identity import enable_serving_namespace

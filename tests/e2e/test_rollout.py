@@ -35,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-from activities.registry import Registry
+from activities.registry.store import Registry
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.kubeclient import api_client

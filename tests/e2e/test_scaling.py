@@ -31,7 +31,7 @@ from activities.clients.s3 import S3Client
 from activities.clients.vllm import VllmClient
 from activities.rollout.rollout_activities import RolloutActivities
 from activities.rollout.serving_pods import ServingPods
-from activities.scaling import ScalingActivities
+from activities.scaling.scaling_activities import ScalingActivities
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.launcher import AWS_ENV
 from infra.sandbox.ports import free_port

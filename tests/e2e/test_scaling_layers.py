@@ -21,7 +21,7 @@ from temporalio.worker import Worker
 
 from activities.clients.aws import AwsClient
 from activities.clients.kube import KubeClient
-from activities.scaling import NodePoolActivities
+from activities.scaling.node_pool_activities import NodePoolActivities
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, NodePool
 from infra.sandbox.launcher import AWS_ENV
 from infra.sandbox.nodes import Instance, node_manifest

@@ -34,7 +34,9 @@ from activities.clients.s3 import S3Client
 from activities.clients.vllm import VllmClient
 from activities.rollout.rollout_activities import RolloutActivities
 from activities.rollout.serving_pods import ServingPods
-from activities.spot import FALLBACK_FOR, SpotActivities, SpotWorkflowStarts, fallback_name
+from activities.spot.fallback_deployments import FALLBACK_FOR, fallback_name
+from activities.spot.spot_activities import SpotActivities
+from activities.spot.spot_workflow_starts import SpotWorkflowStarts
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, Profile
 from infra.sandbox.knobs import set_profile
 from infra.sandbox.launcher import AWS_ENV

@@ -21,7 +21,7 @@ from temporalio.worker import Worker
 
 from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
-from activities.quotas import QuotaActivities
+from activities.quotas.quota_activities import QuotaActivities
 from tests.sandbox_fixtures import create_logical_deployment, wait_for
 from workers.cost_cli import run_now
 from workers.quotas_cli import apply

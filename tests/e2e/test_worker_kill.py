@@ -37,7 +37,7 @@ from kubernetes import client
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 
-from activities.spot import FALLBACK_FOR, fallback_name
+from activities.spot.fallback_deployments import FALLBACK_FOR, fallback_name
 from activities.clients.s3 import CHUNK_BYTES
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile

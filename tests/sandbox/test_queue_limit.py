@@ -7,7 +7,7 @@ from infra.sandbox.fleet import Cluster, Fleet
 from tests.sandbox.test_fleet import PROFILE, pod, route, service
 from workflows.core.naming import DeploymentRef
 
-from activities.scaling import queue_limit_policy
+from activities.scaling.scaling_activities import queue_limit_policy
 from workflows.scaling.queue_limit import QueueLimit
 
 

@@ -7,7 +7,7 @@ import yaml
 from kubernetes import client
 
 from activities.clients.kube import KubeClient
-from activities.scaling import queue_limit_policy
+from activities.scaling.scaling_activities import queue_limit_policy
 from activities.core.traffic_policy import POLICY_API, POLICY_PLURAL, apply_traffic_policy
 from infra.sandbox.fleet import read_cluster, report_policy_status
 from infra.sandbox.launcher import ENVOY_GATEWAY_CRDS

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.adapters import lora_call_outcome
+from activities.adapters.adapter_activities import lora_call_outcome
 from infra.sandbox.gateway import MODEL_HEADER, backend_for, headers_set_by
 from infra.sandbox.lora import LoraAdapters, lora_settings
 from workflows.adapters.routing import (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kubernetes import client
 
-from activities.scaling import gpu_share, node_gpus, pending_replica
+from activities.scaling.node_pool_activities import gpu_share, node_gpus, pending_replica
 from workflows.core.naming import GPU_RESOURCE, LABEL_MODEL
 from workflows.scaling.contract import PendingReplica
 from workflows.core.gpu_shares import GPU_COUNT_LABEL, SHARED_GPU_RESOURCE, SHARING_STRATEGY_LABEL

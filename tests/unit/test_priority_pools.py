@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from activities.rollout.serving_pods import ServingPods, deployment_manifest
-from activities.spot import fallback_manifest
+from activities.spot.fallback_deployments import fallback_manifest
 from workflows.core.naming import GPU_RESOURCE, LABEL_CLASS, NODE_CAPACITY_TYPE, DeploymentRef
 from workflows.rollout.contract import EnsureVersionInput
 from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide

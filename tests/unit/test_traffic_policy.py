@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from activities.scaling import queue_limit_policy
+from activities.scaling.scaling_activities import queue_limit_policy
 from workflows.core.naming import DeploymentRef, traffic_policy_name
 from workflows.quotas.policy import QuotaFile, quota_policy
 from workflows.scaling.queue_limit import QueueLimit

@@ -24,7 +24,7 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.clients.prometheus import PrometheusClient
-from activities.cost import CostActivities
+from activities.cost.cost_activities import CostActivities
 from infra.prometheus import running_prometheus, serve_registry
 from tests.servers import BIN
 from workers import cost_cli

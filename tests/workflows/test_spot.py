@@ -24,7 +24,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 
-from activities.spot import SpotWorkflowStarts
+from activities.spot.spot_workflow_starts import SpotWorkflowStarts
 from workers.worker import activity_methods
 from workflows.core.naming import DeploymentRef, return_to_spot_workflow_id, spot_reclaim_workflow_id
 from workflows.spot.contract import (

@@ -1,4 +1,4 @@
-"""What AdapterRollout asks of the registry, the serving replicas and the HTTPRoute (activities/adapters.py).
+"""What AdapterRollout asks of the registry, the serving replicas and the HTTPRoute (activities/adapters/adapter_activities.py).
 
 The contract class ``AdapterActivities`` and its pydantic inputs and outputs, without I/O, so the
 workflow references them deterministically. Every activity is idempotent: loading an adapter a
@@ -61,7 +61,7 @@ class LoraModuleInput(BaseModel):
 
 
 class AdapterActivities:
-    """The adapters' registry entries, replicas and route (activities/adapters.py)."""
+    """The adapters' registry entries, replicas and route (activities/adapters/adapter_activities.py)."""
 
     @activity.defn(name="resolve_adapter")
     def resolve_adapter(self, req: ResolveAdapterInput) -> ResolvedAdapter:

@@ -1,4 +1,4 @@
-"""What ApplyRequestClasses asks of the cluster: the contract ``RequestClassActivities`` (activities/classes.py)."""
+"""What ApplyRequestClasses asks of the cluster: the contract ``RequestClassActivities`` (activities/classes/request_class_activities.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class AppliedClasses(BaseModel):
 
 
 class RequestClassActivities:
-    """Creates or updates the gateway objects of request classes (activities/classes.py)."""
+    """Creates or updates the gateway objects of request classes (activities/classes/request_class_activities.py)."""
 
     @activity.defn(name=APPLY_REQUEST_CLASSES)
     def apply_request_classes(self, req: RequestClassesInput) -> AppliedClasses:

@@ -26,7 +26,7 @@ class MonthlyBudget(BaseModel):
 
 
 class Spend(BaseModel):
-    """The fleet's spend, from the cost report code (activities/cost.py ``read_month_spend``)."""
+    """The fleet's spend, from the cost report code (activities/cost/cost_activities.py ``read_month_spend``)."""
 
     spent_usd: float = Field(ge=0, description="since the start of the month")
     rate_usd_per_hour: float = Field(ge=0, description="at the current GPU occupancy")

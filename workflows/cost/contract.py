@@ -1,4 +1,4 @@
-"""What CostReport asks of Prometheus: the contract ``CostActivities`` (activities/cost.py) and its I/O.
+"""What CostReport asks of Prometheus: the contract ``CostActivities`` (activities/cost/cost_activities.py) and its I/O.
 
 No I/O here, so the workflow references it deterministically
 (``workflow.execute_activity_method(CostActivities.collect_cost_inputs, ...)``). The activity name
@@ -71,7 +71,7 @@ class MonthSpendInput(BaseModel):
 
 
 class CostActivities:
-    """Prometheus' view of GPU occupancy, pods, nodes and tokens over a window (activities/cost.py)."""
+    """Prometheus' view of GPU occupancy, pods, nodes and tokens over a window (activities/cost/cost_activities.py)."""
 
     @activity.defn(name="collect_cost_inputs")
     def collect_cost_inputs(self, req: CollectCostInput) -> CostInputs:

@@ -5,7 +5,7 @@ Run daily by a Temporal Schedule (``cost_report_schedule``) and on demand::
     temporal workflow start --type CostReport --task-queue tideplane --workflow-id cost-report/manual \\
       --input '{"window_hours": 24, "prices": {"by_capacity_type": {"on-demand": 12.29, "spot": 4.92}}}'
 
-One activity reads Prometheus (``collect_cost_inputs``, activities/cost.py); the arithmetic is
+One activity reads Prometheus (``collect_cost_inputs``, activities/cost/cost_activities.py); the arithmetic is
 pure (workflows/cost/pricing.py) so it is replayed, not re-queried. The table is the workflow's result
 and its current details (Markdown) in the web UI.
 """

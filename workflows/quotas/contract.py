@@ -1,5 +1,5 @@
 """What ApplyTokenQuotas and TokenMetering ask of Prometheus and the cluster: the contract
-``QuotaActivities`` (activities/quotas.py) and its I/O. Activity names are a stable API."""
+``QuotaActivities`` (activities/quotas/quota_activities.py) and its I/O. Activity names are a stable API."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class UsageSamples(BaseModel):
 
 
 class QuotaActivities:
-    """Metered tokens from Prometheus, and the gateway's rate-limit policy in the cluster (activities/quotas.py)."""
+    """Metered tokens from Prometheus, and the gateway's rate-limit policy in the cluster (activities/quotas/quota_activities.py)."""
 
     @activity.defn(name="read_month_tokens")
     def read_month_tokens(self, req: MonthTokensInput) -> TenantTokens:

@@ -26,7 +26,7 @@ from activities.clients.kube import (
     selector,
 )
 from activities.core.deployments import CONTAINER, edit_route_rules
-from activities.registry import Registry, RegistryError
+from activities.registry.store import Registry, RegistryError
 from workflows.adapters import contract
 from workflows.adapters.contract import (
     AdapterOnReplicasInput,

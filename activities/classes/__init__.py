@@ -1,0 +1,1 @@
+"""Request classes' side effects: ``RequestClassActivities`` (the gateway objects of each class)."""

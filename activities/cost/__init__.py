@@ -1,0 +1,1 @@
+"""Cost's side effects: ``CostActivities`` (GPU occupancy, pods, nodes and tokens from Prometheus)."""
