@@ -34,8 +34,8 @@ from activities.node_cache.stager import NodeCacheStager
 from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
 from infra.sandbox.ports import free_port, wait_for_port
-from workers.progress import ProgressLine
-from workers.wording import counted
+from workers.cli.progress import ProgressLine
+from workers.cli.wording import counted
 from workflows.rollout.contract import StageWeightsInput
 from workflows.core.versions import WeightFile
 from workflows.node_cache.contract import NodeCacheRequest, Peer

@@ -636,7 +636,7 @@ def write(reports: list[Report], out_dir: Path, cfg: FleetConfig, trace: Path, s
 
 def floors_from_file(path: Path, start: str = DEFAULT_START) -> Floors:
     """The first deployment of a ``tideplane schedules apply`` file, with its time zone."""
-    from workers.schedules import load_schedule_file
+    from workers.cli.scaling import load_schedule_file
 
     file = load_schedule_file(path)
     item = file.schedules[0]

@@ -26,7 +26,7 @@ from activities.clients.kube import KubeClient
 from activities.clients.s3 import S3Client
 from activities.registry.store import ChecksumMismatch, NotFound, Registry, RegistryError
 from activities.registry.registry_activities import RegistryActivities
-from workers import registry_cli
+from workers.cli import registry as registry_cli
 from workers.config import Settings
 from workflows.core import search_attributes
 from workflows.registry import contract as ra

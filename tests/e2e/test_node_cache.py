@@ -25,7 +25,7 @@ from infra.sandbox.worker_identity import enable_serving_namespace
 from tests.e2e.test_rollout import temporal_start
 from tests.e2e.worker_process import WorkerProcess
 from tests.sandbox_fixtures import TEST_CONFIG, wait_for
-from workers.node_cache_cli import cache_rows
+from workers.cli.node_cache import cache_rows
 from workflows.core.naming import LABEL_APP, LABEL_VERSION, NODE_POOL, rollout_workflow_id
 from workflows.rollout.types import Outcome, RolloutResult, RolloutStatus
 from workflows.node_cache.contract import NODE_CACHE_URL_ANNOTATION

@@ -30,9 +30,9 @@ from activities.core.deployments import ROUTE_API
 from infra.sandbox import kubeclient
 from infra.sandbox.worker_identity import enable_serving_namespace
 from tests.kube_fixtures import run_kube_api, write_kubeconfig
-from workers import registry_cli
+from workers.cli import registry as registry_cli
 from workers.config import Settings
-from workers.registry_cli import ensure_retention_schedule
+from workers.cli.registry import ensure_retention_schedule
 from workflows.core import search_attributes
 from workflows.core.naming import LABEL_APP, LABEL_MODEL, LABEL_VERSION, RETENTION_SCHEDULE_ID
 from workflows.registry.contract import DeleteWeightsInput, ListReferencesInput

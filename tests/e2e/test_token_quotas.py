@@ -3,7 +3,7 @@ while another is served, and metering shows the tokens per tenant.
 
 Requests go through the fleet's gateway, which counts every answer's tokens per tenant in
 ``gen_ai_client_token_usage``; the real Prometheus scrapes them; ``tideplane quotas apply``'s
-code (workers/quotas_cli.py) keeps the schedules and runs ApplyTokenQuotas in a worker with the
+code (workers/cli/quotas.py) keeps the schedules and runs ApplyTokenQuotas in a worker with the
 production activities (the worker's own kubeconfig and RBAC), which writes the Envoy Gateway
 BackendTrafficPolicy the fleet's gateway then enforces.
 """
@@ -23,8 +23,8 @@ from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
 from activities.quotas.quota_activities import QuotaActivities
 from tests.sandbox_fixtures import create_logical_deployment, wait_for
-from workers.cost_cli import run_now
-from workers.quotas_cli import apply
+from workers.cli.reports import run_now
+from workers.cli.quotas import apply
 from workflows.core import naming
 from workflows.quotas.policy import QuotaFile
 from workflows.quotas.workflow import ApplyTokenQuotas, TokenMetering, TokenMeteringInput

@@ -5,11 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from workers.wording import counted
+from workers.cli.wording import counted
 
 LOG_SOME_LINES = """
 import logging
-from workers.cli import configure_logging
+from workers.cli.main import configure_logging
 configure_logging()
 logging.getLogger("httpx").info("HTTP Request: POST http://fleet/v1/completions 200 OK")
 logging.getLogger("urllib3.connectionpool").info("Starting new HTTP connection (1): prometheus")

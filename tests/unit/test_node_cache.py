@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from benchmarks.node_cache import ORIGIN_BOUND, model_chunks, simulate_pool
-from workers.cli import _parser
+from workers.cli.main import _parser
 from workers.config import Settings
 from workflows.core import telemetry
 from workflows.node_cache.contract import NodeCacheRequest

@@ -1,10 +1,10 @@
-"""The CLI's progress line (workers/progress.py): bytes, rate and ETA on a terminal, nothing in CI logs."""
+"""The CLI's progress line (workers/cli/progress.py): bytes, rate and ETA on a terminal, nothing in CI logs."""
 
 from __future__ import annotations
 
 import io
 
-from workers.progress import ProgressLine
+from workers.cli.progress import ProgressLine
 
 MiB = 1024 * 1024
 

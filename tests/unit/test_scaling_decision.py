@@ -265,7 +265,7 @@ def test_a_busy_duty_cycle_is_not_load():
 
 
 def test_prewarm_sizes_the_arrival_rate_history_with_the_declared_replica_capacity():
-    from workers.schedules import desired_schedules
+    from workers.cli.scaling import desired_schedules
     from workflows.scaling.floors import ScheduleFile
     from workflows.scaling.prewarm import demand_replicas
 

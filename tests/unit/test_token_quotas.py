@@ -94,7 +94,7 @@ def test_usage_rows_put_input_and_output_side_by_side():
 
 
 def test_a_bad_quota_file_is_refused_naming_the_field(tmp_path):
-    from workers.quotas_cli import QuotaFileError, load_quota_file
+    from workers.cli.quotas import QuotaFileError, load_quota_file
 
     path = tmp_path / "quotas.yaml"
     path.write_text("namespace: llm-serving\nroute: chat\ntenants:\n  - {name: acme, tokens_per_minute: 10, monthly_tokens: -1}\n")

@@ -4,7 +4,7 @@ same way for the sandbox config, golden sets and schedules (workflows.core.failu
 import pytest
 
 from infra.sandbox.config import SandboxConfigError, load_config
-from workers.golden_cli import load_golden
+from workers.cli.quality import load_golden
 
 
 def test_sandbox_config_names_each_wrong_field(tmp_path):

@@ -27,7 +27,7 @@ from activities.clients.prometheus import PrometheusClient
 from activities.cost.cost_activities import CostActivities
 from infra.prometheus import running_prometheus, serve_registry
 from tests.servers import BIN
-from workers import cost_cli
+from workers.cli import cost as cost_cli
 from workers.config import Settings
 from workflows.cost.contract import CollectCostInput, CostQueries, MonthSpendInput
 from workflows.cost.pricing import Prices

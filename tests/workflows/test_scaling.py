@@ -20,7 +20,7 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
-from workers.schedules import floor_spec
+from workers.cli.scaling import floor_spec
 from workflows.core import naming
 from workflows.cost.contract import MonthSpendInput
 from workflows.rollout.contract import SCALE_VERSION, ScaleVersionInput

@@ -25,7 +25,7 @@ from temporalio.worker import Worker
 
 from tests.servers import BIN
 from tests.workflows.test_scaling import FakeDeployment
-from workers import schedules
+from workers.cli import scaling as schedules
 from workers.config import Settings
 from workflows.core import naming, search_attributes
 from workflows.scaling.floors import ScheduleFloor

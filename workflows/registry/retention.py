@@ -2,7 +2,7 @@
 
 ``plan_retention`` is pure (plain values in, decisions out) so the rules are unit-tested and the
 workflow only adds I/O around it. ``RegistryRetention`` runs it daily from a Temporal Schedule
-(see workers/registry_cli.py) and with ``dry_run`` reports the plan without deleting anything.
+(see workers/cli/registry.py) and with ``dry_run`` reports the plan without deleting anything.
 
 Rules, first match wins, for every version whose weights still exist:
 1. referenced: a Deployment with replicas, a route backend with weight, or a running rollout

@@ -8,71 +8,49 @@ schedules are created, updated in place, left alone when unchanged (a fingerprin
 declares rides in the action's memo), and tideplane's schedules the file does not declare are
 deleted. ``tideplane schedules delete DEPLOYMENT`` removes one deployment's.
 
-workers/cli.py wires these in with ``add_schedules_commands(subparsers)``; each subcommand sets
+workers/cli/main.py wires these in with ``add_schedules_commands(subparsers)``; each subcommand sets
 ``func(args, settings) -> int``: the CLI builds the Settings once and passes them.
-``python -m workers.schedules ...`` runs them on their own.
+``python -m workers.cli.scaling ...`` runs them on their own.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-import hashlib
 import json
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeVar
 from zoneinfo import ZoneInfo
 
-import yaml
-from pydantic import BaseModel, ValidationError
 from temporalio.client import (
     Client,
     Schedule,
     ScheduleActionStartWorkflow,
-    ScheduleAlreadyRunningError,
     ScheduleCalendarSpec,
     ScheduleOverlapPolicy,
     SchedulePolicy,
     ScheduleRange,
     ScheduleSpec,
-    ScheduleUpdate,
-    ScheduleUpdateInput,
 )
 from temporalio.service import RPCError, RPCStatusCode
 
+from workers.cli.model_files import load_model_file
+from workers.cli.temporal_schedules import apply_schedule, delete_schedule, fingerprinted
 from workers.client import connect
 from workers.config import Settings, load_settings
 from workflows.core import naming
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.floors import FloorEntry, ScheduleFile, ScheduleFloor, ScheduleFloorInput
 from workflows.scaling.prewarm import PredictivePrewarm, PrewarmInput
-from workflows.core.failures import field_errors
 
-M = TypeVar("M", bound=BaseModel)
 
 # A floor missed while the server or worker was down still applies if caught up within this.
 CATCHUP = timedelta(hours=1)
-# Memo key of a schedule's action: the fingerprint of what the file declared for it.
-SPEC_MEMO = "tideplane_spec"
 
 
 class ScheduleFileError(ValueError):
     """The schedule file is invalid; the message names the field or time zone."""
-
-
-def load_model_file(path: Path, model: type[M], what: str, error: type[ValueError]) -> M:
-    """A YAML or JSON (JSON is YAML) file as ``model``; ``error`` names the field, e.g. ``schedules.0.time_zone``."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise error(f"cannot read {path}: {exc}") from None
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        raise error(f"invalid {what} {path}: {field_errors(exc, '(file)')}") from None
 
 
 def load_schedule_file(path: Path) -> ScheduleFile:
@@ -97,13 +75,6 @@ def floor_spec(entry: FloorEntry, time_zone: str) -> ScheduleSpec:
         comment=f"floor {entry.replicas} at {entry.at} {','.join(entry.days)}",
     )
     return ScheduleSpec(calendars=[calendar], time_zone_name=time_zone)
-
-
-def fingerprinted(schedule: Schedule) -> Schedule:
-    """``schedule`` with the digest of its declaration in its action's memo, for "unchanged"."""
-    digest = hashlib.sha256(repr(schedule).encode()).hexdigest()[:16]
-    schedule.action.memo = {SPEC_MEMO: digest}
-    return schedule
 
 
 def desired_schedules(file: ScheduleFile, task_queue: str) -> dict[str, Schedule]:
@@ -158,45 +129,6 @@ async def _ids_with_prefix(client: Client, prefixes: list[str]) -> list[str]:
 TIDEPLANE_PREFIXES = [naming.FLOOR_SCHEDULE_PREFIX, naming.PREWARM_SCHEDULE_PREFIX]
 
 
-async def _fingerprint(client: Client, description) -> str | None:
-    """The fingerprint an earlier apply stored on a described schedule (None: made another way)."""
-    payload = (getattr(description.schedule.action, "memo", None) or {}).get(SPEC_MEMO)
-    if payload is None:
-        return None
-    (value,) = await client.data_converter.decode([payload], [str])
-    return value
-
-
-async def _delete(client: Client, sid: str) -> bool:
-    """Delete one schedule; False when it was already gone (the list lags behind deletes)."""
-    try:
-        await client.get_schedule_handle(sid).delete()
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return False
-        raise
-    return True
-
-
-async def apply_schedule(client: Client, sid: str, schedule: Schedule) -> str:
-    """Create, update in place (keeping its state: a pause stays) or leave one ``fingerprinted`` schedule:
-    created | updated | unchanged."""
-    try:
-        await client.create_schedule(sid, schedule)
-        return "created"
-    except ScheduleAlreadyRunningError:
-        pass
-    handle = client.get_schedule_handle(sid)
-    if await _fingerprint(client, await handle.describe()) == schedule.action.memo[SPEC_MEMO]:
-        return "unchanged"
-
-    def keep_state(current: ScheduleUpdateInput) -> ScheduleUpdate:
-        return ScheduleUpdate(schedule=dataclasses.replace(schedule, state=current.description.schedule.state))
-
-    await handle.update(keep_state)
-    return "updated"
-
-
 async def apply(client: Client, file: ScheduleFile, task_queue: str) -> list[tuple[str, str]]:
     """Reconcile tideplane's schedules with the file: (id, created | updated | unchanged | deleted).
 
@@ -205,7 +137,7 @@ async def apply(client: Client, file: ScheduleFile, task_queue: str) -> list[tup
     wanted = desired_schedules(file, task_queue)
     outcomes = [(sid, await apply_schedule(client, sid, schedule)) for sid, schedule in wanted.items()]
     for sid in await _ids_with_prefix(client, TIDEPLANE_PREFIXES):
-        if sid not in wanted and await _delete(client, sid):
+        if sid not in wanted and await delete_schedule(client, sid):
             outcomes.append((sid, "deleted"))
     return outcomes
 
@@ -213,7 +145,7 @@ async def apply(client: Client, file: ScheduleFile, task_queue: str) -> list[tup
 async def delete_deployment(client: Client, deployment: str) -> list[str]:
     """Delete every floor and pre-warm schedule of ``deployment``; the IDs deleted."""
     prefixes = [naming.schedule_prefix(kind, deployment) for kind in TIDEPLANE_PREFIXES]
-    return [sid for sid in await _ids_with_prefix(client, prefixes) if await _delete(client, sid)]
+    return [sid for sid in await _ids_with_prefix(client, prefixes) if await delete_schedule(client, sid)]
 
 
 async def describe_all(client: Client) -> list[dict]:

@@ -1,8 +1,8 @@
 """``tideplane registry ...``: register, list, show, deprecate, run or schedule retention.
 
-workers/cli.py wires these in with ``add_registry_commands(subparsers)``; every subcommand sets
+workers/cli/main.py wires these in with ``add_registry_commands(subparsers)``; every subcommand sets
 ``func(args, settings) -> int``: the CLI builds the Settings once and passes them.
-``python -m workers.registry_cli ...`` runs them on their own. The registry itself is
+``python -m workers.cli.registry ...`` runs them on their own. The registry itself is
 ``activities.registry.Registry``, the same store the worker's activities use.
 """
 
@@ -27,11 +27,10 @@ from temporalio.client import (
 
 from activities.clients.s3 import S3Client
 from activities.registry.store import Registry, RegistryError
+from workers.cli.progress import ProgressLine, size
+from workers.cli.wording import counted
 from workers.client import connect
 from workers.config import Settings, load_settings
-from workers.golden_cli import add_golden_commands
-from workers.progress import ProgressLine, size
-from workers.wording import counted
 from workflows.core.naming import RETENTION_SCHEDULE_ID, RETENTION_WORKFLOW_ID
 from workflows.registry.retention import RegistryRetention, RetentionInput, RetentionResult, render_plan
 from workflows.registry.schema import ANY_DEPLOYMENT, AdapterOf, parse_quantization, parse_ref
@@ -177,7 +176,7 @@ def cmd_retention(args, settings: Settings) -> int:
     return 0
 
 
-def _guard(func):
+def answering_registry_errors(func):
     """Registry errors (unknown version, checksum mismatch...) exit 1 with the message."""
 
     def run(args, settings: Settings) -> int:
@@ -190,8 +189,9 @@ def _guard(func):
     return run
 
 
-def add_registry_commands(subparsers) -> None:
-    """Add ``registry`` and its subcommands to the tideplane CLI's subparsers."""
+def add_registry_commands(subparsers) -> argparse._SubParsersAction:
+    """Add ``registry`` and its subcommands to the tideplane CLI's subparsers; the registry's own
+    subparsers come back (``registry golden`` is added there: workers/cli/quality.py)."""
     registry = subparsers.add_parser("registry", help="model registry: versions, checksums, status, retention")
     sub = registry.add_subparsers(dest="registry_command", required=True)
 
@@ -201,34 +201,33 @@ def add_registry_commands(subparsers) -> None:
     p.add_argument("--quantization", default="none", help="none | gguf:Q4_K_M | awq:4 | gptq:4 (default none)")
     p.add_argument("--image", help="serving image the version was validated with")
     p.add_argument("--base", metavar="MODEL@VERSION", help="the files are a LoRA adapter of this registered base model version")
-    p.set_defaults(func=_guard(cmd_register))
+    p.set_defaults(func=answering_registry_errors(cmd_register))
 
     p = sub.add_parser("list", help="every model's versions and status (reads only the indexes)")
     p.add_argument("model", nargs="?")
-    p.set_defaults(func=_guard(cmd_list))
+    p.set_defaults(func=answering_registry_errors(cmd_list))
 
     p = sub.add_parser("show", help="MODEL: its versions; MODEL@VERSION: the manifest")
     p.add_argument("ref", metavar="MODEL[@VERSION]")
     p.add_argument("--verify", action="store_true", help="stream every weights file and check its sha256")
-    p.set_defaults(func=_guard(cmd_show))
+    p.set_defaults(func=answering_registry_errors(cmd_show))
 
     p = sub.add_parser("deprecate", help="mark MODEL@VERSION deprecated (retention deletes it after 30 days)")
     p.add_argument("ref", metavar="MODEL@VERSION")
     p.add_argument("--reason", default="deprecated by hand")
-    p.set_defaults(func=_guard(cmd_deprecate))
+    p.set_defaults(func=answering_registry_errors(cmd_deprecate))
 
     p = sub.add_parser("retention", help="run RegistryRetention now and print what it deleted and kept")
     p.add_argument("--dry-run", action="store_true", help="print the plan, delete nothing")
     p.add_argument("--deprecated-days", type=float, default=30)
     p.add_argument("--rollback-days", type=float, default=7)
-    p.set_defaults(func=_guard(cmd_retention))
+    p.set_defaults(func=answering_registry_errors(cmd_retention))
 
     p = sub.add_parser("schedule", help="create or update the daily RegistryRetention schedule")
     p.add_argument("--hour", type=int, default=3, choices=range(24), metavar="0-23", help="UTC hour (default 3)")
     p.add_argument("--minute", type=int, default=0, choices=range(60), metavar="0-59")
-    p.set_defaults(func=_guard(cmd_schedule))
-
-    add_golden_commands(sub, _guard)
+    p.set_defaults(func=answering_registry_errors(cmd_schedule))
+    return sub
 
 
 def main(argv: list[str] | None = None, settings: Settings | None = None) -> int:

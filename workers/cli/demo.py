@@ -26,7 +26,8 @@ from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.launcher import Sandbox
 from infra.sandbox.worker_identity import enable_serving_namespace
-from workers import golden_cli, registry_cli
+from workers.cli import quality as quality_cli
+from workers.cli import registry as registry_cli
 from workers.client import connect
 from workers.config import Settings, load_settings
 from workflows.core.naming import (
@@ -214,7 +215,7 @@ def story(sandbox: Sandbox) -> None:
         registry.register(DEMO_MODEL, version, str(_weights(sandbox, version)), image=DEMO_IMAGE)
         set_profile(api, DEMO_MODEL, version, profile)
     print(f"$ tideplane registry golden set {DEMO_MODEL} {GOLDEN_SET.relative_to(GOLDEN_SET.parents[2])}")
-    print(f"  {golden_cli.store_golden(registry, DEMO_MODEL, str(GOLDEN_SET))}")
+    print(f"  {quality_cli.store_golden(registry, DEMO_MODEL, str(GOLDEN_SET))}")
     set_demand(api, DEMO_DEPLOYMENT, Demand(rps=DEMO_RPS))
     asyncio.run(_rollouts(sandbox, config))
 

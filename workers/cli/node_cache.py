@@ -1,7 +1,7 @@
 """``tideplane node-cache``: what runs on the nodes (the staging Job's ``stage``, the cache
 DaemonSet's ``serve``) and what an operator reads (``list``: each node's versions, bytes, last use).
 
-workers/cli.py wires it in with ``add_node_cache_commands(subparsers)``; each subcommand sets
+workers/cli/main.py wires it in with ``add_node_cache_commands(subparsers)``; each subcommand sets
 ``func(args, settings) -> int``.
 """
 
@@ -17,12 +17,12 @@ import httpx
 
 from activities.clients.kube import KubeClient
 from activities.clients.s3 import S3Client
-from activities.node_cache.chunk_server import ChunkServer, node_cache_index
 from activities.node_cache.cache import NodeCache
-from activities.node_cache.stager import NodeCacheStager
+from activities.node_cache.chunk_server import ChunkServer, node_cache_index
 from activities.node_cache.node_cache_activities import peer_url
+from activities.node_cache.stager import NodeCacheStager
+from workers.cli.wording import counted
 from workers.config import Settings
-from workers.wording import counted
 from workflows.node_cache.contract import NodeCacheRequest
 
 # Where Kubernetes reads a container's termination message (the pod's terminationMessagePath default).

@@ -7,8 +7,8 @@ turns) and the daily TokenMetering schedule, then runs ApplyTokenQuotas once and
 Applying the same file again changes nothing. ``usage`` runs a TokenMetering now and prints its
 table, or with ``--latest`` prints the last completed one's (the daily schedule's or anyone's).
 
-workers/cli.py wires these in with ``add_quotas_commands(subparsers)``; each sets
-``func(args, settings) -> int``. ``python -m workers.quotas_cli ...`` runs them on their own.
+workers/cli/main.py wires these in with ``add_quotas_commands(subparsers)``; each sets
+``func(args, settings) -> int``. ``python -m workers.cli.quotas ...`` runs them on their own.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from temporalio.client import (
     ScheduleSpec,
 )
 
+from workers.cli.reports import print_report, run_now, window_hours
+from workers.cli.temporal_schedules import apply_schedule, fingerprinted
+from workers.cli.model_files import load_model_file
 from workers.client import connect
 from workers.config import Settings, load_settings
-from workers.cost_cli import print_report, run_now, window_hours
-from workers.schedules import apply_schedule, fingerprinted, load_model_file
 from workflows.core import naming
 from workflows.quotas.policy import QuotaFile, QuotaInput
 from workflows.quotas.workflow import (

@@ -10,8 +10,9 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from activities.registry.store import Registry
 from activities.quality.golden_sets import golden_history, set_golden_set
+from activities.registry.store import Registry
+from workers.cli.registry import answering_registry_errors, open_registry
 from workers.config import Settings
 from workflows.core.failures import field_errors
 from workflows.quality.golden_set import GoldenSet
@@ -44,15 +45,11 @@ def store_golden(registry: Registry, model: str, path: str) -> str:
 
 
 def cmd_golden_set(args, settings: Settings) -> int:
-    from workers.registry_cli import open_registry
-
     print(store_golden(open_registry(settings), args.model, args.file))
     return 0
 
 
 def cmd_golden_show(args, settings: Settings) -> int:
-    from workers.registry_cli import open_registry
-
     history = golden_history(open_registry(settings), args.model)
     if history is None or history.current is None:
         print(f"error: {args.model} has no golden set (tideplane registry golden set {args.model} FILE)")
@@ -69,16 +66,16 @@ def cmd_golden_show(args, settings: Settings) -> int:
     return 0
 
 
-def add_golden_commands(sub, guard) -> None:
-    """``golden set`` / ``golden show`` under ``tideplane registry`` (``guard``: its error handling)."""
+def add_golden_commands(sub) -> None:
+    """``golden set`` / ``golden show`` under ``tideplane registry`` (``sub``: the registry's subparsers)."""
     golden = sub.add_parser("golden", help="a model's golden set: prompts with checks the rollout runs at warm-up")
     commands = golden.add_subparsers(dest="golden_command", required=True)
     p = commands.add_parser("set", help="store FILE (YAML or JSON) as MODEL's next golden set revision")
     p.add_argument("model", metavar="MODEL")
     p.add_argument("file", metavar="FILE")
-    p.set_defaults(func=guard(cmd_golden_set))
+    p.set_defaults(func=answering_registry_errors(cmd_golden_set))
     p = commands.add_parser("show", help="MODEL's current golden set (or --revision N)")
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--revision", type=int)
     p.add_argument("--json", action="store_true", help="print the set as JSON")
-    p.set_defaults(func=guard(cmd_golden_show))
+    p.set_defaults(func=answering_registry_errors(cmd_golden_show))

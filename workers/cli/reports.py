@@ -1,17 +1,9 @@
-"""``tideplane cost report``: the CostReport's Markdown table on the terminal.
-
-The report is a workflow (workflows/cost/report.py) whose result holds the table and its Markdown;
-this runs one now (a worker must be polling) and prints the Markdown, or with ``--latest`` prints
-the last completed run's (the daily schedule's or anyone's) without running anything.
-
-workers/cli.py wires it in with ``add_cost_commands(subparsers)``; the subcommand sets
-``func(args, settings) -> int``: the CLI builds the Settings once and passes them.
-``python -m workers.cost_cli cost report`` runs it on its own.
-"""
+"""Report workflows run from the command line: one run now (a worker must be polling) and its
+``markdown`` printed, or the last completed run's (``--latest``); the cost report (cost.py) and the
+token usage report (quotas.py) are printed so."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 from datetime import datetime, timezone
@@ -19,8 +11,7 @@ from datetime import datetime, timezone
 from temporalio.client import Client
 
 from workers.client import connect
-from workers.config import Settings, load_settings
-from workflows.cost.report import CostReport, CostReportInput, CostReportResult
+from workers.config import Settings
 
 
 async def run_now(client: Client, run, arg, id_prefix: str, task_queue: str, timeout: float):
@@ -65,36 +56,9 @@ def print_report(args, config: Settings, run, arg, workflow_type: str, result_ty
     return 0
 
 
-def cmd_report(args, config: Settings) -> int:
-    return print_report(args, config, CostReport.run, CostReportInput(window_hours=args.window_hours), "CostReport", CostReportResult,
-                        "cost-report", "tideplane cost report")
-
-
 def window_hours(text: str) -> float:
     """--window-hours within what CostReportInput accepts (0 < h <= 744), said by argparse."""
     hours = float(text)
     if not 0 < hours <= 24 * 31:
         raise ValueError(text)
     return hours
-
-
-def add_cost_commands(subparsers) -> None:
-    """Add ``cost report`` to the tideplane CLI's subparsers."""
-    cost = subparsers.add_parser("cost", help="what the fleet cost (the CostReport workflow)")
-    sub = cost.add_subparsers(dest="cost_command", required=True)
-    p = sub.add_parser("report", help="run a CostReport now and print its Markdown table (or --latest: the last one's)")
-    p.add_argument("--window-hours", type=window_hours, default=24.0, help="the window ending now, in hours (0 < h <= 744; default 24)")
-    p.add_argument("--latest", action="store_true", help="print the last completed report instead of running one")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the report (default 300)")
-    p.set_defaults(func=cmd_report)
-
-
-def main(argv: list[str] | None = None, settings: Settings | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tideplane")
-    add_cost_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args, settings or load_settings())
-
-
-if __name__ == "__main__":
-    sys.exit(main())
