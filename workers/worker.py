@@ -60,7 +60,7 @@ from workflows.quotas.workflow import ApplyTokenQuotas, TokenMetering
 from workflows.registry import contract as registry_contract
 from workflows.registry.retention import RegistryRetention
 from workflows.rollout import contract as rollout_contract
-from workflows.rollout.retire import RetireVersion
+from workflows.rollout.retire_version import RetireVersion
 from workflows.rollout.workflow import ModelRollout
 from workflows.scaling import contract as scaling_contract
 from workflows.scaling.floors import ScheduleFloor

@@ -16,7 +16,7 @@ from workflows.rollout.contract import (
     RetireInput,
     retire_workflow_id,
 )
-from workflows.rollout.retire import RetireVersion
+from workflows.rollout.retire_version import RetireVersion
 
 
 class RetireScheduling(contract.RetireScheduling):

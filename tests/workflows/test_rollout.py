@@ -37,7 +37,7 @@ from workflows.core import telemetry
 from workflows.rollout import gates as canary
 from workflows.core import search_attributes as sa
 from activities.rollout.retire_scheduling import RetireScheduling
-from workflows.rollout.retire import RetireVersion
+from workflows.rollout.retire_version import RetireVersion
 from workflows.rollout.workflow import ModelRollout, start_rollout
 from workflows.core.naming import DeploymentRef
 from workflows.quality.contract import (

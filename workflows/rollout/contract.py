@@ -301,7 +301,7 @@ class CancelRetireInput(BaseModel):
 
 class RetireScheduling:
     """How ModelRollout leaves a delayed scale-down to a RetireVersion workflow of its own
-    (workflows/rollout/retire.py) and takes it back; implemented in activities/rollout.py with the
+    (workflows/rollout/retire_version.py) and takes it back; implemented in activities/rollout.py with the
     worker's Temporal client."""
 
     @activity.defn(name=SCHEDULE_RETIRE)

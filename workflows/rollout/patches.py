@@ -1,0 +1,56 @@
+"""Every ``workflow.patched`` id ModelRollout asks, in one place: what changed, where the run asks,
+and which recorded history (tests/histories/, replayed by tests/workflows/test_replay.py) takes
+which side. A run recorded before a change replays the old side; a patch stays until no run that
+old can still be in flight. Runs recorded on today's code take every new side they reach.
+
+===========================  ==========================  =========================================
+patch id                     asked in                    old side replayed by / new side by
+===========================  ==========================  =========================================
+``retire-after-promotion``   steps/retire.py             old: model-rollout-promoted,
+                                                         model-rollout-rolled-back,
+                                                         devserver-rollout-rolled-back (the run
+                                                         sleeps the scale-down delay, then scales);
+                                                         new: model-rollout-golden-failed
+``golden-gate``              steps/warm_up.py,           old: model-rollout-promoted, -rolled-back,
+                             steps/shadow.py             devserver-rollout-rolled-back (no golden
+                                                         set, no mirror); new: model-rollout-golden-failed
+``quality-failure-           steps/roll_back.py          new: model-rollout-golden-failed (asked only
+deprecates``                                             after a quality failure; no old history)
+``metrics-via-meter``        actions.py                  old: model-rollout-promoted, -rolled-back,
+                                                         devserver-rollout-rolled-back (record_rollout
+                                                         and record_gate_verdict activities);
+                                                         new: model-rollout-golden-failed
+``batching-sweep``           steps/warm_up.py            asked only with ``batching``: no history;
+                                                         the new side is tests/workflows/rollout/
+``prestage-nodes``           steps/stage.py              asked only with ``prestage``: no history;
+                                                         the new side is tests/workflows/node_cache/
+``carry-lora-adapters``      steps/start.py              asked only when the stable's pods load
+                                                         adapters: no history; the new side is
+                                                         tests/workflows/adapters/
+===========================  ==========================  =========================================
+
+tests/workflows/test_replay.py checks that model-rollout-golden-failed holds the new side of
+``golden-gate`` and ``quality-failure-deprecates``.
+"""
+
+from __future__ import annotations
+
+from workflows.core.telemetry import METER_PATCH
+
+# Runs from before this patch kept the rollout open for the scale-down delay; newer ones end when
+# traffic has moved and leave the delayed scale-down to a RetireVersion workflow (retire_version.py).
+RETIRE_PATCH = "retire-after-promotion"
+# Runs from before the quality gates (issue 21) never read a golden set at warm-up.
+GOLDEN_PATCH = "golden-gate"
+# Runs from before batching was tuned at warm-up (issue 19) never swept; asked only when a run has `batching`.
+BATCHING_PATCH = "batching-sweep"
+# Runs from before pre-staging (issue 18) never staged onto nodes.
+PRESTAGE_PATCH = "prestage-nodes"
+# Runs from before LoRA adapters followed the base (issue 18) never carried --lora-modules nor moved
+# adapter rules; asked only when the stable version's pods load adapters at start.
+ADAPTERS_PATCH = "carry-lora-adapters"
+# Runs from before this patch left a version whose golden set or shadow comparison failed in
+# `testing` (a warm-up failure) or `testing` again (a shadow drift), free to be rolled out again.
+QUALITY_DEPRECATES_PATCH = "quality-failure-deprecates"
+
+PATCHES = (RETIRE_PATCH, GOLDEN_PATCH, QUALITY_DEPRECATES_PATCH, METER_PATCH, BATCHING_PATCH, PRESTAGE_PATCH, ADAPTERS_PATCH)

@@ -1,0 +1,118 @@
+"""A canary step: scale the canary up to carry its share and wait until it is Ready, *then* move
+the route weight (traffic never lands on capacity that is not there yet), and gate the step until
+its window passes: every gate interval a verdict from Prometheus (workflows/rollout/gates.py); a
+failure rolls back, too many inconclusive or unmeasurable observations pause for a human (never
+promoting blind), and an operator's promote ends the step early."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError
+
+from workflows.core.failures import cause
+from workflows.core.versions import Canary
+from workflows.core.waiting import wait_until
+from workflows.rollout import registry_records
+from workflows.rollout.actions import GATES, RollBack, act, checkpoint, record_verdict, route, scale, show
+from workflows.rollout.contract import GateQueriesInput, RolloutActivities, WaitReadyInput
+from workflows.rollout.gates import Decision, StepAnalysis, Verdict, evaluate, required_passes
+from workflows.rollout.run_state import RunState
+from workflows.rollout.types import VerdictRecord
+
+VERDICT_HISTORY = 50  # kept in memory for the status query, not in history
+
+
+async def shift(state: RunState, weight: int) -> None:
+    """Scale the canary to carry ``weight`` %, wait until Ready, then move the route."""
+    inp, stable = state.input, state.stable
+    assert stable is not None
+    replicas = state.share(weight)
+    if replicas != state.canary_replicas:
+        await scale(state, inp.version, replicas, f"scale {inp.version} to {replicas} replica(s) for {weight} %")
+        try:
+            await act(
+                state,
+                RolloutActivities.wait_ready,
+                WaitReadyInput(deployment=state.ref, version=inp.version, replicas=replicas),
+                summary=f"wait for {replicas} replica(s) of {inp.version} to be Ready",
+                schedule_to_close=inp.deadlines.step_ready_seconds,
+                heartbeat=30,
+            )
+        except ActivityError as err:
+            raise RollBack(f"canary not Ready for {weight} %: {cause(err)}") from err
+    await route(state, {stable.version: 100 - weight, inp.version: weight}, f"route {weight} % to {inp.version}")
+    state.canary_since = state.canary_since or workflow.now()
+    await registry_records.set_status(state, Canary(percent=weight, since=state.canary_since), f"canary at {weight} %")
+
+
+async def observe(
+    state: RunState, weight: int, window_seconds: float, each_window: Callable[[RunState, int], Awaitable[None]]
+) -> None:
+    """Gate the current step until its window passes (or a human or a verdict ends it);
+    ``each_window`` runs after every gate measurement (the shadow comparison's)."""
+    inp = state.input
+    state.analysis = StepAnalysis()
+    started = workflow.now()
+    need = required_passes(window_seconds, inp.gate_interval_seconds)
+    while True:
+        await wait_until(
+            lambda: state.paused or state.promote is not None or state.abort_reason is not None,
+            timedelta(seconds=inp.gate_interval_seconds),
+            f"next gate check at {weight} %",
+        )
+        await checkpoint(state)
+        if state.promote is not None:
+            if not state.promote.full:
+                state.promote = None
+            return
+        record = await _measure(state, weight)
+        await each_window(state, weight)
+        decision = state.analysis.record(record.evaluation, inp.analysis)
+        show(state)  # every verdict, with its numbers and counts, in the UI's current details
+        if record.evaluation.verdict is not Verdict.ERROR:  # errors are counted by the query activity
+            record_verdict(state, record.evaluation.verdict.value, record.evaluation.deciding_gate)
+        if decision is Decision.ROLLBACK:
+            raise RollBack(f"gate failed at {weight} %: {record.evaluation.describe()}", record)
+        if decision is not Decision.CONTINUE:
+            why = "too few samples" if decision is Decision.PAUSE_INCONCLUSIVE else "metrics unavailable"
+            state.paused = True
+            state.pause_reason = f"{why} at {weight} % (never promoting blind): {record.evaluation.describe()}"
+            await checkpoint(state)
+            state.analysis.resumed()
+            continue
+        elapsed = (workflow.now() - started).total_seconds()
+        if state.analysis.complete(elapsed, window_seconds, need):
+            return
+
+
+async def _measure(state: RunState, weight: int) -> VerdictRecord:
+    inp = state.input
+    assert state.stable is not None
+    variables = {
+        "namespace": state.ref.namespace,
+        "deployment": state.ref.name,
+        "model": inp.model,
+        "version": inp.version,
+        "stable_version": state.stable.version,
+        "window": inp.query_window,
+    }
+    try:
+        result = await act(
+            state,
+            RolloutActivities.query_gates,
+            GateQueriesInput(queries=inp.queries.by_gate(), variables=variables),
+            summary=f"gate queries at {weight} %",
+            start_to_close=30,
+            retry=GATES,
+            read_only=True,
+        )
+        evaluation = evaluate(result.values, inp.gates)
+    except ActivityError as err:
+        evaluation = evaluate(None, inp.gates, error=f"gate queries failed: {cause(err)}")
+    record = VerdictRecord(at=workflow.now(), weight=weight, evaluation=evaluation)
+    state.verdicts = [*state.verdicts[-(VERDICT_HISTORY - 1) :], record]
+    state.verdict_count += 1
+    return record
