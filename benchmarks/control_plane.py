@@ -33,7 +33,8 @@ from workflows.scaling import contract as acts
 from workflows.core import search_attributes
 from workflows.rollout.contract import SCALE_VERSION, ScaleVersionInput
 from workflows.scaling.decide import ScalingPolicy, Signals
-from workflows.scaling.loop import ReactiveScaling, ScalingInput
+from workflows.scaling.loop import ReactiveScaling
+from workflows.scaling.loop_state import ScalingInput
 
 TASK_QUEUE = "tideplane-bench-control-plane"
 COLUMNS = [

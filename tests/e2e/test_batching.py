@@ -40,7 +40,8 @@ from workflows.core.naming import (
 from workflows.core.batching_settings import BatchingSetting
 from workflows.rollout.types import Outcome, RolloutResult
 from workflows.scaling.decide import ScalingPolicy
-from workflows.scaling.loop import ReactiveScaling, ScalingInput
+from workflows.scaling.loop import ReactiveScaling
+from workflows.scaling.loop_state import ScalingInput
 
 MODEL = "e2e-batching-llm"
 NAMESPACE = "e2e-batching"

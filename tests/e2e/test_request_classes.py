@@ -33,7 +33,8 @@ from workflows.classes.manifests import RequestClassesInput
 from workflows.classes.workflow import ApplyRequestClasses
 from workflows.cost.budget import MonthlyBudget
 from workflows.scaling.decide import ScalingPolicy
-from workflows.scaling.loop import ReactiveScaling, ScalingInput
+from workflows.scaling.loop import ReactiveScaling
+from workflows.scaling.loop_state import ScalingInput
 
 NAMESPACE = "e2e-classes"
 

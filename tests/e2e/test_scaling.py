@@ -41,7 +41,8 @@ from workflows.core import naming
 from workflows.core.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.contract import DEFAULT_REPLICA_HISTORY_QUERY, ReadSignalsInput, ReplicaHistoryInput
-from workflows.scaling.loop import ReactiveScaling, ScalingInput, ScalingStatus
+from workflows.scaling.loop import ReactiveScaling
+from workflows.scaling.loop_state import ScalingInput, ScalingStatus
 
 NAMESPACE = "e2e-scaling"
 POLICY = ScalingPolicy(

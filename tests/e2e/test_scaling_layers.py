@@ -37,7 +37,8 @@ from workflows.rollout.contract import EnsureVersionInput
 from workflows.scaling.contract import PoolRef
 from workflows.scaling.cpu_fallback import CpuFallback
 from workflows.scaling.decide import ScalingPolicy
-from workflows.scaling.loop import ReactiveScaling, ScalingInput, ScalingStatus
+from workflows.scaling.loop import ReactiveScaling
+from workflows.scaling.loop_state import ScalingInput, ScalingStatus
 from workflows.scaling.node_pools import NodePoolInput, NodePoolScaling, NodePoolStatus
 from workflows.scaling.placement import PoolSizing
 from workflows.core.telemetry import (

@@ -50,7 +50,8 @@ from workflows.rollout.gates import ERROR_RATE
 from workflows.rollout.workflow import ModelRollout, start_rollout
 from workflows.scaling import contract as scaling
 from workflows.scaling.decide import ScalingPolicy, Signals
-from workflows.scaling.loop import ReactiveScaling, ScalingInput
+from workflows.scaling.loop import ReactiveScaling
+from workflows.scaling.loop_state import ScalingInput
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent

@@ -26,7 +26,8 @@ from workflows.rollout.contract import SCALE_VERSION, ScaleVersionInput
 from workflows.scaling import contract as acts
 from workflows.scaling.cpu_fallback import CpuFallback, CpuFallbackState, decide_fallback
 from workflows.scaling.decide import ScalingPolicy, Signals
-from workflows.scaling.loop import PolicyPatch, ReactiveScaling, ScalingInput, ScalingStatus
+from workflows.scaling.loop_state import PolicyPatch, ScalingInput, ScalingStatus
+from workflows.scaling.loop import ReactiveScaling
 from workflows.core.telemetry import (
     COLD_START_SECONDS,
     REPLICAS_DESIRED,

@@ -31,7 +31,8 @@ from workflows.scaling.forecast import DemandForecast, forecast_demand
 from workflows.scaling.floors import FloorEntry, ScheduleFloor, ScheduleFloorInput, SetFloor, floor_at
 from workflows.scaling.node_pools import NodePoolInput, NodePoolScaling
 from workflows.scaling.placement import PoolSizing
-from workflows.scaling.loop import PolicyPatch, ReactiveScaling, ScalingInput, ScalingStatus
+from workflows.scaling.loop_state import PolicyPatch, ScalingInput, ScalingStatus
+from workflows.scaling.loop import ReactiveScaling
 from workflows.scaling.prewarm import PredictivePrewarm, PrewarmInput
 
 

@@ -29,7 +29,8 @@ from workers.cli import scaling as schedules
 from workers.config import Settings
 from workflows.core import naming, search_attributes
 from workflows.scaling.floors import ScheduleFloor
-from workflows.scaling.loop import ReactiveScaling, ScalingInput
+from workflows.scaling.loop import ReactiveScaling
+from workflows.scaling.loop_state import ScalingInput
 from workflows.scaling.prewarm import PredictivePrewarm
 
 TZ = "Asia/Tokyo"

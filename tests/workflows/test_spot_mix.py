@@ -19,7 +19,8 @@ from tests.workflows.test_scaling import FakeDeployment, start_loop, status
 from workflows.core import naming
 from workflows.scaling import contract as acts
 from workflows.scaling.decide import ScalingPolicy
-from workflows.scaling.loop import ReactiveScaling, ScalingInput
+from workflows.scaling.loop import ReactiveScaling
+from workflows.scaling.loop_state import ScalingInput
 from workflows.scaling.node_pools import NodePoolInput, NodePoolScaling, WarmPoolSettings
 from workflows.scaling.placement import PoolSizing
 from workflows.scaling.warm_pool import WARM_POOL_FLOOR_SIGNAL, nodes_for

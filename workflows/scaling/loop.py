@@ -28,31 +28,41 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     # full dotted names: `from workflows import naming` would give the sandbox its own copy of naming
     import workflows.core.naming as naming
-    from workflows.core.bounds import DAY_SECONDS, MAX_ITERATIONS, PromWindow
     import workflows.core.search_attributes as search_attributes
     import workflows.core.telemetry as telemetry
     from workflows.core.naming import DeploymentRef
-    from workflows.core.naming import DEPLOYMENT_OWNED
     from workflows.rollout.contract import RolloutActivities, ScaleVersionInput
     import workflows.scaling.contract as acts
     from workflows.scaling.contract import ScalingActivities
     from workflows.cost.budget_guard import BUDGET_PATCH, judge_growth
-    from workflows.scaling.cpu_fallback import CpuFallbackState, decide_fallback
+    from workflows.scaling.cpu_fallback import decide_fallback
+    from workflows.scaling.deployment_scale import SHORT_RETRY, read_scale, read_signals, scale_to
+    from workflows.scaling.loop_state import (
+        DecisionRecord,
+        LastScaleUp,
+        OperatorNote,
+        PendingScaleUp,
+        PolicyPatch,
+        ScalingCarry,
+        ScalingInput,
+        ScalingStatus,
+        SpotMixRecord,
+        WarmFloorClaim,
+        claimed,
+        cold_start_line,
+    )
     from workflows.scaling.decide import (
         NOTABLE_HOLDS,
-        ScalerState,
         ScalingDecision,
         ScalingPolicy,
-        Signals,
-        Trigger,
         decide,
         slo_replicas,
     )
@@ -78,187 +88,6 @@ SPOT_MIX_PATCH = "spot-mix"
 SPOT_WARM_FLOOR_PATCH = "spot-mix-warm-floor"
 # Runs from before that claim carried a TTL sent it once per change and never renewed it.
 WARM_FLOOR_RENEW_PATCH = "spot-mix-warm-floor-renew"
-
-
-class WarmFloorClaim(BaseModel):
-    """The warm pool floor this loop holds on a NodePoolScaling loop (``nodepool/<pool>``)."""
-
-    pool: str
-    replicas: int
-    claimed_at: datetime | None = Field(None, description="last sent with a TTL (None: claimed before claims lapsed)")
-
-
-class SpotMixRecord(BaseModel):
-    """How the decided total was placed: spot replicas per pool and the on-demand base (plan_mix)."""
-
-    version: str
-    spot: dict[str, int]
-    on_demand: int
-    availability: float = Field(description="P(Ready >= target) under the plan's model")
-    cost_per_hour: float
-    unavailable: list[str] = Field(default_factory=list, description="pools read unavailable now")
-    warm_pool: int = Field(0, description="stopped on-demand instances that cover the plan's worst loss in time (warm_pool_needed)")
-
-
-class DecisionRecord(BaseModel):
-    at: datetime
-    current: int
-    desired: int
-    ready: int | None = None
-    unschedulable: int = 0
-    floor: int = 0
-    applied: bool = False
-    reason: str
-    capped_by: str | None = None
-    triggers: list[Trigger] = Field(default_factory=list)
-    signals: Signals | None = None
-    fallback_replicas: int | None = Field(None, description="CPU fallback replicas wanted (batch with cpu_fallback)")
-    fallback_reason: str | None = None
-    spot_mix: SpotMixRecord | None = Field(None, description="the split applied (with a spot_mix policy)")
-
-
-class PendingScaleUp(BaseModel):
-    """A scale-up whose replicas are not all Ready yet: its cold start runs from ``decided_at``."""
-
-    decided_at: datetime
-    target: int = Field(ge=1, description="replicas that must be Ready")
-    pool: str = Field(description="the priority class the replicas run in")
-
-
-class LastScaleUp(BaseModel):
-    """The last scale-up whose replicas all became Ready: how long, and its newest replica's start by parts."""
-
-    at: datetime
-    replicas: int
-    seconds: float
-    cold_start: acts.ColdStart | None = None
-
-
-class ScalingCarry(BaseModel):
-    """What a run hands to the next one at continue-as-new."""
-
-    state: ScalerState = Field(default_factory=ScalerState)
-    floors: dict[str, FloorClaim] = Field(default_factory=dict, description="source -> floor")
-    paused: bool = False
-    pause_reason: str = ""
-    decisions: list[DecisionRecord] = Field(default_factory=list)
-    runs: int = Field(0, description="runs before this one")
-    fallback: CpuFallbackState = Field(default_factory=CpuFallbackState)
-    fallback_applied: int | None = Field(None, description="CPU fallback replicas last set (None: not yet)")
-    scale_up: PendingScaleUp | None = Field(None, description="the scale-up whose replicas are not all Ready yet")
-    last_scale_up: LastScaleUp | None = None
-    spot_history: dict[str, list[int]] = Field(default_factory=dict, description="spot pool -> recent samples, 1 = unavailable")
-    spot_mix_applied: SpotMixRecord | None = Field(None, description="the split last written")
-    warm_floor: WarmFloorClaim | None = Field(None, description="the warm pool floor last claimed")
-    queue_limit_written: bool = Field(False, description="a gateway queue limit was written and not taken out since")
-
-
-class ScalingInput(BaseModel):
-    deployment: naming.DeploymentName = Field(description="NAMESPACE/NAME of the logical deployment")
-    version: str | None = Field(None, description="version to scale; None: the one with the most traffic")
-    policy: ScalingPolicy = Field(default_factory=ScalingPolicy)
-    interval_seconds: float = Field(30, ge=1, le=DAY_SECONDS)
-    iterations_per_run: int = Field(240, ge=1, le=MAX_ITERATIONS, description="decisions per run before continue-as-new")
-    queries: dict[str, str] = Field(default_factory=dict, description="overrides of the default signal queries, by name")
-    window: PromWindow = Field("1m", description="rate window of the signal queries: 30s, 5m, 1h30m or seconds (>= 1 s)")
-    carry: ScalingCarry | None = None
-
-
-    @field_validator("queries")
-    @classmethod
-    def _known(cls, value: dict[str, str]) -> dict[str, str]:
-        unknown = set(value) - set(acts.DEFAULT_SIGNAL_QUERIES)
-        if unknown:
-            raise ValueError(f"unknown signal queries {sorted(unknown)}; known: {sorted(acts.DEFAULT_SIGNAL_QUERIES)}")
-        return value
-
-
-class OperatorNote(BaseModel):
-    reason: str = ""
-
-
-# Every field of ScalingPolicy, optional: `update_policy` changes only the fields given (null: unchanged).
-PolicyPatch = create_model(
-    "PolicyPatch",
-    __config__=ConfigDict(extra="forbid"),
-    **{name: (field.annotation | None, None) for name, field in ScalingPolicy.model_fields.items()},
-)
-
-
-class ScalingStatus(BaseModel):
-    deployment: str
-    paused: bool
-    pause_reason: str
-    policy: ScalingPolicy
-    floor: int
-    floors: dict[str, FloorClaim]
-    decisions: list[DecisionRecord]
-    runs: int
-    iteration: int
-    last_scale_up: LastScaleUp | None = None
-
-
-_SHORT = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=1))
-
-
-def claimed(claim: WarmFloorClaim | None) -> tuple[str, int] | None:
-    """What a claim asks for, whenever it was sent."""
-    return (claim.pool, claim.replicas) if claim is not None else None
-
-
-def cold_start_line(up: LastScaleUp) -> str:
-    """The last scale-up for the UI: its time to Ready and its newest replica's start by parts."""
-    line = f"last scale-up {up.at:%H:%M:%S}Z: {up.replicas} replica(s) Ready in {up.seconds:.0f}s"
-    if up.cold_start is not None:
-        parts = ", ".join(f"{part} {seconds:g}s" for part, seconds in up.cold_start.parts.items())
-        line += f" · newest replica's start: {parts} (pod {up.cold_start.pod})"
-    return line
-
-
-async def read_scale(namespace: str, name: str, version: str | None, summary: str = "read replicas") -> acts.ScaleStatus | str:
-    """The scaled version's replicas, claiming its Deployment for this workflow: another loop's claim
-    fails the run (non-retryable); any other failure comes back as text, for the loop to report."""
-    try:
-        return await workflow.execute_activity_method(
-            ScalingActivities.get_scale,
-            acts.ScaleTarget(namespace=namespace, deployment=name, version=version, owner=workflow.info().workflow_id),
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=_SHORT,
-            summary=summary,
-        )
-    except ActivityError as err:
-        if isinstance(err.cause, ApplicationError) and err.cause.type == DEPLOYMENT_OWNED:
-            raise ApplicationError(cause(err), type=DEPLOYMENT_OWNED, non_retryable=True) from err  # another loop scales it
-        return f"cannot read the deployment's scale: {cause(err)}"
-
-
-async def read_signals(namespace: str, name: str, queries: dict[str, str], window: PromWindow, summary: str = "read signals") -> Signals:
-    """The deployment's signals; an unreadable Prometheus reads as ``Signals(error=...)``."""
-    try:
-        return await workflow.execute_activity_method(
-            ScalingActivities.read_scaling_signals,
-            acts.ReadSignalsInput(namespace=namespace, deployment=name, queries=queries, window=window),
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=_SHORT,
-            summary=summary,
-        )
-    except ActivityError as err:
-        return Signals(error=cause(err))
-
-
-async def scale_to(namespace: str, name: str, scale: acts.ScaleStatus, replicas: int) -> str | None:
-    """Scale the version's Deployment to ``replicas``: None when done, else why it failed."""
-    try:
-        await workflow.execute_activity_method(
-            RolloutActivities.scale_version,
-            ScaleVersionInput(deployment=DeploymentRef(namespace=namespace, name=name), version=scale.version, replicas=replicas),
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=_SHORT,
-            summary=f"scale {name} {scale.version} {scale.replicas} -> {replicas}",
-        )
-    except ActivityError as err:
-        return cause(err)
-    return None
 
 
 @workflow.defn(name="ReactiveScaling", failure_exception_types=[ValidationError])
@@ -395,7 +224,7 @@ class ReactiveScaling:
                     error_quantile=p.forecast_error_quantile,
                 ),
                 start_to_close_timeout=timedelta(seconds=60),
-                retry_policy=_SHORT,
+                retry_policy=SHORT_RETRY,
                 summary=f"demand forecast, {horizon:.0f}s ahead",
             )
         except ActivityError as err:
@@ -439,7 +268,7 @@ class ReactiveScaling:
         try:
             now = await workflow.execute_activity_method(
                 SpotMixActivities.read_spot_domains, SpotDomainsInput(domains=mix.domains),
-                start_to_close_timeout=timedelta(seconds=30), retry_policy=_SHORT, summary="read spot pools",
+                start_to_close_timeout=timedelta(seconds=30), retry_policy=SHORT_RETRY, summary="read spot pools",
             )
         except ActivityError as err:
             record.reason += f"; spot pools unreadable, split kept: {cause(err)}"
@@ -462,7 +291,7 @@ class ReactiveScaling:
                 SpotMixActivities.apply_spot_mix,
                 ApplySpotMixInput(deployment=DeploymentRef(namespace=namespace, name=name), version=version, total=total,
                                   spot=split.spot, on_demand=split.on_demand),
-                start_to_close_timeout=timedelta(seconds=30), retry_policy=_SHORT,
+                start_to_close_timeout=timedelta(seconds=30), retry_policy=SHORT_RETRY,
                 summary=f"spot mix of {name}: {total} = spot {sum(split.spot.values())} + on-demand {split.on_demand}",
             )
             self._spot_mix_applied = split
@@ -536,7 +365,7 @@ class ReactiveScaling:
                 ScalingActivities.set_queue_limit,
                 acts.QueueLimitInput(deployment=DeploymentRef(namespace=namespace, name=name), limit=limit),
                 start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=_SHORT,
+                retry_policy=SHORT_RETRY,
                 summary=f"gateway queue limit of {name}: {limit.max_pending_requests} waiting requests",
             )
             self._queue_limit, self._queue_limit_written = limit, True
@@ -551,7 +380,7 @@ class ReactiveScaling:
                 ScalingActivities.clear_queue_limit,
                 acts.ClearQueueLimitInput(deployment=DeploymentRef(namespace=namespace, name=name)),
                 start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=_SHORT,
+                retry_policy=SHORT_RETRY,
                 summary=f"gateway queue limit of {name} off",
             )
         except ActivityError as err:
@@ -580,7 +409,7 @@ class ReactiveScaling:
                     replicas=verdict.replicas,
                 ),
                 start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=_SHORT,
+                retry_policy=SHORT_RETRY,
                 summary=f"CPU fallback {fallback.deployment} -> {verdict.replicas}",
             )
             self._fallback_applied = verdict.replicas

@@ -29,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
     import workflows.scaling.contract as acts
     from workflows.scaling.decide import ScalerState, ScalingPolicy, Signals, decide, demand_rate
     from workflows.scaling.gpu_sharing import ModelDemand, model_demand, share_pool
-    from workflows.scaling.loop import read_scale, read_signals, scale_to
+    from workflows.scaling.deployment_scale import read_scale, read_signals, scale_to
     from workflows.core.waiting import wait_until
 
 DECISIONS_KEPT = 20
