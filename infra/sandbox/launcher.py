@@ -236,7 +236,7 @@ class Sandbox:
             Component("temporal-ui", [], p.temporal_ui_port),
             Component("moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(p.moto_port)], p.moto_port),
             Component("kubeapi", [py, "-m", "infra.sandbox.kubeapi", "--host", "127.0.0.1", "--port", str(p.kubeapi_port), "--time-scale", str(time_scale)], p.kubeapi_port),
-            Component("fleet", [py, "-m", "infra.sandbox.fleet", "--kube-url", u["kubeapi"], "--port", str(p.fleet_port), "--time-scale", str(time_scale)], p.fleet_port),
+            Component("fleet", [py, "-m", "infra.sandbox.fleet_simulator", "--kube-url", u["kubeapi"], "--port", str(p.fleet_port), "--time-scale", str(time_scale)], p.fleet_port),
             Component(
                 "prometheus",
                 [

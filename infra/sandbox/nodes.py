@@ -45,7 +45,7 @@ from infra.sandbox.config import (
     SandboxConfig,
     load_config,
 )
-from infra.sandbox.fleet import GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL
+from infra.sandbox.fleet_simulator.cluster import GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL
 from infra.sandbox.kubeapi.resources import KUBERNETES_VERSION
 from infra.sandbox.kubeclient import api_client, raw
 from infra.sandbox.node_agents import NodeAgents

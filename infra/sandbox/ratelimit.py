@@ -1,7 +1,7 @@
 """The sandbox gateway's token rate limits and token counters: what Envoy Gateway with AI Gateway does.
 
 - Rate limits: the ``rateLimit`` of the ``BackendTrafficPolicy`` the gateway enforces on an HTTPRoute
-  (the oldest that targets it; Envoy Gateway's global rate limit; its queue limit is the fleet's, infra/sandbox/fleet.py). A rule applies to a request whose headers meet one of its client selectors
+  (the oldest that targets it; Envoy Gateway's global rate limit; its queue limit is the fleet simulator's, infra/sandbox/fleet_simulator/). A rule applies to a request whose headers meet one of its client selectors
   (``Exact`` header matches; other match types select nothing here). Each rule counts in fixed
   windows of its unit; a request adds the rule's request cost (default 1) and is refused (429)
   when that would pass the limit, or when a request that costs nothing finds the limit already

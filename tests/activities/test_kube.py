@@ -61,7 +61,7 @@ def cluster(tmp_path_factory):
     url = f"http://127.0.0.1:{kube_port}"
     procs = [_start(["infra.sandbox.kubeapi", "--host", "127.0.0.1", "--port", str(kube_port), "--time-scale", str(TIME_SCALE)], kube_port)]
     try:
-        procs.append(_start(["infra.sandbox.fleet", "--kube-url", url, "--port", str(fleet_port), "--time-scale", str(TIME_SCALE), "--tick", "0.2"], fleet_port))
+        procs.append(_start(["infra.sandbox.fleet_simulator", "--kube-url", url, "--port", str(fleet_port), "--time-scale", str(TIME_SCALE), "--tick", "0.2"], fleet_port))
         core = client.CoreV1Api(sandbox_client(url))
         core.create_namespace(serving_namespace(NS))
         pool = NodePool(name="gpu", count=1, capacity_type="on-demand", gpus=4, taints=[GPU_TAINT])

@@ -7,15 +7,17 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra.sandbox.config import Demand, Profile
-from infra.sandbox.fleet import (
+from infra.sandbox.fleet_simulator.cluster import (
     Cluster,
-    Fleet,
-    Replica,
     assign_gpus,
     demand_rps,
-    engine_of,
     pod_rates,
     profile_for,
+)
+from infra.sandbox.fleet_simulator.simulator import FleetSimulator
+from infra.sandbox.fleet_simulator.replicas import (
+    SimulatedReplica,
+    engine_of,
 )
 from workflows.core.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 
@@ -44,7 +46,7 @@ def _ttft_mean(replica):
 
 
 def test_replica_under_capacity_has_no_queue_but_a_busy_gpu():
-    replica = Replica(PROFILE, random.Random(1))
+    replica = SimulatedReplica(PROFILE, random.Random(1))
     served = sum(replica.advance(2.0, 1.0) for _ in range(300))
     assert 540 < served < 660  # Poisson arrivals at 2/s
     assert replica.waiting == 0
@@ -54,7 +56,7 @@ def test_replica_under_capacity_has_no_queue_but_a_busy_gpu():
 
 
 def test_replica_short_of_capacity_queues_and_ttft_rises():
-    replica = Replica(PROFILE, random.Random(1))
+    replica = SimulatedReplica(PROFILE, random.Random(1))
     for _ in range(300):
         replica.advance(8.0, 1.0)  # twice the capacity
     assert replica.running >= 0.9 * engine_of(PROFILE).max_num_seqs  # the batch is full ...
@@ -69,7 +71,7 @@ def test_replica_short_of_capacity_queues_and_ttft_rises():
 
 
 def test_calibrated_engine_profile_uses_the_fleet_model_table():
-    fast = Replica(Profile(engine="llama-3.1-8b/H200x1", error_rate=0.0, prompt_tokens=500, output_tokens=200), random.Random(1))
+    fast = SimulatedReplica(Profile(engine="llama-3.1-8b/H200x1", error_rate=0.0, prompt_tokens=500, output_tokens=200), random.Random(1))
     for _ in range(60):
         fast.advance(20.0, 1.0)  # what the 4 req/s profile could never serve
     assert fast.waiting == 0 and 1000 < fast.success < 1400
@@ -79,15 +81,15 @@ def test_calibrated_engine_profile_uses_the_fleet_model_table():
 
 def test_a_replica_sharing_a_gpu_gets_the_kv_cache_its_claim_leaves():
     profile = Profile(engine="llama-3.1-8b/H200x1")
-    whole, third = Replica(profile), Replica(profile, args=("--model", "/w", "--gpu-memory-utilization", "0.3"))
+    whole, third = SimulatedReplica(profile), SimulatedReplica(profile, args=("--model", "/w", "--gpu-memory-utilization", "0.3"))
     # 141 GiB x 0.3 - 2 GiB of activations - 15 GiB of weights = 25 GiB, against 110 GiB at vLLM's default 0.9
     assert 0.2 < third.engine.engine.kv_capacity_tokens / whole.engine.engine.kv_capacity_tokens < 0.25
     with pytest.raises(ValueError, match="do not fit"):
-        Replica(profile, args=("--gpu-memory-utilization", "0.1"))  # vLLM would not start: no room for a KV cache
+        SimulatedReplica(profile, args=("--gpu-memory-utilization", "0.1"))  # vLLM would not start: no room for a KV cache
 
 
 def test_errors_are_drawn_per_request_at_the_profile_rate():
-    replica = Replica(PROFILE.model_copy(update={"error_rate": 0.1}), random.Random(1))
+    replica = SimulatedReplica(PROFILE.model_copy(update={"error_rate": 0.1}), random.Random(1))
     for _ in range(300):
         replica.advance(3.0, 1.0)
     total = replica.errors + replica.success
@@ -96,7 +98,7 @@ def test_errors_are_drawn_per_request_at_the_profile_rate():
 
 
 def test_proxied_request_joins_the_engine_and_counts_once():
-    replica = Replica(PROFILE, random.Random(1))
+    replica = SimulatedReplica(PROFILE, random.Random(1))
     request = replica.submit(prompt_tokens=40, max_tokens=16)
     assert request.finished_s is None
     assert replica.advance(0.0, 5.0) == 1
@@ -141,7 +143,7 @@ def test_gpu_assignment_keeps_holders_and_frees_departed():
 
 
 def test_fleet_exposes_vllm_and_dcgm_series_per_pod():
-    fleet = Fleet(time_scale=10, seed=1)
+    fleet = FleetSimulator(time_scale=10, seed=1)
     node = {"metadata": {"name": "node-a", "labels": {"nvidia.com/gpu.memory": "81920"}}, "status": {"allocatable": {GPU_RESOURCE: "2"}}}
     cluster = Cluster(pods=[pod("v1-a", "1")], services=[service("chat-v1", "1")], routes=[route({"chat-v1": 100})], nodes=[node], profiles={"default": PROFILE}, demand={"llm-serving/chat": Demand(rps=2)})
     fleet.update(cluster, 0.5)
@@ -170,7 +172,7 @@ def test_demand_curve_interpolates_and_repeats():
 
 
 def test_changed_demand_restarts_its_curve_clock():
-    fleet = Fleet(time_scale=1, seed=1)
+    fleet = FleetSimulator(time_scale=1, seed=1)
     ramp = Demand(curve=[(0, 0), (10, 100)])
     cluster = Cluster(demand={"ns/chat": ramp})
     fleet.update(cluster, 5)  # first seen: the curve starts here
@@ -184,7 +186,7 @@ def test_changed_demand_restarts_its_curve_clock():
 def test_a_time_sliced_gpu_is_one_dcgm_device_holding_its_pods_claims():
     """One physical GPU whose series dcgm-exporter (--kubernetes-virtual-gpus) copies to each pod on
     it: the same device, its memory the sum of the claims, a vgpu label per pod."""
-    fleet = Fleet(time_scale=10, seed=1)
+    fleet = FleetSimulator(time_scale=10, seed=1)
     node = {"metadata": {"name": "node-s", "labels": {"nvidia.com/gpu.memory": "81920", "nvidia.com/gpu.count": "1",
                                                        "nvidia.com/gpu.sharing-strategy": "time-slicing"}},
             "status": {"allocatable": {"nvidia.com/gpu.shared": "4"}}}

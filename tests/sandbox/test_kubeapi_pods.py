@@ -17,7 +17,8 @@ from kubernetes import client
 
 from activities.rollout.serving_pods import ServingPods, deployment_manifest
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, Demand
-from infra.sandbox.fleet import Fleet, read_cluster
+from infra.sandbox.fleet_simulator.simulator import FleetSimulator
+from infra.sandbox.fleet_simulator.cluster import read_cluster
 from infra.sandbox.kubeapi.kubelet import local_weights_fraction
 from infra.sandbox.oom import OomWatch
 from tests.kube_fixtures import emulated_cluster, kube_wait as wait, namespace_for
@@ -210,7 +211,7 @@ def test_the_fleet_reports_oom_after_the_profiles_requests(cluster, ns):
     core.create_namespaced_config_map(SANDBOX_NAMESPACE, {"metadata": {"name": DEMAND_CONFIGMAP},
                                                           "data": {f"{ns}/chat": Demand(rps=40).model_dump_json()}})
     wait(lambda: ready(core, "chat", ns), "Ready")
-    fleet, watch = Fleet(time_scale=1.0, seed=1), OomWatch(url)
+    fleet, watch = FleetSimulator(time_scale=1.0, seed=1), OomWatch(url)
     fleet.update(read_cluster(api), 0.0)  # the replica appears
     watch.check(fleet)  # as the fleet's loop does after every tick
     _, replica = fleet.replicas[(ns, "chat")]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from infra.sandbox.config import Demand
-from infra.sandbox.fleet import Cluster, Fleet
+from infra.sandbox.fleet_simulator.cluster import Cluster
+from infra.sandbox.fleet_simulator.simulator import FleetSimulator
 from tests.sandbox.test_fleet import PROFILE, pod, route, service
 from workflows.core.naming import DeploymentRef
 
@@ -15,7 +16,7 @@ def test_requests_beyond_the_pending_limit_are_refused_and_counted():
     policy = queue_limit_policy(DeploymentRef(namespace="llm-serving", name="chat"), QueueLimit(max_pending_requests=5, retry_after_seconds=3))
     base = dict(pods=[pod("v1-a", "1")], services=[service("chat-v1", "1")], routes=[route({"chat-v1": 100})],
                 profiles={"default": PROFILE.model_copy(update={"capacity_rps": 1})})
-    fleet = Fleet(time_scale=10, seed=1)
+    fleet = FleetSimulator(time_scale=10, seed=1)
     fleet.update(Cluster(**base, traffic_policies=[policy], demand={"llm-serving/chat": Demand(rps=0)}), 0.5)
     assert fleet.refuse_when_queue_full("llm-serving", "chat") is None  # an idle engine admits
 
@@ -40,7 +41,7 @@ def test_a_second_policy_on_the_route_is_conflicted_and_not_enforced():
     base = dict(pods=[pod("v1-a", "1")], services=[service("chat-v1", "1")], routes=[route({"chat-v1": 100})],
                 profiles={"default": PROFILE.model_copy(update={"capacity_rps": 1})})
     cluster = Cluster(**base, traffic_policies=[newer, older], demand={"llm-serving/chat": Demand(rps=40)})
-    fleet = Fleet(time_scale=10, seed=1)
+    fleet = FleetSimulator(time_scale=10, seed=1)
     fleet.update(cluster, 2.0)  # far over capacity: the queue limit would refuse
     assert fleet.replicas[("llm-serving", "v1-a")][1].waiting >= 5
     assert fleet.refuse_when_queue_full("llm-serving", "chat") is None  # the newer policy's limit is not enforced

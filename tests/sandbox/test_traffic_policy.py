@@ -9,7 +9,7 @@ from kubernetes import client
 from activities.clients.kube import KubeClient
 from activities.scaling.scaling_activities import queue_limit_policy
 from activities.core.traffic_policy import POLICY_API, POLICY_PLURAL, apply_traffic_policy
-from infra.sandbox.fleet import read_cluster, report_policy_status
+from infra.sandbox.fleet_simulator.cluster import read_cluster, report_policy_status
 from infra.sandbox.launcher import ENVOY_GATEWAY_CRDS
 from tests.kube_fixtures import emulated_cluster
 from workflows.core.naming import DeploymentRef, traffic_policy_name

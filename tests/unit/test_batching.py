@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from infra.fleetmodel.engine import load_engine
 from infra.fleetmodel.replica import Replica, Request
 from infra.sandbox.config import Profile
-from infra.sandbox.fleet import engine_of
+from infra.sandbox.fleet_simulator.replicas import engine_of
 from workflows.rollout.batching import (
     VLLM_DEFAULT,
     BatchingSweep,

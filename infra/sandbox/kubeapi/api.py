@@ -14,7 +14,8 @@ from . import errors, patch as patches
 from .errors import bad_request
 from .resources import BY_KEY, Resource
 from .selectors import label_selector_matcher, label_selector_string, parse_field_selector, parse_label_selector
-from .store import Store, now_iso
+from .store import Store
+from .timestamps import now_iso
 from .validation import check_replicas, check_status, check_update, prepare, reset_status_on_create
 
 PODS = BY_KEY["pods"]

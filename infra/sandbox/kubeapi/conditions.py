@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .store import now_iso
+from .timestamps import now_iso
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:

@@ -18,18 +18,19 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from workflows.core.naming import GPU_RESOURCE
 from workflows.core.gpu_shares import fullest_fit
+from workflows.core.naming import GPU_RESOURCE
 
 from . import gpushare
 from .conditions import condition, node_ready, set_condition
-from .workloads import Workloads
 from .kubelet import Kubelet
 from .networking import Networking
 from .predicates import node_affinity_matches, term_matches, tolerates
 from .quantity import parse_quantity
 from .resources import BY_KEY
-from .store import Store, now_iso
+from .store import Store
+from .timestamps import now_iso
+from .workloads import Workloads
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .resources import BY_KEY, BY_PATH, CUSTOM_GROUPS, GROUP_VERSIONS, RESOURCES, Resource
+from .timestamps import now_iso
 
-if TYPE_CHECKING:
-    from .store import Store
 
 APIEXTENSIONS = "apiextensions.k8s.io"
 CRD_KEY = f"customresourcedefinitions.{APIEXTENSIONS}"
@@ -52,10 +51,11 @@ def schema_of(res: Resource) -> dict[str, Any] | None:
     return SCHEMAS.get(_path_key(res))
 
 
-def sync(store: Store) -> None:
-    """Serve exactly the versions the stored CRDs declare (called under the store's lock after a CRD write)."""
+def sync(objects: dict[str, dict]) -> None:
+    """Serve exactly the versions the stored CRDs declare (called under the store's lock after a CRD
+    write, with the store's objects by resource key)."""
     wanted: dict[str, tuple[Resource, dict[str, Any], str]] = {}
-    for crd in store.objects[CRD_KEY].values():
+    for crd in objects[CRD_KEY].values():
         for res, schema in _served(crd):
             wanted[_path_key(res)] = (res, schema, crd["metadata"]["name"])
     for key in [k for k in _FROM_CRD if k not in wanted]:
@@ -64,7 +64,7 @@ def sync(store: Store) -> None:
         del BY_PATH[(res.group, res.version, res.plural)], SCHEMAS[key], _FROM_CRD[key]
         if not any(r.key == res.key for r in RESOURCES):
             BY_KEY.pop(res.key, None)
-            store.objects.pop(res.key, None)  # a deleted CRD takes its objects with it
+            objects.pop(res.key, None)  # a deleted CRD takes its objects with it
         GROUP_VERSIONS[res.group].remove(res.version)
         if not GROUP_VERSIONS[res.group]:
             del GROUP_VERSIONS[res.group]
@@ -76,7 +76,7 @@ def sync(store: Store) -> None:
             CUSTOM_GROUPS.add(res.group)
             if res.version not in GROUP_VERSIONS.setdefault(res.group, []):
                 GROUP_VERSIONS[res.group].append(res.version)
-            store.objects.setdefault(res.key, {})
+            objects.setdefault(res.key, {})
             _FROM_CRD[key] = crd_name
         SCHEMAS[key] = schema
 
@@ -116,8 +116,6 @@ def check_definition(causes: Causes, crd: dict[str, Any]) -> None:
 
 def established_status(crd: dict[str, Any]) -> dict[str, Any]:
     """What the apiextensions controllers write once the names are free and the API is served."""
-    from .store import now_iso
-
     names = (crd.get("spec") or {}).get("names") or {}
     stamp = now_iso()
     return {

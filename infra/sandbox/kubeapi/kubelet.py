@@ -42,23 +42,28 @@ import logging
 import math
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from infra.fleetmodel.coldstart import load_cold_start
-from infra.sandbox.config import ENGINE_CACHES_ANNOTATION, IMAGE_SIZE_BYTES, NODE_START_ANNOTATION, PROFILES_CONFIGMAP, SANDBOX_NAMESPACE
+from infra.sandbox.config import (
+    ENGINE_CACHES_ANNOTATION,
+    IMAGE_SIZE_BYTES,
+    NODE_START_ANNOTATION,
+    PROFILES_CONFIGMAP,
+    SANDBOX_NAMESPACE,
+)
 from workflows.core.naming import LABEL_MODEL, LABEL_VERSION
-from workflows.node_cache.contract import LABEL_COMPONENT, NODE_CACHE_JOB_COMPONENT
 from workflows.node_cache.chunks import cached_version_label
+from workflows.node_cache.contract import LABEL_COMPONENT, NODE_CACHE_JOB_COMPONENT
 
 from .api import pod_ready
 from .conditions import node_ready, set_condition
+from .control_plane import ControlPlane
 from .resources import BY_KEY
-from .store import now_iso
+from .timestamps import now_iso
 
-if TYPE_CHECKING:
-    from .controllers import Controllers
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +140,7 @@ def backoff(restarts: int) -> float:
 class Kubelet:
     """Every node's kubelet, one pass over the pods at a time (under the store lock)."""
 
-    def __init__(self, ctl: Controllers):
+    def __init__(self, ctl: ControlPlane):
         self.ctl = ctl
         self.store = ctl.store
         self.ready_at: dict[str, float] = {}  # pod uid -> when it becomes Ready (inf: never)

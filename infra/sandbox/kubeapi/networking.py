@@ -15,16 +15,15 @@ from __future__ import annotations
 import copy
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .api import pod_ready
 from .conditions import node_ready
+from .control_plane import ControlPlane
 from .resources import BY_KEY, GATEWAY
 from .selectors import label_selector_matcher
-from .store import now_iso
+from .timestamps import now_iso
 
-if TYPE_CHECKING:
-    from .controllers import Controllers
 
 PODS, SERVICES, NODES = BY_KEY["pods"], BY_KEY["services"], BY_KEY["nodes"]
 ENDPOINTS, ENDPOINT_SLICES = BY_KEY["endpoints"], BY_KEY["endpointslices.discovery.k8s.io"]
@@ -52,7 +51,7 @@ def _write(store, res, want: dict[str, Any], have: dict[str, Any] | None) -> Non
 
 
 class Networking:
-    def __init__(self, ctl: Controllers):
+    def __init__(self, ctl: ControlPlane):
         self.ctl = ctl
         self.store = ctl.store
         self.renewed: dict[str, float] = {}  # node name -> when its lease was last renewed

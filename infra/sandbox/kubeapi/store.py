@@ -16,10 +16,7 @@ from typing import Any
 
 from . import crds, errors
 from .resources import BY_KEY, RESOURCES, Resource
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+from .timestamps import now_iso
 
 
 @dataclass(order=True)
@@ -73,7 +70,7 @@ class Store:
     def _record(self, res: Resource, kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         self.log.append(Change(self.rv, res.key, kind, obj, old))
         if res.key == crds.CRD_KEY:
-            crds.sync(self)
+            crds.sync(self.objects)
         if len(self.log) > 2 * self.history:
             self.first_replayable = self.log[self.history].rv - 1
             del self.log[: self.history]

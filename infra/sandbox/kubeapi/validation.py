@@ -13,7 +13,7 @@ from .errors import ApiError, bad_request, invalid
 from .quantity import parse_quantity
 from .resources import KUBERNETES_VERSION, Resource
 from .selectors import label_selector_matcher
-from .store import now_iso
+from .timestamps import now_iso
 
 # apimachinery's validation: the regexes and messages the API server answers with.
 _DNS1123_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"

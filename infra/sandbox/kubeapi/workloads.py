@@ -17,17 +17,16 @@ import hashlib
 import json
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .api import pod_ready
 from .conditions import set_condition
+from .control_plane import ControlPlane
 from .predicates import node_affinity_matches, tolerates
 from .resources import BY_KEY
-from .store import now_iso
+from .timestamps import now_iso
 from .validation import prepare, random_suffix, reset_status_on_create
 
-if TYPE_CHECKING:
-    from .controllers import Controllers
 
 PODS, REPLICA_SETS, DEPLOYMENTS = BY_KEY["pods"], BY_KEY["replicasets.apps"], BY_KEY["deployments.apps"]
 JOBS, DAEMON_SETS, NODES = BY_KEY["jobs.batch"], BY_KEY["daemonsets.apps"], BY_KEY["nodes"]
@@ -106,7 +105,7 @@ def revision(rs: dict[str, Any]) -> int:
 class Workloads:
     """The deployment and replica-set controllers of the simulated control plane."""
 
-    def __init__(self, ctl: Controllers):
+    def __init__(self, ctl: ControlPlane):
         self.ctl = ctl
         self.store = ctl.store
         self.ready_since: dict[str, float] = {}  # pod uid -> monotonic time it became Ready
