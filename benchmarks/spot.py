@@ -1,7 +1,7 @@
 """Spot benchmark: replay a spot availability trace against on-demand, spot-only and the spot policy.
 
 The ``tideplane`` mix runs ``workflows.spot.policy``, the functions the spot workflows call
-(tests/unit/test_spot_policy.py checks the identity): ``plan_spot_mix`` (``plan_mix`` as a batch
+(tests/unit/spot/test_spot_policy.py checks the identity): ``plan_spot_mix`` (``plan_mix`` as a batch
 scaling loop with ``spot_mix`` calls it, workflows/spot/mix.py) at every trace sample (spot
 replicas per failure domain plus an on-demand base, from each domain's recent preemption rate
 and launchable capacity), ``warm_pool_needed`` when the settings hold an EC2 warm pool, ``preemption_predicted`` + ``on_demand_needed`` every minute (on-demand

@@ -19,7 +19,7 @@ import pytest
 SANDBOX_SCOPE = "sandbox"
 # The sandbox tier's modules that use the session sandbox; the others start emulators of their own.
 SANDBOX_TIER_USERS = {
-    "tests/sandbox/test_kubeapi_rbac.py",
+    "tests/sandbox/kubeapi/test_kubeapi_rbac.py",
     "tests/sandbox/test_sandbox.py",
     "tests/sandbox/test_spot_replay.py",
 }

@@ -25,7 +25,7 @@ from workflows.classes.manifests import (
 )
 
 
-# (group, version) literals here, not imported: the RBAC scanner (tests/unit/test_k8s_manifests.py) reads them.
+# (group, version) literals here, not imported: the RBAC scanner (tests/unit/worker/test_k8s_manifests.py) reads them.
 POOL_API = ("inference.networking.k8s.io", "v1")
 OBJECTIVE_API = ("inference.networking.x-k8s.io", "v1alpha2")
 ROUTE_API = ("gateway.networking.k8s.io", "v1")
@@ -44,7 +44,7 @@ class RequestClassActivities(contract.RequestClassActivities):
 
     def _custom(self, kind: str, ns: str, name: str) -> tuple[Callable, Callable, Callable]:
         """(read, create, replace) of one kind's object; every call names its group and plural in
-        place (tests/unit/test_k8s_manifests.py checks the Role grants exactly these)."""
+        place (tests/unit/worker/test_k8s_manifests.py checks the Role grants exactly these)."""
         c, timeout = self.kube.custom, API_TIMEOUT
         return {
             "InferencePool": (

@@ -21,7 +21,7 @@ from activities.clients.kube import API_TIMEOUT, KubeClient, fail, read_or_none,
 from workflows.core.naming import LABEL_MANAGED_BY, MANAGED_BY, traffic_policy_name
 from workflows.core.traffic_policy import legacy_policy_names, merged_policy, without_writer
 
-# (group, version) literal here, not imported: the RBAC scanner (tests/unit/test_k8s_manifests.py) reads it.
+# (group, version) literal here, not imported: the RBAC scanner (tests/unit/worker/test_k8s_manifests.py) reads it.
 POLICY_API = ("gateway.envoyproxy.io", "v1alpha1")
 POLICY_PLURAL = "backendtrafficpolicies"
 

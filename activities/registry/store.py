@@ -21,7 +21,7 @@ create alone: uploads go to the digest's own keys first, so a losing register of
 never overwrites the winner's bytes (and removes its own). The manifest is written first; the
 index is then brought up to date from it (an entry is only replaced by a higher manifest
 revision), so a crash in between leaves a stale index entry that the next write or retry repairs.
-moto 5.2.5 honours both headers on put_object (tests/activities/test_registry.py checks it), but its
+moto 5.2.5 honours both headers on put_object (tests/activities/registry/test_registry.py checks it), but its
 threaded server checks the condition and stores without a lock in between, so on moto two
 writes racing within microseconds could in principle both pass; S3 itself is atomic.
 """

@@ -3,7 +3,7 @@
 # by its SHA-256 (the Containerfile installs it with --require-hashes). Versions: those of the
 # tested environment (.venv's pip freeze as constraints); hashes: from PyPI itself, never from a
 # local mirror or wheel folder (their files may differ). Needs pip-tools: infra/k8s/lock.sh [path/to/pip-compile].
-# Run it after changing pyproject.toml's dependencies; tests/unit/test_k8s_manifests.py fails until then.
+# Run it after changing pyproject.toml's dependencies; tests/unit/worker/test_k8s_manifests.py fails until then.
 set -eu
 cd "$(dirname "$0")/../.."
 constraints=$(mktemp)

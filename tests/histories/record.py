@@ -38,8 +38,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.rollout.retire_scheduling import RetireScheduling
-from tests.workflows.test_quality_gates import DOSE_WRONG, QualityFleet
-from tests.workflows.test_rollout import BAD, GOOD, SHORT, Fleet, rollout_input
+from tests.workflows.quality.test_quality_gates import DOSE_WRONG, QualityFleet
+from tests.workflows.rollout.test_rollout import BAD, GOOD, SHORT, Fleet, rollout_input
 from workers.worker import WORKFLOWS
 from workflows.core import search_attributes
 from workflows.core.naming import DeploymentRef
@@ -137,7 +137,7 @@ def _ttft_burst_stubs(_: Client) -> list:
 
 
 def _rollout_stubs(fleet: Fleet) -> list:
-    """The stub fleet's activities and the real retire scheduling, as tests/workflows/test_rollout.py's worker has them."""
+    """The stub fleet's activities and the real retire scheduling, as tests/workflows/rollout/test_rollout.py's worker has them."""
     retire = RetireScheduling()
     return [*fleet.activities(), retire.schedule_retire, retire.cancel_retire]
 

@@ -1,3 +1,3 @@
-"""Unit-tier fixtures: moto, for the staging bench's S3 (tests/unit/test_bench.py)."""
+"""Unit-tier fixtures: moto, for the staging bench's S3 (tests/unit/bench/test_bench.py)."""
 
 from tests.servers import moto_url  # noqa: F401

@@ -3,7 +3,7 @@
 Workflows are started and steered with the ``temporal`` CLI; this covers what it cannot do.
 The sandbox, demo and bench commands import their modules inside the command, so the worker
 image (infra/k8s/Containerfile), which holds neither the sandbox nor the benchmarks, runs
-``tideplane worker`` (tests/unit/test_image.py builds that file set and proves it).
+``tideplane worker`` (tests/unit/worker/test_image.py builds that file set and proves it).
 """
 
 from __future__ import annotations

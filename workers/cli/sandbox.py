@@ -1,6 +1,6 @@
 """``tideplane sandbox up|down|status|spot-interrupt|spot-replay`` and ``tideplane demo``: the local
 GPU-cluster sandbox (infra/sandbox/) and the demo story on it. The sandbox's modules are imported
-inside the commands only: the worker image holds no infra/ (tests/unit/test_image.py)."""
+inside the commands only: the worker image holds no infra/ (tests/unit/worker/test_image.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The spot policy: one set of pure functions that the spot workflows run and the benchmark replays.
 
-Plain values in, plain values out. Who calls what (tests/unit/test_spot_policy.py and
-tests/workflows/test_spot.py check that the workflows and ``benchmarks.spot`` use these objects):
+Plain values in, plain values out. Who calls what (tests/unit/spot/test_spot_policy.py and
+tests/workflows/spot/test_spot.py check that the workflows and ``benchmarks.spot`` use these objects):
 
 - ``plan_mix``: how many replicas on spot per failure domain and how many on-demand as a base
   (the benchmark plans with it at every trace sample; in a cluster the scaler owns the spot

@@ -1,0 +1,131 @@
+"""What a rollout may put in the cluster (issue 20): serving pods run unprivileged with the model
+cache read-only, credentials travel as Secret references only, and images come from allowed
+registries. Pure manifests and input validation, no cluster (tests/activities/rollout/test_kube.py
+checks the refusals through the emulator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from activities.rollout.serving_pods import ServingPods, deployment_manifest, image_allowed
+from workflows.core.naming import DeploymentRef
+from workflows.rollout.contract import EnsureVersionInput
+from workflows.core.versions import WeightFile
+from workflows.rollout.types import RolloutInput
+from workflows.node_cache.contract import NodeCacheRequest
+from workflows.node_cache.chunks import cached_version_label
+
+CACHE = Path("/var/cache/tideplane/models")
+HF_TOKEN = {"valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+
+
+def version(**extra) -> EnsureVersionInput:
+    return EnsureVersionInput(
+        deployment=DeploymentRef(namespace="llm-serving", name="chat"),
+        model="llama-3-8b",
+        version="1.0.0",
+        image="vllm/vllm-openai:v0.8.5",
+        gpus_per_replica=1,
+        replicas=1,
+        weights_path=f"{CACHE}/llama-3-8b/1.0.0",
+        **extra,
+    )
+
+
+@pytest.mark.parametrize("pods", [ServingPods(CACHE), ServingPods(CACHE, model_cache_pvc="tideplane-model-cache")], ids=["hostPath", "pvc"])
+def test_serving_pods_are_restricted_and_mount_the_cache_read_only(pods):
+    pod = deployment_manifest(version(), pods)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False and security["runAsNonRoot"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["volumeMounts"] and all(m["readOnly"] is True for m in container["volumeMounts"])
+    assert "privileged" not in security and "hostNetwork" not in pod and "hostPID" not in pod
+
+
+def test_the_engine_cache_is_the_versions_own_writable_directory_on_the_node():
+    pods = ServingPods(CACHE, engine_cache_dir=Path("/var/cache/tideplane/engine"))
+    pod = deployment_manifest(version(), pods)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    writable = [m for m in container["volumeMounts"] if not m.get("readOnly")]
+    assert [m["mountPath"] for m in writable] == [env["VLLM_CACHE_ROOT"]] == ["/var/cache/tideplane/engine/llama-3-8b/1.0.0"]
+    volume = next(v for v in pod["volumes"] if v["name"] == writable[0]["name"])
+    assert volume["hostPath"] == {"path": "/var/cache/tideplane/engine/llama-3-8b/1.0.0", "type": "DirectoryOrCreate"}
+    assert all(m["readOnly"] for m in container["volumeMounts"] if m is not writable[0]), "the weights stay read-only"
+    assert "runAsUser" in pod["securityContext"] and container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_a_deleted_replica_drains_after_leaving_the_endpoints():
+    pod = deployment_manifest(version(), ServingPods(CACHE))["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert 0 < pre_stop < pod["terminationGracePeriodSeconds"], "endpoints go first, then the server drains in the grace period"
+
+
+def test_secret_env_is_a_reference_in_the_deployment():
+    container = deployment_manifest(version(env={"HF_TOKEN": HF_TOKEN, "VLLM_LOGGING_LEVEL": "INFO"}), ServingPods(CACHE))[
+        "spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", **HF_TOKEN}
+    assert env["VLLM_LOGGING_LEVEL"] == {"name": "VLLM_LOGGING_LEVEL", "value": "INFO"}
+
+
+def rollout(env: dict) -> RolloutInput:
+    return RolloutInput(deployment="llm-serving/chat", model="llama-3-8b", version="1.0.0", image="vllm/vllm-openai:v0.8.5", env=env)
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "GCP_CREDENTIALS", "hf-token"])
+def test_a_credential_in_clear_is_refused_naming_it(name):
+    with pytest.raises(ValidationError) as err:
+        rollout({name: "hf_abcdef", "VLLM_LOGGING_LEVEL": "INFO"})
+    assert err.value.errors()[0]["loc"] == ("env",)
+    message = err.value.errors()[0]["msg"]
+    assert f"{name} looks like a credential" in message and "secretKeyRef" in message
+
+
+def test_plain_values_and_secret_references_are_accepted():
+    accepted = rollout({"TOKENIZERS_PARALLELISM": "false", "KEYWORDS": "a", "HF_TOKEN": HF_TOKEN}).env
+    assert accepted["TOKENIZERS_PARALLELISM"] == "false" and accepted["HF_TOKEN"].valueFrom.secretKeyRef.name == "hf"
+    with pytest.raises(ValidationError):  # a reference names its Secret and key, nothing else
+        rollout({"HF_TOKEN": {"valueFrom": {"secretKeyRef": {"name": "hf"}}}})
+
+
+@pytest.mark.parametrize(
+    ("image", "allowed"),
+    [
+        ("vllm/vllm-openai:v0.6.3", True),  # the README's image: Docker Hub
+        ("docker.io/vllm/vllm-openai@sha256:" + "a" * 64, True),
+        ("registry.example.com/ml/vllm:1", True),
+        ("vllm/vllm-openai-evil:1", False),  # a prefix ends at a path, tag or digest boundary
+        ("evil.example.com/vllm/vllm-openai:v0.6.3", False),
+        ("registry.example.com/mlx/vllm:1", False),
+        ("busybox", False),
+    ],
+)
+def test_images_only_from_allowed_prefixes(image, allowed):
+    assert image_allowed(image, ["docker.io/vllm/vllm-openai", "registry.example.com/ml/"]) is allowed
+
+
+def test_a_pre_staged_version_is_read_from_the_node_cache_with_a_staging_fallback():
+    files = [WeightFile(uri="s3://weights/llama-3-8b/1.0.0/model.safetensors", sha256="a" * 64)]
+    pods = ServingPods(CACHE, node_cache_dir=Path("/var/cache/tideplane/node-cache"), node_cache_image="ghcr.io/tideplane/worker:0.1.0")
+    pod = deployment_manifest(version(node_cache_files=files), pods)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    local = "/var/cache/tideplane/node-cache/versions/llama-3-8b/1.0.0"
+    assert container["args"][container["args"].index("--model") + 1] == local
+    assert all(m["readOnly"] for m in container["volumeMounts"]) and {"name": "node-cache-version", "mountPath": local, "readOnly": True} in container["volumeMounts"]
+    (stage,) = pod["initContainers"]
+    request = NodeCacheRequest.model_validate_json(stage["args"][3])
+    assert stage["args"][:3] == ["node-cache", "stage", "--request"] and request.node == "$(NODE_NAME)" and request.files == files
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in stage["env"]
+    assert stage["securityContext"]["allowPrivilegeEscalation"] is False and pod["securityContext"]["runAsNonRoot"] is True
+    (preferred,) = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["preference"]["matchExpressions"] == [{"key": cached_version_label("llama-3-8b", "1.0.0"), "operator": "In", "values": ["true"]}]
+    assert "initContainers" not in deployment_manifest(version(), pods)["spec"]["template"]["spec"], "not pre-staged: the shared cache"
