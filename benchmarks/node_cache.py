@@ -200,7 +200,7 @@ def markdown_table(table: list[dict], columns: list[str] = COLUMNS) -> str:
 
 # ---- N nodes: peer-to-peer vs S3 alone (``tideplane bench staging --nodes N ...``) ------------------
 #
-# Two halves. *Measured*: N node stagers (activities/node_cache.py, the staging pods' code) in
+# Two halves. *Measured*: N node stagers (activities/node_cache/stager.py, the staging pods' code) in
 # threads of this process, each with its own cache directory and chunk server on a loopback port,
 # stage a small 30-file model from the bench's moto; origin bytes are counted where S3 answers
 # (every ranged read), not by the stagers. Wall times here are CPU-bound on a shared 2-core machine

@@ -1,7 +1,7 @@
 """One weights file fetched resumably and verified, from any source that streams it in order.
 
-The rollout's model cache (activities/rollout.py: S3) and a node's chunk cache
-(activities/node_cache.py: a peer's chunk server, else S3) both stage through ``fetch_verified``.
+The rollout's model cache (activities/rollout/rollout_activities.py: S3) and a node's chunk cache
+(activities/node_cache/stager.py: a peer's chunk server, else S3) both stage through ``fetch_verified``.
 It hashes while writing (no second pass over the data) and survives a crash or retry without
 fetching again what it already verified: the file is written as ``<file>.partial`` in
 ``CHUNK_BYTES`` pieces and a sidecar ``<file>.partial.json`` records the source's tag (an S3

@@ -46,7 +46,7 @@ class ServingPods:
     otlp_traces_endpoint: str | None = None
     trace_sample_ratio: float = 0.1
     engine_cache_dir: Path | None = None  # VLLM_CACHE_ROOT per version on the node's disk; None: none
-    node_cache_dir: Path | None = None  # the node-local weight cache (activities/node_cache.py); None: pods never read it
+    node_cache_dir: Path | None = None  # the node-local weight cache (activities/node_cache/); None: pods never read it
     node_cache_image: str = "ghcr.io/tideplane/worker:0.1.0"  # what the pods' staging init container runs
 
 

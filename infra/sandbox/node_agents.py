@@ -1,7 +1,7 @@
 """The sandbox's node agents: each Node's weight cache, its chunk server, and its staging pods.
 
 The API emulator runs no containers. What a node's cache DaemonSet and its staging Jobs' pods do
-in production, an agent per sandbox Node does here with the same code (activities/node_cache.py):
+in production, an agent per sandbox Node does here with the same code (activities/node_cache/):
 it keeps the node's cache in a directory of its own (``<root>/<node>``), serves its verified chunks
 on a port of its own, published on the Node as the ``tideplane.io/node-cache-url`` annotation (as a
 DaemonSet pod would), and runs every staging pod bound to its node from the pod's own arguments

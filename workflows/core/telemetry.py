@@ -136,7 +136,7 @@ METRICS: tuple[Metric, ...] = (
 )  # fmt: skip
 BUCKETS: dict[str, list[float]] = {m.name: [float(b) for b in m.buckets] for m in METRICS if m.buckets}
 
-# Served by each node's weight-cache chunk server (activities/node_cache.py), not the worker's meter.
+# Served by each node's weight-cache chunk server (activities/node_cache/chunk_server.py), not the worker's meter.
 NODE_CACHE_BYTES = Metric(
     "tideplane_node_cache_bytes", "gauge", "Bytes of a model version held in a node's weight cache", "By",
     ("node", "model", "version"),

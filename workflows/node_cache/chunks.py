@@ -6,7 +6,7 @@ version that changes 2 of 30 files fetches 2 files. The index says which version
 (their files by name and digest), how many bytes, and when each was last used.
 
 What to fetch, what to evict and whom to fetch from are plain functions of plain values here, so
-the staging pod (activities/node_cache.py), the unit tests and the staging benchmark share them.
+the staging pod (activities/node_cache/stager.py), the unit tests and the staging benchmark share them.
 """
 
 from __future__ import annotations

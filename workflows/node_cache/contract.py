@@ -1,6 +1,6 @@
 """The contract between ModelRollout's pre-staging and the activities that stage onto nodes.
 
-Pre-staging runs one Job per node of the target pool, in the rollout's namespace (activities/node_cache.py builds them); each
+Pre-staging runs one Job per node of the target pool, in the rollout's namespace (activities/node_cache/node_cache_activities.py builds them); each
 Job's pod runs ``tideplane node-cache stage --request JSON`` (a ``NodeCacheRequest``) on its node:
 the resumable, verified staging code, into the node's chunk cache, fetching each missing chunk
 from a peer that holds it and from S3 otherwise. Its ``NodeCacheReport`` comes back as the
@@ -111,7 +111,7 @@ class NodeCacheStatus(BaseModel):
 
 
 class NodeCacheActivities:
-    """What pre-staging asks of the cluster (activities/node_cache.py)."""
+    """What pre-staging asks of the cluster (activities/node_cache/node_cache_activities.py)."""
 
     @activity.defn(name=START_NODE_STAGING)
     def start_node_staging(self, req: StartNodeCacheInput) -> NodeCacheStatus:

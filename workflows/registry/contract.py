@@ -1,6 +1,6 @@
 """What ModelRollout and RegistryRetention ask of the model registry and the cluster.
 
-The contract class ``RegistryActivities`` (implemented in activities/registry.py) and its pydantic
+The contract class ``RegistryActivities`` (implemented in activities/registry/registry_activities.py) and its pydantic
 inputs and outputs, in a module without I/O so workflows reference them deterministically:
 ``workflow.execute_activity_method(RegistryActivities.resolve_registry_weights, ...)``. The
 activity names are a stable API (recorded histories refer to them). Every activity is idempotent.
@@ -99,7 +99,7 @@ class DeleteWeightsResult(BaseModel):
 
 
 class RegistryActivities:
-    """The registry in S3 and the Deployments that use its versions (activities/registry.py)."""
+    """The registry in S3 and the Deployments that use its versions (activities/registry/registry_activities.py)."""
 
     @activity.defn(name="resolve_registry_weights")
     def resolve_registry_weights(self, req: RegistryWeightsInput) -> RegistryWeights:

@@ -1,6 +1,6 @@
 """The contract between the ModelRollout workflow and the activities that act for it.
 
-The contract class ``RolloutActivities`` (implemented in activities/rollout.py), its activity
+The contract class ``RolloutActivities`` (implemented in activities/rollout/rollout_activities.py), its activity
 names and pydantic inputs/outputs live here, in a module with no I/O imports, so the workflow
 references them deterministically: ``workflow.execute_activity_method(RolloutActivities.x, ...)``.
 Every activity is idempotent: calling it twice with the same input leaves the same state.
@@ -215,7 +215,7 @@ class MoveAdapterRulesInput(BaseModel):
 
 class RolloutActivities:
     """What ModelRollout asks of S3, the cluster, the new version's endpoint and Prometheus
-    (implemented in activities/rollout.py)."""
+    (implemented in activities/rollout/rollout_activities.py)."""
 
     @activity.defn(name=STAGE_WEIGHTS)
     def stage_weights(self, req: StageWeightsInput) -> StagedWeights:
@@ -301,7 +301,7 @@ class CancelRetireInput(BaseModel):
 
 class RetireScheduling:
     """How ModelRollout leaves a delayed scale-down to a RetireVersion workflow of its own
-    (workflows/rollout/retire_version.py) and takes it back; implemented in activities/rollout.py with the
+    (workflows/rollout/retire_version.py) and takes it back; implemented in activities/rollout/retire_scheduling.py with the
     worker's Temporal client."""
 
     @activity.defn(name=SCHEDULE_RETIRE)

@@ -3,7 +3,7 @@
 Pydantic inputs/outputs and one contract class per group of activities (``ScalingActivities``
 for the loop and pre-warm, ``NodePoolActivities`` for the node layer), with no I/O imports, so
 workflows call them by method reference (``workflow.execute_activity_method``) and
-activities/scaling.py implements exactly this. Scaling itself reuses the rollout's
+activities/scaling/ implements exactly this. Scaling itself reuses the rollout's
 ``RolloutActivities.scale_version`` (the Deployment's scale subresource). The activity names are
 an API: recorded histories refer to them.
 """
@@ -159,7 +159,7 @@ class ReplicaHistory(BaseModel):
 
 
 class ScalingActivities:
-    """What ReactiveScaling and PredictivePrewarm ask of Prometheus and Kubernetes (activities/scaling.py)."""
+    """What ReactiveScaling and PredictivePrewarm ask of Prometheus and Kubernetes (activities/scaling/scaling_activities.py)."""
 
     @activity.defn(name=READ_SCALING_SIGNALS)
     def read_scaling_signals(self, req: ReadSignalsInput) -> Signals:
@@ -194,7 +194,7 @@ class ScalingActivities:
         raise NotImplementedError
 
 
-# ---------------------------------------------------------------- node layer (activities/scaling.py)
+# ---------------------------------------------------------------- node layer (activities/scaling/node_pool_activities.py)
 
 class PoolRef(BaseModel):
     pool: str = Field(description="node pool = Auto Scaling group name = karpenter.sh/nodepool label")
@@ -259,7 +259,7 @@ class WarmPoolState(BaseModel):
 
 
 class NodePoolActivities:
-    """What NodePoolScaling asks of Kubernetes and the pool's Auto Scaling group (activities/scaling.py)."""
+    """What NodePoolScaling asks of Kubernetes and the pool's Auto Scaling group (activities/scaling/node_pool_activities.py)."""
 
     @activity.defn(name=OBSERVE_NODE_POOL)
     def observe_node_pool(self, req: PoolRef) -> PoolObservation:

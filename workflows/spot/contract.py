@@ -1,4 +1,4 @@
-"""The contract between the spot workflows and the activities that act for them (activities/spot.py).
+"""The contract between the spot workflows and the activities that act for them (activities/spot/).
 
 Pydantic inputs/outputs and three contract classes, in a module with no I/O imports so the
 workflows reference them deterministically:
@@ -212,7 +212,7 @@ class AppliedSpotMix(BaseModel):
 
 
 class SpotActivities:
-    """What the spot workflows ask of SQS, Kubernetes and EC2 Auto Scaling (activities/spot.py)."""
+    """What the spot workflows ask of SQS, Kubernetes and EC2 Auto Scaling (activities/spot/spot_activities.py)."""
 
     @activity.defn(name="receive_spot_notices")
     def receive_spot_notices(self, req: ReceiveNoticesInput) -> ReceivedBatch:
@@ -259,7 +259,7 @@ class SpotActivities:
 
 
 class SpotMixActivities:
-    """What a scaling loop with a spot mix asks of the spot pools and the cluster (activities/spot.py)."""
+    """What a scaling loop with a spot mix asks of the spot pools and the cluster (activities/spot/spot_mix_activities.py)."""
 
     @activity.defn(name="read_spot_domains")
     def read_spot_domains(self, req: SpotDomainsInput) -> SpotDomainsNow:
@@ -273,7 +273,7 @@ class SpotMixActivities:
 
 
 class SpotWorkflowStarts:
-    """Workflows the spot workflows start that outlive them (activities/spot.py)."""
+    """Workflows the spot workflows start that outlive them (activities/spot/spot_workflow_starts.py)."""
 
     @activity.defn(name="start_spot_reclaim")
     async def start_spot_reclaim(self, req: StartReclaimInput) -> StartedWorkflow:

@@ -1,4 +1,4 @@
-"""Staging onto nodes' caches (activities/node_cache.py) against moto over HTTP, with each node's
+"""Staging onto nodes' caches (activities/node_cache/) against moto over HTTP, with each node's
 chunk server on a real port: peers share chunks, every chunk is verified, a delta moves only what
 changed, a corrupt peer is refused."""
 
