@@ -300,7 +300,7 @@ def test_manifests_written_before_per_deployment_status_still_load(registry, tmp
 def test_conditional_write_refuses_a_stale_etag(registry, tmp_path):
     registry.register("llama", "1.0.0", str(weights_dir(tmp_path)), at=T0)
     key = registry.manifest_key("llama", "1.0.0")
-    stale, etag = registry._read(key, Manifest)
+    stale, etag = registry.read_document(key, Manifest)
     registry.deprecate("llama", "1.0.0", at=T0)  # another writer gets in first
     assert registry._put(key, stale, etag) is False
     assert registry._put(key, stale, None) is False, "If-None-Match: * refuses to overwrite"

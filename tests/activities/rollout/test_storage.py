@@ -19,8 +19,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import rollout as rollout_activities
 from activities.clients.s3 import CHUNK_BYTES
+from activities.rollout.model_cache import staging_lock
 from activities.rollout.rollout_activities import RolloutActivities
 from workflows.rollout.contract import StageWeightsInput
 from workflows.core.versions import WeightFile
@@ -199,7 +199,7 @@ def test_a_second_concurrent_attempt_waits_for_the_first(weights, cache, gets, r
     bucket, key, _, digest = weights
     directory = cache / "llama" / "locked"
     directory.mkdir(parents=True)
-    with rollout_activities._staging_lock(directory):
+    with staging_lock(directory):
         with pytest.raises(ApplicationError) as err:
             _env([]).run(rollout.stage_weights, _input(f"s3://{bucket}/{key}", digest, version="locked"))
     assert not err.value.non_retryable and "another attempt" in str(err.value)
