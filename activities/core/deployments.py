@@ -68,7 +68,29 @@ def deployment_state(kube: KubeClient, ref: DeploymentRef) -> DeploymentState:
                 lora_modules=lora_modules(getattr(container_named(dep.spec.template.spec.containers, CONTAINER), "args", None) or []),
             )
         )
-    return DeploymentState(route_exists=route is not None, versions=versions)
+    return DeploymentState(route_exists=route is not None, versions=versions, stable_version=stable_version(route, versions, ref))
+
+
+def stable_version(route: dict | None, versions: list[VersionInfo], ref: DeploymentRef) -> str | None:
+    """The stable version: the one the rollout recorded on the route (``tideplane.io/stable-version``)
+    while it still carries traffic; on a route that records none (written before the record), the one
+    version with the most traffic; a tie there is refused, naming it, never settled by a sort order."""
+    serving = [v for v in versions if v.route_weight > 0]
+    recorded = ((route or {}).get("metadata", {}).get("annotations") or {}).get(naming.ANNOTATION_STABLE_VERSION)
+    if recorded is not None and any(v.version == recorded for v in serving):
+        return recorded
+    if not serving:
+        return None
+    top = max(v.route_weight for v in serving)
+    tied = sorted(v.version for v in serving if v.route_weight == top)
+    if len(tied) > 1:
+        raise ApplicationError(
+            f"HTTPRoute {ref} sends equal traffic to {' and '.join(tied)} and records no stable version"
+            f" ({naming.ANNOTATION_STABLE_VERSION}): annotate the route with the version that is stable",
+            type="StableUnknown",
+            non_retryable=True,
+        )
+    return tied[0]
 
 
 def owned_elsewhere(what: str, held: str, owner: str) -> ApplicationError:

@@ -302,6 +302,8 @@ class RolloutActivities(contract.RolloutActivities):
     def set_route_weights(self, req: RouteWeightsInput) -> None:
         """Make the HTTPRoute's first rule send exactly these weights to the versions' Services.
 
+        ``stable`` is recorded on the route (``tideplane.io/stable-version``): which version is
+        stable is the rollout's record, read back by ``deployment_state``, never a sort order.
         Versions at weight 0 stay listed so the next step can re-weight them; the route is created
         (attached to the gateway) when missing. Read-modify-replace keeps the rule's matches and
         filters, and the resourceVersion makes a concurrent edit a retried conflict, not a loss.
@@ -309,6 +311,8 @@ class RolloutActivities(contract.RolloutActivities):
         """
         if not req.weights or any(not 0 <= w <= 100 for w in req.weights.values()) or sum(req.weights.values()) != 100:
             raise ApplicationError(f"route weights must be 0..100 and sum to 100, got {req.weights}", non_retryable=True)
+        if req.stable is not None and not req.weights.get(req.stable):
+            raise ApplicationError(f"stable: version {req.stable} gets no traffic in {req.weights}", non_retryable=True)
         ref = req.deployment
         self.kube.require_namespace(ref.namespace)
         backends = []
@@ -335,6 +339,7 @@ class RolloutActivities(contract.RolloutActivities):
                         "name": ref.name,
                         "namespace": ref.namespace,
                         "labels": {**selector(ref.name), naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
+                        **({"annotations": {naming.ANNOTATION_STABLE_VERSION: req.stable}} if req.stable else {}),
                     },
                     "spec": {
                         "parentRefs": [gateway_parent_ref(self.gateway, ref.namespace)],
@@ -347,8 +352,12 @@ class RolloutActivities(contract.RolloutActivities):
             if not rules:
                 rules.append({})
             filters = with_mirror(rules[0].get("filters") or [], mirror, {b["name"] for b in backends})
-            if rules[0].get("backendRefs") == backends and (rules[0].get("filters") or []) == filters:
+            annotations = route["metadata"].get("annotations") or {}
+            recorded = req.stable is None or annotations.get(naming.ANNOTATION_STABLE_VERSION) == req.stable
+            if rules[0].get("backendRefs") == backends and (rules[0].get("filters") or []) == filters and recorded:
                 return
+            if not recorded:
+                route["metadata"]["annotations"] = {**annotations, naming.ANNOTATION_STABLE_VERSION: req.stable}
             rules[0]["backendRefs"] = backends
             if filters or "filters" in rules[0]:
                 rules[0]["filters"] = filters

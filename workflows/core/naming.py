@@ -25,6 +25,9 @@ LABEL_CLASS = "tideplane.io/priority-class"  # realtime | batch
 # The workflow that owns a logical deployment's objects (on its HTTPRoute during a rollout, on the
 # version Deployments a scaling loop scales): its workflow ID, which continue-as-new keeps.
 ANNOTATION_OWNER = "tideplane.io/owner"
+# On the HTTPRoute: the version the rollout made stable (written with every route change it makes).
+# The scaling loop scales this version and a rollout starts beside it; never inferred from a sort.
+ANNOTATION_STABLE_VERSION = "tideplane.io/stable-version"
 # ApplicationError type of a refusal: another workflow owns the deployment (ANNOTATION_OWNER).
 DEPLOYMENT_OWNED = "DeploymentOwned"
 

@@ -99,9 +99,17 @@ class DeploymentState(BaseModel):
 
     route_exists: bool
     versions: list[VersionInfo] = Field(default_factory=list)
+    stable_version: str | None = Field(
+        None,
+        description="the stable version as the rollout recorded it on the route (tideplane.io/stable-version), or the"
+        " one version with the most traffic on a route that records none (None: nothing serves)",
+    )
 
     @property
     def stable(self) -> VersionInfo | None:
-        """The version carrying the most traffic (None on a first deploy)."""
+        """The stable version (None on a first deploy). ``stable_version`` names it; a state read
+        before it was recorded (an old history) falls back to the version with the most traffic."""
+        if self.stable_version is not None:
+            return next((v for v in self.versions if v.version == self.stable_version), None)
         serving = [v for v in self.versions if v.route_weight > 0]
         return max(serving, key=lambda v: v.route_weight) if serving else None

@@ -176,6 +176,7 @@ async def route(
             mirror=state.mirror_for(weights),
             owner=workflow.info().workflow_id,
             release=release,
+            stable=stable_after(state, weights),
         ),
         summary=summary,
         retry=retry,
@@ -185,6 +186,15 @@ async def route(
     state.max_weight = max(state.max_weight, state.weight)
     workflow.upsert_search_attributes([CANARY_PERCENT.value_set(state.weight)])
     show(state)
+
+
+def stable_after(state: RunState, weights: dict[str, int]) -> str | None:
+    """The version the route records as stable after ``weights``: the new version once it carries
+    100 %, else the stable one this run started beside (None: nothing is stable yet)."""
+    if weights.get(state.input.version, 0) >= 100:
+        return state.input.version
+    stable = state.stable.version if state.stable is not None else None
+    return stable if stable is not None and weights.get(stable, 0) > 0 else None
 
 
 async def scale(state: RunState, version: str, replicas: int, summary: str, retry: RetryPolicy = FORWARD) -> None:

@@ -145,6 +145,9 @@ class RouteWeightsInput(BaseModel):
     owner: str | None = Field(None, description="the rollout's workflow ID: the route is written only by its owner")
     release: bool = Field(False, description="the rollout's last route change: give the route's ownership up")
     mirror: RouteMirror | None = Field(None, description="shadow traffic to a version; None removes tideplane's mirror")
+    stable: str | None = Field(
+        None, description="the stable version after this change, recorded on the route (tideplane.io/stable-version); None: left as recorded"
+    )
 
 
 class WarmUpInput(BaseModel):

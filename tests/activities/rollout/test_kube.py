@@ -467,3 +467,35 @@ def test_a_service_is_created_left_alone_when_it_matches_and_patched_keeping_its
     assert apply_service(core, body) is True
     now = core.read_namespaced_service("applied", NS)
     assert [p.port for p in now.spec.ports] == [8080] and now.spec.cluster_ip == first.spec.cluster_ip
+
+
+def test_at_a_50_50_tie_the_scaling_loop_scales_the_recorded_stable_not_the_one_that_sorts_first(rollout):
+    """Issue 32: ``stable`` was ``max()`` by route weight over Deployments sorted by name, so at a
+    50/50 step the loop claimed ``chat-v1-10-0`` (the canary) because it sorts before
+    ``chat-v1-9-0``. The rollout records the stable version on the route; both readers follow it."""
+    from activities.scaling.scaling_activities import ScalingActivities
+    from workflows.scaling.contract import ScaleTarget
+
+    ref = _ref("tied")
+    _run(rollout.ensure_version, _version("tied", "1.9.0", replicas=2))
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.9.0": 100}, stable="1.9.0"))
+    _run(rollout.ensure_version, _version("tied", "1.10.0", replicas=1))
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.9.0": 50, "1.10.0": 50}, stable="1.9.0"))
+    assert _route(rollout, "tied")["metadata"]["annotations"][naming.ANNOTATION_STABLE_VERSION] == "1.9.0"
+    assert [v.version for v in _run(rollout.describe_deployment, ref).versions] == ["1.10.0", "1.9.0"]  # the name order
+    assert _run(rollout.describe_deployment, ref).stable.version == "1.9.0"
+    scaling = ScalingActivities(rollout.kube, rollout.prometheus)
+    assert _run(scaling.get_scale, ScaleTarget(namespace=NS, deployment="tied")).version == "1.9.0"
+
+    # promotion moves the record with the traffic
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.9.0": 0, "1.10.0": 100}, stable="1.10.0"))
+    assert _run(scaling.get_scale, ScaleTarget(namespace=NS, deployment="tied")).version == "1.10.0"
+
+    # a tie on a route that records no stable version is refused, naming it, never settled by a sort
+    route = _route(rollout, "tied")
+    del route["metadata"]["annotations"][naming.ANNOTATION_STABLE_VERSION]
+    route["spec"]["rules"][0]["backendRefs"] = [{**b, "weight": 50} for b in route["spec"]["rules"][0]["backendRefs"]]
+    rollout.kube.custom.replace_namespaced_custom_object(*ROUTE_API, NS, "httproutes", "tied", route)
+    with pytest.raises(ApplicationError, match="equal traffic to 1.10.0 and 1.9.0 and records no stable version") as err:
+        _run(scaling.get_scale, ScaleTarget(namespace=NS, deployment="tied"))
+    assert err.value.non_retryable

@@ -421,7 +421,7 @@ def assert_rolled_back_route_first(fleet: Fleet, canary_weight: int) -> None:
     """The route went back to stable, then (last) the canary was scaled down; stable never scaled."""
     names = fleet.names()
     revert = len(names) - 1 - names[::-1].index(SET_ROUTE_WEIGHTS)
-    assert fleet.calls[revert][1].weights == {STABLE: 100, NEW: 0}
+    assert fleet.calls[revert][1].weights == {STABLE: 100, NEW: 0} and fleet.calls[revert][1].stable == STABLE
     after = [(n, a) for n, a in fleet.calls[revert + 1 :] if n != DESCRIBE_DEPLOYMENT]  # RetireVersion's read
     assert [(n, a.version, a.replicas) for n, a in after] == [(SCALE_VERSION, NEW, 0)]
     assert fleet.scales().count((NEW, 0)) == 1
@@ -447,6 +447,8 @@ async def test_happy_path_default_ladder_promotes(client):
         {STABLE: 50, NEW: 50},
         {STABLE: 0, NEW: 100},
     ]
+    # which version is stable is the rollout's record on the route (issue 32), never a sort order
+    assert [arg.stable for name, arg in fleet.calls if name == SET_ROUTE_WEIGHTS] == [STABLE] * 4 + [NEW]
     # canary sized for its share of 4 replicas, full size before 100 %, old version down last
     assert fleet.calls[fleet.names().index(ENSURE_VERSION)][1].replicas == 1
     assert fleet.scales() == [(NEW, 2), (NEW, 4), (STABLE, 0)]
