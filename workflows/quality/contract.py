@@ -13,11 +13,12 @@ from temporalio import activity
 from workflows.core.naming import DeploymentRef
 from workflows.core.verdicts import CaseResult
 from workflows.quality.golden_set import GoldenRevision, GoldenSet
-from workflows.quality.shadow import ShadowPair
+from workflows.quality.shadow import ShadowPair, ShadowTally
 
 # Activity names (stable API: histories refer to them).
 RUN_GOLDEN_SET = "run_golden_set"
-READ_SHADOW_PAIRS = "read_shadow_pairs"
+READ_SHADOW_PAIRS = "read_shadow_pairs"  # runs from before shadow-tally only
+JUDGE_SHADOW_PAIRS = "judge_shadow_pairs"
 READ_GOLDEN_SET = "read_golden_set"
 
 
@@ -48,6 +49,22 @@ class ShadowPairsResult(BaseModel):
     last: int = Field(description="pass as 'after' next time")
 
 
+class ShadowJudgeInput(BaseModel):
+    deployment: DeploymentRef
+    version: str = Field(description="the canary whose mirrored answers are compared")
+    stable_version: str
+    after: int = Field(0, ge=0, description="count pairs recorded after this sequence number")
+    structured: bool = Field(False, description="count invalid JSON answers too")
+
+
+class ShadowJudgement(BaseModel):
+    """The counts of the pairs recorded since ``after`` (never the pairs: they are user traffic)."""
+
+    tally: ShadowTally
+    read: int = Field(description="pairs read from the recorder, this rollout's or not")
+    last: int = Field(description="pass as 'after' next time")
+
+
 class GoldenSetInput(BaseModel):
     model: str
 
@@ -68,6 +85,12 @@ class QualityActivities:
     @activity.defn(name=READ_SHADOW_PAIRS)
     def read_shadow_pairs(self, req: ShadowPairsInput) -> ShadowPairsResult:
         """The (stable answer, canary answer) pairs of mirrored live requests recorded since ``after``."""
+        raise NotImplementedError
+
+    @activity.defn(name=JUDGE_SHADOW_PAIRS)
+    def judge_shadow_pairs(self, req: ShadowJudgeInput) -> ShadowJudgement:
+        """Every (stable answer, canary answer) pair recorded since ``after``, read page by page and
+        counted here: only the counts and a few cut examples go back to the workflow."""
         raise NotImplementedError
 
     @activity.defn(name=READ_GOLDEN_SET)

@@ -1,7 +1,8 @@
 """The shadow comparison: live requests mirrored to the canary; each recorded (stable answer,
 canary answer) pair is compared by cheap, explainable measures (``shadow_measures``), and
-``shadow_verdict`` fails on drift past a threshold, with examples. Pure: the activity only reads
-the pairs (workflows/quality/contract.py)."""
+``verdict_of`` fails on drift past a threshold, with examples. Pure: the activity reads the pairs
+and counts them (``tally``), so the pairs (user traffic) never pass through workflow history; the
+workflow adds the counts of a window's reads and judges them (workflows/quality/contract.py)."""
 
 from __future__ import annotations
 
@@ -107,31 +108,98 @@ def is_refusal(answer: str) -> bool:
     return bool(REFUSAL.match(answer))
 
 
-def shadow_measures(pairs: list[ShadowPair], structured: bool = False) -> ShadowMeasures:
-    n = len(pairs)
+class ShadowTally(BaseModel):
+    """What a comparison needs of a window's pairs, counted where the pairs are read (the activity),
+    so that only counts and a few cut examples pass through workflow history: tallies of two reads
+    add up (``merged``) and ``verdict_of`` judges them exactly as it would the pairs themselves."""
+
+    pairs: int = 0
+    agreeing: int = 0
+    stable_chars: int = 0
+    canary_chars: int = 0
+    stable_refusals: int = 0
+    canary_refusals: int = 0
+    stable_json_invalid: int | None = None
+    canary_json_invalid: int | None = None
+    examples: list[ShadowPair] = Field(default_factory=list, description="a few disagreeing pairs, cut (example_of)")
+
+    def merged(self, other: ShadowTally) -> ShadowTally:
+        def add(a: int | None, b: int | None) -> int | None:
+            return None if a is None and b is None else (a or 0) + (b or 0)
+
+        return ShadowTally(
+            pairs=self.pairs + other.pairs,
+            agreeing=self.agreeing + other.agreeing,
+            stable_chars=self.stable_chars + other.stable_chars,
+            canary_chars=self.canary_chars + other.canary_chars,
+            stable_refusals=self.stable_refusals + other.stable_refusals,
+            canary_refusals=self.canary_refusals + other.canary_refusals,
+            stable_json_invalid=add(self.stable_json_invalid, other.stable_json_invalid),
+            canary_json_invalid=add(self.canary_json_invalid, other.canary_json_invalid),
+            examples=[*self.examples, *other.examples][:EXAMPLES],
+        )
+
+
+EXAMPLE_PROMPT_CHARS = 120  # an example's prompt is cut to this: user data stays out of history
+
+
+def example_of(pair: ShadowPair) -> ShadowPair:
+    """The pair cut to what an example shows: the prompt's start, each answer around its first difference."""
+    stable, canary = where_they_differ(pair.stable_answer, pair.canary_answer, width=120)
+    prompt = pair.prompt if len(pair.prompt) <= EXAMPLE_PROMPT_CHARS else pair.prompt[:EXAMPLE_PROMPT_CHARS] + "…"
+    return ShadowPair(seq=pair.seq, prompt=prompt, stable_answer=stable, canary_answer=canary)
+
+
+def tally(pairs: list[ShadowPair], structured: bool = False) -> ShadowTally:
+    """Count what ``verdict_of`` needs of ``pairs`` (examples: the first disagreeing ones, cut)."""
+    counted = ShadowTally(
+        pairs=len(pairs),
+        agreeing=sum(p.stable_answer.strip() == p.canary_answer.strip() for p in pairs),
+        stable_chars=sum(len(p.stable_answer) for p in pairs),
+        canary_chars=sum(len(p.canary_answer) for p in pairs),
+        stable_refusals=sum(is_refusal(p.stable_answer) for p in pairs),
+        canary_refusals=sum(is_refusal(p.canary_answer) for p in pairs),
+        examples=[example_of(p) for p in pairs if p.stable_answer.strip() != p.canary_answer.strip()][:EXAMPLES],
+    )
+    if structured:
+        counted.stable_json_invalid = sum(parse_json_answer(p.stable_answer)[1] is not None for p in pairs)
+        counted.canary_json_invalid = sum(parse_json_answer(p.canary_answer)[1] is not None for p in pairs)
+    return counted
+
+
+def measures_of(t: ShadowTally) -> ShadowMeasures:
+    n = t.pairs
     if n == 0:
         return ShadowMeasures(pairs=0, exact_agreement=1.0, length_ratio=1.0, stable_refusal_rate=0.0, canary_refusal_rate=0.0)
-    stable_len = sum(len(p.stable_answer) for p in pairs) / n
-    canary_len = sum(len(p.canary_answer) for p in pairs) / n
+    stable_len, canary_len = t.stable_chars / n, t.canary_chars / n
     ratio = canary_len / stable_len if stable_len else (1.0 if not canary_len else math.inf)
     measures = ShadowMeasures(
         pairs=n,
-        exact_agreement=round(sum(p.stable_answer.strip() == p.canary_answer.strip() for p in pairs) / n, 4),
+        exact_agreement=round(t.agreeing / n, 4),
         length_ratio=round(ratio, 4) if math.isfinite(ratio) else 1e9,
-        stable_refusal_rate=round(sum(is_refusal(p.stable_answer) for p in pairs) / n, 4),
-        canary_refusal_rate=round(sum(is_refusal(p.canary_answer) for p in pairs) / n, 4),
+        stable_refusal_rate=round(t.stable_refusals / n, 4),
+        canary_refusal_rate=round(t.canary_refusals / n, 4),
     )
-    if structured:
-        measures.stable_json_invalid_rate = round(sum(parse_json_answer(p.stable_answer)[1] is not None for p in pairs) / n, 4)
-        measures.canary_json_invalid_rate = round(sum(parse_json_answer(p.canary_answer)[1] is not None for p in pairs) / n, 4)
+    if t.stable_json_invalid is not None and t.canary_json_invalid is not None:
+        measures.stable_json_invalid_rate = round(t.stable_json_invalid / n, 4)
+        measures.canary_json_invalid_rate = round(t.canary_json_invalid / n, 4)
     return measures
 
 
+def shadow_measures(pairs: list[ShadowPair], structured: bool = False) -> ShadowMeasures:
+    return measures_of(tally(pairs, structured))
+
+
 def shadow_verdict(pairs: list[ShadowPair], settings: ShadowSettings) -> ShadowVerdict:
+    """The verdict on ``pairs`` (``verdict_of`` their tally)."""
+    return verdict_of(tally(pairs, settings.structured), settings)
+
+
+def verdict_of(counted: ShadowTally, settings: ShadowSettings) -> ShadowVerdict:
     """Pass, fail (with the measures past their threshold and disagreeing pairs) or inconclusive
     (too few pairs in the window: never a pass on no evidence)."""
     limits = settings.thresholds
-    m = shadow_measures(pairs, settings.structured)
+    m = measures_of(counted)
     failed = []
     if m.exact_agreement + 1e-9 < limits.min_exact_agreement:
         failed.append(f"exact agreement {m.exact_agreement:.0%} < {limits.min_exact_agreement:.0%}")
@@ -149,5 +217,4 @@ def shadow_verdict(pairs: list[ShadowPair], settings: ShadowSettings) -> ShadowV
             )
     if m.pairs < limits.min_pairs:
         return ShadowVerdict(verdict="inconclusive", measures=m, failed=[f"{m.pairs} pairs < {limits.min_pairs}"])
-    examples = [p for p in pairs if p.stable_answer.strip() != p.canary_answer.strip()][:EXAMPLES]
-    return ShadowVerdict(verdict="fail" if failed else "pass", measures=m, failed=failed, examples=examples if failed else [])
+    return ShadowVerdict(verdict="fail" if failed else "pass", measures=m, failed=failed, examples=counted.examples if failed else [])

@@ -27,6 +27,11 @@ deprecates``                                             after a quality failure
 ``carry-lora-adapters``      steps/start.py              asked only when the stable's pods load
                                                          adapters: no history; the new side is
                                                          tests/workflows/adapters/
+``shadow-tally``             steps/shadow.py             asked only with ``shadow``, at the first
+                                                         comparison: no history; the new side is
+                                                         tests/workflows/quality/ (judge_shadow_pairs
+                                                         counts in the activity; the old side read
+                                                         the pairs into history)
 ===========================  ==========================  =========================================
 
 tests/workflows/test_replay.py checks that model-rollout-golden-failed holds the new side of
@@ -53,4 +58,8 @@ ADAPTERS_PATCH = "carry-lora-adapters"
 # `testing` (a warm-up failure) or `testing` again (a shadow drift), free to be rolled out again.
 QUALITY_DEPRECATES_PATCH = "quality-failure-deprecates"
 
-PATCHES = (RETIRE_PATCH, GOLDEN_PATCH, QUALITY_DEPRECATES_PATCH, METER_PATCH, BATCHING_PATCH, PRESTAGE_PATCH, ADAPTERS_PATCH)
+# Runs from before this patch read the mirrored pairs themselves (read_shadow_pairs) into history:
+# user traffic in clear, and past 2 MiB a result fails. Newer ones get only counts (judge_shadow_pairs).
+SHADOW_TALLY_PATCH = "shadow-tally"
+
+PATCHES = (RETIRE_PATCH, GOLDEN_PATCH, QUALITY_DEPRECATES_PATCH, METER_PATCH, BATCHING_PATCH, PRESTAGE_PATCH, ADAPTERS_PATCH, SHADOW_TALLY_PATCH)

@@ -18,7 +18,7 @@ from workflows.core.naming import DeploymentRef
 from workflows.core.verdicts import GoldenVerdict
 from workflows.core.versions import VersionInfo
 from workflows.node_cache.contract import NodeCacheProgress
-from workflows.quality.shadow import ShadowPair, ShadowVerdict
+from workflows.quality.shadow import ShadowPair, ShadowTally, ShadowVerdict
 from workflows.rollout.batching import SweepChoice
 from workflows.rollout.contract import Benchmark, RouteMirror, StagedWeights
 from workflows.rollout.gates import StepAnalysis, canary_replicas
@@ -75,7 +75,8 @@ class RunState:
     mirror: RouteMirror | None = None  # set once the shadow comparison starts
     shadow: ShadowVerdict | None = None
     shadow_after: int = 0  # last mirrored pair read
-    shadow_pairs: list[ShadowPair] = field(default_factory=list)  # the current window's pairs
+    shadow_pairs: list[ShadowPair] = field(default_factory=list)  # the current window's pairs (before shadow-tally)
+    shadow_tally: ShadowTally = field(default_factory=ShadowTally)  # the current window's counts
     shadow_passed: bool = False  # some window's comparison passed
 
     @classmethod

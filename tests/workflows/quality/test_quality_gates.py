@@ -23,16 +23,19 @@ from tests.workflows.rollout.test_rollout import (
 )
 from workflows.quality.contract import GoldenSetFound, GoldenSetInput
 from workflows.quality.contract import (
+    JUDGE_SHADOW_PAIRS,
     READ_SHADOW_PAIRS,
     RUN_GOLDEN_SET,
     GoldenRunInput,
     GoldenRunResult,
+    ShadowJudgeInput,
+    ShadowJudgement,
     ShadowPairsInput,
     ShadowPairsResult,
 )
 from workflows.core.verdicts import CaseResult
 from workflows.quality.golden_set import GoldenRevision, GoldenSet
-from workflows.quality.shadow import ShadowPair
+from workflows.quality.shadow import ShadowPair, tally
 from workflows.rollout.types import Outcome, RolloutStatus, Stage
 
 GOLDEN = GoldenSet.model_validate(
@@ -66,7 +69,7 @@ class QualityFleet(Fleet):
         self.shadow_reads = 0
 
     def activities(self) -> list[Callable]:
-        return [*super().activities(), self.run_golden_set, self.read_shadow_pairs]
+        return [*super().activities(), self.run_golden_set, self.read_shadow_pairs, self.judge_shadow_pairs]
 
     @activity.defn(name="read_golden_set")
     async def read_golden_set(self, input: GoldenSetInput) -> GoldenSetFound:
@@ -83,6 +86,13 @@ class QualityFleet(Fleet):
         self.shadow_reads += 1
         pairs = self.pairs(self.shadow_reads)
         return ShadowPairsResult(pairs=pairs, last=input.after + len(pairs))
+
+    @activity.defn(name=JUDGE_SHADOW_PAIRS)
+    async def judge_shadow_pairs(self, input: ShadowJudgeInput) -> ShadowJudgement:
+        await self._record(JUDGE_SHADOW_PAIRS, input)
+        self.shadow_reads += 1
+        pairs = self.pairs(self.shadow_reads)
+        return ShadowJudgement(tally=tally(pairs, input.structured), read=len(pairs), last=input.after + len(pairs))
 
     def mirrors(self) -> list[tuple[dict[str, int], Any]]:
         return [(arg.weights, arg.mirror) for name, arg in self.calls if name == SET_ROUTE_WEIGHTS]
@@ -150,3 +160,135 @@ async def test_a_passing_shadow_window_lets_the_ladder_promote(client):
     assert result.shadow is not None and result.shadow.verdict == "pass"
     assert result.golden is not None and result.golden.passed
     assert fleet.mirrors()[-1] == ({STABLE: 0, NEW: 100}, None)
+
+
+LONG = 4000  # characters a prompt: a few KB each, as real chat prompts are
+
+
+class MirrorRecorder:
+    """The shadow recorder's HTTP endpoint (``/mirror/<namespace>/<route>?after=&limit=``) holding
+    ``pairs`` recorded (stable version, canary version) pairs, served by the real client."""
+
+    def __init__(self, pairs: list[dict]) -> None:
+        import http.server
+        import json
+        import threading
+        from urllib.parse import parse_qs, urlparse
+
+        recorded = pairs
+        self.served = 0
+        recorder = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                query = parse_qs(urlparse(self.path).query)
+                after, limit = int(query.get("after", ["0"])[0]), int(query.get("limit", ["1000"])[0])
+                page = [p for p in recorded if p["seq"] > after][:limit]
+                recorder.served += len(page)
+                body = json.dumps({"pairs": page, "last": page[-1]["seq"] if page else after}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/mirror/{{namespace}}/{{name}}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def long_pairs(n: int, refusing_every: int = 0) -> list[dict]:
+    """``n`` pairs with prompts of LONG characters; every ``refusing_every``-th canary answer a refusal."""
+    pairs = []
+    for i in range(1, n + 1):
+        answer = f"answer {i % 97} " + "lorem ipsum " * 80
+        refuses = refusing_every and i % refusing_every == 0
+        pairs.append(
+            {
+                "seq": i,
+                "prompt": f"customer {i}: " + "x" * LONG,
+                "stable_version": STABLE,
+                "stable_answer": answer,
+                "canary_version": NEW,
+                "canary_answer": "I'm sorry, I can't help with that. " + "y" * 900 if refuses else answer,
+            }
+        )
+    return pairs
+
+
+class RecordedShadowFleet(QualityFleet):
+    """The stub fleet, but the shadow activities are the worker's own, reading a real recorder."""
+
+    def __init__(self, client, recorder: MirrorRecorder, **kw: Any) -> None:
+        from activities.quality.quality_activities import QualityActivities
+        from activities.quality.shadow_pairs import ShadowPairsClient
+
+        super().__init__(client, **kw)
+        self.real = QualityActivities(None, "http://unused", None, ShadowPairsClient(recorder.url))  # type: ignore[arg-type]
+
+    def activities(self) -> list[Callable]:
+        names = {READ_SHADOW_PAIRS, "judge_shadow_pairs"}
+        stubs = [a for a in super().activities() if getattr(a, "__temporal_activity_definition").name not in names]
+        return [*stubs, *self.real_shadow()]
+
+    def real_shadow(self) -> list[Callable]:
+        real = self.real
+        found = []
+        for name in ("read_shadow_pairs", "judge_shadow_pairs"):
+            method = getattr(real, name, None)
+            if method is None:
+                continue
+            defn = getattr(method, "__temporal_activity_definition")
+
+            def bind(method: Callable = method, defn: Any = defn) -> Callable:
+                async def run(req):  # the real method, off the event loop as the worker runs it
+                    return await asyncio.to_thread(method, req)
+
+                run.__annotations__ = {"req": defn.arg_types[0], "return": defn.ret_type}
+                return activity.defn(name=defn.name)(run)
+
+            found.append(bind())
+        return found
+
+
+async def history_bytes(client, workflow_id: str) -> int:
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    return len(history.to_json().encode())
+
+
+async def test_ten_thousand_long_mirrored_pairs_are_judged_in_the_activity_and_stay_out_of_history(client):
+    """10,000 mirrored pairs with prompts of a few KB (about 55 MB of user traffic): the verdict is
+    right and the rollout's history stays under 2 MB, for a pass and for a drift alike."""
+    recorder = MirrorRecorder(long_pairs(10_000))
+    try:
+        fleet = RecordedShadowFleet(client, recorder)
+        result = await run_rollout(fleet, rollout_input(**SHADOW))
+        size = await history_bytes(client, fleet.workflow_id)
+    finally:
+        recorder.close()
+    # promoted without pausing for want of shadow evidence: the window of all 10,000 passed
+    assert result.outcome is Outcome.PROMOTED, result.reason
+    assert recorder.served == 10_000
+    assert size < 2_000_000, f"history {size} bytes"
+
+    recorder = MirrorRecorder(long_pairs(10_000, refusing_every=5))  # a fifth refused
+    try:
+        fleet = RecordedShadowFleet(client, recorder)
+        result = await run_rollout(fleet, rollout_input(**SHADOW))
+        size = await history_bytes(client, fleet.workflow_id)
+    finally:
+        recorder.close()
+    assert result.outcome is Outcome.ROLLED_BACK and result.weight_reached == 1
+    assert result.shadow is not None and result.shadow.measures.pairs == 10_000
+    assert result.reason.startswith("shadow comparison failed at 1 %: exact agreement 80% < 90%"), result.reason
+    assert "refusal rate 20% vs stable 0%" in result.reason
+    assert len(result.reason) < 2000  # examples cut, not whole prompts
+    assert size < 2_000_000, f"history {size} bytes"
