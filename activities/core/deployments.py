@@ -9,6 +9,8 @@ send traffic to, and the adapter rollout edits its rules of the route.
 
 from __future__ import annotations
 
+import json
+
 from temporalio.exceptions import ApplicationError
 
 from activities.clients.kube import (
@@ -23,7 +25,7 @@ from activities.clients.kube import (
 from workflows.core import naming
 from workflows.core.lora import lora_modules
 from workflows.core.naming import DEPLOYMENT_OWNED, DeploymentRef
-from workflows.core.versions import DeploymentState, VersionInfo
+from workflows.core.versions import DeploymentState, VersionInfo, VersionReplicas
 
 ROUTE_API = ("gateway.networking.k8s.io", "v1")
 CONTAINER = "server"  # the serving container of every version's pods (activities/rollout/serving_pods.py)
@@ -58,12 +60,13 @@ def deployment_state(kube: KubeClient, ref: DeploymentRef) -> DeploymentState:
         version = labels.get(naming.LABEL_VERSION)
         if version is None:
             continue
+        held = version_replicas(kube, dep)
         versions.append(
             VersionInfo(
                 version=version,
                 model=labels.get(naming.LABEL_MODEL, ""),
-                replicas=dep.spec.replicas or 0,
-                ready_replicas=(dep.status.ready_replicas if dep.status else None) or 0,
+                replicas=held.total,  # a spot mix's total, not its versioned Deployment's 0
+                ready_replicas=held.ready,
                 route_weight=weights.get(dep.metadata.name, 0),  # the name the cluster holds
                 lora_modules=lora_modules(getattr(container_named(dep.spec.template.spec.containers, CONTAINER), "args", None) or []),
             )
@@ -91,6 +94,82 @@ def stable_version(route: dict | None, versions: list[VersionInfo], ref: Deploym
             non_retryable=True,
         )
     return tied[0]
+
+
+def spot_claims(annotations: dict | None) -> dict[str, int]:
+    """The fallback Deployment's claims, claimant -> replicas (``tideplane.io/spot-claims``)."""
+    raw = (annotations or {}).get(naming.ANNOTATION_SPOT_CLAIMS)
+    try:
+        claims = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return {str(k): int(v) for k, v in claims.items() if int(v) > 0} if isinstance(claims, dict) else {}
+
+
+def version_replicas(kube: KubeClient, dep) -> VersionReplicas:
+    """How many replicas the version of the versioned Deployment ``dep`` has, by pool: the one
+    answer ``deployment_state``, ``get_scale``, ``scale_version`` and the spot mix read."""
+    ns, name = dep.metadata.namespace, dep.metadata.name
+    mixes = kube.apps.list_namespaced_deployment(
+        ns, label_selector=label_selector({naming.LABEL_SPOT_MIX_FOR: name}), _request_timeout=API_TIMEOUT
+    ).items
+    fallback = read_or_none(kube.apps.read_namespaced_deployment, naming.fallback_name(name), ns)
+    target = (dep.metadata.annotations or {}).get(naming.ANNOTATION_SPOT_MIX_TARGET)
+    return VersionReplicas(
+        version=(dep.metadata.labels or {}).get(naming.LABEL_VERSION, ""),
+        own=dep.spec.replicas or 0,
+        pools={_pool_of(m): m.spec.replicas or 0 for m in sorted(mixes, key=lambda m: m.metadata.name)},
+        on_demand_base=spot_claims(fallback.metadata.annotations if fallback else None).get(naming.SPOT_MIX_CLAIMANT, 0),
+        mix_total=int(target) if target is not None else None,
+        ready=sum(_ready(d) for d in [dep, *mixes, *([fallback] if fallback else [])]),
+    )
+
+
+def read_version_replicas(kube: KubeClient, ref: DeploymentRef, version: str) -> VersionReplicas:
+    """``version_replicas`` of one version by name; a version with no Deployment has none."""
+    dep = read_or_none(kube.apps.read_namespaced_deployment, ref.versioned(version), ref.namespace)
+    return VersionReplicas(version=version) if dep is None else version_replicas(kube, dep)
+
+
+def scale_down_spot_mix(kube: KubeClient, ref: DeploymentRef, version: str) -> VersionReplicas:
+    """Take a version's spot mix down (a retirement): every pool's Deployment to 0, the mix's
+    on-demand base claim off its fallback (SpotReclaim's claims stay theirs), its total annotation
+    off the versioned Deployment. Idempotent; what the version held before."""
+    name, ns, apps = ref.versioned(version), ref.namespace, kube.apps
+    dep = read_or_none(apps.read_namespaced_deployment, name, ns)
+    if dep is None:
+        return VersionReplicas(version=version)
+    held = version_replicas(kube, dep)
+    for mix in apps.list_namespaced_deployment(
+        ns, label_selector=label_selector({naming.LABEL_SPOT_MIX_FOR: name}), _request_timeout=API_TIMEOUT
+    ).items:
+        if mix.spec.replicas:
+            apps.patch_namespaced_deployment_scale(mix.metadata.name, ns, {"spec": {"replicas": 0}}, _request_timeout=API_TIMEOUT)
+
+    def drop_base() -> None:
+        fallback = read_or_none(apps.read_namespaced_deployment, naming.fallback_name(name), ns)
+        claims = spot_claims(fallback.metadata.annotations if fallback else None)
+        if naming.SPOT_MIX_CLAIMANT not in claims:
+            return
+        del claims[naming.SPOT_MIX_CLAIMANT]
+        fallback.metadata.annotations = {**fallback.metadata.annotations, naming.ANNOTATION_SPOT_CLAIMS: json.dumps(claims, sort_keys=True)}
+        fallback.spec.replicas = sum(claims.values())
+        apps.replace_namespaced_deployment(fallback.metadata.name, ns, fallback, _request_timeout=API_TIMEOUT)
+
+    retry_on_conflict(f"fallback Deployment of {ns}/{name}", drop_base)
+    if held.mixed:
+        patch = {"metadata": {"annotations": {naming.ANNOTATION_SPOT_MIX_TARGET: None}}}
+        apps.patch_namespaced_deployment(name, ns, patch, _request_timeout=API_TIMEOUT)
+    return held
+
+
+def _pool_of(mix) -> str:
+    labels = (mix.spec.template.metadata.labels if mix.spec.template.metadata else None) or {}
+    return labels.get(naming.LABEL_SPOT_POOL, mix.metadata.name)
+
+
+def _ready(dep) -> int:
+    return (dep.status.ready_replicas if dep.status else None) or 0
 
 
 def owned_elsewhere(what: str, held: str, owner: str) -> ApplicationError:

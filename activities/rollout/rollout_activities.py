@@ -49,7 +49,14 @@ from activities.clients.s3 import (
     require_allowed_bucket,
 )
 from activities.clients.vllm import VllmClient, service_url
-from activities.core.deployments import ROUTE_API, deployment_state, edit_route_rules, owned_elsewhere, read_route
+from activities.core.deployments import (
+    ROUTE_API,
+    deployment_state,
+    edit_route_rules,
+    owned_elsewhere,
+    read_route,
+    scale_down_spot_mix,
+)
 from activities.core.verified_file import ChecksumMismatch, already_verified, discard_partial, fetch_verified
 from activities.rollout.mirror import mirror_filter, with_mirror
 from activities.rollout.model_cache import StagingProgress, safe_component, staging_lock
@@ -254,10 +261,13 @@ class RolloutActivities(contract.RolloutActivities):
     @activity.defn(name=SCALE_VERSION)
     def scale_version(self, req: ScaleVersionInput) -> None:
         """Set one version's replicas through the Deployment's scale subresource; a scale-down first
-        marks which replicas go (``mark_deletion_costs``)."""
+        marks which replicas go (``mark_deletion_costs``). To 0 (a retirement) it also takes the
+        version's spot mix down, every pool and the on-demand base (``scale_down_spot_mix``)."""
         self._require_within_cluster(req.replicas)
         self.kube.require_namespace(req.deployment.namespace)
         name = req.deployment.versioned(req.version)
+        if req.replicas == 0:
+            scale_down_spot_mix(self.kube, req.deployment, req.version)
         dep = read_or_none(self.kube.apps.read_namespaced_deployment, name, req.deployment.namespace)
         if dep is not None and req.replicas < (dep.spec.replicas or 0):
             mark_deletion_costs(self.kube, req.deployment.namespace, label_selector(selector(req.deployment.name, req.version)))

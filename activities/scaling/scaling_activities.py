@@ -52,7 +52,6 @@ from workflows.scaling.decide import Signals
 from workflows.scaling.forecast import WEEK_S, DemandForecast, forecast_demand
 from workflows.scaling.prewarm import slot_key
 from workflows.scaling.queue_limit import QueueLimit
-from workflows.spot.mix import MIX_TARGET_ANNOTATION
 
 WEEK_SECONDS = 7 * 24 * 3600
 _COLD_START_MESSAGE = re.compile(rf"^({'|'.join(COLD_START_PARTS)}) ([0-9]+(?:\.[0-9]+)?)s\b")
@@ -110,10 +109,9 @@ class ScalingActivities(contract.ScalingActivities):
             req.namespace, label_selector=label_selector(selector(req.deployment, info.version)), _request_timeout=API_TIMEOUT
         ).items
         live = [p for p in pods if p.metadata.deletion_timestamp is None]
-        mix_target = ((dep.metadata.annotations if dep else None) or {}).get(MIX_TARGET_ANNOTATION)
         return ScaleStatus(
             version=info.version,
-            replicas=int(mix_target) if mix_target is not None else info.replicas,  # a spot mix holds the total
+            replicas=info.replicas,  # version_replicas' total: a spot mix's, not its versioned Deployment's 0
             ready_replicas=sum(1 for p in live if is_ready(p)),
             pending=sum(1 for p in live if (p.status.phase if p.status else "Pending") == "Pending"),
             unschedulable=sum(1 for p in live if unschedulable(p)),

@@ -12,28 +12,21 @@ from typing import Callable
 from temporalio.exceptions import ApplicationError
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, read_or_none, retry_on_conflict
+from activities.core.deployments import spot_claims
 from workflows.core import naming
 from workflows.spot.contract import FallbackClaims
 
 
-FALLBACK_FOR = "tideplane.io/fallback-for"  # label: on the fallback Deployment and its pods
-CLAIMS_ANNOTATION = "tideplane.io/spot-claims"  # JSON {instance-id: replicas}
+FALLBACK_FOR = naming.LABEL_FALLBACK_FOR  # label: on the fallback Deployment and its pods
+CLAIMS_ANNOTATION = naming.ANNOTATION_SPOT_CLAIMS  # JSON {instance-id: replicas}
 POOL_BASE_TAG = "tideplane.io/spot-base-capacity"
-MIX_FOR = "tideplane.io/spot-mix-for"  # label: on a spot mix Deployment and its pods (the versioned name)
-MIX_POOL = "tideplane.io/spot-pool"  # label: on a spot mix Deployment's pods, its node pool
-
-
-def fallback_name(name: str) -> str:
-    return f"{name[:60].rstrip('-')}-od"
+MIX_FOR = naming.LABEL_SPOT_MIX_FOR  # label: on a spot mix Deployment and its pods (the versioned name)
+MIX_POOL = naming.LABEL_SPOT_POOL  # label: on a spot mix Deployment's pods, its node pool
+fallback_name = naming.fallback_name
 
 
 def claims_of(deployment: dict | None) -> dict[str, int]:
-    raw = ((deployment or {}).get("metadata", {}).get("annotations") or {}).get(CLAIMS_ANNOTATION)
-    try:
-        claims = json.loads(raw) if raw else {}
-    except ValueError:
-        return {}
-    return {str(k): int(v) for k, v in claims.items() if int(v) > 0} if isinstance(claims, dict) else {}
+    return spot_claims((deployment or {}).get("metadata", {}).get("annotations"))
 
 
 def fallback_manifest(original: dict, claims: dict[str, int], capacity_type: str) -> dict:

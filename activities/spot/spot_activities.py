@@ -20,6 +20,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.clients.aws import AwsClient
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, is_ready, label_selector, read_or_none
+from activities.core.deployments import version_replicas
 from activities.spot.fallback_deployments import (
     FALLBACK_FOR,
     POOL_BASE_TAG,
@@ -54,7 +55,7 @@ from workflows.spot.contract import (
     UnschedulableInput,
 )
 from workflows.spot.events import MalformedEvent, instance_id_from_provider_id, parse_event
-from workflows.spot.mix import MIX_CLAIMANT, MIX_TARGET_ANNOTATION
+from workflows.spot.mix import MIX_CLAIMANT
 
 
 class SpotActivities(contract.SpotActivities):
@@ -211,13 +212,12 @@ class SpotActivities(contract.SpotActivities):
             selector = label_selector({k: labels[k] for k in (naming.LABEL_APP, naming.LABEL_VERSION) if k in labels})
             pods = core.list_namespaced_pod(key.namespace, label_selector=selector, _request_timeout=API_TIMEOUT).items
             ready = [p for p in pods if is_ready(p)]
-            mix_target = (original.metadata.annotations or {}).get(MIX_TARGET_ANNOTATION)
-            base = claims_of(as_dict(self._kube, fallback)).get(MIX_CLAIMANT, 0)
+            held = version_replicas(self._kube, original)
             counts.append(ReplicaCounts(
                 namespace=key.namespace,
                 name=key.name,
                 # under a spot mix: what spot must hold Ready for the total, the on-demand base aside
-                desired=max(0, int(mix_target) - base) if mix_target is not None else original.spec.replicas or 0,
+                desired=max(0, held.total - held.on_demand_base) if held.mixed else held.own,
                 ready=sum(1 for p in ready if FALLBACK_FOR not in (p.metadata.labels or {})),
                 fallback_desired=(fallback.spec.replicas or 0) if fallback else 0,
                 fallback_ready=sum(1 for p in ready if (p.metadata.labels or {}).get(FALLBACK_FOR) == key.name),

@@ -28,6 +28,17 @@ ANNOTATION_OWNER = "tideplane.io/owner"
 # On the HTTPRoute: the version the rollout made stable (written with every route change it makes).
 # The scaling loop scales this version and a rollout starts beside it; never inferred from a sort.
 ANNOTATION_STABLE_VERSION = "tideplane.io/stable-version"
+# A version's replicas beside its own Deployment (read as one model by activities/core/deployments.py's
+# version_replicas; written by the spot capability): one spot Deployment per pool of a spot mix
+# (labelled with the versioned name and, on its pods, the pool), and the on-demand fallback
+# ``<name>-od`` whose replicas are the sum of claims (SpotReclaim's per instance, the mix's base).
+LABEL_SPOT_MIX_FOR = "tideplane.io/spot-mix-for"
+LABEL_SPOT_POOL = "tideplane.io/spot-pool"
+LABEL_FALLBACK_FOR = "tideplane.io/fallback-for"
+ANNOTATION_SPOT_CLAIMS = "tideplane.io/spot-claims"  # JSON {claimant: replicas}
+# On the versioned Deployment under a spot mix: the loop's total (its own replicas are 0).
+ANNOTATION_SPOT_MIX_TARGET = "tideplane.io/spot-mix-target"
+SPOT_MIX_CLAIMANT = "spot-mix"  # the claimant under which the mix's on-demand base sits on the fallback
 # ApplicationError type of a refusal: another workflow owns the deployment (ANNOTATION_OWNER).
 DEPLOYMENT_OWNED = "DeploymentOwned"
 
@@ -82,6 +93,11 @@ VersionLabel = Annotated[str, AfterValidator(_checked_version)]
 def version_slug(version: str) -> str:
     """A version as it may appear in a Kubernetes object name: ``1.3.0+rc1`` -> ``1-3-0-rc1``."""
     return re.sub(r"[^a-z0-9]+", "-", version.lower()).strip("-")
+
+
+def fallback_name(name: str) -> str:
+    """The on-demand fallback Deployment of the Deployment ``name``."""
+    return f"{name[:60].rstrip('-')}-od"
 
 
 def versioned_name(name: str, version: str) -> str:

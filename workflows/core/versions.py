@@ -94,6 +94,33 @@ class VersionInfo(BaseModel):
     )
 
 
+class VersionReplicas(BaseModel):
+    """How many replicas one version has, by pool: its own Deployment, one spot Deployment per pool
+    of a spot mix, the mix's on-demand base (a claim on the version's fallback ``<name>-od``).
+    Every reader (the rollout's describe, the loop's scale, the spot mix) reads this one model."""
+
+    version: str
+    own: int = Field(0, description="the versioned Deployment's spec.replicas (0 under a spot mix)")
+    pools: dict[str, int] = Field(default_factory=dict, description="spot pool -> its mix Deployment's replicas")
+    on_demand_base: int = Field(0, description="the spot mix's on-demand base (its claim on the fallback)")
+    mix_total: int | None = Field(None, description="the loop's total under a spot mix (None: no spot mix)")
+    ready: int = Field(0, description="Ready replicas over all of them (the fallback's included)")
+
+    @property
+    def mixed(self) -> bool:
+        return self.mix_total is not None
+
+    @property
+    def total(self) -> int:
+        """The version's size: the spot mix's total, else its own Deployment's replicas."""
+        return self.mix_total if self.mix_total is not None else self.own
+
+    @property
+    def running(self) -> int:
+        """Replicas asked of the cluster now, over every pool (what a retirement must bring to 0)."""
+        return self.own + sum(self.pools.values()) + self.on_demand_base
+
+
 class DeploymentState(BaseModel):
     """What is in the cluster now for one logical deployment."""
 

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from workflows.core import naming
 from workflows.spot.policy import MixPlan, ZoneMarket, failure_domain, plan_mix, preemption_rate
 
 # The claimant under which the mix's on-demand base sits on the fallback Deployment
 # (SpotReclaim's claimants are instance IDs; ReturnToSpot leaves this one alone).
-MIX_CLAIMANT = "spot-mix"
-# On the versioned Deployment under a mix: the loop's total (its own replicas are 0), read back as its scale.
-MIX_TARGET_ANNOTATION = "tideplane.io/spot-mix-target"
+MIX_CLAIMANT = naming.SPOT_MIX_CLAIMANT
+# On the versioned Deployment under a mix: the loop's total (its own replicas are 0), read back as
+# its replicas by every reader (activities/core/deployments.py's version_replicas).
+MIX_TARGET_ANNOTATION = naming.ANNOTATION_SPOT_MIX_TARGET
 
 
 class SpotDomain(BaseModel):

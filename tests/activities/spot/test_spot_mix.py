@@ -91,3 +91,60 @@ def test_a_split_is_written_per_pool_converges_and_keeps_its_base_through_a_retu
     assert kube.apps.read_namespaced_deployment(mix_name(name, "mix-spot-a"), REF.namespace).spec.replicas == 0
     od = kube.apps.read_namespaced_deployment(fallback_name(name), REF.namespace)
     assert od.spec.replicas == 5 and MIX_CLAIMANT in od.metadata.annotations["tideplane.io/spot-claims"]
+
+
+def test_a_spot_mix_deployment_reads_as_its_total_everywhere_and_retires_by_every_pool(kube_api, moto_url):
+    """Issue 32: ``apply_spot_mix`` leaves the versioned Deployment at 0 and the total in an
+    annotation only ``get_scale`` read, so a rollout sized its canary and promotion from 0 and
+    retiring the old version left its spot pools and on-demand base running. One model,
+    ``version_replicas``, answers for every reader; ``scale_version`` to 0 scales every pool down."""
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.clients.kube import serving_namespace
+    from activities.clients.prometheus import PrometheusClient
+    from activities.clients.s3 import S3Client
+    from activities.clients.vllm import VllmClient
+    from activities.core.deployments import read_version_replicas
+    from activities.rollout.rollout_activities import RolloutActivities
+    from activities.scaling.scaling_activities import ScalingActivities
+    from workflows.rollout.contract import RouteWeightsInput, ScaleVersionInput
+    from workflows.rollout.gates import canary_replicas
+    from workflows.scaling.contract import ScaleTarget
+
+    kube = KubeClient(kube_api)
+    kube.core.create_namespace(serving_namespace("mixed"))
+    ref = DeploymentRef(namespace="mixed", name="summarise")
+    nowhere = "http://127.0.0.1:9"
+    rollout = RolloutActivities(kube, S3Client(nowhere, "us-east-1"), PrometheusClient(nowhere), VllmClient(),
+                                ServingPods(model_cache_dir=Path("/var/cache/tideplane/models")), gateway="inference-gateway",
+                                service_url_template="http://{service}.{namespace}:8000")
+    aws = AwsClient("us-east-1", moto_url, access_key_id="testing", secret_access_key="testing")
+    mix = SpotMixActivities(kube, aws)
+    version = EnsureVersionInput(
+        deployment=ref, model="llama-3-8b", version="1.0.0", image="vllm/vllm-openai:v0.8.5", gpus_per_replica=1,
+        replicas=3, weights_path="/var/cache/tideplane/models/llama-3-8b/1.0.0", priority_class="batch",
+    )
+    rollout.ensure_version(version)
+    ActivityEnvironment().run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 100}, stable="1.0.0"))
+    name = ref.versioned("1.0.0")
+    mix.apply_spot_mix(ApplySpotMixInput(deployment=ref, version="1.0.0", total=6, spot={"pool-a": 4, "pool-b": 0}, on_demand=2))
+
+    held = read_version_replicas(kube, ref, "1.0.0")
+    assert (held.total, held.own, held.pools, held.on_demand_base) == (6, 0, {"pool-a": 4}, 2)  # pool-b never created
+    stable = rollout.describe_deployment(ref).stable
+    assert (stable.version, stable.replicas) == ("1.0.0", 6)  # the rollout sizes from the real total, not 0
+    assert canary_replicas(stable.replicas, 50) == 3
+    assert ScalingActivities(kube, PrometheusClient(nowhere)).get_scale(ScaleTarget(namespace="mixed", deployment="summarise")).replicas == 6
+
+    # the new version promoted, the old one retires: every pool of it and its on-demand base go to 0
+    rollout.ensure_version(version.model_copy(update={"version": "2.0.0", "replicas": 6, "weights_path": "/var/cache/tideplane/models/llama-3-8b/2.0.0"}))
+    ActivityEnvironment().run(
+        rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 0, "2.0.0": 100}, stable="2.0.0")
+    )
+    rollout.scale_version(ScaleVersionInput(deployment=ref, version="1.0.0", replicas=0))
+    gone = read_version_replicas(kube, ref, "1.0.0")
+    assert (gone.total, gone.own, gone.pools, gone.on_demand_base) == (0, 0, {"pool-a": 0}, 0)
+    assert kube.apps.read_namespaced_deployment(mix_name(name, "pool-a"), ref.namespace).spec.replicas == 0
+    assert kube.apps.read_namespaced_deployment(fallback_name(name), ref.namespace).spec.replicas == 0
+    assert MIX_TARGET_ANNOTATION not in (kube.apps.read_namespaced_deployment(name, ref.namespace).metadata.annotations or {})
+    assert {v.version: v.replicas for v in rollout.describe_deployment(ref).versions} == {"1.0.0": 0, "2.0.0": 6}
