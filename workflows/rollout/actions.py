@@ -17,6 +17,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 from temporalio.workflow import ActivityCancellationType
 
+from workflows.core.failures import cause
 from workflows.core.search_attributes import CANARY_PERCENT, STAGE
 from workflows.core.telemetry import (
     LEGACY_GATE_VERDICT,
@@ -186,6 +187,23 @@ async def route(
     state.max_weight = max(state.max_weight, state.weight)
     workflow.upsert_search_attributes([CANARY_PERCENT.value_set(state.weight)])
     show(state)
+
+
+async def read_live_total(state: RunState, why: str) -> None:
+    """Re-read the stable's replicas (the scaling loop sizes it: the deployment's total) into the
+    promoted size; a failed read keeps the last total and says so, it is no reason to roll back."""
+    stable = state.stable
+    assert stable is not None
+    try:
+        cluster = await act(
+            state, RolloutActivities.describe_deployment, state.ref, summary=f"read {stable.version}'s live total {why}",
+            read_only=True,
+        )
+    except ActivityError as err:
+        show(state, f"live total unreadable, sizing from {state.target_replicas}: {cause(err)}")
+        return
+    live = next((v for v in cluster.versions if v.version == stable.version), None)
+    state.follow_total(live.replicas if live is not None else None)
 
 
 def stable_after(state: RunState, weights: dict[str, int]) -> str | None:

@@ -32,6 +32,12 @@ deprecates``                                             after a quality failure
                                                          tests/workflows/quality/ (judge_shadow_pairs
                                                          counts in the activity; the old side read
                                                          the pairs into history)
+``size-from-live-total``     steps/canary.py,            old: model-rollout-promoted, -rolled-back,
+                             steps/promote.py            devserver-rollout-rolled-back,
+                                                         model-rollout-golden-failed (sized once from
+                                                         the stable at start); new: tests/workflows/
+                                                         rollout/ (re-read before each step and at
+                                                         promotion, which waits for the total Ready)
 ===========================  ==========================  =========================================
 
 tests/workflows/test_replay.py checks that model-rollout-golden-failed holds the new side of
@@ -61,5 +67,9 @@ QUALITY_DEPRECATES_PATCH = "quality-failure-deprecates"
 # Runs from before this patch read the mirrored pairs themselves (read_shadow_pairs) into history:
 # user traffic in clear, and past 2 MiB a result fails. Newer ones get only counts (judge_shadow_pairs).
 SHADOW_TALLY_PATCH = "shadow-tally"
+# Runs from before issue 32 sized the canary and the promoted version once, from the stable's
+# replicas at start; newer ones re-read the stable's live total before each step and at promotion.
+LIVE_TOTAL_PATCH = "size-from-live-total"
 
-PATCHES = (RETIRE_PATCH, GOLDEN_PATCH, QUALITY_DEPRECATES_PATCH, METER_PATCH, BATCHING_PATCH, PRESTAGE_PATCH, ADAPTERS_PATCH, SHADOW_TALLY_PATCH)
+PATCHES = (RETIRE_PATCH, GOLDEN_PATCH, QUALITY_DEPRECATES_PATCH, METER_PATCH, BATCHING_PATCH, PRESTAGE_PATCH, ADAPTERS_PATCH, SHADOW_TALLY_PATCH,
+           LIVE_TOTAL_PATCH)

@@ -94,6 +94,12 @@ class RunState:
     def finishing(self) -> bool:
         return self.stage in FINISHING
 
+    def follow_total(self, live: int | None) -> None:
+        """The promoted size follows the stable's live total (the scaling loop's); a size the input
+        fixed stays, and an unreadable or empty stable keeps the last total."""
+        if self.input.replicas is None and live:
+            self.target_replicas = live
+
     def share(self, weight: int) -> int:
         """Replicas the canary needs to carry ``weight`` % of the promoted size."""
         return canary_replicas(self.target_replicas, weight)

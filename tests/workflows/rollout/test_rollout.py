@@ -775,6 +775,40 @@ async def test_promote_full_skips_remaining_steps(client):
     assert fleet.names().index(SCALE_VERSION) < len(fleet.names()) - 1
 
 
+async def test_the_canary_and_the_promoted_version_follow_the_live_total(client):
+    """Issue 32: the rollout sized itself once, from the stable's replicas at start. Demand doubles
+    during the 5 % step (the scaling loop grows the stable 4 -> 8): the 50 % step gives the canary
+    its share of 8, promotion sizes the new version to 8 and waits until 8 are Ready before the route
+    moves to 100 % (the old version retires only once the new one carries the load)."""
+
+    async def loop_doubles_the_stable(fleet: Fleet, name: str, arg: Any) -> None:
+        if name == QUERY_GATES and fleet.route.get(NEW) == 5:
+            fleet.replicas[STABLE] = 8
+
+    fleet = Fleet(client, hook=loop_doubles_the_stable, stable_replicas=4)
+    result = await run_rollout(fleet, rollout_input())
+    assert result.outcome is Outcome.PROMOTED
+    assert fleet.scales() == [(NEW, 4), (NEW, 8), (STABLE, 0)]  # 50 % of 8, then all of 8
+    names = fleet.names()
+    promoted = len(names) - 1 - names[::-1].index(SET_ROUTE_WEIGHTS)
+    waited = [arg.replicas for name, arg in fleet.calls[:promoted] if name == WAIT_READY]
+    assert waited[-1] == 8 and fleet.routes()[-1] == {STABLE: 0, NEW: 100}
+
+
+async def test_promotion_waits_for_the_whole_load_even_at_the_canarys_size(client):
+    """One replica: the canary has the promoted size from its start, so nothing is scaled at
+    promotion; the promotion still waits, after the last gate, until the new version's Ready
+    replicas carry the live total before the route moves to 100 %."""
+    fleet = Fleet(client, stable_replicas=1)
+    result = await run_rollout(fleet, rollout_input())
+    assert result.outcome is Outcome.PROMOTED
+    assert fleet.scales() == [(STABLE, 0)]
+    names = fleet.names()
+    promoted = len(names) - 1 - names[::-1].index(SET_ROUTE_WEIGHTS)
+    last_gate = len(names) - 1 - names[::-1].index(QUERY_GATES)
+    assert [(n, a.replicas) for n, a in fleet.calls[last_gate:promoted] if n == WAIT_READY] == [(WAIT_READY, 1)]
+
+
 async def test_promote_refused_when_nothing_to_promote(client):
     refusals: list[str] = []
 

@@ -16,8 +16,9 @@ from workflows.core.failures import cause
 from workflows.core.versions import Canary
 from workflows.core.waiting import wait_until
 from workflows.rollout import registry_records
-from workflows.rollout.actions import GATES, RollBack, act, checkpoint, record_verdict, route, scale, show
+from workflows.rollout.actions import GATES, RollBack, act, checkpoint, read_live_total, record_verdict, route, scale, show
 from workflows.rollout.contract import GateQueriesInput, RolloutActivities, WaitReadyInput
+from workflows.rollout.patches import LIVE_TOTAL_PATCH
 from workflows.rollout.gates import Decision, StepAnalysis, Verdict, evaluate, required_passes
 from workflows.rollout.run_state import RunState
 from workflows.rollout.types import VerdictRecord
@@ -26,9 +27,12 @@ VERDICT_HISTORY = 50  # kept in memory for the status query, not in history
 
 
 async def shift(state: RunState, weight: int) -> None:
-    """Scale the canary to carry ``weight`` %, wait until Ready, then move the route."""
+    """Scale the canary to carry ``weight`` % of the stable's live total, wait until Ready, then
+    move the route."""
     inp, stable = state.input, state.stable
     assert stable is not None
+    if workflow.patched(LIVE_TOTAL_PATCH):
+        await read_live_total(state, f"for {weight} %")
     replicas = state.share(weight)
     if replicas != state.canary_replicas:
         await scale(state, inp.version, replicas, f"scale {inp.version} to {replicas} replica(s) for {weight} %")

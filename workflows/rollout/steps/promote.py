@@ -11,8 +11,9 @@ from temporalio.exceptions import ActivityError
 from workflows.core.failures import cause
 from workflows.core.versions import Stable
 from workflows.rollout import registry_records
-from workflows.rollout.actions import BACK, RollBack, act, checkpoint, route, scale, set_stage
+from workflows.rollout.actions import BACK, RollBack, act, checkpoint, read_live_total, route, scale, set_stage
 from workflows.rollout.contract import MoveAdapterRulesInput, RolloutActivities, WaitReadyInput
+from workflows.rollout.patches import LIVE_TOTAL_PATCH
 from workflows.rollout.run_state import RunState
 from workflows.rollout.types import Stage
 
@@ -30,8 +31,12 @@ async def over_stable(state: RunState) -> str:
     inp, stable = state.input, state.stable
     assert stable is not None
     set_stage(state, Stage.PROMOTING)
-    if state.target_replicas != state.canary_replicas:
-        await scale(state, inp.version, state.target_replicas, f"scale {inp.version} to stable size {state.target_replicas}")
+    live = workflow.patched(LIVE_TOTAL_PATCH)
+    if live:
+        await read_live_total(state, "before promotion")
+    if state.target_replicas != state.canary_replicas or live:  # the new version's Ready replicas carry the total
+        if state.target_replicas != state.canary_replicas:
+            await scale(state, inp.version, state.target_replicas, f"scale {inp.version} to stable size {state.target_replicas}")
         try:
             await act(
                 state,
