@@ -10,6 +10,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.clients.aws import AwsClient
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, read_or_none
+from activities.core.deployments import version_replicas
 from activities.spot.fallback_deployments import as_dict, mix_manifest, write_fallback
 from workflows.core import naming
 from workflows.spot import contract
@@ -36,7 +37,9 @@ class SpotMixActivities(contract.SpotMixActivities):
     @activity.defn(name="apply_spot_mix")
     def apply_spot_mix(self, req: ApplySpotMixInput) -> AppliedSpotMix:
         """Idempotent: every write sets a count. The versioned Deployment keeps the pod template and
-        records the total (its own replicas go to 0: every replica is in a pool's Deployment or on-demand)."""
+        records the total; its own replicas go down (to 0 at the end: every replica is in a pool's
+        Deployment or on-demand) only by what the pools and the on-demand base already hold Ready, so
+        a version placed into a mix (one just promoted) never serves from nothing while they start."""
         ref, apps = req.deployment, self._kube.apps
         name = ref.versioned(req.version)
         original = as_dict(self._kube, read_or_none(apps.read_namespaced_deployment, name, ref.namespace))
@@ -64,11 +67,17 @@ class SpotMixActivities(contract.SpotMixActivities):
 
         fallback = write_fallback(self._kube, key, base, req.capacity_type)
         written[fallback.name] = fallback.replicas
-        patch = {"metadata": {"annotations": {MIX_TARGET_ANNOTATION: str(req.total)}}, "spec": {"replicas": 0}}
+        current = read_or_none(apps.read_namespaced_deployment, name, ref.namespace)
+        if current is None:
+            raise ApplicationError(f"Deployment {ref.namespace}/{name} not found", non_retryable=True)
+        own_now = current.spec.replicas or 0
+        elsewhere = version_replicas(self._kube, current).ready - ((current.status.ready_replicas if current.status else None) or 0)
+        own = max(0, min(own_now, req.total - elsewhere))
+        patch = {"metadata": {"annotations": {MIX_TARGET_ANNOTATION: str(req.total)}}, "spec": {"replicas": own}}
         try:
             apps.patch_namespaced_deployment(name, ref.namespace, patch, _request_timeout=API_TIMEOUT)
         except ApiException as exc:
             fail(exc, f"Deployment {ref.namespace}/{name}")
-        written[name] = 0
+        written[name] = own
         activity.logger.info("spot mix of %s/%s: total %d, %s", ref.namespace, name, req.total, written)
-        return AppliedSpotMix(deployments=written)
+        return AppliedSpotMix(deployments=written, own=own)

@@ -84,6 +84,9 @@ QUEUE_LIMIT_PATCH = "queue-limit"
 QUEUE_LIMIT_OFF_PATCH = "queue-limit-off"
 # Runs from before the spot mix scaled the versioned Deployment whatever the policy said.
 SPOT_MIX_PATCH = "spot-mix"
+# Runs from before a version placed into a mix kept its own replicas until the pools carried the
+# total never applied an unchanged split again (its own replicas went to 0 at once).
+SPOT_MIX_HANDOVER_PATCH = "spot-mix-handover"
 # Runs from before the spot mix's warm pool need was claimed on its on-demand pool's NodePoolScaling.
 SPOT_WARM_FLOOR_PATCH = "spot-mix-warm-floor"
 # Runs from before that claim carried a TTL sent it once per change and never renewed it.
@@ -284,16 +287,20 @@ class ReactiveScaling:
         await self._claim_warm_floor(mix.on_demand_pool, split.warm_pool, record)
         applied = self._spot_mix_applied
         same = applied is not None and (applied.version, applied.spot, applied.on_demand) == (split.version, split.spot, split.on_demand)
-        if same and total == record.current:
+        handing_over = applied is not None and applied.own > 0  # the version's own replicas still carry part of it
+        if same and total == record.current and not (handing_over and workflow.patched(SPOT_MIX_HANDOVER_PATCH)):
             return
         try:
-            await workflow.execute_activity_method(
+            result = await workflow.execute_activity_method(
                 SpotMixActivities.apply_spot_mix,
                 ApplySpotMixInput(deployment=DeploymentRef(namespace=namespace, name=name), version=version, total=total,
                                   spot=split.spot, on_demand=split.on_demand),
                 start_to_close_timeout=timedelta(seconds=30), retry_policy=SHORT_RETRY,
                 summary=f"spot mix of {name}: {total} = spot {sum(split.spot.values())} + on-demand {split.on_demand}",
             )
+            if result is not None and result.own and workflow.patched(SPOT_MIX_HANDOVER_PATCH):
+                split.own = result.own
+                record.reason += f"; {result.own} replica(s) stay on {version}'s own Deployment until the pools hold them Ready"
             self._spot_mix_applied = split
             record.applied = True
         except ActivityError as err:

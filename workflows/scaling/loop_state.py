@@ -33,6 +33,7 @@ class SpotMixRecord(BaseModel):
     cost_per_hour: float
     unavailable: list[str] = Field(default_factory=list, description="pools read unavailable now")
     warm_pool: int = Field(0, description="stopped on-demand instances that cover the plan's worst loss in time (warm_pool_needed)")
+    own: int = Field(0, description="replicas still on the versioned Deployment until the pools carry the total (applied again until 0)")
 
 
 class DecisionRecord(BaseModel):

@@ -209,6 +209,9 @@ class ApplySpotMixInput(BaseModel):
 
 class AppliedSpotMix(BaseModel):
     deployments: dict[str, int] = Field(default_factory=dict, description="Deployment name -> replicas written")
+    own: int = Field(
+        0, description="replicas left on the versioned Deployment: it goes down only by what the pools and the base hold Ready"
+    )
 
 
 class SpotActivities:

@@ -72,8 +72,9 @@ def test_a_split_is_written_per_pool_converges_and_keeps_its_base_through_a_retu
     assert a.spec.template.spec.node_selector == {NODE_CAPACITY_TYPE: "spot", "karpenter.sh/nodepool": "mix-spot-a"}
     assert mix_name(name, "mix-spot-b") not in [d.metadata.name for d in kube.apps.list_namespaced_deployment(REF.namespace).items]
     versioned = kube.apps.read_namespaced_deployment(name, REF.namespace)
-    assert versioned.spec.replicas == 0 and versioned.metadata.annotations[MIX_TARGET_ANNOTATION] == "5"
-    assert written.deployments == {mix_name(name, "mix-spot-a"): 4, mix_name(name, "mix-spot-b"): 0, fallback_name(name): 1, name: 0}
+    # no node runs anything here: the version keeps its own 3 until the pools hold replicas Ready
+    assert versioned.spec.replicas == 3 and versioned.metadata.annotations[MIX_TARGET_ANNOTATION] == "5"
+    assert written.deployments == {mix_name(name, "mix-spot-a"): 4, mix_name(name, "mix-spot-b"): 0, fallback_name(name): 1, name: 3}
 
     # a reclaim claims on top of the base; spot must hold the total less the base
     key = DeploymentRef(namespace=REF.namespace, name=name)
@@ -130,7 +131,7 @@ def test_a_spot_mix_deployment_reads_as_its_total_everywhere_and_retires_by_ever
     mix.apply_spot_mix(ApplySpotMixInput(deployment=ref, version="1.0.0", total=6, spot={"pool-a": 4, "pool-b": 0}, on_demand=2))
 
     held = read_version_replicas(kube, ref, "1.0.0")
-    assert (held.total, held.own, held.pools, held.on_demand_base) == (6, 0, {"pool-a": 4}, 2)  # pool-b never created
+    assert (held.total, held.own, held.pools, held.on_demand_base) == (6, 3, {"pool-a": 4}, 2)  # no node: own holds; pool-b never created
     stable = rollout.describe_deployment(ref).stable
     assert (stable.version, stable.replicas) == ("1.0.0", 6)  # the rollout sizes from the real total, not 0
     assert canary_replicas(stable.replicas, 50) == 3
@@ -148,3 +149,32 @@ def test_a_spot_mix_deployment_reads_as_its_total_everywhere_and_retires_by_ever
     assert kube.apps.read_namespaced_deployment(fallback_name(name), ref.namespace).spec.replicas == 0
     assert MIX_TARGET_ANNOTATION not in (kube.apps.read_namespaced_deployment(name, ref.namespace).metadata.annotations or {})
     assert {v.version: v.replicas for v in rollout.describe_deployment(ref).versions} == {"1.0.0": 0, "2.0.0": 6}
+
+
+def test_a_version_placed_into_a_mix_keeps_its_own_replicas_until_the_pools_carry_the_total(kube_api, moto_url):
+    """Make before break: the versioned Deployment went to 0 the moment the split was written,
+    before any pool's pod was Ready, so a version promoted onto a spot-mix deployment served 100 %
+    of the traffic from nothing while its spot pods started. Its own replicas now go down only by
+    what the pools and the on-demand base hold Ready."""
+    from infra.sandbox.config import NodePool
+    from infra.sandbox.nodes import Instance, node_manifest
+    from tests.kube_fixtures import kube_wait
+
+    kube = KubeClient(kube_api)
+    aws = AwsClient("us-east-1", moto_url, access_key_id="testing", secret_access_key="testing")
+    mix = SpotMixActivities(kube, aws)
+    for i, (pool, capacity) in enumerate((("mix-od", "on-demand"), ("mix-pool-a", "spot"))):
+        nodes = NodePool(name=pool, count=1, capacity_type=capacity, gpus=16)
+        kube.core.create_node(node_manifest(Instance(f"i-0{i}", pool, "us-east-1a", "p5.48xlarge", f"ip-10-0-0-{i}", f"10.0.0.{i}", "running"), nodes))
+    name = _batch_version(kube)
+
+    def ready(deployment: str) -> int:
+        return kube.apps.read_namespaced_deployment(deployment, REF.namespace).status.ready_replicas or 0
+
+    kube_wait(lambda: ready(name) == 3, "the version's 3 replicas Ready")
+    split = ApplySpotMixInput(deployment=REF, version="1.0.0", total=3, spot={"mix-pool-a": 2}, on_demand=1)
+    first = mix.apply_spot_mix(split)
+    assert first.deployments[name] == 3 and first.own == 3  # nothing of the mix is Ready yet: own stays
+    kube_wait(lambda: ready(mix_name(name, "mix-pool-a")) == 2 and ready(fallback_name(name)) == 1, "the mix Ready")
+    second = mix.apply_spot_mix(split)
+    assert second.own == 0 and kube.apps.read_namespaced_deployment(name, REF.namespace).spec.replicas == 0

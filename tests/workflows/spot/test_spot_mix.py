@@ -51,6 +51,7 @@ class FakeSpotPools(FakeDeployment):
                       "spot-c": DomainNow(pool="spot-c", available=True, capacity=6)}
         self.applied: list[ApplySpotMixInput] = []
         self.version = "1.0.0"
+        self.own_left: list[int] = []  # what each write leaves on the versioned Deployment (its pools not Ready yet)
 
     def activities(self):
         @activity.defn(name=acts.GET_SCALE)
@@ -65,7 +66,7 @@ class FakeSpotPools(FakeDeployment):
         async def apply_spot_mix(req: ApplySpotMixInput) -> AppliedSpotMix:
             self.applied.append(req)
             self.replicas = req.total
-            return AppliedSpotMix(deployments=req.spot)
+            return AppliedSpotMix(deployments=req.spot, own=self.own_left.pop(0) if self.own_left else 0)
 
         stubs = [a for a in super().activities() if a.__name__ != "get_scale"]
         return [*stubs, get_scale, read_spot_domains, apply_spot_mix]
@@ -125,6 +126,24 @@ async def test_the_loop_places_its_total_as_plan_mix_says_and_leaves_a_lost_pool
         fake.version = "1.1.0"  # a rollout promoted a new version: the same split is written for it
         await env.sleep(30)
         assert (fake.applied[-1].version, fake.applied[-1].spot) == ("1.1.0", moved.spot)
+        await handle.terminate()
+
+
+async def test_a_split_is_written_again_until_the_versions_own_replicas_are_handed_over(time_skipping_env):
+    """Issue 32: a version placed into a mix (one just promoted) keeps its own replicas until its
+    pools hold them Ready; the loop writes the unchanged split again each decision until the
+    versioned Deployment is down to 0, then no more."""
+    env = time_skipping_env
+    fake = FakeSpotPools()
+    fake.own_left = [8, 3]  # nothing Ready in the pools at first, then 5 of 8, then all
+    policy = ScalingPolicy(priority_class="batch", min_replicas=8, max_replicas=8, spot_mix=MIX)
+    worker, queue, inp = await start_loop(env, fake, policy=policy, interval_seconds=30)
+    async with worker:
+        handle = await env.client.start_workflow(ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue)
+        await env.sleep(155)  # six decisions
+        assert len(fake.applied) == 3 and len({(a.version, tuple(a.spot.items()), a.on_demand) for a in fake.applied}) == 1
+        s = await status(handle)
+        assert "8 replica(s) stay on 1.0.0's own Deployment" in s.decisions[0].reason
         await handle.terminate()
 
 
