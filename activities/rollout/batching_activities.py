@@ -19,6 +19,7 @@ from activities.clients.kube import API_TIMEOUT, KubeClient, edit_container_args
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.vllm import VllmClient, service_url
 from activities.core.deployments import CONTAINER
+from workflows.core import engine_metrics
 from workflows.core.batching_settings import BatchingSetting, SweepPoint, with_engine_args
 from workflows.core.naming import DeploymentRef
 from workflows.rollout import contract
@@ -73,8 +74,8 @@ class BatchingActivities(contract.BatchingActivities):
             points.append(SweepPoint(
                 setting=setting,
                 tokens_per_second=round(run.tokens / run.seconds, 3) if run.seconds > 0 else 0.0,
-                ttft_p99_seconds=self._p99("vllm:time_to_first_token_seconds", req.deployment, pods, window),
-                tpot_p99_seconds=self._p99("vllm:time_per_output_token_seconds", req.deployment, pods, window),
+                ttft_p99_seconds=self._p99(engine_metrics.TIME_TO_FIRST_TOKEN.name, req.deployment, pods, window),
+                tpot_p99_seconds=self._p99(engine_metrics.REQUEST_TIME_PER_OUTPUT_TOKEN.name, req.deployment, pods, window),
                 requests=req.requests,
                 errors=len(run.errors),
             ))

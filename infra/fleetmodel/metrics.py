@@ -18,15 +18,16 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
-# name -> (buckets, HELP text); the latency families vLLM exports per request.
+# name -> (buckets, HELP text); the latency families vLLM 0.32 exports (names, buckets and HELP as
+# vllm/v1/metrics/loggers.py and buckets.py declare them).
 HISTOGRAMS = {
-    "vllm:time_to_first_token_seconds": (TTFT_BUCKETS, "Time to first token in seconds."),
-    "vllm:time_per_output_token_seconds": (ITL_BUCKETS, "Time per output token in seconds."),
-    "vllm:inter_token_latency_seconds": (ITL_BUCKETS, "Inter-token latency in seconds."),
-    "vllm:e2e_request_latency_seconds": (REQUEST_BUCKETS, "End-to-end request latency in seconds."),
-    "vllm:request_queue_time_seconds": (REQUEST_BUCKETS, "Time spent waiting in the queue in seconds."),
-    "vllm:request_prefill_time_seconds": (REQUEST_BUCKETS, "Time spent in prefill in seconds."),
-    "vllm:request_decode_time_seconds": (REQUEST_BUCKETS, "Time spent in decode in seconds."),
+    "vllm:time_to_first_token_seconds": (TTFT_BUCKETS, "Histogram of time to first token in seconds."),
+    "vllm:inter_token_latency_seconds": (ITL_BUCKETS, "Histogram of inter-token latency in seconds."),
+    "vllm:request_time_per_output_token_seconds": (ITL_BUCKETS, "Histogram of time_per_output_token_seconds per request."),
+    "vllm:e2e_request_latency_seconds": (REQUEST_BUCKETS, "Histogram of e2e request latency in seconds."),
+    "vllm:request_queue_time_seconds": (REQUEST_BUCKETS, "Histogram of time spent in WAITING phase for request."),
+    "vllm:request_prefill_time_seconds": (REQUEST_BUCKETS, "Histogram of time spent in PREFILL phase for request."),
+    "vllm:request_decode_time_seconds": (REQUEST_BUCKETS, "Histogram of time spent in DECODE phase for request."),
 }
 
 

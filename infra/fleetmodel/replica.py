@@ -205,7 +205,7 @@ class Replica:
         h["vllm:request_queue_time_seconds"].observe(r.admitted_s - r.arrival_s)
         h["vllm:request_prefill_time_seconds"].observe(r.first_token_s - r.admitted_s)
         h["vllm:request_decode_time_seconds"].observe(decode)
-        h["vllm:time_per_output_token_seconds"].observe(decode / max(1, r.output_tokens - 1))
+        h["vllm:request_time_per_output_token_seconds"].observe(decode / max(1, r.output_tokens - 1))
         self.finished.append(r)
 
     # -- many decode steps at once

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from workflows.core.bounds import Seconds, gate_window
+from workflows.core.engine_metrics import REQUEST_TIME_PER_OUTPUT_TOKEN, TIME_TO_FIRST_TOKEN
 from workflows.core.naming import DeploymentName, DeploymentRef
 from workflows.core.versions import ModelName, SemVer
 from workflows.rollout.gates import AnalysisLimits, Gates
@@ -29,8 +30,8 @@ ADAPTER_QUERIES = GateQueries(
     ),
     p99_latency=_p99("inference_objective_request_duration_seconds", _TARGET),
     stable_p99_latency=_p99("inference_objective_request_duration_seconds", _STABLE),
-    ttft_p99=_p99("vllm:time_to_first_token_seconds", _BASE),
-    tpot_p99=_p99("vllm:time_per_output_token_seconds", _BASE),
+    ttft_p99=_p99(TIME_TO_FIRST_TOKEN.name, _BASE),
+    tpot_p99=_p99(REQUEST_TIME_PER_OUTPUT_TOKEN.name, _BASE),
 )
 
 ADAPTER_STEPS = [CanaryStep(weight=10, window_seconds=600), CanaryStep(weight=50, window_seconds=600), CanaryStep(weight=100, window_seconds=600)]

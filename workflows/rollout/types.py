@@ -38,6 +38,7 @@ from workflows.core.bounds import (
     SecondsOrZero,
     gate_window,
 )
+from workflows.core.engine_metrics import E2E_REQUEST_LATENCY, HTTP_REQUESTS, REQUEST_TIME_PER_OUTPUT_TOKEN, TIME_TO_FIRST_TOKEN
 from workflows.core.naming import DeploymentName, DeploymentRef, VersionLabel
 from workflows.rollout.contract import Benchmark, EnvFromSecret, StagedWeights, plain_credentials
 from workflows.rollout.batching import BatchingSweep, SweepChoice
@@ -71,20 +72,22 @@ def _p99(metric: str, version_var: str = "version") -> str:
 class GateQueries(_Strict):
     """PromQL templates (string.Template) for each gate, like an Argo Rollouts AnalysisTemplate.
 
-    Defaults read vLLM's histograms and the HTTP server's ``http_requests_total{status}``; a user with
+    Defaults read vLLM's histograms and the HTTP server's ``http_requests_total{status}`` (the families of
+    the metric contract, workflows/core/engine_metrics.py); a user with
     another gateway edits a query here, not the code. Variables: ${namespace} ${deployment} ${model}
     ${version} (the canary) ${stable_version} ${window} (a Prometheus duration, e.g. ``60s``).
     """
 
-    request_count: str = f"sum(increase(http_requests_total{{{_selector('version')}}}[${{window}}]))"
+    request_count: str = f"sum(increase({HTTP_REQUESTS.name}{{{_selector('version')}}}[${{window}}]))"
     error_rate: str = (
         f"(sum(rate(http_requests_total{{{_selector('version', _5XX)}}}[${{window}}])) or vector(0))"
         f" / sum(rate(http_requests_total{{{_selector('version')}}}[${{window}}]))"
     )
-    p99_latency: str = _p99("vllm:e2e_request_latency_seconds")
-    stable_p99_latency: str = _p99("vllm:e2e_request_latency_seconds", "stable_version")
-    ttft_p99: str = _p99("vllm:time_to_first_token_seconds")
-    tpot_p99: str = _p99("vllm:time_per_output_token_seconds")
+    p99_latency: str = _p99(E2E_REQUEST_LATENCY.name)
+    stable_p99_latency: str = _p99(E2E_REQUEST_LATENCY.name, "stable_version")
+    ttft_p99: str = _p99(TIME_TO_FIRST_TOKEN.name)
+    # vLLM's per-request TPOT, not inter-token latency (why: workflows/core/engine_metrics.py)
+    tpot_p99: str = _p99(REQUEST_TIME_PER_OUTPUT_TOKEN.name)
 
     @field_validator("*")
     @classmethod

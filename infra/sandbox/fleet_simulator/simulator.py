@@ -53,7 +53,7 @@ class PodInfo:
     node: str
 
     def labels(self) -> dict[str, str]:
-        return {"namespace": self.namespace, "pod": self.name, "deployment": self.deployment, "version": self.version, "model_name": self.model, "node": self.node}
+        return {"namespace": self.namespace, "pod": self.name, "deployment": self.deployment, "version": self.version, "model_name": self.model, "engine": "0", "node": self.node}
 
 
 class FleetSimulator:
@@ -224,17 +224,20 @@ class FleetSimulator:
             out = Exposition()
             for info, replica in self.replicas.values():
                 labels = info.labels()
-                out.sample("vllm:num_requests_waiting", "gauge", "Requests waiting to be processed.", labels, replica.waiting)
-                out.sample("vllm:num_requests_running", "gauge", "Requests in the running batch.", labels, replica.running)
-                out.sample("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 1 means 100 percent.", labels, round(replica.kv_cache_usage, 4))
-                out.sample("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions from the engine.", labels, replica.preemptions)
+                out.sample("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", labels, replica.waiting)
+                out.sample("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", labels, replica.running)
+                out.sample("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", labels, round(replica.kv_cache_usage, 4))
+                out.sample("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", labels, replica.preemptions)
                 for name, (_, help_text) in HISTOGRAMS.items():
                     out.histogram(name, help_text, labels, replica.histograms[name])
-                out.sample("vllm:prompt_tokens_total", "counter", "Prefill tokens processed.", labels, replica.prompt_tokens)
-                out.sample("vllm:generation_tokens_total", "counter", "Generation tokens processed.", labels, replica.generation_tokens)
-                out.sample("vllm:request_success_total", "counter", "Successfully finished requests.", {**labels, "finished_reason": "length"}, replica.success)
-                for status, count in (("200", replica.success), ("500", replica.errors)):
-                    out.sample("http_requests_total", "counter", "HTTP requests by status.", {**labels, "status": status, "handler": "/v1/completions"}, count)
+                out.sample("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", labels, replica.prompt_tokens)
+                out.sample("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", labels, replica.generation_tokens)
+                out.sample("vllm:request_success_total", "counter", "Count of successfully processed requests.", {**labels, "finished_reason": "length"}, replica.success)
+                # vLLM's HTTP server (prometheus-fastapi-instrumentator): status grouped as 2xx / 5xx, no engine labels
+                http_labels = {k: v for k, v in labels.items() if k not in ("model_name", "engine")}
+                for status, count in (("2xx", replica.success), ("5xx", replica.errors)):
+                    out.sample("http_requests_total", "counter", "Total number of requests by method, status and handler.",
+                               {**http_labels, "method": "POST", "status": status, "handler": "/v1/completions"}, count)
             for (namespace, route), count in self.queue_full.items():
                 out.sample("envoy_cluster_upstream_rq_pending_overflow", "counter", "Requests the gateway refused: queue full.",
                            {"namespace": namespace, "deployment": route}, count)

@@ -55,6 +55,7 @@ from tests.e2e.rollout.test_rollout import (
 from tests.e2e.worker_process import WorkerProcess
 from tests.sandbox_fixtures import TEST_TIME_SCALE, create_logical_deployment, wait_until
 from workers.telemetry import metrics_runtime
+from workflows.core.engine_metrics import metric_names
 from workflows.core import telemetry
 from workflows.core.naming import NODE_CAPACITY_TYPE, rollout_workflow_id, scaling_workflow_id
 
@@ -62,12 +63,12 @@ NS, DEP = "alerts-test", "chat"  # a namespace no other test records in the shar
 
 # DESIGN.md "Metric names" (vLLM, HTTP server, DCGM) + kube-state-metrics' node labels (cost).
 HISTOGRAMS = {
-    "vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds", "vllm:inter_token_latency_seconds",
+    "vllm:time_to_first_token_seconds", "vllm:request_time_per_output_token_seconds", "vllm:inter_token_latency_seconds",
     "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
     "vllm:request_decode_time_seconds",
 }
 DESIGN_METRICS = {
-    "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
+    "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
     "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total", "http_requests_total",
     "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
 } | {f"{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
@@ -93,25 +94,6 @@ def recording_rules() -> set[str]:
 
 
 KNOWN = DESIGN_METRICS | EXTERNAL | GATEWAY_METRICS | telemetry_metrics() | recording_rules()
-
-_KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan", "by", "without", "on", "ignoring", "group_left", "group_right"}
-
-
-def metric_names(promql: str) -> set[str]:
-    """The metric names a PromQL expression selects (strings, matchers, ranges and label lists removed)."""
-    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', promql)
-    text = re.sub(r"\{[^}]*\}", " ", text)
-    text = re.sub(r"\[[^\]]*\]", " ", text)
-    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
-    names = re.findall(r"(?<![\w:.])([a-zA-Z_:][\w:]*)(?![\w:])(?!\s*\()", text)
-    return {n for n in names if n.lower() not in _KEYWORDS}
-
-
-def test_metric_names_extraction():
-    expr = ('sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{version=~"$v"}[1m])) / on (pod) group_left () '
-            'max(up offset 5m) * 1e6 and bool DCGM_FI_DEV_GPU_UTIL')
-    assert metric_names(expr) == {"vllm:e2e_request_latency_seconds_bucket", "up", "DCGM_FI_DEV_GPU_UTIL"}
-
 
 # --- rules ---------------------------------------------------------------------------------------
 def test_promtool_check_rules_passes():
@@ -168,7 +150,7 @@ class Fleet:
             fams["http"].add_metric([*values, "200"], n)
             fams["http"].add_metric([*values, "500"], n * 0.01)
             observed = {
-                "vllm:time_to_first_token_seconds": ttft, "vllm:time_per_output_token_seconds": tpot,
+                "vllm:time_to_first_token_seconds": ttft, "vllm:request_time_per_output_token_seconds": tpot,
                 "vllm:request_queue_time_seconds": queue, "vllm:request_prefill_time_seconds": prefill,
                 "vllm:request_decode_time_seconds": decode, "vllm:e2e_request_latency_seconds": queue + prefill + decode,
             }

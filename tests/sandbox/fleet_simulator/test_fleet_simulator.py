@@ -149,11 +149,12 @@ def test_fleet_exposes_vllm_and_dcgm_series_per_pod():
     fleet.update(cluster, 0.5)
     fleet.update(cluster, 0.5)  # 10 sandbox seconds at 2 rps
     text = fleet.metrics()
-    labels = 'namespace="llm-serving",pod="v1-a",deployment="chat",version="1",model_name="llama",node="node-a"'
+    labels = 'namespace="llm-serving",pod="v1-a",deployment="chat",version="1",model_name="llama",engine="0",node="node-a"'
     served = int(re.search(rf'vllm:request_success_total{{{re.escape(labels)},finished_reason="length"}} (\d+)\.0', text).group(1))
     assert 8 <= served <= 32  # Poisson at 2 rps for 10 s, minus the few still in the batch
     assert f'vllm:e2e_request_latency_seconds_count{{{labels}}} {float(served)!r}' in text
-    assert f'http_requests_total{{{labels},status="200",handler="/v1/completions"}} {float(served)!r}' in text
+    http = 'namespace="llm-serving",pod="v1-a",deployment="chat",version="1",node="node-a"'
+    assert f'http_requests_total{{{http},method="POST",status="2xx",handler="/v1/completions"}} {float(served)!r}' in text
     assert f'vllm:num_preemptions_total{{{labels}}} 0.0' in text
     assert "# TYPE vllm:e2e_request_latency_seconds histogram" in text
     assert 'DCGM_FI_DEV_FB_USED{gpu="0",' in text and 'Hostname="node-a",namespace="llm-serving",pod="v1-a"' in text
