@@ -38,7 +38,7 @@ from activities.clients.kube import (
     retry_on_conflict,
     selector,
 )
-from activities.clients.prometheus import PrometheusClient, render
+from activities.clients.prometheus import PrometheusClient, render, scalar
 from activities.clients.s3 import (
     NOT_FOUND,
     BucketNotAllowed,
@@ -489,7 +489,11 @@ class RolloutActivities(contract.RolloutActivities):
     def query_gates(self, req: GateQueriesInput) -> GateQueriesResult:
         """Render every template first (fail fast on bad input), then run each as an instant query."""
         rendered = {name: render(name, template, req.variables) for name, template in req.queries.items()}
-        return GateQueriesResult(values={name: self.prometheus.value(name, promql) for name, promql in rendered.items()})
+        results = {name: self.prometheus.instant(name, promql) for name, promql in rendered.items()}
+        return GateQueriesResult(
+            values={name: scalar(name, result) for name, result in results.items()},
+            no_series=[name for name, result in results.items() if not result],
+        )
 
 
 # ---- manifests (pure) ------------------------------------------------------------------------------

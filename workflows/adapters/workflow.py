@@ -49,6 +49,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.core.versions import Canary, Deprecated, Stable, Testing
     from workflows.rollout.contract import GateQueriesInput, RolloutActivities, StageWeightsInput
     from workflows.rollout.gates import Decision, StepAnalysis, evaluate, required_passes
+    from workflows.rollout.patches import METRIC_MISSING_PATCH
+    from workflows.core.engine_metrics import metric_names
     from workflows.rollout.types import Outcome, Stage, VerdictRecord
     from workflows.core.failures import cause
     from workflows.core.waiting import wait_until
@@ -181,11 +183,14 @@ class AdapterRollout:
             await self._load(f"load {served_name(inp.adapter, inp.version)} on replicas Ready since the last check")
             record = await self._measure(weight)
             decision = analysis.record(record.evaluation, inp.analysis)
+            if record.evaluation.metric_missing and decision is Decision.CONTINUE and workflow.patched(METRIC_MISSING_PATCH):
+                decision = Decision.PAUSE_METRIC_MISSING  # waiting cannot bring a metric nobody exports
             if decision is Decision.ROLLBACK:
                 raise _RollBack(f"gate failed at {weight} %: {record.evaluation.describe()}", record)
             if decision is not Decision.CONTINUE:
                 self._paused = True
-                self._pause_reason = f"{decision.value} at {weight} %: {record.evaluation.describe()}"
+                why = f"metric missing: {', '.join(record.evaluation.metric_missing)}" if decision is Decision.PAUSE_METRIC_MISSING else decision.value
+                self._pause_reason = f"{why} at {weight} %: {record.evaluation.describe()}"
                 await wait_until(lambda: not self._paused or self._abort is not None)
                 self._check_abort()
                 self._pause_reason = None
@@ -205,7 +210,9 @@ class AdapterRollout:
                 RolloutActivities.query_gates, GateQueriesInput(queries=inp.queries.by_gate(), variables=variables),
                 start_to_close_timeout=timedelta(seconds=30), retry_policy=_GATES, summary=f"gate queries at {weight} %",
             )
-            evaluation = evaluate(result.values, inp.gates)
+            queries = inp.queries.by_gate()
+            no_series = {gate: metric_names(queries[gate]) for gate in result.no_series if gate in queries}
+            evaluation = evaluate(result.values, inp.gates, no_series=no_series)
         except ActivityError as err:
             evaluation = evaluate(None, inp.gates, error=f"gate queries failed: {cause(err)}")
         self._verdict = VerdictRecord(at=workflow.now(), weight=weight, evaluation=evaluation)

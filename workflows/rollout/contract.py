@@ -206,6 +206,9 @@ class GateQueriesInput(BaseModel):
 
 class GateQueriesResult(BaseModel):
     values: dict[str, float | None] = Field(description="gate name -> scalar result (None: no data)")
+    no_series: list[str] = Field(
+        default_factory=list, description="gates whose query returned no series at all (a NaN sample is a series)"
+    )
 
 
 class MoveAdapterRulesInput(BaseModel):

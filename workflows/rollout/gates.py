@@ -5,13 +5,16 @@ the same rules. Semantics follow Argo Rollouts' AnalysisRun: a failed measuremen
 ``failure_limit`` (default 0: the first failure rolls back); too few samples is *inconclusive*
 and after ``inconclusive_limit`` of them the rollout pauses for a human; a measurement that could
 not be taken (Prometheus down, query error) is an *error* with its own consecutive budget, after
-which the rollout pauses too. Nothing here ever turns missing data into a pass.
+which the rollout pauses too. A gate whose query returns no series at all while the canary serves
+requests is *metric missing*: waiting cannot fix a metric nobody exports or a selector no scraped
+series carries, so the rollout pauses at once and the reason names the metric
+(``metric missing: <name>``). Nothing here ever turns missing data into a pass.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -83,6 +86,10 @@ class Evaluation(BaseModel):
     verdict: Verdict
     checks: list[GateCheck] = Field(default_factory=list)
     missing: list[str] = Field(default_factory=list, description="gates without data")
+    metric_missing: list[str] = Field(
+        default_factory=list,
+        description="metric names of the gate queries that returned no series at all while requests flowed",
+    )
     requests: float | None = None
     reason: str = ""
 
@@ -115,8 +122,15 @@ def _num(value: float) -> str:
     return f"{value:.4g}"
 
 
-def evaluate(values: Mapping[str, float | None] | None, gates: Gates, error: str | None = None) -> Evaluation:
-    """Judge one measurement. ``values`` is None (with ``error``) when the queries could not run."""
+def evaluate(
+    values: Mapping[str, float | None] | None,
+    gates: Gates,
+    error: str | None = None,
+    no_series: Mapping[str, Collection[str]] | None = None,
+) -> Evaluation:
+    """Judge one measurement. ``values`` is None (with ``error``) when the queries could not run;
+    ``no_series``: gate -> the metric names its query reads, for each gate whose query returned no
+    series at all (not even a NaN one)."""
     if values is None:
         return Evaluation(verdict=Verdict.ERROR, reason=error or "gate queries failed")
     bad = [name for name, v in values.items() if v is not None and not math.isfinite(v)]
@@ -162,6 +176,19 @@ def evaluate(values: Mapping[str, float | None] | None, gates: Gates, error: str
             reason=f"baseline out of its SLO: stable p99 {_num(stable)}s > {_num(gates.p99_latency_slo_seconds)}s,"
             " no comparison possible",
         )
+    absent = {gate: sorted(no_series[gate]) for gate in missing if no_series and gate in no_series}
+    if absent:
+        names = sorted({name for gate_names in absent.values() for name in gate_names} or set(absent))
+        gates_said = "; ".join(f"{gate}: {', '.join(n) or 'its query'}" for gate, n in absent.items())
+        return Evaluation(
+            verdict=Verdict.INCONCLUSIVE,
+            checks=checks,
+            missing=missing,
+            metric_missing=names,
+            requests=requests,
+            reason=f"metric missing: {', '.join(names)} (no series at all for {gates_said} while {_num(requests)} requests flowed;"
+            " is it exported and scraped with its namespace, deployment and version labels?)",
+        )
     if missing:
         return Evaluation(
             verdict=Verdict.INCONCLUSIVE,
@@ -178,6 +205,7 @@ class Decision(str, Enum):
     ROLLBACK = "rollback"
     PAUSE_INCONCLUSIVE = "pause_inconclusive"
     PAUSE_METRIC_ERRORS = "pause_metric_errors"
+    PAUSE_METRIC_MISSING = "pause_metric_missing"
 
 
 class StepAnalysis(BaseModel):

@@ -38,6 +38,11 @@ deprecates``                                             after a quality failure
                                                          the stable at start); new: tests/workflows/
                                                          rollout/ (re-read before each step and at
                                                          promotion, which waits for the total Ready)
+``metric-missing``           steps/canary.py             asked only when a gate query returned no
+                                                         series while requests flowed (results
+                                                         recorded before it carry no ``no_series``):
+                                                         no history; the new side is tests/workflows/
+                                                         rollout/ (pauses at once, "metric missing:")
 ===========================  ==========================  =========================================
 
 tests/workflows/test_replay.py checks that model-rollout-golden-failed holds the new side of
@@ -71,5 +76,10 @@ SHADOW_TALLY_PATCH = "shadow-tally"
 # replicas at start; newer ones re-read the stable's live total before each step and at promotion.
 LIVE_TOTAL_PATCH = "size-from-live-total"
 
+# Runs from before this patch counted a gate without any series as one more inconclusive observation
+# (pausing after inconclusive_limit of them, as "too few samples"); newer ones pause at once and say
+# which metric is missing.
+METRIC_MISSING_PATCH = "metric-missing"
+
 PATCHES = (RETIRE_PATCH, GOLDEN_PATCH, QUALITY_DEPRECATES_PATCH, METER_PATCH, BATCHING_PATCH, PRESTAGE_PATCH, ADAPTERS_PATCH, SHADOW_TALLY_PATCH,
-           LIVE_TOTAL_PATCH)
+           LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH)

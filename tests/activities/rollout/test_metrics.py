@@ -110,6 +110,16 @@ def test_no_data_is_none_and_inf_stays_a_failing_number(rollout):
     assert slow == {"p99": BUCKETS[-1], "ratio": sys.float_info.max, "neg": -sys.float_info.max}
 
 
+def test_a_query_without_any_series_is_told_from_one_without_samples(rollout):
+    """No series at all (a metric nobody exports: vLLM 0.32 has no vllm:time_per_output_token_seconds)
+    is reported in no_series; a series whose window holds no observations (NaN) is only no data."""
+    removed = GATES["p99"].replace("vllm:e2e_request_latency_seconds", "vllm:time_per_output_token_seconds")
+    idle = "histogram_quantile(0.99, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{version=\"1.0.0\"}[${window}]) * 0))"
+    result = _run(rollout, {"tpot_p99": removed, "idle": idle, "p99": GATES["p99"]}, _vars())
+    assert result.values["tpot_p99"] is None and result.values["idle"] is None and result.values["p99"] is not None
+    assert result.no_series == ["tpot_p99"]
+
+
 def test_missing_template_variable_is_non_retryable_and_named(rollout):
     variables = _vars()
     del variables["stable_version"]

@@ -53,6 +53,22 @@ def test_thresholds_are_configurable():
     assert evaluate({**GOOD, canary.P99_LATENCY: 1.1}, Gates(max_latency_degradation=0.05)).verdict is Verdict.FAIL
 
 
+def test_a_gate_without_any_series_while_requests_flow_is_metric_missing():
+    values = {**GOOD, canary.TPOT_P99: None}
+    missing = evaluate(values, Gates(), no_series={canary.TPOT_P99: {"vllm:time_per_output_token_seconds_bucket"}})
+    assert missing.verdict is Verdict.INCONCLUSIVE
+    assert missing.metric_missing == ["vllm:time_per_output_token_seconds_bucket"]
+    assert missing.describe().startswith("inconclusive: requests 500") and "metric missing: vllm:time_per_output_token_seconds_bucket" in missing.reason
+    # a series with no samples in the window (NaN) is no data, not a missing metric
+    assert evaluate(values, Gates()).metric_missing == [] and evaluate(values, Gates()).reason == "no data for tpot_p99"
+    # without requests nothing is judged: no traffic is not a missing metric
+    idle = evaluate({**values, canary.REQUEST_COUNT: 0.0}, Gates(), no_series={canary.TPOT_P99: {"x"}})
+    assert idle.metric_missing == [] and "requests < minimum" in idle.reason
+    # a failing gate still rolls back
+    failing = evaluate({**values, canary.ERROR_RATE: 0.5}, Gates(), no_series={canary.TPOT_P99: {"x"}})
+    assert failing.verdict is Verdict.FAIL
+
+
 def test_saturated_stable_makes_the_latency_comparison_inconclusive_not_a_pass():
     """Issue 16: stable at 9,106 s p99 made any canary "no worse than stable"."""
     saturated = {**GOOD, canary.STABLE_P99_LATENCY: 7588.0, canary.P99_LATENCY: 9000.0}

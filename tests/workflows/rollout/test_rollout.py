@@ -317,6 +317,8 @@ class Fleet:
         values = self.gates(weight, n)
         if isinstance(values, Exception):
             raise values
+        if isinstance(values, GateQueriesResult):
+            return values
         return GateQueriesResult(values=values)
 
 
@@ -614,6 +616,27 @@ async def test_inconclusive_waits_longer_then_pauses_never_promotes(client):
     assert result.outcome is Outcome.ABORTED and result.reason == "not enough traffic to judge"
     assert max(r[NEW] for r in fleet.routes()) == 5
     assert_rolled_back_route_first(fleet, 5)
+
+
+async def test_a_gate_metric_without_any_series_pauses_at_once_naming_it(client):
+    """Issue 30: on a vLLM that no longer exports the TPOT histogram a gate reads, every observation
+    was "inconclusive" until the limit; now the first one with requests flowing pauses and says which."""
+    no_tpot = GateQueriesResult(values={**GOOD, canary.TPOT_P99: None}, no_series=[canary.TPOT_P99])
+    fleet = Fleet(client, gates=lambda w, n: no_tpot if w == 1 else GOOD)
+
+    async def operator(handle: WorkflowHandle) -> None:
+        status = await wait_status(handle, lambda s: s.paused)
+        assert status.weight == 1 and fleet.gate_queries[1] == 1  # the first observation, not the tenth
+        assert status.pause_reason.startswith("metric missing: vllm:request_time_per_output_token_seconds_bucket at 1 %")
+        assert "tpot_p99" in status.pause_reason and "requests flowed" in status.pause_reason
+        assert status.last_verdict.evaluation.metric_missing == ["vllm:request_time_per_output_token_seconds_bucket"]
+        meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+        assert "paused: metric missing: vllm:request_time_per_output_token_seconds_bucket" in meta.current_details
+        await handle.signal(ModelRollout.abort, AbortInput(reason="fix the scrape"))
+
+    result = await run_rollout(fleet, rollout_input(), until=operator)
+    assert result.outcome is Outcome.ABORTED
+    assert max(r[NEW] for r in fleet.routes()) == 1
 
 
 async def test_metrics_unavailable_pauses_and_resume_continues(client):

@@ -12,13 +12,14 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
+from workflows.core.engine_metrics import metric_names
 from workflows.core.failures import cause
 from workflows.core.versions import Canary
 from workflows.core.waiting import wait_until
 from workflows.rollout import registry_records
 from workflows.rollout.actions import GATES, RollBack, act, checkpoint, read_live_total, record_verdict, route, scale, show
 from workflows.rollout.contract import GateQueriesInput, RolloutActivities, WaitReadyInput
-from workflows.rollout.patches import LIVE_TOTAL_PATCH
+from workflows.rollout.patches import LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH
 from workflows.rollout.gates import Decision, StepAnalysis, Verdict, evaluate, required_passes
 from workflows.rollout.run_state import RunState
 from workflows.rollout.types import VerdictRecord
@@ -75,15 +76,23 @@ async def observe(
         record = await _measure(state, weight)
         await each_window(state, weight)
         decision = state.analysis.record(record.evaluation, inp.analysis)
+        if record.evaluation.metric_missing and decision is Decision.CONTINUE and workflow.patched(METRIC_MISSING_PATCH):
+            decision = Decision.PAUSE_METRIC_MISSING  # waiting cannot bring a metric nobody exports
         show(state)  # every verdict, with its numbers and counts, in the UI's current details
         if record.evaluation.verdict is not Verdict.ERROR:  # errors are counted by the query activity
             record_verdict(state, record.evaluation.verdict.value, record.evaluation.deciding_gate)
         if decision is Decision.ROLLBACK:
             raise RollBack(f"gate failed at {weight} %: {record.evaluation.describe()}", record)
         if decision is not Decision.CONTINUE:
-            why = "too few samples" if decision is Decision.PAUSE_INCONCLUSIVE else "metrics unavailable"
             state.paused = True
-            state.pause_reason = f"{why} at {weight} % (never promoting blind): {record.evaluation.describe()}"
+            if decision is Decision.PAUSE_METRIC_MISSING:
+                state.pause_reason = (
+                    f"metric missing: {', '.join(record.evaluation.metric_missing)} at {weight} % (never promoting blind):"
+                    f" {record.evaluation.describe()}"
+                )
+            else:
+                why = "too few samples" if decision is Decision.PAUSE_INCONCLUSIVE else "metrics unavailable"
+                state.pause_reason = f"{why} at {weight} % (never promoting blind): {record.evaluation.describe()}"
             await checkpoint(state)
             state.analysis.resumed()
             continue
@@ -113,7 +122,9 @@ async def _measure(state: RunState, weight: int) -> VerdictRecord:
             retry=GATES,
             read_only=True,
         )
-        evaluation = evaluate(result.values, inp.gates)
+        queries = inp.queries.by_gate()
+        no_series = {gate: metric_names(queries[gate]) for gate in result.no_series if gate in queries}
+        evaluation = evaluate(result.values, inp.gates, no_series=no_series)
     except ActivityError as err:
         evaluation = evaluate(None, inp.gates, error=f"gate queries failed: {cause(err)}")
     record = VerdictRecord(at=workflow.now(), weight=weight, evaluation=evaluation)
