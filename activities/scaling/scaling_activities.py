@@ -117,6 +117,7 @@ class ScalingActivities(contract.ScalingActivities):
             unschedulable=sum(1 for p in live if unschedulable(p)),
             priority_class=((dep.metadata.labels if dep else None) or {}).get(naming.LABEL_CLASS),
             cold_start=self._cold_start(req.namespace, [p for p in live if is_ready(p)]),
+            canary=next((v.version for v in state.versions if v.route_weight > 0 and v.version != info.version), None),
         )
 
     def _cold_start(self, namespace: str, ready: list[client.V1Pod]) -> ColdStart | None:

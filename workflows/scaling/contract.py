@@ -109,6 +109,9 @@ class ScaleStatus(BaseModel):
         None, description="the class the Deployment declares (label tideplane.io/priority-class)"
     )
     cold_start: ColdStart | None = Field(None, description="the newest Ready replica's start, by its parts")
+    canary: str | None = Field(
+        None, description="another version the route sends traffic to (a rollout's canary in analysis): no scale-in meanwhile"
+    )
 
 
 # The forecast's history, one sample a minute over the last week and a half (weekly seasonality

@@ -200,7 +200,7 @@ class ScalingDecision(BaseModel):
     reason: str
     cause: str = Field(
         description="low-cardinality why, the decisions metric's reason label: a trigger (slo, completion_time, queue_depth, ttft,"
-        " kv_cache, gpu_util), starting, below_target, stabilising, cooldown, at_target, metric_fallback, floor, max_replicas or budget"
+        " kv_cache, gpu_util), starting, below_target, stabilising, analysis (scale-in frozen under a canary), cooldown, at_target, metric_fallback, floor, max_replicas or budget"
     )
     triggers: list[Trigger] = Field(default_factory=list)
     capped_by: str | None = Field(None, description="max_replicas | max_step_up | budget | monthly_budget, when a cap cut the step")
@@ -357,11 +357,13 @@ def decide(
     floor: int = 0,
     ready: int | None = None,
     floor_by: str = "schedule/pre-warm",
+    scale_in_frozen: str | None = None,
 ) -> ScalingDecision:
     """Desired replicas for a deployment at ``now_s`` (seconds on any monotonic clock).
 
     ``current`` is the replicas asked for (the Deployment's spec), ``ready`` those serving, whose
-    load the signals measure (default: all of ``current``); ``floor_by`` names who set ``floor``.
+    load the signals measure (default: all of ``current``); ``floor_by`` names who set ``floor``;
+    ``scale_in_frozen``: why the fleet must not shrink now (a canary in analysis), None: it may.
     """
     ready = current if ready is None else max(0, min(ready, current))
     util_high = (
@@ -399,7 +401,10 @@ def decide(
             below_since = now_s if below_since is None else below_since
             quiet_for = now_s - below_since
             since_change = math.inf if state.last_change_s is None else now_s - state.last_change_s
-            if quiet_for < policy.stabilisation_seconds:
+            if scale_in_frozen is not None:
+                desired, cause = current, "analysis"
+                reason = f"hold at {current}: scale-in frozen at {current}: {scale_in_frozen} (the load needs {needed})"
+            elif quiet_for < policy.stabilisation_seconds:
                 desired, cause = current, "stabilising"
                 reason = f"hold at {current}: below target for {quiet_for:.0f}s of {policy.stabilisation_seconds:.0f}s window"
             elif since_change < policy.cooldown_seconds:

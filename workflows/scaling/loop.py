@@ -84,6 +84,8 @@ QUEUE_LIMIT_PATCH = "queue-limit"
 QUEUE_LIMIT_OFF_PATCH = "queue-limit-off"
 # Runs from before the spot mix scaled the versioned Deployment whatever the policy said.
 SPOT_MIX_PATCH = "spot-mix"
+# Runs from before issue 32 stepped the stable down under a canary's analysis (its evidence taken on a moving fleet).
+ANALYSIS_FREEZE_PATCH = "scale-in-frozen-under-canary"
 # Runs from before a version placed into a mix kept its own replicas until the pools carried the
 # total never applied an unchanged split again (its own replicas went to 0 at once).
 SPOT_MIX_HANDOVER_PATCH = "spot-mix-handover"
@@ -165,8 +167,12 @@ class ReactiveScaling:
             policy = policy.model_copy(update={"ratio_step_up_percent": None})
         if policy.completion_slo is not None and not workflow.patched("batch-completion-slo"):
             policy = policy.model_copy(update={"completion_p95_slo_seconds": None})  # decided on TTFT before
+        frozen = None
+        if scale.canary is not None and workflow.patched(ANALYSIS_FREEZE_PATCH):
+            frozen = f"{scale.canary} is a canary in analysis"
         decision: ScalingDecision = decide(
-            now.timestamp(), scale.replicas, signals, policy, self._state, floor, ready=ready, floor_by=self._floor_by()
+            now.timestamp(), scale.replicas, signals, policy, self._state, floor, ready=ready, floor_by=self._floor_by(),
+            scale_in_frozen=frozen,
         )
         if policy.monthly_budget is not None and decision.desired > scale.replicas and workflow.patched(BUDGET_PATCH):
             decision = await self._within_budget(namespace, name, now, scale, decision)

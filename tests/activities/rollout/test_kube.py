@@ -485,11 +485,13 @@ def test_at_a_50_50_tie_the_scaling_loop_scales_the_recorded_stable_not_the_one_
     assert [v.version for v in _run(rollout.describe_deployment, ref).versions] == ["1.10.0", "1.9.0"]  # the name order
     assert _run(rollout.describe_deployment, ref).stable.version == "1.9.0"
     scaling = ScalingActivities(rollout.kube, rollout.prometheus)
-    assert _run(scaling.get_scale, ScaleTarget(namespace=NS, deployment="tied")).version == "1.9.0"
+    tied = _run(scaling.get_scale, ScaleTarget(namespace=NS, deployment="tied"))
+    assert (tied.version, tied.canary) == ("1.9.0", "1.10.0")  # the loop freezes scale-in meanwhile
 
     # promotion moves the record with the traffic
     _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.9.0": 0, "1.10.0": 100}, stable="1.10.0"))
-    assert _run(scaling.get_scale, ScaleTarget(namespace=NS, deployment="tied")).version == "1.10.0"
+    promoted = _run(scaling.get_scale, ScaleTarget(namespace=NS, deployment="tied"))
+    assert (promoted.version, promoted.canary) == ("1.10.0", None)
 
     # a tie on a route that records no stable version is refused, naming it, never settled by a sort
     route = _route(rollout, "tied")

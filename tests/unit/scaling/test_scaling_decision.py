@@ -296,3 +296,18 @@ def test_a_batch_class_scales_on_completion_time_not_ttft():
     assert slow.desired == 3 and drain_replicas(0, 3, 60, 4) == 1
     with pytest.raises(ValueError, match="completion_p95_slo_seconds is for the batch class only"):
         ScalingPolicy(completion_p95_slo_seconds=60)
+
+
+def test_scale_in_is_frozen_while_a_canary_is_in_analysis_and_scale_up_is_not():
+    """Issue 32: evidence is not taken on a moving fleet. While the route splits traffic with a
+    canary the loop holds instead of stepping down; it still scales up, and steps down once the
+    freeze lifts (the window it waited counts)."""
+    policy = POLICY.model_copy(update={"stabilisation_seconds": 300, "cooldown_seconds": 0})
+    frozen = "1.3.0 is a canary in analysis"
+    state, current = ScalerState(), 6
+    for t in range(0, 331, 30):
+        d = decide(t, current, QUIET, policy, state, scale_in_frozen=frozen)
+        current, state = d.desired, d.state
+    assert current == 6 and d.cause == "analysis" and f"scale-in frozen at 6: {frozen}" in d.reason
+    assert decide(360, 6, Signals(queue_waiting=200, gpu_util_percent=50), policy, state, scale_in_frozen=frozen).desired > 6
+    assert decide(360, 6, QUIET, policy, state).desired == 5

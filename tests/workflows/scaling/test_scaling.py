@@ -41,6 +41,7 @@ class FakeDeployment:
 
     def __init__(self, replicas: int = 2) -> None:
         self.replicas = replicas
+        self.canary: str | None = None  # another version the route sends traffic to (a rollout's canary)
         self.signals = Signals(queue_waiting=0, running=1, request_rate=1, kv_cache_usage=0.1, ttft_p99_seconds=0.2, gpu_util_percent=10)
         self.scale_calls: list[int] = []
         self.demand: list[float] = []  # the arrival rate's history the forecast activity reads, a sample a minute
@@ -51,7 +52,7 @@ class FakeDeployment:
     def activities(self):
         @activity.defn(name=acts.GET_SCALE)
         async def get_scale(target: acts.ScaleTarget) -> acts.ScaleStatus:
-            return acts.ScaleStatus(version="1.0.0", replicas=self.replicas, ready_replicas=self.replicas)
+            return acts.ScaleStatus(version="1.0.0", replicas=self.replicas, ready_replicas=self.replicas, canary=self.canary)
 
         @activity.defn(name=acts.READ_SCALING_SIGNALS)
         async def read_signals(request: acts.ReadSignalsInput) -> Signals:
@@ -170,6 +171,26 @@ async def test_a_queue_limit_turned_off_is_taken_out_once_and_written_again_when
         await handle.execute_update(ReactiveScaling.update_policy, PolicyPatch(gateway_queue_limit=True))
         await env.sleep(5)
         assert len(fake.queue_limits) == 2 and len(fake.queue_limits_cleared) == 1
+        await handle.terminate()
+
+
+async def test_scale_in_waits_while_a_canary_is_in_analysis(time_skipping_env):
+    """Issue 32: a quiet deployment with a canary at 50 % is not stepped down under the rollout's
+    gates; once the canary is gone (promoted or rolled back) the loop steps down."""
+    env = time_skipping_env
+    fake = FakeDeployment(replicas=6)
+    fake.canary = "1.1.0"
+    policy = ScalingPolicy(min_replicas=1, max_replicas=20, stabilisation_seconds=60, cooldown_seconds=0)
+    worker, queue, inp = await start_loop(env, fake, policy=policy, interval_seconds=30)
+    async with worker:
+        handle = await env.client.start_workflow(ReactiveScaling.run, inp, id=naming.scaling_workflow_id(inp.deployment), task_queue=queue)
+        await env.sleep(300)
+        assert fake.scale_calls == []
+        last = (await status(handle)).decisions[-1]
+        assert "scale-in frozen at 6: 1.1.0 is a canary in analysis" in last.reason
+        fake.canary = None
+        await env.sleep(60)
+        assert fake.scale_calls and fake.scale_calls[0] < 6
         await handle.terminate()
 
 
