@@ -23,7 +23,7 @@ API_TIMEOUT = (5, 30)
 # The label by which the operator enables a namespace for serving: the worker creates and changes
 # objects only in namespaces that carry it (and are granted by a RoleBinding, infra/k8s/serving-namespace),
 # and the worker's NetworkPolicy sends warm-up traffic only to them.
-SERVING_NAMESPACE_LABEL = "tideplane.io/serving"
+SERVING_NAMESPACE_LABEL = naming.LABEL_SERVING_NAMESPACE
 
 # An API server answering 429/5xx for a moment (overload, leader change) is retried here, briefly,
 # so that one blip does not spend an attempt of the activity; 409s stay with the callers (re-read,

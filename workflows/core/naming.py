@@ -22,6 +22,8 @@ LABEL_APP = "app.kubernetes.io/name"  # the logical deployment, e.g. "chat"
 LABEL_VERSION = "app.kubernetes.io/version"  # the model version, e.g. "1.3.0"
 LABEL_MODEL = "tideplane.io/model"  # the model name, e.g. "llama-3-8b"
 LABEL_CLASS = "tideplane.io/priority-class"  # realtime | batch
+# On a namespace: tideplane may serve there (the worker refuses others); the scrape path follows it.
+LABEL_SERVING_NAMESPACE = "tideplane.io/serving"
 # The workflow that owns a logical deployment's objects (on its HTTPRoute during a rollout, on the
 # version Deployments a scaling loop scales): its workflow ID, which continue-as-new keeps.
 ANNOTATION_OWNER = "tideplane.io/owner"
