@@ -25,6 +25,7 @@ says, each new pod starting with the adapter.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -52,7 +53,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.rollout.patches import METRIC_MISSING_PATCH
     from workflows.core.engine_metrics import metric_names
     from workflows.rollout.types import Outcome, Stage, VerdictRecord
-    from workflows.core.failures import cause
+    from workflows.core.failures import cause, understood
     from workflows.core.waiting import wait_until
 
 WORKFLOW_TYPE = "AdapterRollout"
@@ -103,8 +104,12 @@ class AdapterRollout:
             raise
 
     @workflow.signal
-    def abort(self, input: AdapterAbortInput | None = None) -> None:
-        self._abort = (input or AdapterAbortInput()).reason
+    def abort(self, input: Any = None) -> None:
+        """Any payload aborts (the SDK would drop one it cannot decode): what was not understood is named in the reason."""
+        taken, problem = understood(AdapterAbortInput, input, "abort")
+        if problem is not None:
+            workflow.logger.warning("%s: acting on it anyway", problem)
+        self._abort = f"{taken.reason} ({problem})" if problem else taken.reason
 
     @workflow.signal
     def resume(self) -> None:

@@ -5,7 +5,8 @@ API (stable; the README shows the CLI lines):
   workflow type ``ModelRollout``, task queue ``tideplane``, workflow ID
   ``naming.rollout_workflow_id(deployment)`` = ``rollout/<namespace>/<name>`` (one rollout per
   deployment: start it with ``start_rollout`` or ``temporal workflow start --fail-existing``);
-  signals ``pause`` (PauseInput), ``resume`` (ResumeInput), ``abort`` (AbortInput);
+  signals ``pause`` (PauseInput), ``resume`` (ResumeInput), ``abort`` (AbortInput), each acting
+  on any payload (what it did not understand is named in the reason);
   update ``promote`` (PromoteInput, refused when there is nothing to promote);
   query ``status`` -> RolloutStatus; result RolloutResult.
 
@@ -35,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
 
     # Full dotted names: inside the sandbox ``from workflows import x`` would re-import x (the
     # sandboxed ``workflows`` package lacks it), giving pydantic classes that differ from the real ones.
-    from workflows.core.failures import cause, validated
+    from workflows.core.failures import cause, understood, validated
     from workflows.core.naming import DEPLOYMENT_OWNED, MODEL_ROLLOUT_WORKFLOW, TASK_QUEUE, rollout_workflow_id
     from workflows.core.search_attributes import CANARY_PERCENT, DEPLOYMENT, MODEL, STAGE, VERSION
     from workflows.rollout.actions import Abort, RollBack, checkpoint, record_rollout, set_stage, shielded, show
@@ -108,28 +109,33 @@ class ModelRollout:
 
     # ---- operator controls -------------------------------------------------------------------
 
+    # Signals take any payload (plain JSON) and act on it: the SDK drops a signal it cannot decode
+    # with only a log line, so a strict model would let `abort {"message": "x"}` keep shifting
+    # traffic (issue 33). What was not understood is named in the reason the status shows.
+
     @workflow.signal
-    def pause(self, input: PauseInput | None = None) -> None:
+    def pause(self, input: Any = None) -> None:
         s = self._state
         if s.finishing:
             workflow.logger.info("pause ignored: rollout is %s", s.stage.value)
             return
         s.paused = True
-        s.pause_reason = (input or PauseInput()).reason
+        s.pause_reason = _reason(PauseInput, input, "pause")
         show(s)
 
     @workflow.signal
-    def resume(self, input: ResumeInput | None = None) -> None:
+    def resume(self, input: Any = None) -> None:
+        _reason(ResumeInput, input, "resume")
         self._state.paused = False
 
     @workflow.signal
-    def abort(self, input: AbortInput | None = None) -> None:
+    def abort(self, input: Any = None) -> None:
         """Roll back now; ignored once traffic is fully on the new version or already going back."""
         s = self._state
         if s.finishing:
             workflow.logger.info("abort ignored: rollout is %s", s.stage.value)
         elif s.abort_reason is None:
-            s.abort_reason = (input or AbortInput()).reason
+            s.abort_reason = _reason(AbortInput, input, "abort")
 
     # The input arrives as plain JSON and is validated here, so a bad field is refused naming it
     # (non-retryable), not as the converter's raw ValidationError marked retryable (issue 16).
@@ -251,3 +257,12 @@ def static_details(input: RolloutInput) -> str:
         f"ladder {ladder}, gate every {input.gate_interval_seconds:.0f}s\n\n"
         f"image {input.image}, weights from {source}"
     )
+
+
+def _reason(model: type[PauseInput] | type[AbortInput] | type[ResumeInput], raw: Any, what: str) -> str:
+    """The signal's reason, with what of its payload was not understood (logged as a warning too)."""
+    taken, problem = understood(model, raw, what)
+    if problem is not None:
+        workflow.logger.warning("%s: acting on it anyway", problem)
+    reason = getattr(taken, "reason", "")
+    return f"{reason} ({problem})" if problem else reason

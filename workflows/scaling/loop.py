@@ -73,7 +73,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.spot.contract import ApplySpotMixInput, SpotDomainsInput, SpotMixActivities
     from workflows.spot.mix import SpotMixPolicy, markets, observe, plan_spot_mix, replicas_per_pool
     from workflows.spot.policy import warm_pool_needed
-    from workflows.core.failures import cause, validated
+    from workflows.core.failures import cause, understood, validated
     from workflows.core.waiting import wait_until
 
 DECISIONS_KEPT = 20
@@ -543,12 +543,15 @@ class ReactiveScaling:
         workflow.set_current_details("\n\n".join(lines))
 
     @workflow.signal(name="pause")
-    def pause(self, note: OperatorNote = OperatorNote()) -> None:
-        # README's `signal --name pause` sends no reason; status must still say why it holds (issue 16)
-        self._paused, self._pause_reason = True, note.reason or "paused by operator"
+    def pause(self, note: Any = None) -> None:
+        # README's `signal --name pause` sends no reason; status must still say why it holds (issue 16).
+        # Any payload pauses (the SDK drops one it cannot decode, issue 33); what was not understood is said.
+        taken, problem = understood(OperatorNote, note, "pause")
+        reason = taken.reason or "paused by operator"
+        self._paused, self._pause_reason = True, f"{reason} ({problem})" if problem else reason
 
     @workflow.signal(name="resume")
-    def resume(self, note: OperatorNote = OperatorNote()) -> None:
+    def resume(self, note: Any = None) -> None:
         self._paused, self._pause_reason = False, ""
         self._wake = True
 

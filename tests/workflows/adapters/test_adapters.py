@@ -216,7 +216,8 @@ async def test_an_adapter_of_another_base_version_is_refused_before_anything_loa
     assert stubs.calls == []
 
 
-async def test_an_abort_routes_back_and_unloads_without_deprecating(time_skipping_env):
+@pytest.mark.parametrize("payload", [AdapterAbortInput(reason="wrong adapter"), "wrong adapter"])  # a bare string aborts too
+async def test_an_abort_routes_back_and_unloads_without_deprecating(time_skipping_env, payload):
     stubs = Stubs(stable="1.0.0", gate_values={10: GOOD})
     queue = f"adapters-{uuid.uuid4().hex[:6]}"
     inp = AdapterRolloutInput(deployment="llm/chat", adapter="sql-lora", version="1.1.0", gate_interval_seconds=600)
@@ -228,7 +229,7 @@ async def test_an_abort_routes_back_and_unloads_without_deprecating(time_skippin
             if (await handle.query(AdapterRollout.status)).weight == 10:
                 break
             await asyncio.sleep(0.05)
-        await handle.signal(AdapterRollout.abort, AdapterAbortInput(reason="wrong adapter"))
+        await handle.signal("abort", payload)
         result = await handle.result()
     assert result.outcome is Outcome.ABORTED and result.reason == "aborted: wrong adapter" and result.weight_reached == 10
     assert stubs.calls[-2:] == ["route [('sql-lora-1.0.0', 100)]", "unload sql-lora-1.1.0"]

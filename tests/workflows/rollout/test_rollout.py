@@ -740,6 +740,37 @@ async def test_abort_after_the_new_version_started_rolls_back(client, stage_call
         assert fleet.cancelled == [stage_call]  # the long activity was cancelled, not waited out
 
 
+async def test_an_abort_with_a_payload_it_does_not_understand_still_aborts(client):
+    """``abort --input '{"message":"x"}'``: abort is abort; the reason says what was not understood."""
+
+    async def abort_at_1(fleet: Fleet, name: str, arg: Any) -> None:
+        if name == QUERY_GATES and fleet.route.get(NEW) == 1:
+            await fleet.handle.signal("abort", {"message": "x"})
+
+    fleet = Fleet(client, hook=abort_at_1)
+    result = await run_rollout(fleet, rollout_input())
+    assert result.outcome is Outcome.ABORTED
+    assert result.reason.startswith("aborted by operator (abort payload not understood: message: Extra inputs are not permitted")
+    assert_rolled_back_route_first(fleet, 1)
+
+
+@pytest.mark.parametrize("payload, reason", [("gone to lunch", "gone to lunch"), ({"reason": 5}, "paused by operator (pause payload")])
+async def test_a_pause_with_a_payload_it_does_not_understand_still_pauses(client, payload, reason):
+    async def pause_at_5(fleet: Fleet, name: str, arg: Any) -> None:
+        if name == QUERY_GATES and fleet.route.get(NEW) == 5 and fleet.gate_queries.get(5) == 1:
+            await fleet.handle.signal("pause", payload)
+
+    fleet = Fleet(client, hook=pause_at_5)
+
+    async def operator(handle: WorkflowHandle) -> None:
+        status = await wait_status(handle, lambda s: s.paused)
+        assert status.pause_reason.startswith(reason), status.pause_reason
+        await handle.signal("resume", ["anything"])
+
+    result = await run_rollout(fleet, rollout_input(), until=operator)
+    assert result.outcome is Outcome.PROMOTED
+
+
 async def test_abort_while_paused(client):
     async def pause_early(fleet: Fleet, name: str, arg: Any) -> None:
         if name == QUERY_GATES and fleet.route.get(NEW) == 5:

@@ -228,6 +228,14 @@ async def test_pause_resume_and_policy_update(time_skipping_env):
         s = await status(handle)
         assert not s.paused and s.decisions[-1].desired == 5 and s.decisions[-1].capped_by == "max_replicas"
         assert fake.replicas == 5
+
+        await handle.signal("pause", "load test")  # a bare string (the SDK would drop it undecoded, issue 33)
+        await env.sleep(5)
+        assert (await status(handle)).pause_reason == "load test"
+        await handle.signal("pause", {"reason": 7})  # not understood: pauses anyway, and says so
+        await env.sleep(5)
+        s = await status(handle)
+        assert s.paused and s.pause_reason.startswith("paused by operator (pause payload not understood: reason:")
         await handle.terminate()
 
 
