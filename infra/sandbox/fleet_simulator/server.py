@@ -168,7 +168,15 @@ def make_handler(fleet: FleetSimulator) -> type[BaseHTTPRequestHandler]:
                 self._send(200, json.dumps(body).encode(), headers={"x-tideplane-pod": f"{info.namespace}/{info.name}"})
 
         def _pod_request(self, namespace: str, name: str, rest: str, body: bytes | None) -> None:
-            """``/pods/<namespace>/<pod>``: ``GET /v1/models``, ``POST /v1/{load,unload}_lora_adapter``."""
+            """``/pods/<namespace>/<pod>``: ``GET /metrics`` (the pod's own exposition, vLLM's labels only),
+            ``GET /v1/models``, ``POST /v1/{load,unload}_lora_adapter``."""
+            if body is None and rest == "/metrics":
+                text = fleet.pod_metrics(namespace, name)
+                if text is None:
+                    self._error(503, f"no simulated replica for pod {namespace}/{name}")
+                else:
+                    self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
+                return
             target = fleet.pod(namespace, name)
             call = _LORA_ROUTES.get(rest) if body is not None else None
             if target is None:

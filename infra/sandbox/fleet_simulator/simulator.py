@@ -223,21 +223,9 @@ class FleetSimulator:
         with self.lock:
             out = Exposition()
             for info, replica in self.replicas.values():
+                # the sandbox's Prometheus keeps these pod labels (honor_labels) until it discovers pods
                 labels = info.labels()
-                out.sample("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", labels, replica.waiting)
-                out.sample("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", labels, replica.running)
-                out.sample("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", labels, round(replica.kv_cache_usage, 4))
-                out.sample("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", labels, replica.preemptions)
-                for name, (_, help_text) in HISTOGRAMS.items():
-                    out.histogram(name, help_text, labels, replica.histograms[name])
-                out.sample("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", labels, replica.prompt_tokens)
-                out.sample("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", labels, replica.generation_tokens)
-                out.sample("vllm:request_success_total", "counter", "Count of successfully processed requests.", {**labels, "finished_reason": "length"}, replica.success)
-                # vLLM's HTTP server (prometheus-fastapi-instrumentator): status grouped as 2xx / 5xx, no engine labels
-                http_labels = {k: v for k, v in labels.items() if k not in ("model_name", "engine")}
-                for status, count in (("2xx", replica.success), ("5xx", replica.errors)):
-                    out.sample("http_requests_total", "counter", "Total number of requests by method, status and handler.",
-                               {**http_labels, "method": "POST", "status": status, "handler": "/v1/completions"}, count)
+                _engine_samples(out, replica, labels, {k: v for k, v in labels.items() if k not in _ENGINE_LABELS})
             for (namespace, route), count in self.queue_full.items():
                 out.sample("envoy_cluster_upstream_rq_pending_overflow", "counter", "Requests the gateway refused: queue full.",
                            {"namespace": namespace, "deployment": route}, count)
@@ -245,6 +233,18 @@ class FleetSimulator:
             self._dcgm(out)
             self._node_labels(out)
             self._token_usage(out)
+            return out.text()
+
+    def pod_metrics(self, namespace: str, name: str) -> str | None:
+        """One pod's ``/metrics`` as its vLLM server writes it: vLLM's families, labelled ``model_name``
+        and ``engine`` only (the HTTP server's, ``handler``/``method``/``status``); None: no such replica."""
+        with self.lock:
+            found = self.replicas.get((namespace, name))
+            if found is None:
+                return None
+            info, replica = found
+            out = Exposition()
+            _engine_samples(out, replica, {"model_name": info.model, "engine": "0"}, {})
             return out.text()
 
     def gateway_admit(self, namespace: str, route: str, headers) -> Admission | str:
@@ -316,3 +316,23 @@ class FleetSimulator:
                     replica = self.replicas.get((namespace, pod_name))
                     util = replica[1].gpu_utilisation if replica else 0.0
                 _dcgm_samples(out, labels, util, used, total)
+
+
+_ENGINE_LABELS = ("model_name", "engine")  # what vLLM labels its engine samples with
+
+
+def _engine_samples(out: Exposition, replica: SimulatedReplica, labels: dict[str, str], http_labels: dict[str, str]) -> None:
+    """A replica's vLLM families (vllm/v1/metrics/loggers.py names, types and HELP) and its HTTP
+    server's ``http_requests_total`` (prometheus-fastapi-instrumentator: status grouped 2xx/5xx)."""
+    out.sample("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", labels, replica.waiting)
+    out.sample("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", labels, replica.running)
+    out.sample("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", labels, round(replica.kv_cache_usage, 4))
+    out.sample("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", labels, replica.preemptions)
+    for name, (_, help_text) in HISTOGRAMS.items():
+        out.histogram(name, help_text, labels, replica.histograms[name])
+    out.sample("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", labels, replica.prompt_tokens)
+    out.sample("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", labels, replica.generation_tokens)
+    out.sample("vllm:request_success_total", "counter", "Count of successfully processed requests.", {**labels, "finished_reason": "length"}, replica.success)
+    for status, count in (("2xx", replica.success), ("5xx", replica.errors)):
+        out.sample("http_requests_total", "counter", "Total number of requests by method, status and handler.",
+                   {**http_labels, "method": "POST", "status": status, "handler": "/v1/completions"}, count)

@@ -104,7 +104,7 @@ def test_tpot_gate_reads_the_per_request_histogram():
     assert engine_metrics.REQUEST_TIME_PER_OUTPUT_TOKEN.type == "histogram"
 
 
-def _simulated_exposition() -> str:
+def _simulated_fleet() -> FleetSimulator:
     fleet = FleetSimulator(time_scale=10, seed=1)
     node = {"metadata": {"name": "node-a", "labels": {}}, "status": {"allocatable": {GPU_RESOURCE: "1"}}}
     pod = {"metadata": {"name": "chat-a", "namespace": "llm-serving", "labels": {LABEL_APP: "chat", LABEL_VERSION: "1", LABEL_MODEL: "llama"}},
@@ -116,22 +116,31 @@ def _simulated_exposition() -> str:
     cluster = Cluster(pods=[pod], services=[service], routes=[route], nodes=[node], profiles={"default": profile}, demand={"llm-serving/chat": Demand(rps=2)})
     for _ in range(3):
         fleet.update(cluster, 0.5)
-    return fleet.metrics()
+    return fleet
 
 
-def test_the_fleet_models_engine_exposition_is_vllms():
-    """Every vLLM / HTTP-server series the fleet model exports exists in vLLM 0.32 with its type, and
-    carries vLLM's label names. The scrape labels it still writes itself (namespace, pod, deployment,
-    version, node: the sandbox's Prometheus keeps them with honor_labels) are tolerated here until
-    the sandbox scrapes pods through Kubernetes discovery (issue 31 item 2)."""
-    simulated = exposition(_simulated_exposition())
-    engine = {name: v for name, v in simulated.items() if name.startswith(("vllm:", "http_"))}
-    assert "vllm:request_time_per_output_token_seconds_bucket" in engine
+def _engine_series(text: str) -> dict[str, tuple[str, frozenset[str]]]:
+    return {name: v for name, v in exposition(text).items() if name.startswith(("vllm:", "http_"))}
+
+
+def test_a_simulated_pods_own_exposition_is_vllms():
+    """A simulated pod's /metrics (the fleet simulator's /pods/<namespace>/<pod>/metrics): every
+    series exists in vLLM 0.32 with its type and exactly vLLM's label names; nothing vLLM lacks."""
+    engine = _engine_series(_simulated_fleet().pod_metrics("llm-serving", "chat-a"))
+    assert "vllm:request_time_per_output_token_seconds_bucket" in engine and "http_requests_total" in engine
     for series, (kind, labels) in engine.items():
         assert series in VLLM_032, f"the fleet model exports {series}, which vLLM 0.32 lacks"
-        real_kind, real_labels = VLLM_032[series]
-        assert kind == real_kind, f"{series}: fleet model {kind}, vLLM {real_kind}"
-        assert labels - set(SCRAPE_LABELS) == real_labels, f"{series}: fleet model {sorted(labels)}, vLLM {sorted(real_labels)}"
+        assert (kind, labels) == VLLM_032[series], f"{series}: fleet model {kind} {sorted(labels)}, vLLM {VLLM_032[series]}"
+
+
+def test_the_fleet_wide_exposition_differs_from_vllm_only_by_the_scrape_labels():
+    """The simulator's fleet-wide /metrics, which the sandbox's Prometheus still scrapes with
+    honor_labels, adds the scrape labels (namespace, pod, deployment, version, node) to the same
+    families; they go once the sandbox discovers pods (issue 31 item 2)."""
+    engine = _engine_series(_simulated_fleet().metrics())
+    for series, (kind, labels) in engine.items():
+        assert series in VLLM_032, f"the fleet model exports {series}, which vLLM 0.32 lacks"
+        assert (kind, labels - set(SCRAPE_LABELS)) == VLLM_032[series], series
 
 
 def test_metric_names_extraction():
