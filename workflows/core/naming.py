@@ -92,6 +92,21 @@ def _checked_version(version: str) -> str:
 VersionLabel = Annotated[str, AfterValidator(_checked_version)]
 
 
+def _checked_model(model: str) -> str:
+    if not _LABEL_VALUE.match(model):
+        raise ValueError(
+            f"model must be a Kubernetes label value (1-63 of A-Z a-z 0-9 - _ ., starting and ending"
+            f" alphanumeric): it labels every pod as {LABEL_MODEL}; write a Hugging Face id like org/name"
+            " as org.name or name"
+        )
+    return model
+
+
+# The model field of a workflow input: it becomes the tideplane.io/model label value (a name with a
+# space, a slash or 64 characters would stage weights for hours and then be refused by the API server).
+ModelLabel = Annotated[str, AfterValidator(_checked_model)]
+
+
 def version_slug(version: str) -> str:
     """A version as it may appear in a Kubernetes object name: ``1.3.0+rc1`` -> ``1-3-0-rc1``."""
     return re.sub(r"[^a-z0-9]+", "-", version.lower()).strip("-")

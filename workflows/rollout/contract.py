@@ -8,6 +8,8 @@ Every activity is idempotent: calling it twice with the same input leaves the sa
 
 from __future__ import annotations
 
+import re
+
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -84,6 +86,30 @@ def plain_credentials(env: dict[str, str | EnvFromSecret]) -> list[str]:
         name for name, value in env.items()
         if isinstance(value, str) and CREDENTIAL_WORDS & set(name.upper().replace("-", "_").split("_"))
     )
+
+
+# Values that are credentials whatever flag carries them (OpenAI, Hugging Face, AWS access key ids, GitHub).
+CREDENTIAL_VALUE = re.compile(r"^(sk-|hf_|AKIA|ghp_|xox[bp]-)[A-Za-z0-9_-]{4,}")
+# A value written as $(NAME) is expanded by the kubelet from the container's env (a secretKeyRef).
+ENV_REFERENCE = re.compile(r"^\$\([A-Za-z_][A-Za-z0-9_]*\)$")
+
+
+def plain_credential_args(args: list[str]) -> list[str]:
+    """Flags in ``args`` whose value is a credential in clear: a flag named like one (``--api-key``,
+    ``--hf-token``) with a value other than ``$(NAME)``, or any flag with a value shaped like a key."""
+    found = []
+    for i, arg in enumerate(args):
+        if not arg.startswith("-"):
+            continue
+        flag, eq, value = arg.partition("=")
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("-") else ""
+        if not value or ENV_REFERENCE.match(value):
+            continue
+        named = CREDENTIAL_WORDS & set(flag.lstrip("-").upper().replace("-", "_").split("_"))
+        if named or CREDENTIAL_VALUE.match(value):
+            found.append(flag)
+    return found
 
 
 class EnsureVersionInput(BaseModel):

@@ -39,8 +39,8 @@ from workflows.core.bounds import (
     gate_window,
 )
 from workflows.core.engine_metrics import E2E_REQUEST_LATENCY, HTTP_REQUESTS, REQUEST_TIME_PER_OUTPUT_TOKEN, TIME_TO_FIRST_TOKEN
-from workflows.core.naming import DeploymentName, DeploymentRef, VersionLabel
-from workflows.rollout.contract import Benchmark, EnvFromSecret, StagedWeights, plain_credentials
+from workflows.core.naming import DeploymentName, DeploymentRef, ModelLabel, VersionLabel
+from workflows.rollout.contract import Benchmark, EnvFromSecret, StagedWeights, plain_credential_args, plain_credentials
 from workflows.rollout.batching import BatchingSweep, SweepChoice
 from workflows.core.gpu_shares import GPU_MEMORY_UTILIZATION_FLAG
 from workflows.core.verdicts import GoldenVerdict
@@ -148,6 +148,9 @@ class Deadlines(_Strict):
     )
 
 
+SERVING_PORT = 8000  # the engine's port the worker, its NetworkPolicy and the probes assume
+
+
 class RolloutInput(_Strict):
     """What to roll out where, and how carefully. Weights: ``weights_uri`` + ``sha256``, or neither:
     then they are resolved from the model registry by model and version, and the rollout also
@@ -158,7 +161,7 @@ class RolloutInput(_Strict):
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     deployment: DeploymentName = Field(description="NAMESPACE/NAME of the logical deployment (one HTTPRoute)")
-    model: str = Field(min_length=1)
+    model: ModelLabel = Field(description="the served model's name; a Kubernetes label value (tideplane.io/model)")
     version: VersionLabel
     image: str = Field(min_length=1, description="serving image, e.g. vllm/vllm-openai:v0.6.3")
     weights_uri: str | None = Field(None, pattern=r"^s3://[^/]+/.+", description="s3://bucket/key")
@@ -172,7 +175,7 @@ class RolloutInput(_Strict):
         description="share a GPU with other models: each replica requests nvidia.com/gpu.shared: 1 and vLLM claims this"
         " fraction of the GPU's memory (--gpu-memory-utilization); None: whole GPUs (nvidia.com/gpu)",
     )
-    port: int = Field(8000, ge=1, le=65535)
+    port: int = Field(SERVING_PORT, ge=1, le=65535, description="the engine's port: 8000 only (refused otherwise)")
     priority_class: Literal["realtime", "batch"] = Field(
         "realtime", description="realtime: on-demand nodes; batch: spot"
     )
@@ -224,6 +227,29 @@ class RolloutInput(_Strict):
                 ' {"valueFrom": {"secretKeyRef": {"name": SECRET, "key": KEY}}}, not as a plain value'
             )
         return env
+
+    @field_validator("args")
+    @classmethod
+    def _no_credentials_in_args(cls, args: list[str]) -> list[str]:
+        """As in env: args are written to the Deployment and to the workflow history."""
+        if flags := plain_credential_args(args):
+            raise ValueError(
+                f"{', '.join(flags)} carries a credential in clear: put it in env as"
+                ' {"valueFrom": {"secretKeyRef": {"name": SECRET, "key": KEY}}} and pass "$(NAME)"'
+                " in args (vLLM reads VLLM_API_KEY itself)"
+            )
+        return args
+
+    @field_validator("port")
+    @classmethod
+    def _served_port(cls, port: int) -> int:
+        if port != SERVING_PORT:
+            raise ValueError(
+                f"only {SERVING_PORT} is supported: the worker's service_url_template"
+                f" (TIDEPLANE_SERVICE_URL_TEMPLATE) and the serving NetworkPolicy (infra/k8s) reach the engine"
+                f" on {SERVING_PORT}; leave port out"
+            )
+        return port
 
     @field_validator("steps")
     @classmethod

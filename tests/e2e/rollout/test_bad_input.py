@@ -148,6 +148,11 @@ INVALID_ROLLOUTS = [
     ("query window under 1 s", {"query_window_seconds": 0.4}, ["query_window_seconds", "greater than or equal to 1"]),
     ("version not a label value", {"version": "1.3.0+build.5"}, ["version", "must be a Kubernetes label value"]),
     ("GPU share above 1", {"gpu_memory_utilization": 1.5}, ["gpu_memory_utilization", "less than or equal to 1"]),
+    ("credential in clear in args", {"args": ["--api-key", "sk-abcdef123"]},
+     ["args", "--api-key carries a credential in clear", "secretKeyRef", "$(NAME)"]),
+    ("model not a label value", {"model": "meta-llama/Llama 3"},
+     ["model", "must be a Kubernetes label value (1-63 of A-Z a-z 0-9 - _ ., starting and ending alphanumeric)"]),
+    ("port other than 8000", {"port": 8080}, ["port", "only 8000 is supported"]),
 ]
 
 

@@ -129,3 +129,46 @@ def test_a_pre_staged_version_is_read_from_the_node_cache_with_a_staging_fallbac
     (preferred,) = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert preferred["preference"]["matchExpressions"] == [{"key": cached_version_label("llama-3-8b", "1.0.0"), "operator": "In", "values": ["true"]}]
     assert "initContainers" not in deployment_manifest(version(), pods)["spec"]["template"]["spec"], "not pre-staged: the shared cache"
+
+
+def rollout_with(**fields) -> RolloutInput:
+    return RolloutInput(**{"deployment": "llm-serving/chat", "model": "llama-3-8b", "version": "1.0.0",
+                           "image": "vllm/vllm-openai:v0.8.5", **fields})
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [(["--api-key", "sk-abc123"], "--api-key"), (["--api-key=sk-abc123"], "--api-key"),
+     (["--max-model-len", "4096", "--hf-token", "hf_abcdef"], "--hf-token"), (["--foo", "sk-proj-abcdef"], "--foo")],
+)
+def test_a_credential_in_clear_in_args_is_refused_pointing_at_a_secret(args, flag):
+    """As in env: the args land in the Deployment and in the workflow history (issue 33)."""
+    with pytest.raises(ValidationError) as err:
+        rollout_with(args=args)
+    error = err.value.errors()[0]
+    assert error["loc"] == ("args",)
+    assert f"{flag} carries a credential in clear" in error["msg"] and "secretKeyRef" in error["msg"]
+    assert "abc" not in str(err.value), "the refused value is never repeated"
+
+
+def test_args_may_refer_to_a_secret_through_env():
+    accepted = rollout_with(args=["--api-key", "$(VLLM_API_KEY)", "--max-model-len", "4096"], env={"VLLM_API_KEY": HF_TOKEN})
+    assert accepted.args[:2] == ["--api-key", "$(VLLM_API_KEY)"]
+
+
+@pytest.mark.parametrize("model", ["llama 3", "lläma", "m" * 64, "-llama", "llama/3"])
+def test_a_model_that_is_no_label_value_is_refused_naming_the_rule(model):
+    with pytest.raises(ValidationError) as err:
+        rollout_with(model=model)
+    error = err.value.errors()[0]
+    assert error["loc"] == ("model",)
+    assert "Kubernetes label value (1-63 of A-Z a-z 0-9 - _ ., starting and ending alphanumeric)" in error["msg"]
+
+
+def test_a_port_other_than_the_served_one_is_refused_at_start():
+    with pytest.raises(ValidationError) as err:
+        rollout_with(port=8080)
+    error = err.value.errors()[0]
+    assert error["loc"] == ("port",)
+    assert "8000" in error["msg"] and "NetworkPolicy" in error["msg"]
+    assert rollout_with(port=8000).port == 8000
