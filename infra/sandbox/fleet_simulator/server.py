@@ -18,6 +18,7 @@ from infra.sandbox.answers import answer
 from infra.sandbox.fleet_simulator.cluster import read_cluster, report_policy_status
 from infra.sandbox.fleet_simulator.simulator import PROXY_TIMEOUT_S, FleetSimulator, PodInfo
 from infra.sandbox.gateway import MODEL_HEADER
+from infra.sandbox.fleet_simulator.pod_listeners import PodListeners, pod_address
 from infra.sandbox.httpserver import SandboxHTTPServer
 from infra.sandbox.kubeclient import api_client
 from infra.sandbox.lora import LoraAdapters, error as lora_error
@@ -206,6 +207,7 @@ def run(kube_url: str, host: str, port: int, time_scale: float, tick_seconds: fl
     fleet = FleetSimulator(time_scale)
     server = SandboxHTTPServer((host, port), make_handler(fleet))
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    pods = PodListeners(lambda: make_handler(fleet))  # each pod on its own (loopback) IP, when it has one
     log.info("fleet simulator on http://%s:%d reading %s (time scale %s)", host, port, kube_url, time_scale)
     api = api_client(kube_url)
     oom = OomWatch(kube_url)
@@ -219,6 +221,9 @@ def run(kube_url: str, host: str, port: int, time_scale: float, tick_seconds: fl
         now = time.monotonic()
         if cluster is not None:
             fleet.update(cluster, now - last)
+            pods.sync({key: address for pod in cluster.pods
+                       if (key := (pod["metadata"].get("namespace", ""), pod["metadata"]["name"])) in fleet.replicas
+                       and (address := pod_address(pod)) is not None})
             oom.check(fleet)
             report_policy_status(api, cluster)
         last = now

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import logging
+import re
 import signal
 
 from .faults import KINDS, Faults
@@ -21,6 +22,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fault-delay", type=float, default=1.0, help="seconds a 'delay' fault waits")
     parser.add_argument("--watch-history", type=int, default=20000,
                         help="changes kept for watches that resume from a resourceVersion (older: 410 Gone)")
+    parser.add_argument("--pod-network", default="10.244",
+                        help="the first two octets of pod IPs (e.g. 127.77: loopback addresses a local process can bind, "
+                        "one per pod, as Prometheus' Kubernetes discovery reaches them)")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     if args.time_scale <= 0:
@@ -30,7 +34,9 @@ def main(argv: list[str] | None = None) -> None:
         faults = Faults(args.fault_rate, args.fault_kinds.split(","), args.fault_delay)
     except Exception as exc:  # ApiError from validation: report as a CLI error
         parser.error(str(exc))
-    server = KubeApiServer(args.host, args.port, args.time_scale, faults, args.watch_history)
+    if not re.fullmatch(r"(25[0-5]|2[0-4]\d|1?\d?\d)\.(25[0-5]|2[0-4]\d|1?\d?\d)", args.pod_network):
+        parser.error(f"--pod-network must be two octets, e.g. 10.244 (got {args.pod_network!r})")
+    server = KubeApiServer(args.host, args.port, args.time_scale, faults, args.watch_history, args.pod_network)
 
     def stop(*_: object) -> None:
         raise SystemExit(0)  # interrupts serve_forever at once; watch threads are daemons

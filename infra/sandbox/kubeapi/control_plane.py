@@ -12,6 +12,7 @@ class ControlPlane(Protocol):
     store: Store
     time_scale: float
     ip_counter: int  # the last pod IP handed out
+    pod_network: str  # the first two octets of pod IPs, e.g. "10.244"
 
     def record(self, obj: dict[str, Any], kind: str, reason: str, message: str, component: str) -> None:
         """Emit a core/v1 Event about ``obj``."""

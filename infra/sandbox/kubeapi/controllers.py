@@ -70,13 +70,14 @@ def _owners(pod: dict[str, Any]) -> list[str]:
 class Controllers(threading.Thread):
     """Reconciles deployments, schedules pods, runs the kubelet and node lifecycle."""
 
-    def __init__(self, store: Store, time_scale: float):
+    def __init__(self, store: Store, time_scale: float, pod_network: str = "10.244"):
         super().__init__(name="kubeapi-controllers", daemon=True)
         self.store = store
         self.time_scale = time_scale
         self.namespace_due: dict[str, float] = {}  # Terminating namespace uid -> when it is removed
         self.events: dict[tuple[str, str, str], str] = {}  # (uid, reason, message) -> Event name
         self.ip_counter = 0
+        self.pod_network = pod_network  # pod IPs are <pod_network>.x.y
         self.stopping = threading.Event()
         self.workloads = Workloads(self)
         self.kubelet = Kubelet(self)

@@ -236,7 +236,7 @@ class Kubelet:
         status = new["status"]
         counter = self.ctl.ip_counter
         status.update(phase="Running", startTime=ts, hostIP=host_ip,
-                      podIP=f"10.244.{counter // 250 % 250}.{counter % 250 + 1}")
+                      podIP=f"{self.ctl.pod_network}.{counter // 250 % 250}.{counter % 250 + 1}")
         status["podIPs"] = [{"ip": status["podIP"]}]
         status["containerStatuses"] = [
             {"name": c["name"], "image": c["image"], "imageID": f"docker-pullable://{c['image']}",

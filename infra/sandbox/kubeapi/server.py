@@ -40,12 +40,12 @@ class KubeApiServer(SandboxHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, host: str, port: int, time_scale: float = 1.0, faults: Faults | None = None,
-                 watch_history: int = 20000):
+                 watch_history: int = 20000, pod_network: str = "10.244"):
         super().__init__((host, port), Handler)
         self.store = Store(watch_history)
         self.api = Api(self.store)
         self.faults = faults or Faults()
-        self.controllers = Controllers(self.store, time_scale)
+        self.controllers = Controllers(self.store, time_scale, pod_network)
         self.tokens = auth.Tokens(self.store)
         self.stopping = False
         for ns in BOOTSTRAP_NAMESPACES:
