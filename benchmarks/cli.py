@@ -196,11 +196,23 @@ def add_bench_commands(subparsers) -> None:
     m.set_defaults(func=_models)
 
 
+def run(args: argparse.Namespace) -> int:
+    """Runs the parsed benchmark; a public trace that is absent is one line naming it and how to get it, exit 2."""
+    try:
+        return args.func(args)
+    except FileNotFoundError as e:
+        reason = str(e) if isinstance(e, traces.TraceMissing) else traces.missing(Path(e.filename)) if e.filename else None
+        if not reason:
+            raise
+        print(f"tideplane bench: {reason}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cli", description="tideplane benchmarks")
     add_bench_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
-    return args.func(args)
+    return run(args)
 
 
 if __name__ == "__main__":

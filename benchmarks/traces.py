@@ -28,6 +28,38 @@ SERVEGEN_DATASETS = TRACES_DIR / "servegen" / "servegen-language-m-large-m-mid-d
 PARTIAL_GAP_FRACTION = 0.05  # a window below this fraction of the median total is missing data
 AZURE_CODE = TRACES_DIR / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
 SKYNOMAD = TRACES_DIR / "skynomad-h100"
+# Where each folder of TRACES_DIR comes from (its upstream licence file travels with it; see docs/benchmarks.md).
+SOURCES = {
+    "servegen": "github.com/alibaba/ServeGen, commit f891d118, Apache-2.0",
+    "azure-llm-2023": "github.com/Azure/AzurePublicDataset, commit b469a113, CC-BY 4.0",
+    "skynomad-h100": "github.com/andylizf/skynomad-artifact, commit 62b9aaa1, Apache-2.0",
+}
+
+
+class TraceMissing(FileNotFoundError):
+    """A public trace is not where it is read from; the message names the path and how to get it."""
+
+
+def missing(path: Path) -> str | None:
+    """Why ``path`` cannot be read (one line naming it and how to get it), or None when it is there."""
+    path = Path(path)
+    if path.exists():
+        return None
+    try:
+        folder = path.resolve().relative_to(TRACES_DIR.resolve()).parts[0]
+    except (ValueError, IndexError):
+        return f"trace {path} is absent"
+    source = SOURCES.get(folder, "see docs/benchmarks.md")
+    return (f"public trace {path} is absent: put the public traces in ../shared/traces beside the checkout or set "
+            f"TIDEPLANE_TRACES_DIR to their folder ({folder}/ from {source}; layout in docs/benchmarks.md)")
+
+
+def require(path: Path) -> Path:
+    """``path`` when it exists, else ``TraceMissing`` saying where the trace comes from."""
+    reason = missing(path)
+    if reason:
+        raise TraceMissing(reason)
+    return Path(path)
 
 
 @dataclass(frozen=True)
@@ -110,6 +142,7 @@ def load_servegen_clients(category: str, path: Path = SERVEGEN) -> dict[str, Rat
 def _servegen_clients(category: str, path: Path, clients: int | None):
     """(client name, [(window start, rate, cv)]) of the first ``clients`` rate files of a category, by name."""
     prefix = f"data/language/{category}/"
+    require(path)
     with tarfile.open(path, "r|gz") as tar:  # streamed: random access into a .tar.gz re-inflates from the start
         names = sorted(m.name for m in tar if m.name.startswith(prefix) and m.name.endswith(".csv"))
     if not names:
@@ -148,7 +181,7 @@ class Request:
 
 def load_azure(path: Path = AZURE_CODE) -> list[Request]:
     """The Azure 2023 requests, timestamps made relative to the first one."""
-    rows = list(csv.DictReader(path.read_text().splitlines()))
+    rows = list(csv.DictReader(require(path).read_text().splitlines()))
     if not rows:
         raise ValueError(f"no requests in {path}")
     stamps = [datetime.fromisoformat(r["TIMESTAMP"][:26]) for r in rows]
@@ -222,7 +255,7 @@ def load_availability(folder: Path = SKYNOMAD) -> AvailabilityTrace:
       a column per zone (or per ``instance_type/zone``) with the instances that launch got; rows are
       matched to samples by time (``start_time``), a missing sample keeps the last count.
     """
-    folder = Path(folder)
+    folder = require(folder)
     files = sorted((folder / "zones").glob("*.json")) or sorted(folder.glob("*.json"))
     if not files:
         raise ValueError(f"no availability files (*.json or zones/*.json) in {folder}")

@@ -47,12 +47,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _bench(argv: list[str]) -> int:
-    from benchmarks.cli import add_bench_commands
+    from benchmarks.cli import add_bench_commands, run
 
     parser = argparse.ArgumentParser(prog="tideplane")
     add_bench_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", *argv])
-    return args.func(args)
+    return run(args)
 
 
 # HTTP and cloud client libraries log every request (httpx "HTTP Request: ...") or credential lookup

@@ -13,6 +13,7 @@ import pytest
 from benchmarks import scaling, spot, node_cache as staging, traces
 from benchmarks.baselines import HpaPolicy, HpaRule, KedaPolicy, OraclePolicy, StaticPolicy
 from benchmarks.scaling import TideplanePolicy
+from tests.public_traces import need
 from infra.fleetmodel.fleet import Aggregate, FleetConfig, simulate
 from infra.fleetmodel.sizes import fixed
 from workflows.scaling.decide import ScalingPolicy, Signals, slo_replicas
@@ -136,6 +137,7 @@ def test_prewarm_learns_from_demand_not_from_its_own_floors():
 
 
 def test_scaling_bench_on_a_day_of_servegen(tmp_path):
+    need(traces.SERVEGEN)
     """Every family runs, the oracle is the cheapest fleet within the SLO, files are written."""
     (report,) = scaling.run(traces.SERVEGEN, tmp_path, CFG, seeds=(0,), clients=12, days=0.5, tuned=False)
     (runs,) = report.runs

@@ -1,10 +1,12 @@
 """``tideplane bench scaling --jobs``: policies run side by side give the figures they give one after another."""
 
 from benchmarks import scaling, traces
+from tests.public_traces import need
 from infra.fleetmodel.fleet import FleetConfig
 
 
 def test_suite_in_two_processes_matches_one_after_another():
+    need(traces.SERVEGEN)
     work = scaling.load_workload(traces.SERVEGEN, 0, clients=12).slice(12 * 3600, 13 * 3600, "noon")
     cfg = FleetConfig(step_s=15.0)
     alone = scaling.suite(work, cfg, None)

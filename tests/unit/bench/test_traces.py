@@ -7,16 +7,19 @@ import json
 import pytest
 
 from benchmarks import traces
+from tests.public_traces import need
 
 M_MID_GAP = range(522, 533)  # windows where every m-mid client reports zero (a gap in the release)
 
 
 @pytest.fixture(scope="module")
 def m_mid():
+    need(traces.SERVEGEN)
     return traces.load_servegen("m-mid", clients=12)
 
 
 def test_servegen_sums_client_rates_per_window():
+    need(traces.SERVEGEN)
     one = traces.load_servegen("m-large", clients=1)
     two = traces.load_servegen("m-large", clients=2)
     assert one.window_s == 600 and len(one.windows) == 2016  # 14 days of 10-minute windows
@@ -37,6 +40,7 @@ def test_servegen_m_mid_gap_windows_are_missing_not_zero(m_mid):
 
 def test_servegen_partial_gap_edges_are_missing_too():
     """Windows at a gap's edge where only a few small clients report read as missing, not a trough."""
+    need(traces.SERVEGEN)
     full = traces.load_servegen("m-mid")
     known = sorted(w.rate for w in full.windows if w.rate is not None)
     assert full.windows[533].rate is None  # 14 req/s against a median of ~1950: the gap's ragged edge
@@ -55,6 +59,7 @@ def test_arrivals_keep_each_window_total_and_carry_gaps_forward(m_mid):
 
 
 def test_azure_requests_and_counts():
+    need(traces.AZURE_CODE)
     requests = traces.load_azure()
     assert len(requests) == 8819
     assert requests[0].t_s == 0 and requests[0].prompt_tokens == 4808 and requests[0].output_tokens == 10
@@ -66,6 +71,7 @@ def test_azure_requests_and_counts():
 
 
 def test_skynomad_one_means_preempted():
+    need(traces.SKYNOMAD)
     trace = traces.load_availability()
     assert trace.name == "skynomad-h100" and len(trace.zones) == 13
     by_name = {z.zone: z for z in trace.zones}
@@ -81,6 +87,7 @@ def test_skynomad_one_means_preempted():
 
 
 def test_launch_counts_are_matched_to_samples_by_time():
+    need(traces.SKYNOMAD)
     trace = traces.load_availability()
     z = {z.zone: z for z in trace.zones}
     # first CSV row, 2025-10-03T17:10-07:00 = the zones' start_time 00:10Z: us-west1-b got 13 of 16, us-east5-a 0
@@ -102,3 +109,17 @@ def test_any_step_and_instance_type(tmp_path):
     a = trace.zones[0]
     assert (a.region, a.domain, a.gpus, a.launched, a.capacity(0), a.capacity(1)) == (
         "us-east-1", "p5.48xlarge/us-east-1a", 1, None, None, 0)
+
+
+def test_an_absent_trace_names_its_path_and_how_to_get_it(capsys):
+    """A clone without ../shared/traces: the loaders and `tideplane bench` say which trace and where it comes from."""
+    from benchmarks.cli import main  # what `tideplane bench` runs
+
+    absent = traces.TRACES_DIR / "skynomad-h100" / "no-such-zone"
+    with pytest.raises(traces.TraceMissing) as raised:
+        traces.load_availability(absent)
+    message = str(raised.value)
+    assert str(absent) in message and "TIDEPLANE_TRACES_DIR" in message and "github.com/andylizf/skynomad-artifact" in message
+    assert main(["spot", "--no-sweep", "--trace", str(absent)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tideplane bench: public trace ") and str(absent) in err

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks import traces
+from tests.public_traces import need
 from benchmarks.baselines import KedaPolicy, StaticPolicy
 from infra.fleetmodel.fleet import Aggregate, FleetConfig, RequestLevel, requests_from_counts, simulate
 from infra.fleetmodel.replica import Replica, Request
@@ -19,12 +20,14 @@ HOUR = 3600
 
 @pytest.fixture(scope="module")
 def azure():
+    need(traces.AZURE_CODE)
     requests = traces.load_azure()
     return requests, from_requests(requests, 600, "azure")
 
 
 @pytest.fixture(scope="module")
 def servegen():
+    need(traces.SERVEGEN, traces.SERVEGEN_DATASETS)
     """The first 12 m-large clients, 1 s arrivals (seed 0) and their token mix."""
     rate = traces.load_servegen("m-large", clients=12)
     mix = load_servegen_sizes("m-large", traces.SERVEGEN, traces.SERVEGEN_DATASETS, clients=12)
@@ -95,6 +98,7 @@ def test_modes_agree_within_10_percent_on_p99_of_an_hour_of_servegen(servegen_ho
 def test_modes_agree_on_an_hour_of_servegen_m_mid():
     """m-mid's first 3 clients at noon on one replica (its p99 under 1 s, some minutes past the SLO):
     a backlog a burst leaves drains at the replica's few spare requests a second, in both modes."""
+    need(traces.SERVEGEN, traces.SERVEGEN_DATASETS)
     rate = traces.load_servegen("m-mid", clients=3)
     mix = load_servegen_sizes("m-mid", traces.SERVEGEN, traces.SERVEGEN_DATASETS, clients=3)
     noon = 12 * HOUR
