@@ -16,7 +16,6 @@ from temporalio.runtime import Runtime
 from temporalio.testing import WorkflowEnvironment
 
 from infra.sandbox.ports import free_port, wait_for_port
-from workflows.core import search_attributes
 
 BIN = Path(sys.executable).parent  # the venv's bin: temporal, temporal-test-server, moto_server
 
@@ -69,16 +68,9 @@ async def time_skipping(runtime: Runtime | None = None) -> AsyncIterator[Workflo
         data_converter=pydantic_data_converter,
         runtime=runtime,
     )
-    from temporalio.api.enums.v1 import IndexedValueType
-    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+    from workers.cli.setup import register_search_attributes
 
-    kinds = {"Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD, "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT}
-    await env.client.operator_service.add_search_attributes(
-        AddSearchAttributesRequest(
-            namespace=env.client.namespace,
-            search_attributes={name: kinds[kind] for name, kind in search_attributes.CLI_TYPES.items()},
-        )
-    )
+    await register_search_attributes(env.client, env.client.namespace)
     try:
         yield env
     finally:

@@ -40,7 +40,6 @@ from infra.sandbox.kubeclient import api_client, kubeconfig_yaml, raw
 from infra.sandbox.node_agents import TARGETS_FILE
 from infra.sandbox.worker_identity import install_worker_identity
 from infra.sandbox.ports import free_port
-from workflows.core.search_attributes import CLI_TYPES
 
 REPO = Path(__file__).resolve().parents[2]
 INFERENCE_EXTENSION_CRDS = REPO / "infra" / "k8s" / "inference-extension" / "crds.yaml"
@@ -229,8 +228,6 @@ class Sandbox:
             "--http-port", str(p.temporal_http_port), "--metrics-port", str(p.temporal_metrics_port),
             "--db-filename", str(self.state_dir / "temporal.db"), "--log-level", "warn", "--ui-disable-news-fetch",
         ]
-        for name, kind in CLI_TYPES.items():
-            temporal += ["--search-attribute", f"{name}={kind}"]
         return [
             Component("temporal", temporal, p.temporal_port),
             Component("temporal-ui", [], p.temporal_ui_port),
@@ -300,6 +297,7 @@ class Sandbox:
             spawn("temporal")
             self._wait_nodes(sum(p.count for p in config.node_pools), deadline)
             self._wait(components, "temporal", deadline)
+            self._setup_temporal()
             self._wait(components, "temporal-ui", deadline)
             for name in record["processes"]:
                 self._check_alive(name)
@@ -307,6 +305,16 @@ class Sandbox:
             self.down()
             raise
         return self.urls()
+
+    def _setup_temporal(self) -> None:
+        """Registers the search attributes as a user does: `tideplane setup temporal` (workers/cli/setup.py)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDEPLANE_TEMPORAL_", "TEMPORAL_"))}
+        done = subprocess.run(
+            [str(BIN / "tideplane"), "setup", "temporal", "--address", self.urls()["temporal"], "--namespace", "default"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"tideplane setup temporal failed: {(done.stderr or done.stdout).strip()}")
 
     def _write_files(self) -> None:
         self.kubeconfig.write_text(kubeconfig_yaml(self.urls()["kubeapi"]))

@@ -24,6 +24,7 @@ from workers.cli.quotas import add_quotas_commands
 from workers.cli.registry import add_registry_commands
 from workers.cli.sandbox import add_demo_command, add_sandbox_commands, with_sandbox
 from workers.cli.scaling import add_schedules_commands
+from workers.cli.setup import add_setup_commands
 from workers.codec_server import add_codec_server_command
 from workers.config import SettingsError, load_settings
 
@@ -36,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     add_demo_command(commands)
     add_golden_commands(add_registry_commands(commands))
     add_schedules_commands(commands)
+    add_setup_commands(commands)
     add_cost_commands(commands)
     add_node_cache_commands(commands)
     add_quotas_commands(commands)

@@ -1,7 +1,8 @@
 """Custom search attributes, so users can filter workflows in the Temporal UI and CLI.
 
-The sandbox registers them at start; a production namespace needs them registered once with
-``temporal operator search-attribute create`` (see the README).
+A namespace needs them registered once: ``tideplane setup temporal`` (workers/cli/setup.py; the
+sandbox runs it at start) or the ``temporal operator search-attribute create`` lines in
+docs/getting-started.md.
 """
 
 from temporalio.common import SearchAttributeKey
