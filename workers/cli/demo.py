@@ -41,7 +41,7 @@ from workflows.core.naming import (
 )
 from workflows.quality.shadow import describe_pair
 from workflows.rollout.types import RolloutInput, RolloutResult, RolloutStatus
-from workflows.rollout.workflow import static_details, static_summary
+from workflows.rollout.workflow import rollout_result, static_details, static_summary
 
 WORKER_GRACE_SECONDS = 3.0
 
@@ -149,7 +149,7 @@ async def _follow(client: Client) -> RolloutResult:
             print("  the web UI's current details now read:\n    " + meta.current_details.replace("\n\n", "\n    "), flush=True)
             details_shown = True
         await asyncio.sleep(POLL_SECONDS)
-    return await handle.result()
+    return await rollout_result(handle)
 
 
 def _outcome(result: RolloutResult) -> str:

@@ -43,6 +43,14 @@ deprecates``                                             after a quality failure
                                                          recorded before it carry no ``no_series``):
                                                          no history; the new side is tests/workflows/
                                                          rollout/ (pauses at once, "metric missing:")
+``outcome-in-status``        workflow.py                 old: model-rollout-rolled-back,
+                                                         devserver-rollout-rolled-back,
+                                                         model-rollout-golden-failed (a rollback
+                                                         completed normally, its result the outcome);
+                                                         new: tests/workflows/rollout/ (a rollback or
+                                                         an abort fails the run: ApplicationError
+                                                         RolledBack / Aborted, the result in its
+                                                         details and in the ``result`` query)
 ===========================  ==========================  =========================================
 
 tests/workflows/test_replay.py checks that model-rollout-golden-failed holds the new side of
@@ -81,5 +89,9 @@ LIVE_TOTAL_PATCH = "size-from-live-total"
 # which metric is missing.
 METRIC_MISSING_PATCH = "metric-missing"
 
+# Runs from before issue 35 completed normally when they rolled back or were aborted (green in the web
+# UI, exit 0 from `temporal workflow execute`); newer ones fail with a typed, non-retryable error.
+OUTCOME_PATCH = "outcome-in-status"
+
 PATCHES = (RETIRE_PATCH, GOLDEN_PATCH, QUALITY_DEPRECATES_PATCH, METER_PATCH, BATCHING_PATCH, PRESTAGE_PATCH, ADAPTERS_PATCH, SHADOW_TALLY_PATCH,
-           LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH)
+           LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH, OUTCOME_PATCH)

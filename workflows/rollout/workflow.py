@@ -8,7 +8,12 @@ API (stable; the README shows the CLI lines):
   signals ``pause`` (PauseInput), ``resume`` (ResumeInput), ``abort`` (AbortInput), each acting
   on any payload (what it did not understand is named in the reason);
   update ``promote`` (PromoteInput, refused when there is nothing to promote);
-  query ``status`` -> RolloutStatus; result RolloutResult.
+  queries ``status`` -> RolloutStatus, ``result`` -> RolloutResult | None (None while running);
+  result RolloutResult when promoted. A rolled-back or aborted run FAILS (the web UI shows it
+  red, ``temporal workflow execute`` exits non-zero) with a non-retryable ApplicationError of type
+  ``RolledBack`` or ``Aborted``, whose message is the verdict and whose details hold the full
+  RolloutResult; ``rollout_result`` reads either back. Both queries answer after the run closed
+  (a worker replays its history).
 
 This module is the runbook: the operator's controls and the order of the steps. Each step is a
 module of workflows/rollout/steps/ working on the run's ``RunState`` (run_state.py); what every
@@ -27,7 +32,7 @@ import asyncio
 from typing import Any
 
 from temporalio import workflow
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
@@ -39,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.core.failures import cause, understood, validated
     from workflows.core.naming import DEPLOYMENT_OWNED, MODEL_ROLLOUT_WORKFLOW, TASK_QUEUE, rollout_workflow_id
     from workflows.core.search_attributes import CANARY_PERCENT, DEPLOYMENT, MODEL, STAGE, VERSION
+    from workflows.rollout.patches import OUTCOME_PATCH
     from workflows.rollout.actions import Abort, RollBack, checkpoint, record_rollout, set_stage, shielded, show
     from workflows.rollout.run_state import RunState
     from workflows.rollout.steps import canary, promote, retire, roll_back, shadow, stage, start, warm_up
@@ -57,6 +63,10 @@ with workflow.unsafe.imports_passed_through():
     )
 
 
+# The ApplicationError type a run that did not promote fails with (issue 35: a rollback is no success).
+FAILED_OUTCOMES = {Outcome.ROLLED_BACK: "RolledBack", Outcome.ABORTED: "Aborted"}
+
+
 @workflow.defn(name=MODEL_ROLLOUT_WORKFLOW, failure_exception_types=[ValidationError])
 class ModelRollout:
     """One rollout of one version to one logical deployment. ValidationError fails the run (a bad
@@ -65,6 +75,7 @@ class ModelRollout:
     @workflow.init
     def __init__(self, input: RolloutInput) -> None:
         self._state = RunState.start(input)
+        self._result: RolloutResult | None = None
 
     @workflow.run
     async def run(self, input: RolloutInput) -> RolloutResult:
@@ -82,6 +93,11 @@ class ModelRollout:
         result = await self._run()
         record_rollout(s, result.outcome.value, s.ended_in or s.stage.value, result.route_reverted_seconds)
         await asyncio.gather(*s.telemetry, return_exceptions=True)
+        self._result = result
+        if result.outcome is not Outcome.PROMOTED and workflow.patched(OUTCOME_PATCH):
+            raise ApplicationError(
+                result.reason, result, type=FAILED_OUTCOMES[result.outcome], non_retryable=True
+            )
         return result
 
     async def _run(self) -> RolloutResult:
@@ -168,6 +184,11 @@ class ModelRollout:
     def status(self) -> RolloutStatus:
         return self._state.status()
 
+    @workflow.query
+    def result(self) -> RolloutResult | None:
+        """The run's result once it has one (promoted, rolled back or aborted); None before."""
+        return self._result
+
     # ---- the runbook -------------------------------------------------------------------------
 
     async def _rollout(self) -> RolloutResult:
@@ -241,6 +262,28 @@ async def start_rollout(client: Client, input: RolloutInput, *, task_queue: str 
         static_summary=static_summary(input),
         static_details=static_details(input),
     )
+
+
+async def rollout_result(handle: WorkflowHandle) -> RolloutResult:
+    """Wait for a rollout's end and return its RolloutResult, promoted or not: a rolled-back or
+    aborted run fails with its result in the error's details (runs from before the
+    ``outcome-in-status`` patch completed with it). Any other failure is raised."""
+    try:
+        value = await handle.result()
+    except WorkflowFailureError as err:
+        if (found := result_of_failure(err)) is None:
+            raise
+        return found
+    return value if isinstance(value, RolloutResult) else RolloutResult.model_validate(value)
+
+
+def result_of_failure(err: WorkflowFailureError) -> RolloutResult | None:
+    """The RolloutResult a rolled-back or aborted run failed with; None for any other failure."""
+    failure = err.cause
+    if isinstance(failure, ApplicationError) and failure.type in FAILED_OUTCOMES.values() and failure.details:
+        detail = failure.details[0]
+        return detail if isinstance(detail, RolloutResult) else RolloutResult.model_validate(detail)
+    return None
 
 
 def static_summary(input: RolloutInput) -> str:

@@ -58,6 +58,7 @@ from workers.telemetry import metrics_runtime
 from workflows.core.engine_metrics import metric_names
 from workflows.core import telemetry
 from workflows.core.naming import NODE_CAPACITY_TYPE, rollout_workflow_id, scaling_workflow_id
+from workflows.rollout.workflow import rollout_result
 
 NS, DEP = "alerts-test", "chat"  # a namespace no other test records in the shared registry
 
@@ -406,8 +407,8 @@ async def test_every_declared_metric_moves_after_real_runs(sandbox, kube, regist
         await handles[OBS_GOOD].signal("pause", {"reason": "observability test"})
         await check(telemetry.ROLLOUT_PAUSED, f"tideplane_rollout_paused{{{good}}}", lambda v: v == 1, "paused")
         await handles[OBS_GOOD].signal("resume", {})
-        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles.values())), 120)
-        assert [r["outcome"] for r in results] == ["promoted", "rolled_back"], results
+        results = await asyncio.wait_for(asyncio.gather(*(rollout_result(h) for h in handles.values())), 120)
+        assert [r.outcome.value for r in results] == ["promoted", "rolled_back"], results
 
         bad = f'kube_namespace="{OBS_BAD}",deployment="{NAME}",$q'
         await check(telemetry.ROLLOUTS, f'tideplane_rollouts_total{{{good},outcome="promoted",stage="promoted"}}', lambda v: v == 1, "promoted")

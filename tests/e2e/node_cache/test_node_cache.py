@@ -30,6 +30,7 @@ from workflows.core.naming import LABEL_APP, LABEL_VERSION, NODE_POOL, rollout_w
 from workflows.rollout.types import Outcome, RolloutResult, RolloutStatus
 from workflows.node_cache.contract import NODE_CACHE_URL_ANNOTATION
 from workflows.node_cache.chunks import cached_version_label
+from workflows.rollout.workflow import rollout_result
 
 NS, NAME, MODEL = "e2e-node-cache", "chat", "e2e-cache-llm"
 POOL, POOL_NODES = "gpu-on-demand", 3
@@ -72,7 +73,7 @@ async def roll_out(sandbox, temporal, version: str, min_nodes: int) -> tuple[Rol
     started = await asyncio.to_thread(temporal_start, sandbox.urls["temporal"], rollout(version, min_nodes))
     assert started.returncode == 0, started.stderr
     handle = temporal.get_workflow_handle(rollout_workflow_id(f"{NS}/{NAME}"), result_type=RolloutResult)
-    result = await asyncio.wait_for(handle.result(), 60)
+    result = await asyncio.wait_for(rollout_result(handle), 60)
     return result, await handle.query("status", result_type=RolloutStatus)
 
 

@@ -31,6 +31,7 @@ from workers.client import connect
 from workers.config import load_settings
 from workers.worker import WORKFLOWS, build_activities
 from workflows.rollout.types import Outcome, PauseInput, RolloutInput, RolloutResult, Stage
+from workflows.rollout.workflow import rollout_result
 
 BIN = Path(sys.executable).parent
 NAMESPACE = "bad-input"  # exists and stays empty: no bad input may create anything in it
@@ -247,7 +248,7 @@ async def test_second_rollout_promote_and_abort_are_refused_when_they_make_no_se
 
     abort = await temporal(ctx, "workflow", "signal", "--workflow-id", workflow_id, "--name", "abort", "--input", '{"reason": "test"}')
     assert abort.returncode == 0, abort.stderr
-    result = await asyncio.wait_for(handle.result(), FAST)
+    result = await asyncio.wait_for(rollout_result(handle), FAST)
     assert result.outcome is Outcome.ABORTED and result.weight_reached == 0
 
     late = await temporal(ctx, "workflow", "signal", "--workflow-id", workflow_id, "--name", "abort", "--input", "{}")

@@ -42,6 +42,7 @@ from workflows.rollout.types import Outcome, RolloutResult
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.loop import ReactiveScaling
 from workflows.scaling.loop_state import ScalingInput
+from workflows.rollout.workflow import rollout_result
 
 MODEL = "e2e-batching-llm"
 NAMESPACE = "e2e-batching"
@@ -76,7 +77,7 @@ async def tuned(sandbox, kube, registry, worker, temporal, tmp_path_factory):
         started = await asyncio.to_thread(temporal_start, sandbox.urls["temporal"], inp)
         assert started.returncode == 0, started.stderr
         handle = temporal.get_workflow_handle(rollout_workflow_id(inp["deployment"]), result_type=RolloutResult)
-        result = await asyncio.wait_for(handle.result(), timeout=90)
+        result = await asyncio.wait_for(rollout_result(handle), timeout=90)
         yield result, server_args(client.AppsV1Api(kube)), registry.show(model, VERSION)
     finally:
         clean_up(kube, NAMESPACE)

@@ -44,7 +44,7 @@ from workers.client import connect
 from workers.config import load_settings
 from workers.worker import WORKFLOWS, build_activities
 from workflows.core.naming import versioned_name
-from workflows.rollout.workflow import start_rollout
+from workflows.rollout.workflow import start_rollout, rollout_result
 from workflows.rollout.types import (
     Outcome,
     ResumeInput,
@@ -205,7 +205,7 @@ async def test_rollout_converges_under_kube_api_and_s3_faults(ctx, deployment, c
         try:
             with RouteWatch(ctx.api, deployment) as watch:
                 handle = await start_rollout(ctx.client, rollout_input(ctx, deployment, "2.0.0"), task_queue=ctx.task_queue)
-                result = await asyncio.wait_for(handle.result(), 120)
+                result = await asyncio.wait_for(rollout_result(handle), 120)
         finally:
             ctx.s3.configure(rate=0)
             (await http.delete("/sandbox/faults")).raise_for_status()
@@ -248,7 +248,7 @@ async def test_prometheus_stopped_mid_canary_pauses_then_continues(ctx, deployme
     assert held.paused and held.weight == paused.weight
 
     await handle.signal("resume", ResumeInput())
-    result = await asyncio.wait_for(handle.result(), 90)
+    result = await asyncio.wait_for(rollout_result(handle), 90)
     assert_promoted_cleanly(ctx, deployment, result)
 
 
@@ -260,7 +260,7 @@ async def test_temporal_restarted_mid_rollout_continues(ctx, deployment, sandbox
     new_pid = (await asyncio.to_thread(sandbox.sandbox.restart, "temporal"))["pid"]
     print(f"\nTemporal restarted in {time.monotonic() - started:.1f}s with the rollout at {before.weight} %")
     assert new_pid != old_pid
-    result = await asyncio.wait_for(handle.result(), 120)
+    result = await asyncio.wait_for(rollout_result(handle), 120)
     assert_promoted_cleanly(ctx, deployment, result)
     assert result.weight_reached == 100
     scheduled = Counter()

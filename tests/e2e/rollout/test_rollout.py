@@ -55,6 +55,7 @@ from workflows.core.naming import (
 from workflows.registry.schema import Manifest
 from workflows.rollout.contract import retire_workflow_id
 from workflows.rollout.types import Outcome, RolloutResult, RolloutStatus, Stage
+from workflows.rollout.workflow import rollout_result
 
 NAME = "chat"
 NS_GOOD, NS_BAD, NS_CRASH = "e2e-rollout-good", "e2e-rollout-bad", "e2e-rollout-crash"
@@ -189,7 +190,7 @@ async def follow(temporal: Client, deployment: str, apps: client.AppsV1Api, old_
     """Poll ``status`` until the rollout ends (or ``until(status)`` holds: then return early)."""
     namespace, name = deployment.split("/")
     handle = temporal.get_workflow_handle(rollout_workflow_id(deployment), result_type=RolloutResult)
-    result = asyncio.ensure_future(handle.result())
+    result = asyncio.ensure_future(rollout_result(handle))
     seen = Followed()
     while not result.done():
         now = await status(handle)

@@ -61,7 +61,7 @@ from workflows.core.naming import (
     spot_reclaim_workflow_id,
     versioned_name,
 )
-from workflows.rollout.workflow import start_rollout
+from workflows.rollout.workflow import start_rollout, rollout_result
 from workflows.rollout.contract import retire_workflow_id
 from workflows.rollout.types import Outcome, RolloutInput, RolloutResult, Stage
 from workflows.scaling.decide import ScalingPolicy
@@ -206,7 +206,7 @@ async def roll_out_and_kill(sandbox, api: client.ApiClient, temporal: Client, wh
                     await asyncio.sleep(0.05)
                 await restart(worker)
                 killed_in = now.stage.value
-            result = await asyncio.wait_for(handle.result(), 150)
+            result = await asyncio.wait_for(rollout_result(handle), 150)
             seconds = time.monotonic() - started
             await asyncio.sleep(0.5)  # let the watch deliver the last state
             states = [w for _, w in route.events]

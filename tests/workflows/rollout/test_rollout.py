@@ -21,6 +21,7 @@ from temporalio import activity
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import (
     Client,
+    WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
@@ -38,7 +39,7 @@ from workflows.rollout import gates as canary
 from workflows.core import search_attributes as sa
 from activities.rollout.retire_scheduling import RetireScheduling
 from workflows.rollout.retire_version import RetireVersion
-from workflows.rollout.workflow import ModelRollout, start_rollout
+from workflows.rollout.workflow import ModelRollout, rollout_result, start_rollout
 from workflows.core.naming import DeploymentRef
 from workflows.quality.contract import (
     GoldenSetFound,
@@ -359,7 +360,8 @@ def worker(fleet: Fleet, queue: str) -> Worker:
 
 
 async def run_rollout(fleet: Fleet, inp: RolloutInput, until: Callable[[WorkflowHandle], Awaitable[Any]] | None = None):
-    """Start the rollout with a worker running the stubs; return the result (or raise its failure)."""
+    """Start the rollout with a worker running the stubs; return the result, promoted or not (a
+    rolled-back or aborted run fails with it), or raise any other failure."""
     queue = f"rollout-test-{uuid.uuid4().hex[:8]}"
     async with worker(fleet, queue):
         handle = await start_rollout(fleet.client, inp, task_queue=queue)
@@ -367,10 +369,10 @@ async def run_rollout(fleet: Fleet, inp: RolloutInput, until: Callable[[Workflow
         fleet.deployment = inp.deployment.split("/")[1]
         try:
             if until is not None:
-                result = asyncio.ensure_future(handle.result())  # lets virtual time run meanwhile
+                result = asyncio.ensure_future(rollout_result(handle))  # lets virtual time run meanwhile
                 await until(handle)
                 return await result
-            return await handle.result()
+            return await rollout_result(handle)
         finally:
             await _terminate_if_running(handle)
             await retired(fleet, inp.deployment)
@@ -785,6 +787,39 @@ async def test_abort_while_paused(client):
     result = await run_rollout(fleet, rollout_input(), until=operator)
     assert result.outcome is Outcome.ABORTED and result.reason == "bad vibes"
     assert_rolled_back_route_first(fleet, 5)
+
+
+@pytest.mark.parametrize("how, error_type, outcome", [("gate", "RolledBack", Outcome.ROLLED_BACK), ("abort", "Aborted", Outcome.ABORTED)])
+async def test_a_rollout_that_does_not_promote_fails_and_its_result_stays_queryable(client, how, error_type, outcome):
+    """Issue 35: a rollback is no success. The run fails (red in the web UI, non-zero from
+    `temporal workflow execute`) with a typed, non-retryable error whose message is the verdict;
+    the whole result is in its details and answers the `result` query after the run closed."""
+    failing = {**GOOD, canary.ERROR_RATE: BAD[canary.ERROR_RATE]}
+    if how == "gate":
+        fleet = Fleet(client, gates=lambda w, n: failing if w == 5 else GOOD)
+    else:
+        fleet = Fleet(client, hook=_abort_when(QUERY_GATES, 5))
+    inp = rollout_input()
+    queue = f"rollout-test-{uuid.uuid4().hex[:8]}"
+    async with worker(fleet, queue):
+        handle = await start_rollout(client, inp, task_queue=queue)
+        fleet.workflow_id = handle.id
+        with pytest.raises(WorkflowFailureError) as info:
+            await handle.result()
+        error = info.value.cause
+        assert isinstance(error, ApplicationError) and error.type == error_type and error.non_retryable
+        assert (await handle.describe()).status == WorkflowExecutionStatus.FAILED
+        # queried after close: the worker replays the history and answers
+        result = await handle.query(ModelRollout.result)
+        assert result.outcome is outcome and result.reason == error.message
+        assert (await handle.query(ModelRollout.status)).stage is Stage.ROLLED_BACK
+        assert await rollout_result(handle) == result
+        if how == "gate":
+            assert canary.ERROR_RATE in error.message and [g.gate for g in result.failed_gates] == [canary.ERROR_RATE]
+        else:
+            assert error.message == f"abort at {QUERY_GATES}"
+        await Replayer(workflows=[ModelRollout], data_converter=pydantic_data_converter).replay_workflow(await handle.fetch_history())
+    await retired(fleet, inp.deployment)
 
 
 async def test_cancellation_rolls_back_like_abort(client):
