@@ -9,19 +9,22 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.clients.kube import KubeClient
+from activities.clients.kube import KubeClient, read_or_none
 from activities.clients.prometheus import PrometheusClient, render
-from activities.core.traffic_policy import apply_traffic_policy
+from activities.core.traffic_policy import POLICY_API, POLICY_PLURAL, apply_traffic_policy
 from workflows.quotas import contract
 from workflows.quotas.contract import (
     AppliedQuotaPolicy,
     MonthTokensInput,
+    MonthUsageFound,
+    MonthUsageInput,
     QuotaPolicyInput,
     TenantTokens,
     UsageInput,
     UsageSamples,
 )
 from workflows.quotas.metering import UsageSample
+from workflows.core.naming import traffic_policy_name
 from workflows.core.traffic_policy import QUOTA_FIELDS
 
 
@@ -47,6 +50,13 @@ class QuotaActivities(contract.QuotaActivities):
                 raise ApplicationError(f"token query 'month_tokens' must return the label tenant; {labels} lacks it", non_retryable=True)
             tokens[labels["tenant"]] = tokens.get(labels["tenant"], 0.0) + value
         return TenantTokens(tokens=tokens)
+
+    @activity.defn(name="read_month_usage")
+    def read_month_usage(self, req: MonthUsageInput) -> MonthUsageFound:
+        self.kube.require_namespace(req.namespace)
+        policy = read_or_none(self.kube.custom.get_namespaced_custom_object, *POLICY_API, req.namespace, POLICY_PLURAL,
+                              traffic_policy_name(req.route))
+        return MonthUsageFound(annotations=((policy or {}).get("metadata") or {}).get("annotations") or {})
 
     @activity.defn(name="apply_quota_policy")
     def apply_quota_policy(self, req: QuotaPolicyInput) -> AppliedQuotaPolicy:

@@ -16,12 +16,21 @@ class MonthTokensInput(BaseModel):
     namespace: str
     route: str
     query: str = Field(description="PromQL template with ${namespace}, ${route}, ${window}; returns the label tenant")
-    month_start: datetime
+    month_start: datetime = Field(description="start of the window: the month's start, or the last run's count")
     end: datetime
 
 
 class TenantTokens(BaseModel):
-    tokens: dict[str, float] = Field(default_factory=dict, description="tenant -> tokens since the month began")
+    tokens: dict[str, float] = Field(default_factory=dict, description="tenant -> tokens over [month_start, end]")
+
+
+class MonthUsageInput(BaseModel):
+    namespace: str
+    route: str
+
+
+class MonthUsageFound(BaseModel):
+    annotations: dict[str, str] = Field(default_factory=dict, description="the route's policy's annotations ({}: no policy)")
 
 
 class QuotaPolicyInput(BaseModel):
@@ -49,6 +58,11 @@ class QuotaActivities:
     @activity.defn(name="read_month_tokens")
     def read_month_tokens(self, req: MonthTokensInput) -> TenantTokens:
         """Pinned to ``req.end``, so a retry reads the same numbers."""
+        raise NotImplementedError
+
+    @activity.defn(name="read_month_usage")
+    def read_month_usage(self, req: MonthUsageInput) -> MonthUsageFound:
+        """The annotations of the route's BackendTrafficPolicy, where the month's usage is carried."""
         raise NotImplementedError
 
     @activity.defn(name="apply_quota_policy")

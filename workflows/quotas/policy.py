@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -27,6 +28,10 @@ TENANT_HEADER = "x-tenant"
 TOKEN_COST = {"from": "Metadata", "metadata": {"namespace": "io.envoy.ai_gateway", "key": "llm_total_token"}}
 MONTHLY_QUOTAS_ANNOTATION = "tideplane.io/monthly-token-quotas"  # JSON {tenant: tokens}
 OVER_QUOTA_ANNOTATION = "tideplane.io/over-monthly-quota"  # comma-separated tenants cut off this month
+# JSON MonthUsage: the month's tokens per tenant so far, and up to when they were counted. Carried
+# from run to run, so a month's usage never depends on Prometheus keeping 31 days (it keeps 15 by default).
+MONTH_USAGE_ANNOTATION = "tideplane.io/month-token-usage"
+USAGE_REFRESH = timedelta(hours=6)  # a quiet route's record still moves this often (short query windows)
 QUOTAS_LABEL = "tideplane.io/token-quotas"  # the route whose quotas the object holds
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -76,8 +81,57 @@ def over_quota(quotas: QuotaFile, used: Mapping[str, float]) -> list[str]:
     return sorted(t.name for t in quotas.tenants if used.get(t.name, 0.0) >= t.monthly_tokens)
 
 
-def quota_policy(quotas: QuotaFile, used: Mapping[str, float]) -> dict:
-    """The BackendTrafficPolicy for the file, given each tenant's tokens this month."""
+class MonthUsage(BaseModel):
+    """Each tenant's tokens this month, counted up to ``through`` (the policy's MONTH_USAGE_ANNOTATION)."""
+
+    month: str = Field(description="YYYY-MM, UTC")
+    through: datetime
+    tokens: dict[str, float] = Field(default_factory=dict)
+
+
+def month_of(now: datetime) -> str:
+    return f"{now.year:04d}-{now.month:02d}"
+
+
+def month_start(now: datetime) -> datetime:
+    """Midnight UTC on the 1st of ``now``'s month (quotas are per calendar month, UTC)."""
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def usage_from(annotations: Mapping[str, str]) -> MonthUsage | None:
+    """The usage the policy carries (None: none, or unreadable: then the month is counted afresh)."""
+    try:
+        return MonthUsage.model_validate_json(annotations[MONTH_USAGE_ANNOTATION])
+    except (KeyError, ValueError):
+        return None
+
+
+def carried(previous: MonthUsage | None, now: datetime) -> tuple[datetime, dict[str, float]]:
+    """From when to read tokens, and what this month already counted: since the record's
+    ``through`` when it is this month's, else since the month began, from nothing."""
+    if previous is not None and previous.month == month_of(now) and month_start(now) <= previous.through <= now:
+        return previous.through, dict(previous.tokens)
+    return month_start(now), {}
+
+
+def next_usage(previous: MonthUsage | None, since: datetime, base: Mapping[str, float],
+               read: Mapping[str, float], now: datetime) -> MonthUsage:
+    """The record after a run that read ``read`` tokens per tenant over [since, now]. While nothing
+    was used and the record is recent it stays as it was (the policy is left unchanged); the next
+    read then covers the longer window, so nothing is counted twice or lost."""
+    added = {tenant: value for tenant, value in read.items() if value > 0}
+    kept_since = previous is not None and since == previous.through and now - since < USAGE_REFRESH
+    if not added and kept_since:
+        return previous
+    tokens = dict(base)
+    for tenant, value in added.items():
+        tokens[tenant] = tokens.get(tenant, 0.0) + value
+    return MonthUsage(month=month_of(now), through=now, tokens=dict(sorted(tokens.items())))
+
+
+def quota_policy(quotas: QuotaFile, used: Mapping[str, float], usage: MonthUsage | None = None) -> dict:
+    """The BackendTrafficPolicy for the file, given each tenant's tokens this month (and the record
+    of them to carry to the next run)."""
     cut_off = set(over_quota(quotas, used))
     rules = []
     for tenant in quotas.tenants:
@@ -95,7 +149,8 @@ def quota_policy(quotas: QuotaFile, used: Mapping[str, float]) -> dict:
             "name": policy_name(quotas.route), "namespace": quotas.namespace,
             "labels": {LABEL_MANAGED_BY: MANAGED_BY, QUOTAS_LABEL: quotas.route},
             "annotations": {MONTHLY_QUOTAS_ANNOTATION: json.dumps(monthly, sort_keys=True),
-                            OVER_QUOTA_ANNOTATION: ",".join(sorted(cut_off))},
+                            OVER_QUOTA_ANNOTATION: ",".join(sorted(cut_off)),
+                            **({MONTH_USAGE_ANNOTATION: usage.model_dump_json()} if usage is not None else {})},
         },
         "spec": {
             "targetRefs": [{"group": ROUTE_GROUP, "kind": "HTTPRoute", "name": quotas.route}],

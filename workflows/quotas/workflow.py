@@ -7,7 +7,9 @@ every 5 minutes) that runs ApplyTokenQuotas with the file, and runs it once at o
       --input '{"quotas": {"namespace": "llm-serving", "route": "chat", "tenants": [
                  {"name": "acme", "tokens_per_minute": 20000, "monthly_tokens": 50000000}]}}'
 
-Each run reads every tenant's metered tokens this month from Prometheus, turns a tenant over its
+Each run reads every tenant's metered tokens since the last run from Prometheus and adds them to
+the month's usage that the policy carries (``tideplane.io/month-token-usage``: a month's count never
+needs Prometheus to keep 31 days), turns a tenant over its
 monthly quota into a rate limit of 0 (workflows/quotas/policy.py) and writes the gateway's
 BackendTrafficPolicy (unchanged when nothing moved). TokenMetering runs daily
 (``token_metering_schedule``) or from ``tideplane quotas usage``; its result is the day's table.
@@ -24,17 +26,19 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from workflows.core import telemetry
     from workflows.core.daily_schedule import daily_schedule
-    from workflows.quotas.contract import MonthTokensInput, QuotaActivities, QuotaPolicyInput, UsageInput
+    from workflows.quotas.contract import MonthTokensInput, MonthUsageInput, QuotaActivities, QuotaPolicyInput, UsageInput
     from workflows.quotas.metering import TokenQueries, TokenUsage, render_markdown, tabulate
     from workflows.core.naming import TOKEN_METERING_WORKFLOW_ID
-    from workflows.quotas.policy import QuotaInput, over_quota, policy_name, quota_policy
+    from workflows.quotas.policy import (
+        QuotaInput, carried, month_start, next_usage, over_quota, policy_name, quota_policy, usage_from,
+    )
 
 RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=30))
 
 
-def month_start(now: datetime) -> datetime:
-    """Midnight UTC on the 1st of ``now``'s month (quotas are per calendar month, UTC)."""
-    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+# Runs from before this patch read the whole month from Prometheus each time (needs 31 days of
+# retention); newer ones read since the usage the policy carries (MONTH_USAGE_ANNOTATION) and add.
+CARRY_USAGE_PATCH = "quota-usage-carried"
 
 
 class QuotaResult(BaseModel):
@@ -49,14 +53,30 @@ class ApplyTokenQuotas:
     @workflow.run
     async def run(self, input: QuotaInput) -> QuotaResult:
         q, now = input.quotas, workflow.now()
-        used = await workflow.execute_activity_method(
+        usage = None
+        if workflow.patched(CARRY_USAGE_PATCH):
+            found = await workflow.execute_activity_method(
+                QuotaActivities.read_month_usage, MonthUsageInput(namespace=q.namespace, route=q.route),
+                start_to_close_timeout=timedelta(seconds=60), retry_policy=RETRY,
+                summary=f"the month's usage carried by {q.namespace}/{policy_name(q.route)}",
+            )
+            previous = usage_from(found.annotations)
+            since, base = carried(previous, now)
+        else:
+            previous, since, base = None, month_start(now), {}
+        read = await workflow.execute_activity_method(
             QuotaActivities.read_month_tokens,
-            MonthTokensInput(namespace=q.namespace, route=q.route, query=input.month_tokens_query, month_start=month_start(now), end=now),
+            MonthTokensInput(namespace=q.namespace, route=q.route, query=input.month_tokens_query, month_start=since, end=now),
             start_to_close_timeout=timedelta(seconds=60), retry_policy=RETRY,
-            summary=f"Prometheus: tokens per tenant on {q.namespace}/{q.route} this month",
+            summary=f"Prometheus: tokens per tenant on {q.namespace}/{q.route} since {since:%Y-%m-%d %H:%M} UTC",
         )
+        if workflow.patched(CARRY_USAGE_PATCH):
+            usage = next_usage(previous, since, base, read.tokens, now)
+            used = usage
+        else:
+            used = read
         applied = await workflow.execute_activity_method(
-            QuotaActivities.apply_quota_policy, QuotaPolicyInput(body=quota_policy(q, used.tokens)),
+            QuotaActivities.apply_quota_policy, QuotaPolicyInput(body=quota_policy(q, used.tokens, usage)),
             start_to_close_timeout=timedelta(seconds=60), retry_policy=RETRY,
             summary=f"BackendTrafficPolicy {q.namespace}/{policy_name(q.route)}",
         )

@@ -100,3 +100,22 @@ def test_a_bad_quota_file_is_refused_naming_the_field(tmp_path):
     path.write_text("namespace: llm-serving\nroute: chat\ntenants:\n  - {name: acme, tokens_per_minute: 10, monthly_tokens: -1}\n")
     with pytest.raises(QuotaFileError, match=r"tenants\.0\.monthly_tokens: Input should be greater than 0"):
         load_quota_file(path)
+
+
+def test_the_month_usage_is_carried_and_starts_again_when_the_month_turns():
+    from datetime import datetime, timedelta, timezone
+
+    from workflows.quotas.policy import MONTH_USAGE_ANNOTATION, carried, next_usage, usage_from
+
+    t0 = datetime(2026, 12, 30, 12, tzinfo=timezone.utc)
+    first = next_usage(None, *carried(None, t0), {"acme": 500.0}, t0)
+    assert (first.month, first.tokens) == ("2026-12", {"acme": 500.0})
+    since, base = carried(usage_from({MONTH_USAGE_ANNOTATION: first.model_dump_json()}), t0 + timedelta(minutes=5))
+    assert (since, base) == (t0, {"acme": 500.0})  # only the five minutes since are read
+    quiet = next_usage(first, since, base, {"acme": 0.0}, t0 + timedelta(minutes=5))
+    assert quiet is first  # nothing used: the record (and the policy) stays as it was
+    later = next_usage(first, since, base, {"acme": 20.0, "bolt": 3.0}, t0 + timedelta(minutes=10))
+    assert later.tokens == {"acme": 520.0, "bolt": 3.0} and later.through == t0 + timedelta(minutes=10)
+    january = datetime(2027, 1, 1, 0, 5, tzinfo=timezone.utc)
+    assert carried(later, january) == (datetime(2027, 1, 1, tzinfo=timezone.utc), {})  # a new month counts afresh
+    assert usage_from({MONTH_USAGE_ANNOTATION: "not json"}) is None and usage_from({}) is None
