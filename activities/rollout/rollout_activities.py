@@ -70,6 +70,7 @@ from activities.rollout.serving_pods import (
 from workflows.core import naming, telemetry
 from workflows.core.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
 from workflows.core.lora import adapters_on, moved_adapter_rules
+from workflows.core.routes import inference_matches, only_inference
 from workflows.core.naming import DeploymentRef
 from workflows.core.versions import DeploymentState, WeightFile
 from workflows.rollout import contract
@@ -353,7 +354,7 @@ class RolloutActivities(contract.RolloutActivities):
                     },
                     "spec": {
                         "parentRefs": [gateway_parent_ref(self.gateway, ref.namespace)],
-                        "rules": [{"backendRefs": backends, **({"filters": [mirror]} if mirror else {})}],
+                        "rules": [{"matches": inference_matches(), "backendRefs": backends, **({"filters": [mirror]} if mirror else {})}],
                     },
                 }
                 custom.create_namespaced_custom_object(*ROUTE_API, ref.namespace, "httproutes", body, _request_timeout=API_TIMEOUT)
@@ -364,8 +365,11 @@ class RolloutActivities(contract.RolloutActivities):
             filters = with_mirror(rules[0].get("filters") or [], mirror, {b["name"] for b in backends})
             annotations = route["metadata"].get("annotations") or {}
             recorded = req.stable is None or annotations.get(naming.ANNOTATION_STABLE_VERSION) == req.stable
-            if rules[0].get("backendRefs") == backends and (rules[0].get("filters") or []) == filters and recorded:
+            closed = only_inference(rules[0].get("matches"))  # a route of before issue 33 let every path through
+            if rules[0].get("backendRefs") == backends and (rules[0].get("filters") or []) == filters and recorded and closed:
                 return
+            if not closed:
+                rules[0]["matches"] = inference_matches()
             if not recorded:
                 route["metadata"]["annotations"] = {**annotations, naming.ANNOTATION_STABLE_VERSION: req.stable}
             rules[0]["backendRefs"] = backends

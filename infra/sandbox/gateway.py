@@ -1,8 +1,9 @@
 """The sandbox gateway's routing: an HTTPRoute's rule for a request, and the replica of a pool.
 
-What a Gateway API implementation with the Inference Extension does, on plain values: the rule
-whose header matches are all met wins over a rule without matches (Gateway API precedence: more
-header matches first, then rule order); a backend that is an ``InferencePool`` goes to the pool's
+What a Gateway API implementation with the Inference Extension does, on plain values: a rule takes
+a request whose path one of its matches meets (none: every path) with all that match's headers; an
+Exact path wins over a prefix, then more header matches, then rule order (Gateway API precedence);
+a request no rule takes is answered 404; a backend that is an ``InferencePool`` goes to the pool's
 Ready replica with the least queue (waiting + running requests, the endpoint picker's queue
 scorer), a Service backend round robin (the fleet picks). Used by the fleet's
 ``POST /gateway/{namespace}/{route}/v1/completions``.
@@ -20,7 +21,18 @@ from collections.abc import Mapping
 from workflows.classes.manifests import POOL_GROUP
 
 
-def _matches(match: dict, headers: Mapping[str, str]) -> bool:
+def _path_matches(match: dict, path: str) -> bool:
+    """Gateway API path matching: none is ``PathPrefix /``; ``Exact``; ``PathPrefix`` by whole segments."""
+    want = match.get("path") or {"type": "PathPrefix", "value": "/"}
+    value = want.get("value", "/")
+    if want.get("type", "PathPrefix") == "Exact":
+        return path == value
+    return value == "/" or path == value.rstrip("/") or path.startswith(value.rstrip("/") + "/")
+
+
+def _matches(match: dict, headers: Mapping[str, str], path: str = "/v1/completions") -> bool:
+    if not _path_matches(match, path):
+        return False
     lowered = {k.lower(): v for k, v in headers.items()}
     for h in match.get("headers") or []:
         if h.get("type", "Exact") != "Exact" or lowered.get(h["name"].lower()) != h.get("value"):
@@ -31,16 +43,16 @@ def _matches(match: dict, headers: Mapping[str, str]) -> bool:
 MODEL_HEADER = "X-Gateway-Model-Name"
 
 
-def backend_for(route: dict, headers: Mapping[str, str], draw: float = 0.0) -> dict | None:
-    """The backendRef of the rule that takes a request with ``headers`` (None: no rule does),
-    drawn by weight with ``draw`` in [0, 1) (a rule whose weights are all 0 takes its first)."""
+def backend_for(route: dict, headers: Mapping[str, str], draw: float = 0.0, path: str = "/v1/completions") -> dict | None:
+    """The backendRef of the rule that takes a request for ``path`` with ``headers`` (None: no rule
+    does), drawn by weight with ``draw`` in [0, 1) (a rule whose weights are all 0 takes its first)."""
     candidates = []
     for order, rule in enumerate((route.get("spec") or {}).get("rules") or []):
         matches = rule.get("matches") or [{}]
-        met = [m for m in matches if _matches(m, headers)]
+        met = [m for m in matches if _matches(m, headers, path)]
         if met and rule.get("backendRefs"):
-            specificity = max(len(m.get("headers") or []) for m in met)
-            candidates.append((-specificity, order, rule["backendRefs"]))
+            specificity = max(((m.get("path") or {}).get("type") == "Exact", len(m.get("headers") or [])) for m in met)
+            candidates.append(((-specificity[0], -specificity[1]), order, rule["backendRefs"]))
     if not candidates:
         return None
     backends = min(candidates, key=lambda c: c[:2])[2]

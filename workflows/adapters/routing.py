@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from workflows.core.lora import MODEL_HEADER
+from workflows.core.routes import inference_matches
 
 
 def served_name(adapter: str, version: str) -> str:
@@ -30,7 +31,7 @@ def matches_adapter(rule: dict, adapter: str) -> bool:
 def adapter_rule(adapter: str, service: str, port: int, weights: dict[str, int]) -> dict:
     """The rule for ``adapter``: one weighted backend per served name, all to ``service``."""
     return {
-        "matches": [{"headers": [{"type": "Exact", "name": MODEL_HEADER, "value": adapter}]}],
+        "matches": inference_matches([{"type": "Exact", "name": MODEL_HEADER, "value": adapter}]),
         "backendRefs": [
             {
                 "group": "", "kind": "Service", "name": service, "port": port, "weight": weight,

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from workflows.core.naming import LABEL_APP, LABEL_MANAGED_BY, MANAGED_BY
+from workflows.core.routes import inference_matches
 
 POOL_GROUP = "inference.networking.k8s.io"
 POOL_API_VERSION = f"{POOL_GROUP}/v1"
@@ -97,10 +98,10 @@ def class_route(req: RequestClassesInput, mode: Mode, parent_ref: dict) -> dict:
             return {"group": POOL_GROUP, "kind": "InferencePool", "name": pool_name(cls.deployment), "port": req.port}
         return {"kind": "Service", "name": pool_name(cls.deployment), "port": req.port}
 
-    rules = [{"matches": [{"headers": [{"type": "Exact", "name": CLASS_HEADER, "value": c.name}]}],
+    rules = [{"matches": inference_matches([{"type": "Exact", "name": CLASS_HEADER, "value": c.name}]),
               "backendRefs": [backend(c)]} for c in req.classes]
     default = next(c for c in req.classes if c.name == req.default_class)
-    rules.append({"backendRefs": [backend(default)]})
+    rules.append({"matches": inference_matches(), "backendRefs": [backend(default)]})  # inference paths only
     return {
         "apiVersion": ROUTE_API_VERSION, "kind": "HTTPRoute",
         "metadata": {"name": req.route, "namespace": req.namespace, "labels": _labels(req.route)},

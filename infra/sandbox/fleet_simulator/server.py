@@ -29,6 +29,8 @@ log = logging.getLogger("tideplane.fleet")
 
 _PROXY = re.compile(r"^/proxy/([a-z0-9-]+)/([a-z0-9-]+)(/.*)$")
 _GATEWAY = re.compile(r"^/gateway/([a-z0-9-]+)/([a-z0-9-]+)/v1/completions$")  # through an HTTPRoute, as clients call
+_GATEWAY_ANY = re.compile(r"^/gateway/([a-z0-9-]+)/([a-z0-9-]+)(/[^?]*)")  # any other path: as the route's matches say
+_NO_RULE = "no HTTPRoute {}/{} rule takes this request"
 _POD = re.compile(r"^/pods/([a-z0-9-]+)/([a-z0-9.-]+)(/.*)$")  # one pod, as http://<pod IP>:8000 reaches it
 _LORA_ROUTES = {"/v1/load_lora_adapter": LoraAdapters.load, "/v1/unload_lora_adapter": LoraAdapters.unload}
 
@@ -107,6 +109,9 @@ def make_handler(fleet: FleetSimulator) -> type[BaseHTTPRequestHandler]:
                 return
             match = _PROXY.match(self.path)
             gateway = _GATEWAY.match(self.path)
+            if not gateway and (other := _GATEWAY_ANY.match(self.path)):
+                self._gateway_other(*other.groups(), body)
+                return
             if not gateway and (not match or match.group(3) != "/v1/completions"):
                 self._error(404, f"no route {self.path}")
                 return
@@ -167,6 +172,16 @@ def make_handler(fleet: FleetSimulator) -> type[BaseHTTPRequestHandler]:
                 if gateway:
                     fleet.gateway_answered(admission, *gateway.groups(), info, self.headers, body["usage"])
                 self._send(200, json.dumps(body).encode(), headers={"x-tideplane-pod": f"{info.namespace}/{info.name}"})
+
+        def _gateway_other(self, namespace: str, route: str, path: str, body: bytes) -> None:
+            """A POST through the gateway to a path other than completions: 404 unless a rule of the
+            route takes it; then the engine answers, as vLLM would (its LoRA admin endpoints too)."""
+            target = fleet.gateway_route(namespace, route, dict(self.headers), path)
+            if isinstance(target, str):
+                self._error(404 if target.startswith(_NO_RULE.format(namespace, route)) else 503, target)
+                return
+            info, _ = target
+            self._pod_request(info.namespace, info.name, path, body)
 
         def _pod_request(self, namespace: str, name: str, rest: str, body: bytes | None) -> None:
             """``/pods/<namespace>/<pod>``: ``GET /metrics`` (the pod's own exposition, vLLM's labels only),

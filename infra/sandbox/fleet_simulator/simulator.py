@@ -163,12 +163,12 @@ class FleetSimulator:
             self._round_robin += 1
             return self.replicas[ready[self._round_robin % len(ready)]]
 
-    def gateway_route(self, namespace: str, route: str, headers) -> tuple[PodInfo, SimulatedReplica] | str:
-        """The replica the gateway sends a request on ``route`` to, or why none (infra/sandbox/gateway.py)."""
+    def gateway_route(self, namespace: str, route: str, headers, path: str = "/v1/completions") -> tuple[PodInfo, SimulatedReplica] | str:
+        """The replica the gateway sends a request for ``path`` on ``route`` to, or why none (infra/sandbox/gateway.py)."""
         with self.lock:
             found = next((r for r in self.cluster.routes if r["metadata"].get("namespace") == namespace
                           and r["metadata"]["name"] == route), None)
-            backend = backend_for(found, headers, self.rng.random()) if found else None
+            backend = backend_for(found, headers, self.rng.random(), path) if found else None
             if backend is None:
                 return f"no HTTPRoute {namespace}/{route} rule takes this request"
             headers.update(headers_set_by(backend))  # e.g. the adapter version X-Gateway-Model-Name names

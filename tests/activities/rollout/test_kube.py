@@ -200,14 +200,21 @@ def test_route_keeps_its_matches_and_rejects_bad_weights(rollout):
     ref = _ref("rag")
     _run(rollout.ensure_version, _version("rag", "1.0.0", gpus=0))
     routes = rollout.kube.custom
-    rule = {"matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}], "backendRefs": [{"name": "old", "port": 8000, "weight": 100}]}
+    chat_only = [{"path": {"type": "Exact", "value": "/v1/chat/completions"}}]
+    rule = {"matches": chat_only, "backendRefs": [{"name": "old", "port": 8000, "weight": 100}]}
     routes.create_namespaced_custom_object(*ROUTE_API, NS, "httproutes", {
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
         "metadata": {"name": "rag"}, "spec": {"parentRefs": [{"name": "edge"}], "rules": [rule]},
     })
     _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 100}))
     route = _route(rollout, "rag")
-    assert route["spec"]["rules"][0]["matches"] == rule["matches"] and route["spec"]["parentRefs"] == [{"name": "edge"}]
+    assert route["spec"]["rules"][0]["matches"] == chat_only and route["spec"]["parentRefs"] == [{"name": "edge"}]
+    # matches that let more than the inference paths through (vLLM's admin endpoints) are closed
+    route["spec"]["rules"][0]["matches"] = [{"path": {"type": "PathPrefix", "value": "/v1"}}]
+    routes.replace_namespaced_custom_object(*ROUTE_API, NS, "httproutes", "rag", route)
+    _run(rollout.set_route_weights, RouteWeightsInput(deployment=ref, weights={"1.0.0": 100}))
+    assert [m["path"]["value"] for m in _route(rollout, "rag")["spec"]["rules"][0]["matches"]] == [
+        "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models"]
     assert _backends(rollout, "rag") == {"rag-v1-0-0": 100}
 
     for weights in ({"1.0.0": 60}, {"1.0.0": 120, "0.9.0": -20}, {}):

@@ -64,7 +64,8 @@ async def test_a_tenant_over_its_monthly_quota_is_refused_while_another_is_serve
     schedule_ids = [naming.quota_schedule_id(NAMESPACE, "chat"), naming.TOKEN_METERING_SCHEDULE_ID]
     try:
         async with Worker(temporal, task_queue=queue, workflows=[ApplyTokenQuotas, TokenMetering],
-                          activities=[activities.read_month_tokens, activities.apply_quota_policy, activities.read_token_usage],
+                          activities=[activities.read_month_tokens, activities.read_month_usage, activities.apply_quota_policy,
+                                      activities.read_token_usage],
                           activity_executor=ThreadPoolExecutor(2)):
             schedules, applied = await apply(temporal, quotas, queue, every_minutes=5, timeout=30)
             again_schedules, again = await apply(temporal, quotas, queue, every_minutes=5, timeout=30)
