@@ -9,14 +9,17 @@ included) before it reaches the Temporal server. The protocol is Temporal's: ``P
 (``{"payloads": [{"metadata": {...}, "data": "..."}]}``), an optional path prefix (e.g.
 ``/{namespace}``) ignored. Browsers get CORS headers for the allowed UI origins only.
 
-Anyone who reaches this port can decrypt: it binds loopback by default; in a cluster, put it
-behind the same authentication as the web UI (docs/production.md).
+Anyone who reaches this port could decrypt, so with ``TIDEPLANE_CODEC_SERVER_TOKEN`` set every
+encode and decode needs ``Authorization: Bearer <token>`` (``temporal --codec-auth "Bearer ..."``, the
+web UI's "pass access token" codec setting); 401 otherwise. Without a token it binds loopback only:
+another ``--host`` is refused at start.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import json
 import logging
 import sys
@@ -31,6 +34,7 @@ from workers.config import Settings, SettingsError
 
 log = logging.getLogger("tideplane.codec")
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 UI_ORIGIN = "http://localhost:8233"  # `temporal server start-dev`'s web UI
 MAX_BODY = 8 * 1024 * 1024  # a history page of payloads; Temporal's own payload limit is 2 MiB each
 
@@ -38,10 +42,11 @@ MAX_BODY = 8 * 1024 * 1024  # a history page of payloads; Temporal's own payload
 class CodecServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], codec: AesGcmCodec, allowed_origins: list[str]) -> None:
+    def __init__(self, address: tuple[str, int], codec: AesGcmCodec, allowed_origins: list[str], token: str | None = None) -> None:
         super().__init__(address, CodecHandler)
         self.codec = codec
         self.allowed_origins = set(allowed_origins)
+        self.token = token
 
 
 class CodecHandler(BaseHTTPRequestHandler):
@@ -74,7 +79,24 @@ class CodecHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
+    def _authorized(self) -> bool:
+        token = self.server.token
+        if token is None:
+            return True
+        given = self.headers.get("Authorization") or ""
+        return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        if not self._authorized():
+            data = json.dumps({"message": "Authorization: Bearer <TIDEPLANE_CODEC_SERVER_TOKEN> required"}).encode()
+            self.send_response(401)
+            self._cors()
+            self.send_header("WWW-Authenticate", "Bearer")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         action = self.path.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
         if action not in ("encode", "decode"):
             self._reply(404, {"message": f"no such endpoint {self.path!r}: POST .../encode or .../decode"})
@@ -103,7 +125,13 @@ def serve(config: Settings, host: str, port: int, allowed_origins: list[str]) ->
     codec = codec_from_keys(key.get_secret_value() if key else None, old.get_secret_value() if old else None)
     if codec is None:
         raise SettingsError("TIDEPLANE_PAYLOAD_ENCRYPTION_KEY is not set: payloads are in clear, there is nothing to encode or decode")
-    return CodecServer((host, port), codec, allowed_origins)
+    token = config.codec_server_token.get_secret_value() if config.codec_server_token else None
+    if token is None and host not in LOOPBACK:
+        raise SettingsError(
+            f"--host {host}: anyone who reaches the codec server can decrypt; set TIDEPLANE_CODEC_SERVER_TOKEN"
+            " (from a Secret) to require Authorization: Bearer <token>, or bind 127.0.0.1"
+        )
+    return CodecServer((host, port), codec, allowed_origins, token)
 
 
 def cmd_codec_server(args: argparse.Namespace, config: Settings) -> int:
@@ -121,7 +149,8 @@ def cmd_codec_server(args: argparse.Namespace, config: Settings) -> int:
 
 def add_codec_server_command(commands) -> None:
     parser = commands.add_parser("codec-server", help="encode/decode payloads over HTTP for the temporal CLI and web UI")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: anyone who reaches it can decrypt)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1; another needs TIDEPLANE_CODEC_SERVER_TOKEN: anyone who reaches it can decrypt)")
     parser.add_argument("--port", type=int, default=8081, help="port (default 8081)")
     parser.add_argument("--allow-origin", action="append", metavar="ORIGIN",
                         help=f"a web UI origin allowed by CORS, repeatable (default {UI_ORIGIN})")

@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     temporal_api_key: SecretStr | None = Field(None, validation_alias=_env("TEMPORAL_API_KEY", "TEMPORAL_API_KEY"))
     # AES-256-GCM key (base64 of 32 bytes) for the optional payload codec; unset: payloads in clear.
     payload_encryption_key: SecretStr | None = Field(None, validation_alias=_env("PAYLOAD_ENCRYPTION_KEY"))
+    # `tideplane codec-server`'s bearer token: set, every encode/decode needs `Authorization: Bearer
+    # <token>` (temporal --codec-auth, the web UI's access token); required to bind off loopback.
+    codec_server_token: SecretStr | None = Field(None, validation_alias=_env("CODEC_SERVER_TOKEN"))
     # Retired keys (comma-separated base64), still accepted for decoding while old histories live.
     payload_decryption_keys: SecretStr | None = Field(None, validation_alias=_env("PAYLOAD_DECRYPTION_KEYS"))
 

@@ -124,3 +124,46 @@ def test_without_a_key_it_refuses_to_start_naming_the_setting():
     assert done.returncode == 2
     assert done.stderr.strip() == (
         "tideplane: TIDEPLANE_PAYLOAD_ENCRYPTION_KEY is not set: payloads are in clear, there is nothing to encode or decode")
+
+
+TOKEN = "codec-token-for-the-test"
+
+
+@pytest.fixture(scope="module")
+def guarded_codec_url():
+    port = free_port()
+    env = {**os.environ, "TIDEPLANE_PAYLOAD_ENCRYPTION_KEY": KEY, "TIDEPLANE_CODEC_SERVER_TOKEN": TOKEN}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", "codec-server", "--port", str(port)], env=env, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for_port(port, timeout=30)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_with_a_token_only_a_caller_presenting_it_can_decode(guarded_codec_url):
+    """Anyone who reaches a codec server can decrypt: with TIDEPLANE_CODEC_SERVER_TOKEN set it asks
+    for ``Authorization: Bearer <token>`` (temporal --codec-auth, the web UI's access token)."""
+    plain = {"payloads": [{"metadata": {"encoding": b64(b"json/plain")}, "data": b64(b'{"x": 1}')}]}
+    good = {"Authorization": f"Bearer {TOKEN}"}
+    sealed = httpx.post(f"{guarded_codec_url}/encode", json=plain, headers=good, timeout=10)
+    assert sealed.status_code == 200, sealed.text
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+        refused = httpx.post(f"{guarded_codec_url}/decode", json=sealed.json(), headers=headers, timeout=10)
+        assert refused.status_code == 401 and "Bearer" in refused.json()["message"]
+        assert refused.headers["WWW-Authenticate"] == "Bearer"
+    assert httpx.post(f"{guarded_codec_url}/decode", json=sealed.json(), headers=good, timeout=10).json() == plain
+    preflight = httpx.options(f"{guarded_codec_url}/decode", headers={"Origin": UI}, timeout=10)
+    assert preflight.status_code == 200  # a browser's preflight carries no credentials
+
+
+def test_a_codec_server_off_loopback_without_a_token_is_refused():
+    from workers.codec_server import serve
+    from workers.config import SettingsError
+
+    config = Settings.model_validate({"TIDEPLANE_PAYLOAD_ENCRYPTION_KEY": KEY})
+    with pytest.raises(SettingsError, match="TIDEPLANE_CODEC_SERVER_TOKEN"):
+        serve(config, "0.0.0.0", 0, [UI])
