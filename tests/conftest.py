@@ -39,7 +39,7 @@ def scope_of(nodeid: str) -> str:
 # cause (a create's 409 Conflict taken for AlreadyExists, a probe before the gateway routed, a
 # teardown crash of the Temporal runtime, a retirement timer firing while result() waited); the
 # rerun keeps one such race from hiding every other result. Pure unit tests get none.
-RERUN_TIERS = ("tests/e2e/", "tests/sandbox/", "tests/workflows/", "tests/activities/")
+RERUN_TIERS = ("tests/e2e/", "tests/sandbox/", "tests/workflows/", "tests/activities/", "tests/engine/")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
