@@ -13,7 +13,7 @@ import binascii
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from workflows.core.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
@@ -96,6 +96,13 @@ class Settings(BaseSettings):
     # annotation, and the cache's size limit (unset: none).
     node_cache_dir: Path = Field(Path("/var/cache/tideplane/node-cache"), validation_alias=_env("NODE_CACHE_DIR"))
     node_cache_image: str = Field("ghcr.io/tideplane/worker:0.1.0", validation_alias=_env("NODE_CACHE_IMAGE"))
+    # The engines' API key: the serving pods get VLLM_API_KEY from this Secret ("NAME/KEY", in each
+    # serving namespace), and the worker sends TIDEPLANE_ENGINE_API_KEY (the same value, from the same
+    # Secret in its own namespace) on warm-up, benchmark, golden-set and LoRA calls. Unset: no key.
+    engine_api_key_secret: str | None = Field(
+        None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-._a-zA-Z0-9]+$", validation_alias=_env("ENGINE_API_KEY_SECRET")
+    )
+    engine_api_key: SecretStr | None = Field(None, validation_alias=_env("ENGINE_API_KEY"))
     node_cache_peer_url_template: str = Field("http://{node_ip}:8470", validation_alias=_env("NODE_CACHE_PEER_URL_TEMPLATE"))
     node_cache_capacity_bytes: int | None = Field(None, gt=0, validation_alias=_env("NODE_CACHE_CAPACITY_BYTES"))
     # The Gateway that new HTTPRoutes attach to: "name" (the route's namespace) or "namespace/name".
@@ -187,6 +194,16 @@ class Settings(BaseSettings):
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError(f"expected an http(s) URL, got {value!r}")
         return value.rstrip("/") if value else value
+
+    @model_validator(mode="after")
+    def _engine_key_both_or_neither(self) -> Settings:
+        """Pods with a key the worker lacks would answer its warm-up 401; a key without pods that ask for it protects nothing."""
+        if (self.engine_api_key_secret is None) != (self.engine_api_key is None):
+            raise ValueError(
+                "TIDEPLANE_ENGINE_API_KEY_SECRET and TIDEPLANE_ENGINE_API_KEY go together: the pods read the key from"
+                " the Secret, the worker presents it (set both from the same Secret, or neither)"
+            )
+        return self
 
     @field_validator("service_url_template")
     @classmethod

@@ -109,9 +109,11 @@ def build_activities(config: Settings) -> list[Callable]:
     pods = ServingPods(
         config.model_cache_dir, config.model_cache_pvc, config.otlp_traces_endpoint, config.trace_sample_ratio, config.engine_cache_dir,
         node_cache_dir=config.node_cache_dir, node_cache_image=config.node_cache_image,
+        engine_api_key_secret=config.engine_api_key_secret,
     )
+    api_key = config.engine_api_key.get_secret_value() if config.engine_api_key else None
     rollout = RolloutActivities(
-        kube, s3, prometheus, VllmClient(), pods, config.gateway, config.service_url_template, config.weights_buckets,
+        kube, s3, prometheus, VllmClient(api_key=api_key), pods, config.gateway, config.service_url_template, config.weights_buckets,
         image_prefixes=config.image_prefixes,
         max_replicas=config.max_replicas, max_gpus_per_replica=config.max_gpus_per_replica,
     )
@@ -121,13 +123,13 @@ def build_activities(config: Settings) -> list[Callable]:
     return [
         *activity_methods(rollout, rollout_contract.RolloutActivities),
         *activity_methods(RetireScheduling(), rollout_contract.RetireScheduling),
-        *activity_methods(BatchingActivities(kube, prometheus, VllmClient(), config.service_url_template), rollout_contract.BatchingActivities),
+        *activity_methods(BatchingActivities(kube, prometheus, VllmClient(api_key=api_key), config.service_url_template), rollout_contract.BatchingActivities),
         *activity_methods(registry, registry_contract.RegistryActivities),
         *activity_methods(
-            QualityActivities(VllmClient(), config.service_url_template, registry.registry, ShadowPairsClient(config.shadow_pairs_url)),
+            QualityActivities(VllmClient(api_key=api_key), config.service_url_template, registry.registry, ShadowPairsClient(config.shadow_pairs_url)),
             quality_contract.QualityActivities,
         ),
-        *activity_methods(AdapterActivities(kube, registry.registry, config.pod_url_template), adapters_contract.AdapterActivities),
+        *activity_methods(AdapterActivities(kube, registry.registry, config.pod_url_template, api_key=api_key), adapters_contract.AdapterActivities),
         *activity_methods(cost, cost_contract.CostActivities),
         *activity_methods(RequestClassActivities(kube, config.gateway), classes_contract.RequestClassActivities),
         *activity_methods(QuotaActivities(kube, prometheus), quotas_contract.QuotaActivities),

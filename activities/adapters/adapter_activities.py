@@ -81,12 +81,14 @@ def lora_call_outcome(action: str, status: int, message: str, pod: str) -> None:
 
 
 class AdapterActivities(contract.AdapterActivities):
-    def __init__(self, kube: KubeClient, registry: Registry, pod_url_template: str, port: int = 8000) -> None:
-        """``pod_url_template``: one pod's server, from ``{pod_ip}``, ``{namespace}``, ``{pod}`` and ``{port}``."""
+    def __init__(self, kube: KubeClient, registry: Registry, pod_url_template: str, port: int = 8000, api_key: str | None = None) -> None:
+        """``pod_url_template``: one pod's server, from ``{pod_ip}``, ``{namespace}``, ``{pod}`` and ``{port}``;
+        ``api_key``: the engines' key (VLLM_API_KEY), sent as a bearer token."""
         self.kube = kube
         self.registry = registry
         self.pod_url_template = pod_url_template
         self.port = port
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     @activity.defn(name="resolve_adapter")
     def resolve_adapter(self, req: ResolveAdapterInput) -> ResolvedAdapter:
@@ -127,7 +129,7 @@ class AdapterActivities(contract.AdapterActivities):
         if action == "load" and not ready:
             raise ApplicationError(f"no Ready pod of {ref} {req.base_version} to load {req.lora_name} on")  # retried
         done = []
-        with httpx.Client(timeout=HTTP_TIMEOUT) as http:
+        with httpx.Client(timeout=HTTP_TIMEOUT, headers=self.headers) as http:
             for pod in ready:
                 name = f"{pod.metadata.namespace}/{pod.metadata.name}"
                 base = self.pod_url_template.format(

@@ -38,9 +38,11 @@ ANSWER_ATTEMPTS = 5  # per golden-set prompt: a 25 %-error release still gets it
 class VllmClient:
     """Completions against ``<base_url>/v1/completions``; one HTTP client per run, closed after it."""
 
-    def __init__(self, timeout: httpx.Timeout = HTTP_TIMEOUT, concurrency: int = CONCURRENCY) -> None:
+    def __init__(self, timeout: httpx.Timeout = HTTP_TIMEOUT, concurrency: int = CONCURRENCY, api_key: str | None = None) -> None:
+        """``api_key``: the engines' key (vLLM's --api-key / VLLM_API_KEY), sent as a bearer token."""
         self.timeout = timeout
         self.concurrency = concurrency
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def completions(
         self, base_url: str, body: dict, requests: int, progress: Callable[[int, int], object] = lambda done, errors: None,
@@ -62,7 +64,8 @@ class VllmClient:
         started = time.monotonic()
         in_flight = concurrency or self.concurrency
         limits = httpx.Limits(max_connections=max(in_flight, 10), max_keepalive_connections=max(in_flight, 10))
-        with httpx.Client(timeout=self.timeout, limits=limits) as http, concurrent.futures.ThreadPoolExecutor(in_flight) as pool:
+        with httpx.Client(timeout=self.timeout, limits=limits, headers=self.headers) as http, \
+                concurrent.futures.ThreadPoolExecutor(in_flight) as pool:
             futures = [pool.submit(one, http) for _ in range(requests)]
             for done, fut in enumerate(concurrent.futures.as_completed(futures), 1):
                 try:
@@ -101,7 +104,7 @@ class VllmClient:
                     return None, repr(exc)
             return None, error
 
-        with httpx.Client(timeout=self.timeout) as http, concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
+        with httpx.Client(timeout=self.timeout, headers=self.headers) as http, concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
             futures = [pool.submit(one, http, body) for body in bodies]
             for done, _ in enumerate(concurrent.futures.as_completed(futures), 1):
                 progress(done)

@@ -48,6 +48,7 @@ class ServingPods:
     engine_cache_dir: Path | None = None  # VLLM_CACHE_ROOT per version on the node's disk; None: none
     node_cache_dir: Path | None = None  # the node-local weight cache (activities/node_cache/); None: pods never read it
     node_cache_image: str = "ghcr.io/tideplane/worker:0.1.0"  # what the pods' staging init container runs
+    engine_api_key_secret: str | None = None  # "SECRET/KEY" in each serving namespace: VLLM_API_KEY from it; None: no key
 
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -134,6 +135,16 @@ POD_SECURITY = {
 }
 
 
+ENGINE_API_KEY_ENV = "VLLM_API_KEY"  # vLLM's --api-key default: every /v1 endpoint then asks for it
+
+
+def _api_key_env(pods: ServingPods) -> dict[str, contract.EnvFromSecret]:
+    if pods.engine_api_key_secret is None:
+        return {}
+    secret, key = pods.engine_api_key_secret.split("/", 1)
+    return {ENGINE_API_KEY_ENV: contract.EnvFromSecret.model_validate({"valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})}
+
+
 def _env_var(name: str, value: str | contract.EnvFromSecret) -> dict:
     if isinstance(value, str):
         return {"name": name, "value": value}
@@ -174,7 +185,7 @@ def deployment_manifest(req: EnsureVersionInput, pods: ServingPods) -> dict:
         args += [GPU_MEMORY_UTILIZATION_FLAG, f"{req.gpu_memory_utilization:g}"]
     if pods.otlp_traces_endpoint:
         args += ["--otlp-traces-endpoint", pods.otlp_traces_endpoint]
-    env = _tracing_env(req, name, pods) | req.env
+    env = _tracing_env(req, name, pods) | _api_key_env(pods) | req.env
     engine_cache = engine_cache_path(pods, req.model, req.version)
     if engine_cache is not None:
         env[ENGINE_CACHE_ENV] = str(engine_cache)

@@ -103,3 +103,38 @@ def test_golden_answers_are_asked_again_after_server_errors():
         assert text is None and "503" in error
     finally:
         always.shutdown()
+
+
+def test_the_worker_presents_the_engine_api_key():
+    """vLLM started with an API key answers 401 to a request without it: warm-up, golden set and
+    shadow calls carry ``Authorization: Bearer <key>``."""
+    import http.server
+    import json as _json
+
+    seen: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append(self.headers.get("Authorization"))
+            ok = self.headers.get("Authorization") == "Bearer engine-key"
+            body = _json.dumps({"choices": [{"text": "hi"}], "usage": {"completion_tokens": 1}} if ok else {"error": "Unauthorized"}).encode()
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert VllmClient(concurrency=1).answers(base, [{"prompt": "p"}])[0][0] is None  # refused without the key
+        ((text, error),) = VllmClient(concurrency=1, api_key="engine-key").answers(base, [{"prompt": "p"}])
+        assert (text, error) == ("hi", None)
+        assert VllmClient(api_key="engine-key").completions(base, {"prompt": "p"}, 2).errors == []
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -172,3 +172,27 @@ def test_a_port_other_than_the_served_one_is_refused_at_start():
     assert error["loc"] == ("port",)
     assert "8000" in error["msg"] and "NetworkPolicy" in error["msg"]
     assert rollout_with(port=8000).port == 8000
+
+
+def test_the_engine_api_key_comes_from_a_secret_the_worker_names():
+    """vLLM reads VLLM_API_KEY itself: with TIDEPLANE_ENGINE_API_KEY_SECRET the serving pods get it
+    from that Secret, never in clear; a rollout's own VLLM_API_KEY reference wins."""
+    pods = ServingPods(CACHE, engine_api_key_secret="vllm-api-key/key")
+    env = {e["name"]: e for e in deployment_manifest(version(), pods)["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["VLLM_API_KEY"] == {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "vllm-api-key", "key": "key"}}}
+    own = {"valueFrom": {"secretKeyRef": {"name": "mine", "key": "k"}}}
+    env = {e["name"]: e for e in deployment_manifest(version(env={"VLLM_API_KEY": own}), pods)["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "mine"
+    unset = deployment_manifest(version(), ServingPods(CACHE))["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert "VLLM_API_KEY" not in {e["name"] for e in unset}
+
+
+def test_the_engine_key_settings_go_together():
+    from workers.config import Settings
+
+    with pytest.raises(ValidationError, match="go together"):
+        Settings.model_validate({"TIDEPLANE_ENGINE_API_KEY_SECRET": "vllm-api-key/key"})
+    with pytest.raises(ValidationError, match="go together"):
+        Settings.model_validate({"TIDEPLANE_ENGINE_API_KEY": "k"})
+    both = Settings.model_validate({"TIDEPLANE_ENGINE_API_KEY_SECRET": "vllm-api-key/key", "TIDEPLANE_ENGINE_API_KEY": "k"})
+    assert both.engine_api_key is not None and "k" not in repr(both.engine_api_key)
