@@ -105,6 +105,13 @@ class Settings(BaseSettings):
     engine_api_key: SecretStr | None = Field(None, validation_alias=_env("ENGINE_API_KEY"))
     node_cache_peer_url_template: str = Field("http://{node_ip}:8470", validation_alias=_env("NODE_CACHE_PEER_URL_TEMPLATE"))
     node_cache_capacity_bytes: int | None = Field(None, gt=0, validation_alias=_env("NODE_CACHE_CAPACITY_BYTES"))
+    # The chunk servers' token: set, /index and /chunks answer only `Authorization: Bearer <token>`;
+    # the stagers and the CLI present it. The staging pods read it from TIDEPLANE_NODE_CACHE_TOKEN_SECRET
+    # ("NAME/KEY", a Secret in each namespace they run in).
+    node_cache_token: SecretStr | None = Field(None, validation_alias=_env("NODE_CACHE_TOKEN"))
+    node_cache_token_secret: str | None = Field(
+        None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-._a-zA-Z0-9]+$", validation_alias=_env("NODE_CACHE_TOKEN_SECRET")
+    )
     # The Gateway that new HTTPRoutes attach to: "name" (the route's namespace) or "namespace/name".
     gateway: str = Field("inference-gateway", validation_alias=_env("GATEWAY"))
 

@@ -3,6 +3,7 @@ verified chunks to peers, its index and the node cache's metrics (``/metrics``).
 
 from __future__ import annotations
 
+import hmac
 import logging
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -22,10 +23,13 @@ class ChunkServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], cache: NodeCache, node: str) -> None:
+    def __init__(self, address: tuple[str, int], cache: NodeCache, node: str, token: str | None = None) -> None:
+        """``token``: with one, /index and /chunks answer only ``Authorization: Bearer <token>``
+        (the other nodes' stagers and the CLI); /metrics and /healthz stay open for Prometheus and probes."""
         super().__init__(address, _ChunkHandler)
         self.cache = cache
         self.node = node
+        self.token = token
         self.served_bytes = 0
 
     @property
@@ -65,8 +69,16 @@ class _ChunkHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _authorized(self) -> bool:
+        token = self.server.token
+        given = self.headers.get("Authorization") or ""
+        return token is None or hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
     def do_GET(self) -> None:
         cache = self.server.cache
+        if (self.path == "/index" or self.path.startswith("/chunks/")) and not self._authorized():
+            self._send(401, b'{"error": "Authorization: Bearer <TIDEPLANE_NODE_CACHE_TOKEN> required"}')
+            return
         if self.path == "/index":
             self._send(200, cache.read_index().model_dump_json().encode())
         elif self.path == "/metrics":
@@ -100,8 +112,9 @@ class _ChunkHandler(BaseHTTPRequestHandler):
                 self.server.served_bytes += len(data)
 
 
-def node_cache_index(url: str, http: httpx.Client | None = None) -> CacheIndex:
+def node_cache_index(url: str, http: httpx.Client | None = None, token: str | None = None) -> CacheIndex:
     """A node's cache index from its chunk server (the CLI's view of the node)."""
-    response = (http or httpx.Client(timeout=PEER_TIMEOUT)).get(f"{url.rstrip('/')}/index")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = (http or httpx.Client(timeout=PEER_TIMEOUT)).get(f"{url.rstrip('/')}/index", headers=headers)
     response.raise_for_status()
     return CacheIndex.model_validate_json(response.content)

@@ -32,7 +32,8 @@ TERMINATION_LOG = Path("/dev/termination-log")
 def cmd_stage(args, config: Settings) -> int:
     """Stage one version into this node's cache; the report goes to stdout and the termination log."""
     request = NodeCacheRequest.model_validate_json(args.request)
-    stager = NodeCacheStager(NodeCache(config.node_cache_dir), S3Client(config.aws_endpoint_url, config.aws_region))
+    token = config.node_cache_token.get_secret_value() if config.node_cache_token else None
+    stager = NodeCacheStager(NodeCache(config.node_cache_dir), S3Client(config.aws_endpoint_url, config.aws_region), token=token)
     report = stager.stage(request).model_dump_json()
     print(report)
     try:
@@ -44,19 +45,20 @@ def cmd_stage(args, config: Settings) -> int:
 
 def cmd_serve(args, config: Settings) -> int:
     """Serve this node's verified chunks to its peers (the DaemonSet's container)."""
-    server = ChunkServer((args.host, args.port), NodeCache(config.node_cache_dir), args.node)
+    token = config.node_cache_token.get_secret_value() if config.node_cache_token else None
+    server = ChunkServer((args.host, args.port), NodeCache(config.node_cache_dir), args.node, token=token)
     print(f"node cache of {args.node}: {config.node_cache_dir}, chunks on {server.url}", flush=True)
     server.serve_forever()
     return 0
 
 
-def cache_rows(kube: KubeClient, template: str, http: httpx.Client | None = None) -> list[dict]:
+def cache_rows(kube: KubeClient, template: str, http: httpx.Client | None = None, token: str | None = None) -> list[dict]:
     """One row per version per node (a node whose chunk server does not answer: one row saying so)."""
     rows = []
     for node in sorted(kube.core.list_node().items, key=lambda n: n.metadata.name):
         name = node.metadata.name
         try:
-            index = node_cache_index(peer_url(node, template), http)
+            index = node_cache_index(peer_url(node, template), http, token)
         except (httpx.HTTPError, ValueError) as exc:
             rows.append({"node": name, "version": None, "bytes": None, "last_used": None, "error": str(exc) or type(exc).__name__})
             continue
@@ -68,7 +70,8 @@ def cache_rows(kube: KubeClient, template: str, http: httpx.Client | None = None
 
 
 def cmd_list(args, config: Settings) -> int:
-    rows = cache_rows(KubeClient.connect(config.kubeconfig, config.kube_in_cluster), config.node_cache_peer_url_template)
+    token = config.node_cache_token.get_secret_value() if config.node_cache_token else None
+    rows = cache_rows(KubeClient.connect(config.kubeconfig, config.kube_in_cluster), config.node_cache_peer_url_template, token=token)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

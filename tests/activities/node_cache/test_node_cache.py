@@ -139,3 +139,32 @@ def test_the_chunk_server_shows_what_the_node_holds(s3, nodes):
     assert 'tideplane_node_cache_bytes{node="node-0",model="m",version="3.0.0"} 3000' in text
     assert text == cache_metrics("node-0", nodes[0].cache.read_index(), 0)
     assert httpx.get(f"{nodes[0].server.url}/chunks/{'0' * 64}").status_code == 404
+
+
+def test_with_a_token_a_node_serves_its_chunks_and_index_only_to_peers_presenting_it(tmp_path, s3):
+    """The chunk server is reachable by anything on the node network (hostPort 8470): with a token
+    (TIDEPLANE_NODE_CACHE_TOKEN, from a Secret) /index and /chunks answer 401 without it; the
+    stagers present it, so staging from a peer still works."""
+    import httpx
+
+    files = upload(s3, "2.0.0", [b"weights" * 1000])
+    cache = NodeCache(tmp_path / "holder")
+    holder = ChunkServer(("127.0.0.1", 0), cache, "holder", token="peer-token")
+    threading.Thread(target=holder.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        NodeCacheStager(cache, s3, token="peer-token").stage(NodeCacheRequest(
+            model="m", version="2.0.0", files=files, node="holder", stagers=["holder"], peers=[], peer_wait_seconds=1))
+        digest = files[0].sha256
+        for path in ("/index", f"/chunks/{digest}"):
+            assert httpx.get(holder.url + path).status_code == 401
+            assert httpx.get(holder.url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+            assert httpx.get(holder.url + path, headers={"Authorization": "Bearer peer-token"}).status_code == 200
+        assert httpx.get(holder.url + "/healthz").status_code == 200
+        fetcher = NodeCacheStager(NodeCache(tmp_path / "fetcher"), s3, token="peer-token")
+        report = fetcher.stage(NodeCacheRequest(
+            model="m", version="2.0.0", files=files, node="fetcher", stagers=["holder", "fetcher"],
+            peers=[Peer(node="holder", url=holder.url)], peer_wait_seconds=5))
+        assert report.peer_bytes == len(b"weights" * 1000) and report.origin_bytes == 0
+    finally:
+        holder.shutdown()
+        holder.server_close()
