@@ -12,7 +12,6 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from workflows.core.failures import field_errors
 
 DEFAULT_CONFIG = Path(__file__).with_name("sandbox.yaml")
 
@@ -140,4 +139,9 @@ def load_config(path: Path | str = DEFAULT_CONFIG) -> SandboxConfig:
     try:
         return SandboxConfig.model_validate(raw)
     except ValidationError as exc:
-        raise SandboxConfigError(f"invalid sandbox config {path}: {field_errors(exc, '(file)')}") from None
+        raise SandboxConfigError(f"invalid sandbox config {path}: {_field_errors(exc)}") from None
+
+
+def _field_errors(exc: ValidationError) -> str:
+    """Every problem, each naming its field (``node_pools.0.gpus: ...``), joined by ``; ``."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(file)'}: {e['msg']}" for e in exc.errors())

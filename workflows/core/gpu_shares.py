@@ -5,8 +5,10 @@ share lands (the fullest GPU that holds it).
 The names are the NVIDIA device plugin's and GPU feature discovery's (k8s-device-plugin README,
 "Shared Access to GPUs"; sharing.timeSlicing.renameByDefault: true advertises the replicas as
 ``nvidia.com/gpu.shared`` so that only pods asking for a share land there). The rollout writes the
-claim into a replica's pod, the scaling node layer counts shares on a node, and the sandbox's
-scheduler places them by the same rule. Pure.
+claim into a replica's pod, and the scaling node layer counts shares on a node, placing them as a
+VRAM-aware scheduler with a binpack GPU policy does (HAMi's ``gpuSchedulerPolicy: binpack``; the
+sandbox's emulator implements that policy itself, tests/sandbox/kubeapi/test_emulator_agreement.py
+shows they agree). Pure.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def container_share(asked: object, args: list[str]) -> float | None:
 
 
 def fullest_fit(used: list[float], fraction: float) -> int | None:
-    """Where a share goes, as a VRAM-aware scheduler (HAMi) puts it: the fullest GPU that still
+    """Where a share goes, as a VRAM-aware scheduler (HAMi, binpack GPU policy) puts it: the fullest GPU that still
     holds ``fraction`` (``used``: each GPU's claimed fraction; None: none holds it)."""
     fitting = [i for i, u in enumerate(used) if u + fraction <= 1 + EPSILON]
     return min(fitting, key=lambda i: (1 - used[i], i), default=None)

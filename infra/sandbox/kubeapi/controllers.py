@@ -18,9 +18,6 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from workflows.core.gpu_shares import fullest_fit
-from workflows.core.naming import GPU_RESOURCE
-
 from . import gpushare
 from .conditions import condition, node_ready, set_condition
 from .kubelet import Kubelet
@@ -258,7 +255,7 @@ class Controllers(threading.Thread):
                 why = self._unfit(pod, node, request, used[name])
                 if not why and name in vram:
                     fraction = gpushare.claim(pod["spec"], gpushare.shared_resource(node))
-                    index = fullest_fit(vram[name], fraction) if fraction else None
+                    index = gpushare.pick_gpu(vram[name], fraction, gpushare.policy(pod)) if fraction else None
                     if fraction and index is None:
                         why = gpushare.no_room_message(fraction)
                     elif fraction:
@@ -312,7 +309,7 @@ class Controllers(threading.Thread):
     def _rank(pod: dict[str, Any], node: dict[str, Any], used: Counter, owners_on: Counter) -> tuple:
         """Lower is better: preferred affinity, then spreading a deployment's pods, then free GPUs."""
         allocatable = (node.get("status") or {}).get("allocatable") or {}
-        free_gpu = parse_quantity(allocatable.get(GPU_RESOURCE, 0)) - used[GPU_RESOURCE]
+        free_gpu = parse_quantity(allocatable.get(gpushare.GPU_RESOURCE, 0)) - used[gpushare.GPU_RESOURCE]
         siblings = sum(owners_on[uid] for uid in _owners(pod))
         return (-preference_score(pod["spec"], node), siblings, -free_gpu, node["metadata"]["name"])
 

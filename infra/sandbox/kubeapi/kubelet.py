@@ -11,7 +11,7 @@ What a container does comes from its model version's fleet profile (ConfigMap
 - `oom_after_requests: N`: the fleet simulator reports (POST /sandbox/oom) when a container has
   served N requests; it is OOMKilled (exit 137, lastState.terminated.reason OOMKilled), restarted
   with back-off and loads again;
-- a node-cache staging pod (label `tideplane.io/component=node-cache-stage`, a staging Job's) is run
+- a node-cache staging pod (its container runs `node-cache stage`, a staging Job's) is run
   by the sandbox's node agent on its node (infra/sandbox/node_agents.py), the real staging code:
   Running until the agent reports its exit (POST /sandbox/exit), then Succeeded or Failed with the
   report as its termination message;
@@ -22,7 +22,7 @@ What a container does comes from its model version's fleet profile (ConfigMap
 A start is measured by its parts, as a replica's cold start is: `image_pull_seconds` when the image
 is not in the node's `status.images` (then it is), `load_seconds` for the weights from S3 — or, for
 a pod that reads its node's weight cache (its init container runs `node-cache stage`) on a node
-labelled as holding the version (`cache.tideplane.io/<digest>`), `node_cache_load_seconds` from the
+that meets its preferred node affinity (the label saying the node holds the version), `node_cache_load_seconds` from the
 local disk (default: `load_seconds` scaled by the cited local-over-S3 figures), `compile_seconds`
 (vLLM's torch.compile and CUDA-graph capture) unless the node already holds the engine cache the
 container's `VLLM_CACHE_ROOT` points at through a writable hostPath (then it does: the node's
@@ -54,13 +54,11 @@ from infra.sandbox.config import (
     PROFILES_CONFIGMAP,
     SANDBOX_NAMESPACE,
 )
-from workflows.core.naming import LABEL_MODEL, LABEL_VERSION
-from workflows.node_cache.chunks import cached_version_label
-from workflows.node_cache.contract import LABEL_COMPONENT, NODE_CACHE_JOB_COMPONENT
 
 from .api import pod_ready
 from .conditions import node_ready, set_condition
 from .control_plane import ControlPlane
+from .predicates import term_matches
 from .resources import BY_KEY
 from .timestamps import now_iso
 
@@ -74,6 +72,12 @@ CRASH_AFTER_SECONDS = 1.0  # a crash_on_start container runs this long before it
 BACKOFF_SECONDS, MAX_BACKOFF_SECONDS = 10.0, 300.0  # the kubelet's container restart back-off
 NOT_READY = ("ContainersNotReady", "containers with unready status")
 ENGINE_CACHE_ENV = "VLLM_CACHE_ROOT"
+# The fleet-profiles ConfigMap is keyed by these pod labels (`<model>@<version>`): the sandbox's own
+# convention, the names the serving pods carry (tests/sandbox/kubeapi/test_kubeapi_pods.py checks
+# that the product's pods carry them; the emulator takes no label name from the product).
+PROFILE_MODEL_LABEL = "tideplane.io/model"
+PROFILE_VERSION_LABEL = "app.kubernetes.io/version"  # Kubernetes' recommended label
+NODE_AGENT_COMMAND = ["node-cache", "stage"]  # a container the sandbox's node agent runs (infra/sandbox/node_agents.py)
 
 
 def engine_cache(pod: dict[str, Any]) -> str | None:
@@ -90,7 +94,18 @@ def engine_cache(pod: dict[str, Any]) -> str | None:
 
 def node_cache_stager(pod: dict[str, Any]) -> str | None:
     """The init container that stages the pod's weights into its node's cache (``node-cache stage``), if any."""
-    return next((c["name"] for c in pod["spec"].get("initContainers") or [] if (c.get("args") or [])[:2] == ["node-cache", "stage"]), None)
+    return next((c["name"] for c in pod["spec"].get("initContainers") or [] if (c.get("args") or [])[:2] == NODE_AGENT_COMMAND), None)
+
+
+def prefers_node(pod: dict[str, Any], node_meta: dict[str, Any]) -> bool:
+    """Whether the node meets one of the pod's preferred node-affinity terms. For a pod that stages
+    into its node's cache, that is the sandbox's sign that the node's disk holds its weights: whoever
+    verified the cache labelled the node, and the pod prefers nodes so labelled (the emulator knows
+    neither the label's name nor how it is made)."""
+    preferred = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                 .get("preferredDuringSchedulingIgnoredDuringExecution")) or []
+    node = {"metadata": {"name": node_meta.get("name", ""), "labels": node_meta.get("labels") or {}}}
+    return any(term_matches(node, p.get("preference") or {}) for p in preferred)
 
 
 def local_weights_fraction() -> float:
@@ -128,8 +143,9 @@ def _number(profile: dict[str, Any], key: str, default: float = 0.0) -> float:
 
 
 def agent_run(pod: dict[str, Any]) -> bool:
-    """A pod whose container the sandbox's node agent runs (a node-cache staging Job's)."""
-    return (pod["metadata"].get("labels") or {}).get(LABEL_COMPONENT) == NODE_CACHE_JOB_COMPONENT
+    """A pod whose container the sandbox's node agent runs (a node-cache staging Job's: its
+    container's command is ``node-cache stage``)."""
+    return any((c.get("args") or [])[:2] == NODE_AGENT_COMMAND for c in pod["spec"].get("containers") or [])
 
 
 def backoff(restarts: int) -> float:
@@ -161,7 +177,7 @@ class Kubelet:
     def profile(self, pod: dict[str, Any]) -> dict[str, Any]:
         """The pod's model version's profile from the fleet-profiles ConfigMap ({} when none)."""
         labels = pod["metadata"].get("labels") or {}
-        model, version = labels.get(LABEL_MODEL), labels.get(LABEL_VERSION)
+        model, version = labels.get(PROFILE_MODEL_LABEL), labels.get(PROFILE_VERSION_LABEL)
         cm = self.store.try_get(CONFIGMAPS, SANDBOX_NAMESPACE, PROFILES_CONFIGMAP)
         data = (cm or {}).get("data") or {}
         for key in (f"{model}@{version}", model, "default"):
@@ -331,9 +347,7 @@ class Kubelet:
         stager = node_cache_stager(pod)
         if stager is None:
             return "weights", seconds, f"loaded from {source}"
-        labels = pod["metadata"].get("labels") or {}
-        held = cached_version_label(labels.get(LABEL_MODEL, ""), labels.get(LABEL_VERSION, ""))
-        if (node_meta.get("labels") or {}).get(held) == "true":
+        if prefers_node(pod, node_meta):
             local = _number(profile, "node_cache_load_seconds", seconds * local_weights_fraction())
             return "weights", self.load_seconds(pod, {"load_seconds": local}), f"loaded from the node cache {source} (local disk)"
         return "weights", seconds, f"from S3: {stager} staged the node cache {source}"

@@ -225,6 +225,7 @@ def test_a_node_cache_staging_pod_runs_until_its_node_agent_reports_the_exit(clu
     batch, core = client.BatchV1Api(cluster.api), client.CoreV1Api(cluster.api)
     staging = job("stage-node", "chat", backoffLimit=0)
     staging["spec"]["template"]["metadata"]["labels"][LABEL_COMPONENT] = NODE_CACHE_JOB_COMPONENT
+    staging["spec"]["template"]["spec"]["containers"][0]["args"] = ["node-cache", "stage", "--request", "{}"]
     for name in ("stage-node", "stage-node-bad"):
         batch.create_namespaced_job(ns, {**staging, "metadata": {"name": name}})
 
