@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -73,6 +73,8 @@ class Settings(BaseSettings):
     image_prefixes: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["docker.io/vllm/vllm-openai"], validation_alias=_env("IMAGE_PREFIXES")
     )
+    # "tag": any version tag (latest and untagged are refused at start); "digest": only IMAGE@sha256:...
+    image_pinning: Literal["tag", "digest"] = Field("tag", validation_alias=_env("IMAGE_PINNING"))
 
     # The most replicas of one version and GPUs per replica this cluster runs: a rollout or a
     # scaling decision above them is refused (non-retryable, naming the field and the setting).

@@ -114,7 +114,7 @@ def build_activities(config: Settings) -> list[Callable]:
     api_key = config.engine_api_key.get_secret_value() if config.engine_api_key else None
     rollout = RolloutActivities(
         kube, s3, prometheus, VllmClient(api_key=api_key), pods, config.gateway, config.service_url_template, config.weights_buckets,
-        image_prefixes=config.image_prefixes,
+        image_prefixes=config.image_prefixes, image_pinning=config.image_pinning,
         max_replicas=config.max_replicas, max_gpus_per_replica=config.max_gpus_per_replica,
     )
     registry = RegistryActivities(s3, kube, config.weights_bucket, config.weights_buckets)

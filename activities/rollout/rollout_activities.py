@@ -64,6 +64,7 @@ from activities.rollout.serving_pods import (
     ServingPods,
     deployment_manifest,
     image_allowed,
+    image_pinning_problem,
     mark_deletion_costs,
     service_manifest,
 )
@@ -114,12 +115,14 @@ class RolloutActivities(contract.RolloutActivities):
         service_url_template: str,
         weights_buckets: Collection[str] | None = None,
         image_prefixes: Collection[str] | None = None,
+        image_pinning: str = "tag",
         max_replicas: int = MAX_REPLICAS,
         max_gpus_per_replica: int = MAX_GPUS_PER_REPLICA,
     ) -> None:
         """``weights_buckets``: the buckets weights may be staged from (None: any); ``image_prefixes``:
         the registries/repositories serving images may come from (None: any)."""
         self.image_prefixes = image_prefixes
+        self.image_pinning = image_pinning
         self.max_replicas = max_replicas  # the cluster's maxima (TIDEPLANE_MAX_REPLICAS, ..._GPUS_PER_REPLICA)
         self.max_gpus_per_replica = max_gpus_per_replica
         self.weights_buckets = weights_buckets
@@ -251,6 +254,8 @@ class RolloutActivities(contract.RolloutActivities):
     def _require_allowed_image(self, image: str) -> None:
         """Serving images only from the allowed registries (checked at staging, before anything is
         read, and again before a Deployment is written)."""
+        if (problem := image_pinning_problem(image, self.image_pinning)) is not None:
+            raise ApplicationError(problem, type="ImageNotPinned", non_retryable=True)
         if self.image_prefixes is not None and not image_allowed(image, self.image_prefixes):
             raise ApplicationError(
                 f"image {image!r} is not from an allowed registry (TIDEPLANE_IMAGE_PREFIXES:"

@@ -112,6 +112,15 @@ def image_allowed(image: str, prefixes: Collection[str]) -> bool:
     return False
 
 
+def image_pinning_problem(image: str, pinning: str) -> str | None:
+    """Why ``image`` is refused under TIDEPLANE_IMAGE_PINNING ``pinning`` (None: accepted): ``digest``
+    admits only ``IMAGE@sha256:...``; ``tag`` (the default) any version tag (``latest`` and untagged
+    references are refused at start, workflows/rollout/types.py)."""
+    if pinning == "digest" and "@sha256:" not in image:
+        return f"image {image!r} is not pinned by digest (TIDEPLANE_IMAGE_PINNING=digest): use IMAGE@sha256:..."
+    return None
+
+
 def canonical_image(image: str) -> str:
     """An image reference with its registry: Docker Hub names gain ``docker.io/`` (and ``library/``)."""
     first, slash, rest = image.partition("/")

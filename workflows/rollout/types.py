@@ -228,6 +228,15 @@ class RolloutInput(_Strict):
             )
         return env
 
+    @field_validator("image")
+    @classmethod
+    def _pinned_image(cls, image: str) -> str:
+        """``latest`` or no tag moves under a rollout: the canary, and the stable a rollback returns to, would run whatever it is now."""
+        last = image.rsplit("/", 1)[-1]
+        if "@" not in image and (":" not in last or last.endswith(":latest")):
+            raise ValueError("image has no tag or the tag latest, which moves: pin a version tag or a digest (IMAGE@sha256:...)")
+        return image
+
     @field_validator("args")
     @classmethod
     def _no_credentials_in_args(cls, args: list[str]) -> list[str]:

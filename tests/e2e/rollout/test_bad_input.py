@@ -154,6 +154,7 @@ INVALID_ROLLOUTS = [
     ("model not a label value", {"model": "meta-llama/Llama 3"},
      ["model", "must be a Kubernetes label value (1-63 of A-Z a-z 0-9 - _ ., starting and ending alphanumeric)"]),
     ("port other than 8000", {"port": 8080}, ["port", "only 8000 is supported"]),
+    ("mutable image", {"image": "vllm/vllm-openai:latest"}, ["image", "pin a version tag or a digest"]),
 ]
 
 

@@ -196,3 +196,23 @@ def test_the_engine_key_settings_go_together():
         Settings.model_validate({"TIDEPLANE_ENGINE_API_KEY": "k"})
     both = Settings.model_validate({"TIDEPLANE_ENGINE_API_KEY_SECRET": "vllm-api-key/key", "TIDEPLANE_ENGINE_API_KEY": "k"})
     assert both.engine_api_key is not None and "k" not in repr(both.engine_api_key)
+
+
+@pytest.mark.parametrize("image", ["vllm/vllm-openai", "vllm/vllm-openai:latest", "registry.local:5000/vllm"])
+def test_a_mutable_image_reference_is_refused_at_start(image):
+    """``latest`` or no tag moves under a rollout: the canary and its rollback would run whatever it is now."""
+    with pytest.raises(ValidationError) as err:
+        rollout_with(image=image)
+    error = err.value.errors()[0]
+    assert error["loc"] == ("image",) and "pin a version tag or a digest" in error["msg"]
+
+
+def test_pinned_images_are_accepted_and_digest_only_mode_refuses_tags():
+    from activities.rollout.serving_pods import image_pinning_problem
+
+    assert rollout_with(image="vllm/vllm-openai:v0.8.5").image == "vllm/vllm-openai:v0.8.5"
+    digest = "vllm/vllm-openai@sha256:" + "a" * 64
+    assert rollout_with(image=digest).image == digest
+    assert image_pinning_problem("vllm/vllm-openai:v0.8.5", "digest") is not None
+    assert "TIDEPLANE_IMAGE_PINNING" in image_pinning_problem("vllm/vllm-openai:v0.8.5", "digest")
+    assert image_pinning_problem(digest, "digest") is None and image_pinning_problem("vllm/vllm-openai:v0.8.5", "tag") is None
