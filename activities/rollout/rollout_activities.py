@@ -24,7 +24,9 @@ from typing import Any, Collection
 from botocore.exceptions import ClientError
 from kubernetes.client.exceptions import ApiException
 from temporalio import activity
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.exceptions import ApplicationError, CancelledError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.clients.kube import (
     API_TIMEOUT,
@@ -73,6 +75,7 @@ from workflows.core.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
 from workflows.core.lora import adapters_on, moved_adapter_rules
 from workflows.core.routes import inference_matches, only_inference
 from workflows.core.naming import DeploymentRef
+from workflows.core.search_attributes import CLI_TYPES
 from workflows.core.versions import DeploymentState, WeightFile
 from workflows.rollout import contract
 from workflows.rollout.contract import (
@@ -133,6 +136,21 @@ class RolloutActivities(contract.RolloutActivities):
         self.pods = pods
         self.gateway = gateway  # "NAMESPACE/NAME" or "NAME" (then in the route's namespace)
         self.service_url_template = service_url_template
+
+    # ---- Temporal ---------------------------------------------------------------------------------
+
+    @activity.defn(name=contract.CHECK_SEARCH_ATTRIBUTES)
+    async def check_search_attributes(self) -> list[str]:
+        namespace = activity.info().workflow_namespace
+        try:
+            listed = await activity.client().operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
+        except RPCError as exc:
+            # Temporal's test server lists none; a key without operator rights may not list them:
+            # then the upsert itself is the check.
+            if exc.status in (RPCStatusCode.UNIMPLEMENTED, RPCStatusCode.PERMISSION_DENIED):
+                return []
+            raise
+        return [name for name in CLI_TYPES if name not in listed.custom_attributes]
 
     # ---- S3 -> model cache ----------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ QUERY_GATES = "query_gates"
 SWEEP_BATCHING = "sweep_batching"
 SET_ENGINE_ARGS = "set_engine_args"
 MOVE_ADAPTER_RULES = "move_adapter_rules"
+CHECK_SEARCH_ATTRIBUTES = "check_search_attributes"
 
 SCHEDULE_RETIRE = "schedule_retire"
 CANCEL_RETIRE = "cancel_retire"
@@ -248,6 +249,12 @@ class MoveAdapterRulesInput(BaseModel):
 class RolloutActivities:
     """What ModelRollout asks of S3, the cluster, the new version's endpoint and Prometheus
     (implemented in activities/rollout/rollout_activities.py)."""
+
+    @activity.defn(name=CHECK_SEARCH_ATTRIBUTES)
+    async def check_search_attributes(self) -> list[str]:
+        """tideplane's search attributes (workflows/core/search_attributes.py) that the run's namespace
+        lacks, by name; [] when all are there or the server cannot list them."""
+        raise NotImplementedError
 
     @activity.defn(name=STAGE_WEIGHTS)
     def stage_weights(self, req: StageWeightsInput) -> StagedWeights:

@@ -51,6 +51,9 @@ deprecates``                                             after a quality failure
                                                          an abort fails the run: ApplicationError
                                                          RolledBack / Aborted, the result in its
                                                          details and in the ``result`` query)
+``search-attributes-         workflow.py (first)         old: every recorded history (upserts at once);
+checked``                                                new: tests/workflows/rollout/ (check_search_
+                                                         attributes first; fails naming what is missing)
 ===========================  ==========================  =========================================
 
 tests/workflows/test_replay.py checks that model-rollout-golden-failed holds the new side of
@@ -93,5 +96,10 @@ METRIC_MISSING_PATCH = "metric-missing"
 # UI, exit 0 from `temporal workflow execute`); newer ones fail with a typed, non-retryable error.
 OUTCOME_PATCH = "outcome-in-status"
 
+# Runs from before issue 31 upserted the search attributes without asking whether the namespace has
+# them: in one without, the workflow task failed and retried forever. Newer ones ask first
+# (check_search_attributes) and fail at once naming the missing attribute and the command that adds it.
+SEARCH_ATTRIBUTES_PATCH = "search-attributes-checked"
+
 PATCHES = (RETIRE_PATCH, GOLDEN_PATCH, QUALITY_DEPRECATES_PATCH, METER_PATCH, BATCHING_PATCH, PRESTAGE_PATCH, ADAPTERS_PATCH, SHADOW_TALLY_PATCH,
-           LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH, OUTCOME_PATCH)
+           LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH, OUTCOME_PATCH, SEARCH_ATTRIBUTES_PATCH)

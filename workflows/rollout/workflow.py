@@ -29,11 +29,12 @@ and does not wait for, so the next rollout of the deployment can start at once.
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -43,8 +44,9 @@ with workflow.unsafe.imports_passed_through():
     # sandboxed ``workflows`` package lacks it), giving pydantic classes that differ from the real ones.
     from workflows.core.failures import cause, understood, validated
     from workflows.core.naming import DEPLOYMENT_OWNED, MODEL_ROLLOUT_WORKFLOW, TASK_QUEUE, rollout_workflow_id
-    from workflows.core.search_attributes import CANARY_PERCENT, DEPLOYMENT, MODEL, STAGE, VERSION
-    from workflows.rollout.patches import OUTCOME_PATCH
+    from workflows.core.search_attributes import CANARY_PERCENT, DEPLOYMENT, MISSING_ERROR, MODEL, STAGE, VERSION, missing_message
+    from workflows.rollout.contract import RolloutActivities
+    from workflows.rollout.patches import OUTCOME_PATCH, SEARCH_ATTRIBUTES_PATCH
     from workflows.rollout.actions import Abort, RollBack, checkpoint, record_rollout, set_stage, shielded, show
     from workflows.rollout.run_state import RunState
     from workflows.rollout.steps import canary, promote, retire, roll_back, shadow, stage, start, warm_up
@@ -80,6 +82,15 @@ class ModelRollout:
     @workflow.run
     async def run(self, input: RolloutInput) -> RolloutResult:
         s = self._state
+        if workflow.patched(SEARCH_ATTRIBUTES_PATCH):
+            # In a namespace without them the upsert below fails every workflow task, for ever.
+            missing = await workflow.execute_activity_method(
+                RolloutActivities.check_search_attributes,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_attempts=5),
+            )
+            if missing:
+                raise ApplicationError(missing_message(missing, workflow.info().namespace), type=MISSING_ERROR, non_retryable=True)
         workflow.upsert_search_attributes(
             [
                 DEPLOYMENT.value_set(input.deployment),

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from infra.sandbox.ports import free_port
@@ -57,3 +58,37 @@ def test_print_gives_the_temporal_cli_lines_and_registers_nothing():
     assert printed.returncode == 0, printed.stderr
     assert printed.stdout.splitlines() == create_commands("prod")
     assert "temporal operator search-attribute create --namespace prod --name TideplaneCanaryPercent --type Int" in printed.stdout
+
+
+async def test_a_rollout_in_a_namespace_without_them_fails_at_once_naming_the_attribute_and_the_command():
+    """Started as `temporal workflow start` starts it (no search attributes given), ModelRollout used to
+    fail its first workflow task on the upsert, for ever; now it fails at once, before any cluster call."""
+    import types
+    import uuid
+
+    from temporalio.client import WorkflowFailureError
+    from temporalio.exceptions import ApplicationError
+    from temporalio.worker import Worker
+
+    from activities.rollout.rollout_activities import RolloutActivities
+    from tests.workflows.rollout.test_rollout import CLUSTER_CHANGES, Fleet, rollout_input
+    from workflows.rollout.workflow import ModelRollout
+
+    env = await WorkflowEnvironment.start_local(dev_server_existing_path=str(BIN / "temporal"), port=free_port(),
+                                                data_converter=pydantic_data_converter)
+    try:
+        fleet = Fleet(env.client)
+        real_check = types.MethodType(RolloutActivities.check_search_attributes, object())  # uses no client of ours
+        activities = [real_check if getattr(a, "__name__", "") == "check_search_attributes" else a for a in fleet.activities()]
+        queue = f"bare-{uuid.uuid4().hex[:8]}"
+        async with Worker(env.client, task_queue=queue, workflows=[ModelRollout], activities=activities):
+            handle = await env.client.start_workflow("ModelRollout", rollout_input(), id=f"rollout-{queue}", task_queue=queue)
+            with pytest.raises(WorkflowFailureError) as failed:
+                await handle.result()
+        error = failed.value.cause
+        assert isinstance(error, ApplicationError) and error.type == "SearchAttributesMissing"
+        assert "TideplaneDeployment (Keyword)" in error.message and "TideplaneCanaryPercent (Int)" in error.message
+        assert "tideplane setup temporal --namespace default" in error.message
+        assert not [name for name in fleet.names() if name in CLUSTER_CHANGES]
+    finally:
+        await env.shutdown()

@@ -191,6 +191,7 @@ class Fleet:
 
     def activities(self) -> list[Callable]:
         return [
+            self.check_search_attributes,
             self.set_registry_status,
             self.record_registry_benchmark,
             self.read_golden_set,
@@ -257,6 +258,10 @@ class Fleet:
                 non_retryable=True,
             )
         return StagedWeights(path=f"/models/{input.model}/{input.version}", size_bytes=10, seconds=1.0)
+
+    @activity.defn(name="check_search_attributes")
+    async def check_search_attributes(self) -> list[str]:
+        return []  # the time-skipping server has them (tests/servers.py); not a cluster call, not recorded
 
     @activity.defn(name=DESCRIBE_DEPLOYMENT)
     async def describe_deployment(self, input: DeploymentRef) -> DeploymentState:
