@@ -167,7 +167,7 @@ def test_spot_interrupt_refuses_on_demand_and_unknown_nodes(sandbox, kind):
     refused = subprocess.run([*cli, node.metadata.name], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert refused.stderr == (
-        f"tideplane: node '{node.metadata.name}' is on-demand capacity ({NODE_CAPACITY_TYPE}=on-demand): "
+        f"tideplane: error: node '{node.metadata.name}' is on-demand capacity ({NODE_CAPACITY_TYPE}=on-demand): "
         "EC2 sends interruption notices and rebalance recommendations to spot instances only\n"
     )
     instance = node.spec.provider_id.rsplit("/", 1)[1]
@@ -177,7 +177,7 @@ def test_spot_interrupt_refuses_on_demand_and_unknown_nodes(sandbox, kind):
 
     unknown = subprocess.run([*cli, "ip-10-9-9-9.ec2.internal"], capture_output=True, text=True, timeout=60)
     assert unknown.returncode == 1 and "Traceback" not in unknown.stderr
-    assert unknown.stderr.startswith("tideplane: no node 'ip-10-9-9-9.ec2.internal' in the sandbox")
+    assert unknown.stderr.startswith("tideplane: error: no node 'ip-10-9-9-9.ec2.internal' in the sandbox")
 
 
 def test_prometheus_loads_the_repository_rule_files(sandbox):

@@ -18,8 +18,7 @@ from pathlib import Path
 
 from kubernetes import client
 from temporalio.api.sdk.v1 import WorkflowMetadata
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
-from temporalio.service import RPCError
+from temporalio.client import Client, WorkflowFailureError
 
 from infra.sandbox.config import Demand, Profile
 from infra.sandbox.knobs import set_demand, set_profile
@@ -28,6 +27,7 @@ from infra.sandbox.launcher import Sandbox
 from infra.sandbox.worker_identity import enable_serving_namespace
 from workers.cli import quality as quality_cli
 from workers.cli import registry as registry_cli
+from workers.cli.rollout import Snapshot, watch
 from workers.client import connect
 from workers.config import Settings, load_settings
 from workflows.core.naming import (
@@ -40,7 +40,7 @@ from workflows.core.naming import (
     split_deployment,
 )
 from workflows.quality.shadow import describe_pair
-from workflows.rollout.types import RolloutInput, RolloutResult, RolloutStatus
+from workflows.rollout.types import RolloutInput, RolloutResult
 from workflows.rollout.workflow import rollout_result, static_details, static_summary
 
 WORKER_GRACE_SECONDS = 3.0
@@ -69,7 +69,6 @@ RELEASES = [
 ]
 GOLDEN_SET = Path(__file__).resolve().parent.parent / "infra" / "sandbox" / "golden.yaml"
 SHADOW = {"percent": 10, "thresholds": {"min_pairs": 20}}  # mirror 10 % of live requests to the canary
-POLL_SECONDS = 1.0
 
 
 def rollout_input(version: str) -> dict:
@@ -118,37 +117,25 @@ def _start_with_cli(sandbox: Sandbox, version: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, text=True)
 
 
-def _progress(status: RolloutStatus) -> str:
-    line = f"{status.stage.value:<12} {status.weight:>3}%"
-    if status.last_verdict:
-        line += f"  gate: {status.last_verdict.evaluation.describe()}"
-    if status.shadow:
-        line += f"  {status.shadow.describe()}"
-    if status.paused:
-        line += f"  PAUSED: {status.pause_reason}"
-    return line
-
-
 async def _follow(client: Client) -> RolloutResult:
-    """Print a line whenever the stage, the weight or the last gate verdict changes."""
+    """Follow the rollout with `tideplane rollout get --watch`'s view (redrawn in place on a
+    terminal, a block per change otherwise), and once a verdict at 5 % or more is in, print what
+    the web UI shows as the run's current details."""
     handle = client.get_workflow_handle(rollout_workflow_id(DEMO_DEPLOYMENT), result_type=RolloutResult)
-    started, shown, details_shown = time.monotonic(), "", False
-    while (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
-        try:
-            status = await handle.query("status", result_type=RolloutStatus)
-            line = _progress(status)
-        except RPCError:
-            status, line = None, shown  # no workflow task has run yet
-        if line != shown:
-            print(f"  [{time.monotonic() - started:4.0f}s] {line}", flush=True)
-            shown = line
-        verdict = status.last_verdict if status else None
+    print(f"  $ tideplane rollout get {DEMO_DEPLOYMENT} --watch", flush=True)
+    details_shown = False
+
+    async def current_details(snap: Snapshot) -> bool:
+        nonlocal details_shown
+        verdict = snap.status.last_verdict if snap.status else None
         if not details_shown and verdict is not None and verdict.weight >= 5:
-            # what the web UI shows as the run's current details: the fresh verdict, read back
             meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
             print("  the web UI's current details now read:\n    " + meta.current_details.replace("\n\n", "\n    "), flush=True)
             details_shown = True
-        await asyncio.sleep(POLL_SECONDS)
+            return True
+        return False
+
+    await watch(handle, sys.stdout, each=current_details)
     return await rollout_result(handle)
 
 

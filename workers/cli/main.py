@@ -22,6 +22,8 @@ from workers.cli.node_cache import add_node_cache_commands
 from workers.cli.quality import add_golden_commands
 from workers.cli.quotas import add_quotas_commands
 from workers.cli.registry import add_registry_commands
+from workers.cli.rollout import add_rollout_commands
+from workers.cli.errors import FAILED, USAGE, explain, report
 from workers.cli.sandbox import add_demo_command, add_sandbox_commands, with_sandbox
 from workers.cli.scaling import add_schedules_commands
 from workers.cli.setup import add_setup_commands
@@ -29,10 +31,20 @@ from workers.codec_server import add_codec_server_command
 from workers.config import SettingsError, load_settings
 
 
+class Parser(argparse.ArgumentParser):
+    """Every usage error, in any subcommand, begins like every other error: ``tideplane: error:``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(USAGE, f"tideplane: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tideplane", description="Control plane for LLM inference fleets on Kubernetes GPU clusters.")
+    parser = Parser(prog="tideplane", description="Control plane for LLM inference fleets on Kubernetes GPU clusters.")
+    parser.add_argument("--version", action="version", version=f"tideplane {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     add_sandbox_commands(commands)
+    add_rollout_commands(commands)
     commands.add_parser("worker", help="run the Temporal worker (settings from TIDEPLANE_* / the sandbox env file)")
     add_demo_command(commands)
     add_golden_commands(add_registry_commands(commands))
@@ -46,6 +58,15 @@ def _parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks on real traces (tideplane bench --help)", add_help=False)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tideplane")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _bench(argv: list[str]) -> int:
@@ -96,15 +117,20 @@ def main(argv: list[str] | None = None) -> int:
     """The ``tideplane`` entry point. A command that opened a Temporal client exits through
     ``_leave``: a one-shot command once its output is printed, the worker once its graceful
     shutdown has finished (its pid file removed, its activities done)."""
+    code = run(argv)
+    if _temporal_runtime_started():
+        _leave(code)
+    return code
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Parse and run one command; its exit code (the table in workers/cli/errors.py)."""
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and args.command != "bench":
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     configure_logging()
-    code = _dispatch(args, unknown)
-    if _temporal_runtime_started():
-        _leave(code)
-    return code
+    return _dispatch(args, unknown)
 
 
 def _dispatch(args: argparse.Namespace, unknown: list[str]) -> int:
@@ -121,11 +147,19 @@ def _dispatch(args: argparse.Namespace, unknown: list[str]) -> int:
             return 0
         return args.func(args, config)
     except SettingsError as exc:
-        print(f"tideplane: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:
-        print(f"tideplane: {exc}", file=sys.stderr)
-        return 1
+        return report(str(exc), USAGE)
+    except SystemExit as exc:  # a command's `raise SystemExit("error: ...")`: the same one line
+        if isinstance(exc.code, str):  # a missing or unreadable file is a usage error, as everywhere
+            unreadable = any(w in exc.code for w in ("No such file", "Is a directory", "Permission denied"))
+            return report(exc.code, USAGE if unreadable else FAILED)
+        raise
+    except Exception as exc:  # noqa: BLE001 - one line for an outside system that is down, never a traceback
+        explained = explain(exc)
+        if explained is not None:
+            return report(*explained)
+        if isinstance(exc, RuntimeError):
+            return report(str(exc), FAILED)
+        raise
 
 
 if __name__ == "__main__":

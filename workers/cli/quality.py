@@ -4,6 +4,7 @@ the current revision at warm-up."""
 
 from __future__ import annotations
 
+from workers.cli.errors import FAILED, report
 import json
 from pathlib import Path
 
@@ -23,13 +24,13 @@ def load_golden(path: str) -> GoldenSet:
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
-        raise SystemExit(f"error: golden set {path}: {exc.strerror}") from None
+        raise SystemExit(f"tideplane: error: golden set {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise SystemExit(f"error: golden set {path} is not YAML: {exc}") from None
+        raise SystemExit(f"tideplane: error: golden set {path} is not YAML: {exc}") from None
     try:
         return GoldenSet.model_validate(raw)
     except ValidationError as exc:
-        raise SystemExit(f"error: golden set {path}: {field_errors(exc, '(file)')}") from None
+        raise SystemExit(f"tideplane: error: golden set {path}: {field_errors(exc, '(file)')}") from None
 
 
 def store_golden(registry: Registry, model: str, path: str) -> str:
@@ -52,11 +53,11 @@ def cmd_golden_set(args, settings: Settings) -> int:
 def cmd_golden_show(args, settings: Settings) -> int:
     history = golden_history(open_registry(settings), args.model)
     if history is None or history.current is None:
-        print(f"error: {args.model} has no golden set (tideplane registry golden set {args.model} FILE)")
+        report(f"{args.model} has no golden set (tideplane registry golden set {args.model} FILE)", FAILED)
         return 1
     wanted = history.current if args.revision is None else next((r for r in history.revisions if r.revision == args.revision), None)
     if wanted is None:
-        print(f"error: {args.model} has no golden set revision {args.revision} (1..{history.current.revision})")
+        report(f"{args.model} has no golden set revision {args.revision} (1..{history.current.revision})", FAILED)
         return 1
     if args.json:
         print(json.dumps(wanted.golden.model_dump(mode="json", exclude_defaults=True), indent=1))

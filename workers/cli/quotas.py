@@ -13,6 +13,7 @@ workers/cli/main.py wires these in with ``add_quotas_commands(subparsers)``; eac
 
 from __future__ import annotations
 
+from workers.cli.errors import FAILED, report
 import argparse
 import asyncio
 import sys
@@ -84,7 +85,7 @@ def cmd_apply(args, config: Settings) -> int:
     try:
         quotas = load_quota_file(args.file)
     except QuotaFileError as exc:
-        print(f"tideplane: {exc}", file=sys.stderr)
+        report(f"{exc}", FAILED)
         return 2
 
     async def run():
@@ -93,7 +94,7 @@ def cmd_apply(args, config: Settings) -> int:
     try:
         outcomes, result = asyncio.run(run())
     except TimeoutError as exc:
-        print(f"tideplane: {exc}", file=sys.stderr)
+        report(f"{exc}", FAILED)
         return 1
     for sid, outcome in outcomes:
         print(f"{outcome:9} schedule {sid}")

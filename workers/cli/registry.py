@@ -8,6 +8,7 @@ workers/cli/main.py wires these in with ``add_registry_commands(subparsers)``; e
 
 from __future__ import annotations
 
+from workers.cli.errors import FAILED, report
 import argparse
 import asyncio
 import sys
@@ -57,9 +58,9 @@ def _ref(text: str, need_version: bool) -> tuple[str, str | None]:
     try:
         model, version = parse_ref(text)
     except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
+        raise SystemExit(f"tideplane: error: {exc}") from None
     if need_version and version is None:
-        raise SystemExit(f"error: expected MODEL@VERSION, got {text!r}")
+        raise SystemExit(f"tideplane: error: expected MODEL@VERSION, got {text!r}")
     return model, version
 
 
@@ -68,7 +69,7 @@ def cmd_register(args, settings: Settings) -> int:
     try:
         quant = parse_quantization(args.quantization)
     except ValueError as exc:
-        raise SystemExit(f"error: --quantization: {exc}") from None
+        raise SystemExit(f"tideplane: error: --quantization: {exc}") from None
     adapter = None
     if args.base:
         base_model, base_version = _ref(args.base, need_version=True)
@@ -183,7 +184,7 @@ def answering_registry_errors(func):
         try:
             return func(args, settings)
         except RegistryError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            report(f"{exc}", FAILED)
             return 1
 
     return run

@@ -4,6 +4,9 @@ token usage report (quotas.py) are printed so."""
 
 from __future__ import annotations
 
+import argparse
+
+from workers.cli.errors import FAILED, report
 import asyncio
 import sys
 from datetime import datetime, timezone
@@ -47,10 +50,10 @@ def print_report(args, config: Settings, run, arg, workflow_type: str, result_ty
     try:
         result = asyncio.run(fetch())
     except TimeoutError as exc:
-        print(f"tideplane: {exc}", file=sys.stderr)
+        report(f"{exc}", FAILED)
         return 1
     if result is None:
-        print(f"tideplane: no completed {workflow_type} yet (run `{command}`, or wait for the daily schedule)", file=sys.stderr)
+        report(f"no completed {workflow_type} yet (run `{command}`, or wait for the daily schedule)", FAILED)
         return 1
     print(result.markdown)
     return 0
@@ -58,7 +61,10 @@ def print_report(args, config: Settings, run, arg, workflow_type: str, result_ty
 
 def window_hours(text: str) -> float:
     """--window-hours within what CostReportInput accepts (0 < h <= 744), said by argparse."""
-    hours = float(text)
+    try:
+        hours = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of hours, got {text!r}") from None
     if not 0 < hours <= 24 * 31:
-        raise ValueError(text)
+        raise argparse.ArgumentTypeError(f"must be > 0 and <= 744 (31 days), got {text}")
     return hours

@@ -4,6 +4,7 @@ inside the commands only: the worker image holds no infra/ (tests/unit/worker/te
 
 from __future__ import annotations
 
+from workers.cli.errors import FAILED, report
 import argparse
 import os
 import sys
@@ -55,7 +56,7 @@ def with_sandbox(args: argparse.Namespace) -> int:
             return run(args.state_dir, args.config, args.time_scale)
         return _sandbox(args)
     except SandboxConfigError as exc:  # a ValueError; SandboxError is a RuntimeError, answered in main
-        print(f"tideplane: {exc}", file=sys.stderr)
+        report(f"{exc}", FAILED)
         return 2
 
 

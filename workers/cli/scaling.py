@@ -15,6 +15,7 @@ workers/cli/main.py wires these in with ``add_schedules_commands(subparsers)``; 
 
 from __future__ import annotations
 
+from workers.cli.errors import FAILED, report
 import argparse
 import asyncio
 import json
@@ -178,7 +179,7 @@ def cmd_apply(args, config: Settings) -> int:
     try:
         file = load_schedule_file(args.file)
     except ScheduleFileError as exc:
-        print(f"tideplane: {exc}", file=sys.stderr)
+        report(f"{exc}", FAILED)
         return 2
 
     async def run():
@@ -208,7 +209,7 @@ def cmd_delete(args, config: Settings) -> int:
     try:
         naming.split_deployment(args.deployment)
     except ValueError as exc:
-        print(f"tideplane: {exc}", file=sys.stderr)
+        report(f"{exc}", FAILED)
         return 2
 
     async def run():

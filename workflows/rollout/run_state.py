@@ -168,7 +168,19 @@ class RunState:
             shadow=self.shadow,
             batching=self.batching,
             nodes=self.nodes,
+            replicas=self.replicas(),
         )
+
+    def replicas(self) -> dict[str, int]:
+        """Replicas by version as this run last sized them (the cluster's own count may lag)."""
+        sized: dict[str, int] = {}
+        if self.stable is not None:
+            sized[self.stable.version] = 0 if self.stage is Stage.PROMOTED else self.target_replicas
+        if self.stage is Stage.PROMOTED:
+            sized[self.input.version] = self.target_replicas
+        elif self.canary_replicas or self.step is not None:
+            sized[self.input.version] = self.canary_replicas
+        return sized
 
     def result(self, outcome: Outcome, reason: str) -> RolloutResult:
         return RolloutResult(

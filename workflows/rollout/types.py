@@ -388,6 +388,9 @@ class RolloutStatus(BaseModel):
     shadow: ShadowVerdict | None = Field(None, description="the last shadow comparison's verdict")
     batching: SweepChoice | None = Field(None, description="the batching setting the warm-up's sweep kept")
     nodes: list[NodeCacheProgress] = Field(default_factory=list, description="pre-staging: each node's progress")
+    replicas: dict[str, int] = Field(
+        default_factory=dict, description="replicas by version as the rollout last sized them (stable's total, the canary's share)"
+    )
 
 
 class RolloutResult(BaseModel):

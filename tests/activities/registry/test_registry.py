@@ -270,7 +270,7 @@ def test_status_is_per_deployment(registry, tmp_path, capsys):
     settings = Settings(weights_bucket=registry.bucket)
     assert registry_cli.main(["registry", "deprecate", "m@1.3.0"], settings) == 1
     assert capsys.readouterr().err == (
-        "error: m@1.3.0 still serves on prod/batch: it becomes deprecated when no deployment serves it\n"
+        "tideplane: error: m@1.3.0 still serves on prod/batch: it becomes deprecated when no deployment serves it\n"
     )
     assert registry_cli.main(["registry", "list", "m"], settings) == 0
     listed = capsys.readouterr().out
@@ -497,7 +497,7 @@ async def test_weights_outside_the_allowed_buckets_are_refused(bucket, tmp_path,
     s3.boto.put_object(Bucket=hub, Key="mistral/model.safetensors", Body=b"weights")
     assert registry_cli.main(["registry", "register", "mistral@1.0.0", f"s3://{hub}/mistral/"], Settings(weights_bucket=bucket)) == 1
     assert capsys.readouterr().err == (
-        f"error: register source: bucket '{hub}' is not an allowed weights bucket (TIDEPLANE_WEIGHTS_BUCKETS: {bucket})\n"
+        f"tideplane: error: register source: bucket '{hub}' is not an allowed weights bucket (TIDEPLANE_WEIGHTS_BUCKETS: {bucket})\n"
     )
 
     Registry(s3, bucket, allowed_buckets=[hub]).register("mistral", "1.0.0", f"s3://{hub}/mistral/", at=T0)

@@ -123,7 +123,7 @@ def test_without_a_key_it_refuses_to_start_naming_the_setting():
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip() == (
-        "tideplane: TIDEPLANE_PAYLOAD_ENCRYPTION_KEY is not set: payloads are in clear, there is nothing to encode or decode")
+        "tideplane: error: TIDEPLANE_PAYLOAD_ENCRYPTION_KEY is not set: payloads are in clear, there is nothing to encode or decode")
 
 
 TOKEN = "codec-token-for-the-test"

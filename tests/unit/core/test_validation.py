@@ -20,5 +20,5 @@ def test_sandbox_config_names_each_wrong_field(tmp_path):
 def test_a_file_that_is_not_a_mapping_is_named_as_the_file(tmp_path):
     path = tmp_path / "golden.yaml"
     path.write_text("- just\n- a list\n")
-    with pytest.raises(SystemExit, match=rf"^error: golden set {path}: \(file\): Input should be a valid dictionary"):
+    with pytest.raises(SystemExit, match=rf"^tideplane: error: golden set {path}: \(file\): Input should be a valid dictionary"):
         load_golden(str(path))
