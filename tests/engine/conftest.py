@@ -21,7 +21,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from activities.clients.s3 import S3Client
+from activities.registry.store import Registry
+from activities.rollout.rollout_activities import RolloutActivities
+from activities.rollout.serving_pods import ServingPods
 from infra.models.build import build_models
+from tests.servers import moto_url  # noqa: F401
+from temporalio.testing import ActivityEnvironment
+from workflows.core.versions import WeightFile
+from workflows.rollout.contract import StageWeightsInput
 
 if importlib.util.find_spec("vllm") is None:  # the real-engine tier needs the engine extra: make engine
     collect_ignore_glob = ["test_*.py"]
@@ -120,3 +128,19 @@ def models(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def engine_tmp(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("engines")
+
+
+def stage_through_registry(model_dir: Path, version: str, cache: Path) -> Path:
+    """What a rollout does with a version's weights: ``tideplane registry register`` uploads them
+    to S3 (the moto server), and the rollout's stage_weights activity downloads and SHA-256
+    verifies every file into the model cache that serving pods mount. Returns that directory."""
+    s3 = S3Client(os.environ["AWS_ENDPOINT_URL"], "us-east-1")
+    bucket = "tideplane-engine-weights"
+    if bucket not in {b["Name"] for b in s3.boto.list_buckets()["Buckets"]}:
+        s3.boto.create_bucket(Bucket=bucket)
+    manifest = Registry(s3, bucket).register(SERVED, version, str(model_dir))
+    files = [WeightFile(uri=manifest.weights.uri(f.path), sha256=f.sha256) for f in manifest.weights.files]
+    acts = RolloutActivities(kube=None, s3=s3, prometheus=None, vllm=None, pods=ServingPods(model_cache_dir=cache),
+                             gateway="gw", service_url_template="")
+    staged = ActivityEnvironment().run(acts.stage_weights, StageWeightsInput(model=SERVED, version=version, files=files))
+    return Path(staged.path)

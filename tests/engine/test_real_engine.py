@@ -20,7 +20,7 @@ from activities.clients.vllm import VllmClient
 from activities.quality.quality_activities import schema_problem  # the activity's own JSON Schema check
 from activities.rollout.rollout_activities import RolloutActivities
 from infra.models.build import load_corpus
-from tests.engine.conftest import SERVED, Engine, start_engine
+from tests.engine.conftest import SERVED, Engine, stage_through_registry, start_engine
 from workflows.core.naming import DeploymentRef
 from workflows.quality.golden_set import GoldenSet, golden_verdict, grade
 from workflows.quality.shadow import ShadowPair, ShadowSettings, shadow_verdict
@@ -31,8 +31,12 @@ LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 
 
 @pytest.fixture(scope="module")
-def good(models, engine_tmp):
-    engine = start_engine(models["good"], engine_tmp, "--max-model-len", "256", "--enable-lora", "--max-lora-rank", "8",
+def good(models, engine_tmp, moto_url):
+    """The good version as a rollout serves it: registered to S3, staged SHA-256 verified into the
+    model cache, and loaded by vLLM from there."""
+    staged = stage_through_registry(models["good"], "1.0.0", engine_tmp / "model-cache")
+    assert {p.name for p in models["good"].iterdir()} <= {p.name for p in staged.iterdir()}  # + the .sha256 records
+    engine = start_engine(staged, engine_tmp, "--max-model-len", "256", "--enable-lora", "--max-lora-rank", "8",
                           env=LORA_ENV)
     print(f"good engine answered after {engine.started_s:.0f} s")
     yield engine
