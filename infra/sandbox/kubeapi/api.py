@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from . import errors, patch as patches
+from . import errors, patch as patches, podsecurity
 from .errors import bad_request
 from .resources import BY_KEY, Resource
 from .selectors import label_selector_matcher, label_selector_string, parse_field_selector, parse_label_selector
@@ -100,6 +100,9 @@ class Api:
         if namespace and namespace["metadata"].get("deletionTimestamp"):
             raise errors.forbidden(res.plural, obj["metadata"]["name"], res.group,
                                    f"unable to create new content in namespace {ns} because it is being terminated")
+        why = podsecurity.admit(namespace, res.plural, obj) if res.namespaced and res.group in podsecurity.GROUPS else None
+        if why:
+            raise errors.forbidden(res.plural, obj["metadata"]["name"], res.group, why)
         if dry_run:
             return obj
         return self.store.create(res, obj)
@@ -121,6 +124,7 @@ class Api:
             if sub == "scale":
                 return self._set_scale(res, old, body)
             new = self._merge_sub(res, old, body, sub)
+            self._admit(res, ns, new, old, sub)
             if dry_run:
                 return new
             return self._finish_deletion(res, self.store.update(res, new, expect_rv=body_meta.get("resourceVersion")))
@@ -144,9 +148,17 @@ class Api:
             if sub == "scale":
                 return self._set_scale(res, old, patched)
             new = self._merge_sub(res, old, patched, sub)
+            self._admit(res, ns, new, old, sub)
             if dry_run:
                 return new
             return self._finish_deletion(res, self.store.update(res, new, expect_rv=meta.get("resourceVersion")))
+
+    def _admit(self, res: Resource, ns: str, new: dict[str, Any], old: dict[str, Any], sub: str | None) -> None:
+        """Pod Security admission on an update of the main resource (status and other subresources are not checked)."""
+        if sub is None and res.namespaced and res.group in podsecurity.GROUPS:
+            why = podsecurity.admit(self.store.try_get(NAMESPACES, "", ns), res.plural, new, old)
+            if why:
+                raise errors.forbidden(res.plural, new["metadata"]["name"], res.group, why)
 
     def _merge_sub(self, res: Resource, old: dict[str, Any], new: dict[str, Any], sub: str | None) -> dict[str, Any]:
         """Main endpoint writes keep the old status; the status endpoint changes only status."""

@@ -14,7 +14,7 @@ import yaml
 from infra.sandbox.config import SANDBOX_NAMESPACE
 from infra.sandbox.httpserver import SandboxHTTPServer
 
-from . import auth, errors, openapi, protobuf, resources, tables
+from . import auth, errors, openapi, podsecurity, protobuf, resources, tables
 from .api import Api
 from .controllers import Controllers
 from .errors import ApiError
@@ -96,6 +96,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-cache, private")
+        for warning in podsecurity.take_warnings():  # Pod Security warn/audit, as the API server's Warning headers
+            self.send_header("Warning", '299 - "' + warning.replace("\\", "\\\\").replace('"', '\\"') + '"')
         self.end_headers()
         self.wfile.write(data)
 
@@ -113,6 +115,7 @@ class Handler(BaseHTTPRequestHandler):
             raise errors.bad_request(f"error decoding request body: {exc}") from None
 
     def _dispatch(self, method: str) -> None:
+        podsecurity.take_warnings()  # none left from this thread's last request
         try:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""

@@ -19,6 +19,7 @@ import math
 import time
 from typing import Any
 
+from . import podsecurity
 from .api import pod_ready
 from .conditions import set_condition
 from .control_plane import ControlPlane
@@ -30,6 +31,7 @@ from .validation import prepare, random_suffix, reset_status_on_create
 
 PODS, REPLICA_SETS, DEPLOYMENTS = BY_KEY["pods"], BY_KEY["replicasets.apps"], BY_KEY["deployments.apps"]
 JOBS, DAEMON_SETS, NODES = BY_KEY["jobs.batch"], BY_KEY["daemonsets.apps"], BY_KEY["nodes"]
+NAMESPACES = BY_KEY["namespaces"]
 HASH_LABEL = "pod-template-hash"
 REVISION = "deployment.kubernetes.io/revision"
 DESIRED = "deployment.kubernetes.io/desired-replicas"
@@ -111,6 +113,7 @@ class Workloads:
         self.ready_since: dict[str, float] = {}  # pod uid -> monotonic time it became Ready
         self.progress: dict[str, tuple[tuple, float]] = {}  # deployment uid -> (progress seen, when)
         self.wake_at: list[float] = []  # when a minReadySeconds or progress deadline falls due
+        self.refused: set[tuple[str, str]] = set()  # (owner uid, what was refused): Pod Security said no, told once
 
     def reconcile(self) -> None:
         self.wake_at = []
@@ -219,14 +222,16 @@ class Workloads:
     # -- pods -----------------------------------------------------------------------------------
     def _scale_pods(self, rs: dict[str, Any], pods: list[dict[str, Any]], want: int) -> None:
         for _ in range(want - len(pods)):
-            self._create_pod(rs)
+            if not self._create_pod(rs):
+                break
         if len(pods) > want:
             for p in scale_down_order(pods)[: len(pods) - want]:
                 self._delete_pod(rs, p)
 
     def _create_pod(self, owner: dict[str, Any], component: str = "replicaset-controller",
-                    labels: dict[str, str] | None = None, spec: dict[str, Any] | None = None) -> None:
-        """A pod from the owner's template (labels and spec fields added by its controller)."""
+                    labels: dict[str, str] | None = None, spec: dict[str, Any] | None = None) -> bool:
+        """A pod from the owner's template (labels and spec fields added by its controller); False
+        when the namespace's Pod Security enforce level refuses it."""
         template = copy.deepcopy(owner["spec"]["template"])
         tmeta = template.get("metadata") or {}
         pod = {
@@ -239,8 +244,18 @@ class Workloads:
         }
         pod = prepare(PODS, pod, creating=True)
         reset_status_on_create(PODS, pod)
+        namespace = self.store.try_get(NAMESPACES, "", pod["metadata"]["namespace"])
+        why = podsecurity.enforce(namespace, pod)
+        if why:  # as the API server answers the controller: FailedCreate, retried when the template or namespace changes
+            key = (owner["metadata"]["uid"], json.dumps([pod["spec"], (namespace or {}).get("metadata", {}).get("labels")], sort_keys=True))
+            if key not in self.refused:
+                self.refused.add(key)
+                self.ctl.record(owner, "Warning", "FailedCreate",
+                                f'Error creating: pods "{pod["metadata"]["name"]}" is forbidden: {why}', component)
+            return False
         created = self.store.create(PODS, pod)
         self.ctl.record(owner, "Normal", "SuccessfulCreate", f"Created pod: {created['metadata']['name']}", component)
+        return True
 
     def _delete_pod(self, rs: dict[str, Any], pod: dict[str, Any]) -> None:
         self.ctl.delete_pod(pod)

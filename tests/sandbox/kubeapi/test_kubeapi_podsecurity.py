@@ -1,0 +1,145 @@
+"""Pod Security admission as the API server applies it: a namespace's enforce level refuses a pod
+that violates it (403, the same message), a Deployment's pods with a FailedCreate event; warn and
+audit levels give Warning headers. And the levels docs/getting-started.md ("Pod Security levels")
+gives for tideplane's own pods, checked against the emulator's checks.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from activities.node_cache.node_cache_activities import NodeCacheActivities
+from activities.rollout.serving_pods import ServingPods, deployment_manifest
+from infra.sandbox.kubeapi.podsecurity import violations
+from tests.kube_fixtures import emulated_cluster, kube_wait as wait
+from workflows.core.naming import DeploymentRef
+from workflows.core.versions import WeightFile
+from workflows.node_cache.contract import NodeCacheRequest, StartNodeCacheInput
+from workflows.rollout.contract import EnsureVersionInput
+
+ROOT = Path(__file__).resolve().parents[3]
+FILES = [WeightFile(uri="s3://weights/m/1.0.0/model.safetensors", sha256="a" * 64)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with emulated_cluster(tmp_path_factory.mktemp("kubectl")) as cluster:
+        client.CoreV1Api(cluster.api).create_node({"metadata": {"name": "n"}, "status": {"allocatable": {"pods": "110"}}})
+        yield cluster
+
+
+def namespace(cluster, name: str, **levels: str) -> str:
+    labels = {f"pod-security.kubernetes.io/{mode}": level for mode, level in levels.items()}
+    client.CoreV1Api(cluster.api).create_namespace({"metadata": {"name": name, "labels": labels}})
+    return name
+
+
+PLAIN = {"containers": [{"name": "app", "image": "nginx:1"}]}
+HOSTPATH = {"containers": [{"name": "app", "image": "nginx:1"}], "volumes": [{"name": "data", "hostPath": {"path": "/data"}}]}
+RESTRICTED = {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+              "containers": [{"name": "app", "image": "nginx:1", "securityContext": {
+                  "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}]}
+
+
+def post(cluster, path: str, body: dict) -> tuple[int, dict, list[str]]:
+    request = urllib.request.Request(cluster.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request) as response:
+            return response.status, json.load(response), response.headers.get_all("Warning") or []
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc), exc.headers.get_all("Warning") or []
+
+
+def test_restricted_enforce_refuses_a_pod_that_violates_it_with_the_api_servers_message(cluster):
+    ns = namespace(cluster, "psa-restricted", enforce="restricted")
+    code, status, _ = post(cluster, f"/api/v1/namespaces/{ns}/pods", {"metadata": {"name": "web"}, "spec": PLAIN})
+    assert code == 403 and status["reason"] == "Forbidden"
+    assert status["message"] == (
+        'pods "web" is forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false '
+        '(container "app" must set securityContext.allowPrivilegeEscalation=false), unrestricted capabilities '
+        '(container "app" must set securityContext.capabilities.drop=["ALL"]), runAsNonRoot != true (pod or container '
+        '"app" must set securityContext.runAsNonRoot=true), seccompProfile (pod or container "app" must set '
+        'securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost")')
+    code, _, _ = post(cluster, f"/api/v1/namespaces/{ns}/pods", {"metadata": {"name": "ok"}, "spec": RESTRICTED})
+    assert code == 201
+
+
+def test_baseline_refuses_hostpath_and_privileged_only(cluster):
+    ns = namespace(cluster, "psa-baseline", enforce="baseline")
+    assert post(cluster, f"/api/v1/namespaces/{ns}/pods", {"metadata": {"name": "plain"}, "spec": PLAIN})[0] == 201
+    code, status, _ = post(cluster, f"/api/v1/namespaces/{ns}/pods", {"metadata": {"name": "disk"}, "spec": HOSTPATH})
+    assert (code, status["message"]) == (403, 'pods "disk" is forbidden: violates PodSecurity "baseline:latest": hostPath volumes (volume "data")')
+
+
+def test_a_deployments_refused_pods_are_a_failed_create_event_and_warn_gives_headers(cluster):
+    ns = namespace(cluster, "psa-deploy", enforce="restricted", warn="restricted")
+    body = {"metadata": {"name": "web"}, "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": PLAIN}}}
+    code, _, warnings = post(cluster, f"/apis/apps/v1/namespaces/{ns}/deployments", body)
+    assert code == 201, "the workload itself is admitted"
+    assert warnings and warnings[0].startswith('299 - "would violate PodSecurity \\"restricted:latest\\": allowPrivilegeEscalation != false')
+    core = client.CoreV1Api(cluster.api)
+
+    def refused():
+        return [e for e in core.list_namespaced_event(ns).items if e.reason == "FailedCreate"]
+
+    [event] = wait(refused, "the ReplicaSet's FailedCreate")
+    assert event.involved_object.kind == "ReplicaSet"
+    assert 'is forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false' in event.message
+    assert not core.list_namespaced_pod(ns).items
+
+
+def test_kubectl_prints_the_warning(cluster):
+    ns = namespace(cluster, "psa-warn", warn="baseline")
+    manifest = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "disk", "namespace": ns}, "spec": HOSTPATH})
+    tmp = Path("/tmp") / f"psa-warn-{cluster.url.rsplit(':', 1)[-1]}.json"
+    tmp.write_text(manifest)
+    try:
+        result = cluster.kubectl("create", "-f", str(tmp))
+    finally:
+        tmp.unlink()
+    assert result.returncode == 0, result.stderr
+    assert 'Warning: would violate PodSecurity "baseline:latest": hostPath volumes (volume "data")' in result.stderr
+
+
+# -- the levels tideplane's pods meet (the table in docs/getting-started.md) --------------------------
+
+def serving_spec(pods: ServingPods, **extra) -> dict:
+    req = EnsureVersionInput(deployment=DeploymentRef(namespace="x", name="chat"), model="m", version="1.0.0", image="vllm:1",
+                             gpus_per_replica=1, replicas=1, weights_path="/models/m/1.0.0", **extra)
+    return deployment_manifest(req, pods)["spec"]["template"]["spec"]
+
+
+def strictest(spec: dict) -> str:
+    return next((level for level in ("restricted", "baseline") if not violations(spec, level)), "privileged")
+
+
+def test_the_levels_tideplanes_pods_meet_are_the_documented_ones():
+    assert strictest(serving_spec(ServingPods(Path("/models"), model_cache_pvc="models"))) == "restricted"
+    assert strictest(serving_spec(ServingPods(Path("/models")))) == "privileged"
+    assert violations(serving_spec(ServingPods(Path("/models"))), "baseline") == ['hostPath volumes (volume "model-cache")']
+    node_cached = ServingPods(Path("/models"), model_cache_pvc="models", node_cache_dir=Path("/node-cache"))
+    assert strictest(serving_spec(node_cached, node_cache_files=FILES)) == "privileged"
+    engine_cached = ServingPods(Path("/models"), model_cache_pvc="models", engine_cache_dir=Path("/engine"))
+    assert strictest(serving_spec(engine_cached)) == "privileged"
+    job = NodeCacheActivities(kube=None, image="tideplane:1", cache_dir=Path("/node-cache"))._job(
+        StartNodeCacheInput(namespace="x", model="m", version="1.0.0", files=FILES, run_id="r"), "n",
+        NodeCacheRequest(model="m", version="1.0.0", files=FILES, node="n", stagers=["n"]))
+    assert violations(job["spec"]["template"]["spec"], "baseline") == ['hostPath volumes (volume "node-cache")']
+    daemonset = next(d for d in yaml.safe_load_all((ROOT / "infra/k8s/node-cache/daemonset.yaml").read_text())
+                     if d and d.get("kind") == "DaemonSet")
+    assert violations(daemonset["spec"]["template"]["spec"], "baseline") == [
+        'hostPath volumes (volume "node-cache")', 'hostPort (container "chunks" uses hostPort 8470)']
+
+
+def test_the_serving_namespace_kit_enforces_the_level_its_pods_meet_and_warns_at_restricted():
+    labels = yaml.safe_load((ROOT / "infra/k8s/serving-namespace/namespace.yaml").read_text())["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"  # hostPath caches and staging Jobs
+    assert labels["pod-security.kubernetes.io/warn"] == labels["pod-security.kubernetes.io/audit"] == "restricted"
