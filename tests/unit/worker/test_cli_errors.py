@@ -63,7 +63,7 @@ def test_temporal_down_is_one_line(capsys):
 
 def test_an_invalid_rollout_spec_names_the_field_and_exits_2(tmp_path, capsys):
     spec = tmp_path / "r.json"
-    spec.write_text('{"deployment": "llm-serving/chat", "model": "m", "version": "1.0.0", "image": "i", "replicas": 0}')
+    spec.write_text('{"deployment": "llm-serving/chat", "model": "m", "version": "1.0.0", "image": "vllm/vllm-openai:v0.6.3", "replicas": 0}')
     assert _code(["rollout", "start", str(spec), "--dry-run"]) == 2
     assert _error(capsys) == PREFIX + "invalid rollout: replicas: Input should be greater than or equal to 1"
 
