@@ -32,11 +32,17 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     return next((v for k, v in headers.items() if k.lower() == wanted), None)
 
 
+def _header_met(h: dict, headers: Mapping[str, str]) -> bool:
+    """An ``Exact`` header match, ``invert`` as Envoy's ``invert_match`` (a missing header meets an inverted one)."""
+    if h.get("type", "Exact") != "Exact":
+        return False
+    equal = _header(headers, h["name"]) == h.get("value")
+    return not equal if h.get("invert") else equal
+
+
 def _selected(rule: dict, headers: Mapping[str, str]) -> bool:
     selectors = rule.get("clientSelectors") or [{}]
-    return any(all(h.get("type", "Exact") == "Exact" and not h.get("invert") and _header(headers, h["name"]) == h.get("value")
-                   for h in s.get("headers") or [])
-               for s in selectors)
+    return any(all(_header_met(h, headers) for h in s.get("headers") or []) for s in selectors)
 
 
 def _refusal(policy: dict, rule: dict) -> str:
@@ -44,6 +50,9 @@ def _refusal(policy: dict, rule: dict) -> str:
     meta = policy["metadata"]
     where = f"BackendTrafficPolicy {meta.get('namespace')}/{meta['name']}"
     header = next((h for s in rule.get("clientSelectors") or [] for h in s.get("headers") or []), {})
+    if header.get("invert"):
+        limit = rule["limit"]
+        return f"rate limit reached: {limit['requests']} tokens per {limit['unit']} for callers without a known {header.get('name')} ({where})"
     tenant = header.get("value", "")
     annotations = meta.get("annotations") or {}
     if tenant and tenant in (annotations.get(OVER_QUOTA_ANNOTATION) or "").split(","):

@@ -51,6 +51,9 @@ class QuotaFile(BaseModel):
     route: str = Field(pattern=_DNS_LABEL, max_length=50, description="the HTTPRoute tenants call")
     tenant_header: str = Field(TENANT_HEADER, pattern=r"^[A-Za-z0-9-]+$", description="the header naming the tenant")
     tenants: list[TenantQuota] = Field(min_length=1, max_length=256)
+    default_tokens_per_minute: int | None = Field(
+        1000, ge=0, description="tokens a minute all callers without a listed tenant share (null: unlimited, as before)"
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> QuotaFile:
@@ -142,6 +145,13 @@ def quota_policy(quotas: QuotaFile, used: Mapping[str, float], usage: MonthUsage
         else:
             rules.append({"clientSelectors": [selector], "limit": {"requests": tenant.tokens_per_minute, "unit": "Minute"},
                           "cost": {"request": {"from": "Number", "number": 0}, "response": TOKEN_COST}})
+    if quotas.default_tokens_per_minute is not None:
+        # every request whose header names no listed tenant (absent included: an inverted match of a
+        # missing header holds), sharing one budget: no header is no way around the quotas
+        unknown = [{"name": quotas.tenant_header, "type": "Exact", "value": t.name, "invert": True} for t in quotas.tenants]
+        rules.append({"clientSelectors": [{"headers": unknown}],
+                      "limit": {"requests": quotas.default_tokens_per_minute, "unit": "Minute"},
+                      "cost": {"request": {"from": "Number", "number": 0}, "response": TOKEN_COST}})
     monthly = {t.name: t.monthly_tokens for t in quotas.tenants}
     return {
         "apiVersion": POLICY_API_VERSION, "kind": "BackendTrafficPolicy",

@@ -57,7 +57,7 @@ async def test_a_tenant_over_its_monthly_quota_is_refused_while_another_is_serve
 
     quotas = QuotaFile(namespace=NAMESPACE, route="chat", tenants=[
         {"name": "acme", "tokens_per_minute": 100_000, "monthly_tokens": 1_000_000},
-        {"name": "beta", "tokens_per_minute": 100_000, "monthly_tokens": BETA_MONTHLY}])
+        {"name": "beta", "tokens_per_minute": 100_000, "monthly_tokens": BETA_MONTHLY}], default_tokens_per_minute=8)
     temporal = await Client.connect(sandbox.env["TEMPORAL_ADDRESS"], data_converter=pydantic_data_converter)
     queue = f"quotas-e2e-{uuid.uuid4().hex[:6]}"
     activities = QuotaActivities(KubeClient.connect(sandbox.sandbox.worker_kubeconfig), prometheus)
@@ -80,11 +80,17 @@ async def test_a_tenant_over_its_monthly_quota_is_refused_while_another_is_serve
     assert [outcome for _, outcome in again_schedules] == ["unchanged", "unchanged"] and again.outcome == "unchanged"
     policy = client.CustomObjectsApi(api).get_namespaced_custom_object(
         "gateway.envoyproxy.io", "v1alpha1", NAMESPACE, "backendtrafficpolicies", "chat-backend-traffic")
-    assert [r["limit"]["requests"] for r in policy["spec"]["rateLimit"]["global"]["rules"]] == [100_000, 0]
+    assert [r["limit"]["requests"] for r in policy["spec"]["rateLimit"]["global"]["rules"]] == [100_000, 0, 8]
 
     refused = await wait_for(lambda: (r := ask(fleet, "beta")).status_code == 429 and r, 10, "beta refused by the gateway")
     assert refused.json()["message"].startswith(f"tenant beta is over its monthly token quota ({BETA_MONTHLY} tokens)")
     assert ask(fleet, "acme").status_code == 200, "another tenant is still served"
+
+    def anonymous() -> httpx.Response:  # no tenant header: limited by the default rule (issue 33)
+        return httpx.post(f"{fleet}/gateway/{NAMESPACE}/chat/v1/completions", json={"prompt": "hello there", "max_tokens": 4}, timeout=30)
+
+    limited = await wait_for(lambda: (r := anonymous()).status_code == 429 and r, 30, "a caller without a tenant limited")
+    assert limited.json()["message"].startswith("rate limit reached: 8 tokens per Minute for callers without a known x-tenant")
 
     rows = {(r.tenant, r.model, r.version, r.request_class): r for r in metered.rows}
     beta = rows[("beta", "llama-3-8b", "1.0.0", "default")]

@@ -22,7 +22,7 @@ def test_one_rule_per_tenant_costed_in_the_answers_tokens():
     assert (policy["apiVersion"], policy["kind"]) == ("gateway.envoyproxy.io/v1alpha1", "BackendTrafficPolicy")
     assert policy["metadata"]["name"] == "chat-backend-traffic"
     assert policy["spec"]["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "chat"}]
-    acme, beta = policy["spec"]["rateLimit"]["global"]["rules"]
+    acme, beta, _default = policy["spec"]["rateLimit"]["global"]["rules"]
     assert acme["clientSelectors"] == [{"headers": [{"name": "x-tenant", "type": "Exact", "value": "acme"}]}]
     assert acme["limit"] == {"requests": 100, "unit": "Minute"} and beta["limit"]["requests"] == 50
     assert acme["cost"]["request"] == {"from": "Number", "number": 0}
@@ -34,7 +34,7 @@ def test_a_tenant_at_its_monthly_quota_gets_a_limit_of_zero():
     used = {"acme": 9_999, "beta": 1_000}
     assert over_quota(QUOTAS, used) == ["beta"]
     policy = quota_policy(QUOTAS, used)
-    acme, beta = policy["spec"]["rateLimit"]["global"]["rules"]
+    acme, beta, _default = policy["spec"]["rateLimit"]["global"]["rules"]
     assert beta["limit"]["requests"] == 0 and beta["cost"] == {"request": {"from": "Number", "number": 1}}
     assert acme["limit"]["requests"] == 100
     assert policy["metadata"]["annotations"]["tideplane.io/over-monthly-quota"] == "beta"
@@ -119,3 +119,28 @@ def test_the_month_usage_is_carried_and_starts_again_when_the_month_turns():
     january = datetime(2027, 1, 1, 0, 5, tzinfo=timezone.utc)
     assert carried(later, january) == (datetime(2027, 1, 1, tzinfo=timezone.utc), {})  # a new month counts afresh
     assert usage_from({MONTH_USAGE_ANNOTATION: "not json"}) is None and usage_from({}) is None
+
+
+def test_a_request_without_a_known_tenant_is_limited_by_the_default_rule():
+    """Without the tenant header (or with a name the file does not list) a request used to match no
+    rule and was unlimited (issue 33): the last rule takes every such request, sharing
+    ``default_tokens_per_minute`` (1,000 unless the file says otherwise; null turns it off)."""
+    policy = quota_policy(QUOTAS, {})
+    *_, default = policy["spec"]["rateLimit"]["global"]["rules"]
+    assert default["clientSelectors"] == [{"headers": [
+        {"name": "x-tenant", "type": "Exact", "value": "acme", "invert": True},
+        {"name": "x-tenant", "type": "Exact", "value": "beta", "invert": True}]}]
+    assert default["limit"] == {"requests": 1000, "unit": "Minute"}
+
+    gate = TokenGate()
+    for caller in ({}, {"x-tenant": "nobody"}):
+        first = gate.admit([policy], "llm-serving", caller, now=0.0)
+        assert isinstance(first, Admission), first
+        gate.answered(first, {"version": "1.0.0"}, caller, prompt_tokens=600, completion_tokens=400)
+        refused = gate.admit([policy], "llm-serving", caller, now=30.0)
+        assert refused == ("rate limit reached: 1000 tokens per Minute for callers without a known x-tenant"
+                           " (BackendTrafficPolicy llm-serving/chat-backend-traffic)"), refused
+        gate = TokenGate()
+    assert isinstance(gate.admit([policy], "llm-serving", {"x-tenant": "acme"}, now=0.0), Admission)
+    off = QuotaFile.model_validate({**QUOTAS.model_dump(), "default_tokens_per_minute": None})
+    assert len(quota_policy(off, {})["spec"]["rateLimit"]["global"]["rules"]) == 2
