@@ -14,7 +14,7 @@ from infra.sandbox.config import DEMAND_CONFIGMAP, PROFILES_CONFIGMAP, SANDBOX_N
 from infra.sandbox.gateway import POOL_GROUP, is_pool
 from infra.sandbox.kubeapi.gpushare import gpu_index, physical_gpus, shared_resource
 from infra.sandbox.kubeclient import raw
-from workflows.core.naming import GPU_RESOURCE, LABEL_APP
+from infra.sandbox.fleet_simulator.vllm_args import GPU_RESOURCE, LABEL_APP
 
 log = logging.getLogger("tideplane.fleet")
 

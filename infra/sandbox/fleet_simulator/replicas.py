@@ -10,8 +10,7 @@ from infra.fleetmodel.metrics import Histogram, dcgm_gpu_util
 from infra.fleetmodel.replica import Replica, Request
 from infra.sandbox.config import Profile
 from infra.sandbox.lora import LoraAdapters
-from workflows.core.batching_settings import engine_overrides
-from workflows.core.gpu_shares import gpu_memory_utilization
+from infra.sandbox.fleet_simulator.vllm_args import batching, gpu_memory_utilization
 
 
 def engine_of(profile: Profile, args: tuple[str, ...] = ()) -> Engine:
@@ -24,7 +23,7 @@ def engine_of(profile: Profile, args: tuple[str, ...] = ()) -> Engine:
     else:
         engine = engine_for_service(profile.ttft_seconds, profile.tpot_seconds, profile.prompt_tokens, profile.output_tokens,
                                     profile.capacity_rps, profile.gpu_memory_gib)
-    return engine.with_batching(**engine_overrides(list(args)))
+    return engine.with_batching(**batching(list(args)))
 
 
 def container_args(pod: dict) -> tuple[str, ...]:

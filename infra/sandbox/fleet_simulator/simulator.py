@@ -35,8 +35,7 @@ from infra.sandbox.fleet_simulator.replicas import SimulatedReplica, container_a
 from infra.sandbox.gateway import backend_for, headers_set_by, is_pool
 from infra.sandbox.lora import LoraAdapters, ModelRequests, lora_settings
 from infra.sandbox.ratelimit import TOKEN_FAMILY, Admission, TokenGate
-from workflows.core.gpu_shares import gpu_memory_utilization
-from workflows.core.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
+from infra.sandbox.fleet_simulator.vllm_args import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, gpu_memory_utilization
 
 log = logging.getLogger("tideplane.fleet")
 

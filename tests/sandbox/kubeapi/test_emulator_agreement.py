@@ -13,7 +13,9 @@ from kubernetes import client
 from activities.node_cache.node_cache_activities import NodeCacheActivities
 from activities.rollout.serving_pods import ServingPods, deployment_manifest
 from activities.scaling.node_pool_activities import node_gpus
+from infra.sandbox.fleet_simulator import vllm_args
 from infra.sandbox.kubeapi import gpushare, kubelet
+from workflows.core.batching_settings import engine_overrides
 from workflows.core import gpu_shares, naming
 from workflows.core.naming import DeploymentRef
 from workflows.core.versions import WeightFile
@@ -86,3 +88,16 @@ def test_the_staging_jobs_pods_are_the_ones_the_node_agent_runs():
     template = job["spec"]["template"]
     assert kubelet.agent_run({"metadata": template["metadata"], "spec": template["spec"]})
     assert not kubelet.agent_run({"metadata": {}, "spec": serving_pod()["spec"]})
+
+
+@pytest.mark.parametrize("args", [[], ["--max-num-seqs", "64"], ["--max-num-batched-tokens=8192", "--enable-chunked-prefill"],
+                                  ["--max-num-seqs", "0", "--no-enable-chunked-prefill"], ["--max-num-seqs"]])
+def test_the_fleet_simulator_reads_batching_arguments_as_the_product_writes_them(args):
+    assert vllm_args.batching(args) == engine_overrides(args)
+
+
+def test_the_fleet_simulator_keys_replicas_by_the_products_labels():
+    assert (vllm_args.LABEL_APP, vllm_args.LABEL_MODEL, vllm_args.LABEL_VERSION) == (
+        naming.LABEL_APP, naming.LABEL_MODEL, naming.LABEL_VERSION)
+    assert vllm_args.gpu_memory_utilization(["--gpu-memory-utilization", "0.45"]) == gpu_shares.gpu_memory_utilization(
+        ["--gpu-memory-utilization", "0.45"])
