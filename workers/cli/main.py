@@ -24,6 +24,7 @@ from workers.cli.quotas import add_quotas_commands
 from workers.cli.registry import add_registry_commands
 from workers.cli.rollout import add_rollout_commands
 from workers.cli.schema import add_schema_commands
+from workers.cli.completion import add_completion_command
 from workers.cli.errors import FAILED, USAGE, explain, report
 from workers.cli.sandbox import add_demo_command, add_sandbox_commands, with_sandbox
 from workers.cli.scaling import add_schedules_commands
@@ -47,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     add_sandbox_commands(commands)
     add_rollout_commands(commands)
     add_schema_commands(commands)
+    add_completion_command(commands)
     commands.add_parser("worker", help="run the Temporal worker (settings from TIDEPLANE_* / the sandbox env file)")
     add_demo_command(commands)
     add_golden_commands(add_registry_commands(commands))
