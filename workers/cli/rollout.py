@@ -20,6 +20,7 @@ import asyncio
 import json
 import sys
 import time
+from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 from urllib.parse import quote
@@ -28,10 +29,12 @@ from pydantic import BaseModel, ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
+from workers.cli.progress import duration, size
 from workers.cli.errors import CliError, out_format, print_data, read_spec
 from workers.client import connect
 from workers.config import Settings
 from workflows.core.naming import TASK_QUEUE, rollout_workflow_id
+from workflows.rollout.contract import STAGE_WEIGHTS
 from workflows.rollout.types import AbortInput, PauseInput, PromoteInput, RolloutInput, RolloutResult, RolloutStatus, Stage
 from workflows.rollout.workflow import start_rollout
 
@@ -53,7 +56,22 @@ def ladder(status: RolloutStatus) -> str:
     return " → ".join(parts)
 
 
-def render(status: RolloutStatus | None, result: RolloutResult | None = None, state: str | None = None) -> list[str]:
+def download_line(details: dict, seconds: float) -> str | None:
+    """``download 1.2 GiB of 16.0 GiB (7 %)  40.0 MiB/s  ETA 6m10s`` from stage_weights' heartbeat
+    (bytes_done, bytes_total) and the seconds its attempt has run; None without byte counts."""
+    done, total = details.get("bytes_done"), details.get("bytes_total")
+    if not isinstance(done, (int, float)) or not isinstance(total, (int, float)) or total <= 0:
+        return None
+    rate = done / seconds if seconds > 0 else 0.0
+    text = f"download {size(done)} of {size(total)} ({100 * done / total:.0f} %)  {size(rate)}/s"
+    if 0 < rate and done < total:
+        text += f"  ETA {duration((total - done) / rate)}"
+    return text
+
+
+def render(
+    status: RolloutStatus | None, result: RolloutResult | None = None, state: str | None = None, download: str | None = None
+) -> list[str]:
     """What ``get`` shows: stage, ladder, weights, replicas, each gate's value against its threshold,
     the last verdict, the pause reason, pre-staging progress and, once ended, the outcome."""
     if status is None:
@@ -84,6 +102,8 @@ def render(status: RolloutStatus | None, result: RolloutResult | None = None, st
     for verdict_of in (status.golden, status.shadow):
         if verdict_of is not None:
             lines.append(verdict_of.describe())
+    if download:
+        lines.append(download)
     for node in status.nodes:
         lines.append(f"staging  {node.describe()}")
     if result is not None:
@@ -109,6 +129,7 @@ class Snapshot(BaseModel):
     state: str
     status: RolloutStatus | None
     result: RolloutResult | None
+    download: str | None = None  # stage_weights' progress, from its last heartbeat
 
     @property
     def code(self) -> int:
@@ -125,7 +146,26 @@ async def snapshot(handle: WorkflowHandle) -> Snapshot:
     except RPCError:
         pass  # no workflow task yet, or a run from before the result query: status alone
     return Snapshot(workflow_id=handle.id, run_id=desc.run_id, state=desc.status.name if desc.status else "UNKNOWN",
-                    status=status, result=result)
+                    status=status, result=result, download=_download(desc))
+
+
+def _download(desc) -> str | None:
+    """The weights download's progress from the pending stage_weights activity's heartbeat (plain
+    JSON payloads only: an encrypted heartbeat stays unread here)."""
+    for pending in desc.raw_description.pending_activities:
+        if pending.activity_type.name != STAGE_WEIGHTS or not pending.heartbeat_details.payloads:
+            continue
+        payload = pending.heartbeat_details.payloads[-1]
+        if payload.metadata.get("encoding") != b"json/plain":
+            return None
+        try:
+            details = json.loads(payload.data)
+        except ValueError:
+            return None
+        started = pending.last_started_time.ToDatetime(tzinfo=timezone.utc) if pending.HasField("last_started_time") else None
+        seconds = (datetime.now(timezone.utc) - started).total_seconds() if started else 0.0
+        return download_line(details if isinstance(details, dict) else {}, seconds)
+    return None
 
 
 async def watch(
@@ -139,7 +179,7 @@ async def watch(
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         snap = await snapshot(handle)
-        lines = render(snap.status, snap.result, snap.state)
+        lines = render(snap.status, snap.result, snap.state, snap.download)
         if lines != shown:
             if tty:
                 stream.write(f"\x1b[{drawn}F\x1b[J" if drawn else "")
@@ -217,7 +257,7 @@ async def _get(args, config: Settings) -> int:
         return snap.code
     snap = await snapshot(handle)
     if args.output == "text":
-        print("\n".join(render(snap.status, snap.result, snap.state)))
+        print("\n".join(render(snap.status, snap.result, snap.state, snap.download)))
     else:
         print_data(snap.model_dump(mode="json"), args.output)
     return 0
@@ -341,7 +381,7 @@ def add_rollout_commands(subparsers) -> None:
     p.add_argument("--ui-url", default=DEFAULT_UI, help=f"the Temporal web UI the link points at (default {DEFAULT_UI})")
     _connection(p)
 
-    p = sub.add_parser("get", help="the rollout's ladder, gates, weights, replicas and verdict")
+    p = sub.add_parser("get", help="the rollout's ladder, gates, weights, replicas, verdict and weights download (bytes, rate, ETA)")
     p.add_argument("name", help="the deployment, NAMESPACE/NAME")
     p.add_argument("-w", "--watch", action="store_true", help="follow until the rollout ends (redrawn in place on a terminal)")
     _output(p)

@@ -125,3 +125,9 @@ def test_the_view_marks_the_current_step_and_each_gate():
     assert "ladder   1 → 5 → [50] → 100 %" in lines and "weights  1.2.0 50 %, 1.3.0 50 %" in lines
     assert "replicas 1.2.0 4, 1.3.0 2" in lines
     assert cli.exit_code(status, None, "RUNNING") == cli.RUNNING and cli.exit_code(None, None, "FAILED") == cli.FAILED
+
+
+def test_the_view_shows_the_download_with_rate_and_eta():
+    line = cli.download_line({"bytes_done": 4 * 1024**3, "bytes_total": 16 * 1024**3}, 100.0)
+    assert line == "download 4.0 GiB of 16.0 GiB (25 %)  41.0 MiB/s  ETA 5m00s"
+    assert cli.download_line({"verified": {}}, 10.0) is None
