@@ -40,9 +40,11 @@ demo: install
 # Two xdist workers: one runs every module that uses the sandbox, the other everything else
 # meanwhile (tests/conftest.py groups them). A test outside tests/unit that fails once runs once more;
 # -r fER lists each failure, error and rerun by name in the summary, so a flake is never silent.
+# --tb=native: pytest's own traceback re-parses source with ast, which on Python 3.11.7 can raise
+# "AST constructor recursion depth mismatch" and take the xdist worker (and its report) down with it.
 test: install
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/pytest -q --timeout=300 -n 2 --dist loadscope -r fER --ignore=tests/engine
+	$(VENV)/bin/pytest -q --timeout=300 -n 2 --dist loadscope -r fER --tb=native --ignore=tests/engine
 
 # The real-engine tier: real vLLM server processes serving the models infra/models/build.py makes
 # (built once, cached by hash). One process: the engines are the load, and the tests share them.

@@ -3,58 +3,58 @@ and which recorded history (tests/histories/, replayed by tests/workflows/test_r
 which side. A run recorded before a change replays the old side; a patch stays until no run that
 old can still be in flight. Runs recorded on today's code take every new side they reach.
 
-===========================  ==========================  =========================================
-patch id                     asked in                    old side replayed by / new side by
-===========================  ==========================  =========================================
-``retire-after-promotion``   steps/retire.py             old: model-rollout-promoted,
-                                                         model-rollout-rolled-back,
-                                                         devserver-rollout-rolled-back (the run
-                                                         sleeps the scale-down delay, then scales);
-                                                         new: model-rollout-golden-failed
-``golden-gate``              steps/warm_up.py,           old: model-rollout-promoted, -rolled-back,
-                             steps/shadow.py             devserver-rollout-rolled-back (no golden
-                                                         set, no mirror); new: model-rollout-golden-failed
-``quality-failure-           steps/roll_back.py          new: model-rollout-golden-failed (asked only
-deprecates``                                             after a quality failure; no old history)
-``metrics-via-meter``        actions.py                  old: model-rollout-promoted, -rolled-back,
-                                                         devserver-rollout-rolled-back (record_rollout
-                                                         and record_gate_verdict activities);
-                                                         new: model-rollout-golden-failed
-``batching-sweep``           steps/warm_up.py            asked only with ``batching``: no history;
-                                                         the new side is tests/workflows/rollout/
-``prestage-nodes``           steps/stage.py              asked only with ``prestage``: no history;
-                                                         the new side is tests/workflows/node_cache/
-``carry-lora-adapters``      steps/start.py              asked only when the stable's pods load
-                                                         adapters: no history; the new side is
-                                                         tests/workflows/adapters/
-``shadow-tally``             steps/shadow.py             asked only with ``shadow``, at the first
-                                                         comparison: no history; the new side is
-                                                         tests/workflows/quality/ (judge_shadow_pairs
-                                                         counts in the activity; the old side read
-                                                         the pairs into history)
-``size-from-live-total``     steps/canary.py,            old: model-rollout-promoted, -rolled-back,
-                             steps/promote.py            devserver-rollout-rolled-back,
-                                                         model-rollout-golden-failed (sized once from
-                                                         the stable at start); new: tests/workflows/
-                                                         rollout/ (re-read before each step and at
-                                                         promotion, which waits for the total Ready)
-``metric-missing``           steps/canary.py             asked only when a gate query returned no
-                                                         series while requests flowed (results
-                                                         recorded before it carry no ``no_series``):
-                                                         no history; the new side is tests/workflows/
-                                                         rollout/ (pauses at once, "metric missing:")
-``outcome-in-status``        workflow.py                 old: model-rollout-rolled-back,
-                                                         devserver-rollout-rolled-back,
-                                                         model-rollout-golden-failed (a rollback
-                                                         completed normally, its result the outcome);
-                                                         new: tests/workflows/rollout/ (a rollback or
-                                                         an abort fails the run: ApplicationError
-                                                         RolledBack / Aborted, the result in its
-                                                         details and in the ``result`` query)
-``search-attributes-         workflow.py (first)         old: every recorded history (upserts at once);
-checked``                                                new: tests/workflows/rollout/ (check_search_
-                                                         attributes first; fails naming what is missing)
-===========================  ==========================  =========================================
+==============================  ==========================  =========================================
+patch id                        asked in                    old side replayed by / new side by
+==============================  ==========================  =========================================
+``retire-after-promotion``      steps/retire.py             old: model-rollout-promoted,
+                                                            model-rollout-rolled-back,
+                                                            devserver-rollout-rolled-back (the run
+                                                            sleeps the scale-down delay, then scales);
+                                                            new: model-rollout-golden-failed
+``golden-gate``                 steps/warm_up.py,           old: model-rollout-promoted, -rolled-back,
+                                steps/shadow.py             devserver-rollout-rolled-back (no golden
+                                                            set, no mirror); new: model-rollout-golden-failed
+``quality-failure-              steps/roll_back.py          new: model-rollout-golden-failed (asked only
+deprecates``                                                after a quality failure; no old history)
+``metrics-via-meter``           actions.py                  old: model-rollout-promoted, -rolled-back,
+                                                            devserver-rollout-rolled-back (record_rollout
+                                                            and record_gate_verdict activities);
+                                                            new: model-rollout-golden-failed
+``batching-sweep``              steps/warm_up.py            asked only with ``batching``: no history;
+                                                            the new side is tests/workflows/rollout/
+``prestage-nodes``              steps/stage.py              asked only with ``prestage``: no history;
+                                                            the new side is tests/workflows/node_cache/
+``carry-lora-adapters``         steps/start.py              asked only when the stable's pods load
+                                                            adapters: no history; the new side is
+                                                            tests/workflows/adapters/
+``shadow-tally``                steps/shadow.py             asked only with ``shadow``, at the first
+                                                            comparison: no history; the new side is
+                                                            tests/workflows/quality/ (judge_shadow_pairs
+                                                            counts in the activity; the old side read
+                                                            the pairs into history)
+``size-from-live-total``        steps/canary.py,            old: model-rollout-promoted, -rolled-back,
+                                steps/promote.py            devserver-rollout-rolled-back,
+                                                            model-rollout-golden-failed (sized once from
+                                                            the stable at start); new: tests/workflows/
+                                                            rollout/ (re-read before each step and at
+                                                            promotion, which waits for the total Ready)
+``metric-missing``              steps/canary.py             asked only when a gate query returned no
+                                                            series while requests flowed (results
+                                                            recorded before it carry no ``no_series``):
+                                                            no history; the new side is tests/workflows/
+                                                            rollout/ (pauses at once, "metric missing:")
+``outcome-in-status``           workflow.py                 old: model-rollout-rolled-back,
+                                                            devserver-rollout-rolled-back,
+                                                            model-rollout-golden-failed (a rollback
+                                                            completed normally, its result the outcome);
+                                                            new: tests/workflows/rollout/ (a rollback or
+                                                            an abort fails the run: ApplicationError
+                                                            RolledBack / Aborted, the result in its
+                                                            details and in the ``result`` query)
+``search-attributes-checked``   workflow.py (first)         old: every recorded history (upserts at once);
+                                                            new: tests/workflows/rollout/ (check_search_
+                                                            attributes first; fails naming what is missing)
+==============================  ==========================  =========================================
 
 tests/workflows/test_replay.py checks that model-rollout-golden-failed holds the new side of
 ``golden-gate`` and ``quality-failure-deprecates``.
