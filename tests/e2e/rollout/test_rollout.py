@@ -442,7 +442,9 @@ def test_worker_metrics_after_rollouts(good_and_bad, sandbox):
     assert _value(samples, "tideplane_rollout_weight", kube_namespace=NS_BAD, version=BAD, **chat) == 0
     # Temporal SDK metrics from the same endpoint.
     sdk = {"task_queue": TASK_QUEUE, "namespace": "default"}
-    assert _value(samples, "temporal_workflow_completed_total", workflow_type="ModelRollout", **sdk) >= 2
+    # The promoted run completed; the rolled-back one failed (RolledBack), as Temporal counts it too.
+    assert _value(samples, "temporal_workflow_completed_total", workflow_type="ModelRollout", **sdk) >= 1
+    assert _value(samples, "temporal_workflow_failed_total", workflow_type="ModelRollout", **sdk) >= 1
     assert _value(samples, "temporal_activity_execution_latency_count", activity_type="query_gates", **sdk) >= 5
     assert _value(samples, "temporal_worker_task_slots_available", worker_type="ActivityWorker", **sdk) > 0
 
