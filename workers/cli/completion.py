@@ -47,16 +47,15 @@ complete -o default -F _tideplane tideplane
 
 
 def cmd_completion(args, config: Settings) -> int:
-    from workers.cli.main import _parser
-
-    script = bash_script(_parser())
+    script = bash_script(args.root_parser)
     if args.shell == "zsh":
         script = "autoload -U +X bashcompinit && bashcompinit\n" + script
     print(script, end="")
     return 0
 
 
-def add_completion_command(subparsers) -> None:
+def add_completion_command(subparsers, root: argparse.ArgumentParser) -> None:
+    """``root`` is the whole CLI's parser, the one the script is generated from."""
     p = subparsers.add_parser("completion", help="print a shell completion script: source <(tideplane completion bash)")
     p.add_argument("shell", choices=["bash", "zsh"])
-    p.set_defaults(func=cmd_completion)
+    p.set_defaults(func=cmd_completion, root_parser=root)

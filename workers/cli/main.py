@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     add_sandbox_commands(commands)
     add_rollout_commands(commands)
     add_schema_commands(commands)
-    add_completion_command(commands)
+    add_completion_command(commands, parser)
     commands.add_parser("worker", help="run the Temporal worker (settings from TIDEPLANE_* / the sandbox env file)")
     add_demo_command(commands)
     add_golden_commands(add_registry_commands(commands))

@@ -10,6 +10,7 @@ from activities.classes.request_class_activities import RequestClassActivities
 from activities.clients.kube import KubeClient, serving_namespace
 from tests.kube_fixtures import kube_wait
 from workflows.classes.manifests import RequestClassesInput
+from workflows.core.routes import inference_matches
 
 CLASSES = RequestClassesInput(namespace="llm-serving", route="chat-classes", default_class="batch", classes=[
     {"name": "realtime", "deployment": "chat", "priority": 10}, {"name": "batch", "deployment": "chat-batch", "priority": 0}])
@@ -29,9 +30,11 @@ def test_without_the_extension_classes_are_header_matches_to_services(kube_api):
     route = custom.get_namespaced_custom_object("gateway.networking.k8s.io", "v1", "llm-serving", "httproutes", "chat-classes")
     assert route["spec"]["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway",
                                             "namespace": "gateways"}]
+    # Each class is a header match on every inference path, the default rule the inference paths
+    # alone: no rule lets an admin path (/v1/load_lora_adapter) through.
     assert [r.get("matches") for r in route["spec"]["rules"]] == [
-        [{"headers": [{"type": "Exact", "name": "x-request-class", "value": "realtime"}]}],
-        [{"headers": [{"type": "Exact", "name": "x-request-class", "value": "batch"}]}], None]
+        inference_matches([{"type": "Exact", "name": "x-request-class", "value": "realtime"}]),
+        inference_matches([{"type": "Exact", "name": "x-request-class", "value": "batch"}]), inference_matches()]
     assert route["spec"]["rules"][-1]["backendRefs"] == [{"kind": "Service", "name": "chat-batch-pool", "port": 8000}]
 
     def resolved():

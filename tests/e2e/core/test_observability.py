@@ -416,7 +416,7 @@ async def test_every_declared_metric_moves_after_real_runs(sandbox, kube, regist
         assert prom.value(f"tideplane_rollout_paused{{{good}}}") == 0
         await check(telemetry.GATE_VERDICTS, f'tideplane_gate_verdicts_total{{{bad},version="{BAD}",verdict="fail",gate="error_rate"}}', lambda v: v == 1, "the failing verdict")
         assert prom.value(f'tideplane_gate_verdicts_total{{{good},version="{GOOD}",verdict="pass",gate="none"}}') >= 1
-        await check(telemetry.ROLLBACK_SECONDS, f"tideplane_rollback_seconds_sum{{{bad}}}", lambda v: v == pytest.approx(results[1]["route_reverted_seconds"]), "the rollback time")
+        await check(telemetry.ROLLBACK_SECONDS, f"tideplane_rollback_seconds_sum{{{bad}}}", lambda v: v == pytest.approx(results[1].route_reverted_seconds), "the rollback time")
         assert prom.value(f"tideplane_rollback_seconds_count{{{bad}}}") == 1
         await check(telemetry.ROLLOUT_WEIGHT, f'tideplane_rollout_weight{{{good},version="{GOOD}"}}', lambda v: v == 100, "the good version at 100 %")
         assert prom.value(f'tideplane_rollout_weight{{{bad},version="{BAD}"}}') == 0
