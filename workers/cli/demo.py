@@ -67,7 +67,7 @@ RELEASES = [
     ("1.3.0", WRONG, "fast, no errors, wrong on a must-pass golden case"),
     ("1.4.0", DRIFTING, "its answers drift from stable's"),
 ]
-GOLDEN_SET = Path(__file__).resolve().parent.parent / "infra" / "sandbox" / "golden.yaml"
+GOLDEN_SET = Path(__file__).resolve().parents[2] / "infra" / "sandbox" / "golden.yaml"
 SHADOW = {"percent": 10, "thresholds": {"min_pairs": 20}}  # mirror 10 % of live requests to the canary
 
 
