@@ -42,6 +42,17 @@ class AppliedQuotaPolicy(BaseModel):
     outcome: Literal["created", "updated", "unchanged"]
 
 
+class TenantAuthInput(BaseModel):
+    namespace: str
+    route: str
+    body: dict | None = Field(description="the SecurityPolicy (workflows/quotas/policy.py); None: take tideplane's away")
+
+
+class AppliedTenantAuth(BaseModel):
+    name: str = Field(description="NAMESPACE/NAME of the SecurityPolicy")
+    outcome: Literal["created", "updated", "unchanged", "deleted", "absent"]
+
+
 class UsageInput(BaseModel):
     end: datetime
     window_seconds: int = Field(gt=0)
@@ -68,6 +79,12 @@ class QuotaActivities:
     @activity.defn(name="apply_quota_policy")
     def apply_quota_policy(self, req: QuotaPolicyInput) -> AppliedQuotaPolicy:
         """Idempotent: a policy already as wanted is left alone."""
+        raise NotImplementedError
+
+    @activity.defn(name="apply_tenant_auth")
+    def apply_tenant_auth(self, req: TenantAuthInput) -> AppliedTenantAuth:
+        """Idempotent: the route's SecurityPolicy made as wanted (or tideplane's deleted); one that
+        tideplane did not write is refused, not replaced."""
         raise NotImplementedError
 
     @activity.defn(name="read_token_usage")

@@ -8,7 +8,8 @@ AI Gateway's ``io.envoy.ai_gateway``/``llm_total_token`` response metadata) and 
 so a tenant is refused (429) once its tokens within the minute reach its rate. A tenant whose
 metered tokens this month reached its monthly quota gets a rule of limit 0 costing 1 per request:
 every request is refused until the month turns (the next apply after the 1st lifts it) or the
-quota is raised. The annotations say which tenants are cut off and why, for people and for the
+quota is raised. The tenant header is the gateway's, not the client's: ``tenant_auth_policy`` writes the
+route's ``SecurityPolicy`` that sets it from the caller's API key (``tenant_from: api-key``). The annotations say which tenants are cut off and why, for people and for the
 sandbox gateway's refusal message.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -33,6 +35,7 @@ OVER_QUOTA_ANNOTATION = "tideplane.io/over-monthly-quota"  # comma-separated ten
 MONTH_USAGE_ANNOTATION = "tideplane.io/month-token-usage"
 USAGE_REFRESH = timedelta(hours=6)  # a quiet route's record still moves this often (short query windows)
 QUOTAS_LABEL = "tideplane.io/token-quotas"  # the route whose quotas the object holds
+API_KEY_HEADER = "Authorization"  # OpenAI clients send "Authorization: Bearer <key>"; the gateway strips "Bearer "
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
@@ -54,6 +57,17 @@ class QuotaFile(BaseModel):
     default_tokens_per_minute: int | None = Field(
         1000, ge=0, description="tokens a minute all callers without a listed tenant share (null: unlimited, as before)"
     )
+    tenant_from: Literal["api-key", "header"] = Field(
+        "api-key", description="api-key: the gateway takes the tenant from the caller's API key (an Envoy Gateway SecurityPolicy"
+        " written beside the rate limits) and overwrites any tenant header the client sent; header: the tenant header is"
+        " trusted as it arrives (only behind a gateway of your own that sets it from an authenticated identity)"
+    )
+    api_keys_secret: str | None = Field(
+        None, pattern=_DNS_LABEL, max_length=253,
+        description="the Secret in the namespace holding one API key per tenant (data key: the tenant, value: its key);"
+        " default <route>-tenant-keys",
+    )
+    api_key_header: str = Field(API_KEY_HEADER, pattern=r"^[A-Za-z0-9-]+$", description="the request header carrying the API key")
 
     @model_validator(mode="after")
     def _unique(self) -> QuotaFile:
@@ -77,6 +91,41 @@ class QuotaInput(BaseModel):
 def policy_name(route: str) -> str:
     """The route's BackendTrafficPolicy, shared with the queue limit (workflows/core/traffic_policy.py)."""
     return traffic_policy_name(route)
+
+
+def tenant_auth_name(route: str) -> str:
+    """The route's Envoy Gateway SecurityPolicy that turns an API key into the tenant header."""
+    return f"{route}-tenant-auth"
+
+
+def api_keys_secret(quotas: QuotaFile) -> str:
+    return quotas.api_keys_secret or f"{quotas.route}-tenant-keys"
+
+
+def tenant_auth_policy(quotas: QuotaFile) -> dict | None:
+    """The SecurityPolicy that makes the tenant an authenticated identity (None: ``tenant_from: header``).
+
+    Envoy Gateway's ``apiKeyAuth``: a request whose ``api_key_header`` holds none of the Secret's keys
+    is answered 401; an accepted one gets the key's client ID (the Secret's data key: the tenant) in
+    the tenant header, replacing whatever the client sent there, and loses its key (``sanitize``)
+    before the engine sees it. The rate-limit rules (``quota_policy``) then select on that header,
+    so a caller counts against its own tenant whatever it claims."""
+    if quotas.tenant_from != "api-key":
+        return None
+    return {
+        "apiVersion": POLICY_API_VERSION, "kind": "SecurityPolicy",
+        "metadata": {"name": tenant_auth_name(quotas.route), "namespace": quotas.namespace,
+                     "labels": {LABEL_MANAGED_BY: MANAGED_BY, QUOTAS_LABEL: quotas.route}},
+        "spec": {
+            "targetRefs": [{"group": ROUTE_GROUP, "kind": "HTTPRoute", "name": quotas.route}],
+            "apiKeyAuth": {
+                "credentialRefs": [{"group": "", "kind": "Secret", "name": api_keys_secret(quotas)}],
+                "extractFrom": [{"headers": [quotas.api_key_header]}],
+                "forwardClientIDHeader": quotas.tenant_header,
+                "sanitize": True,
+            },
+        },
+    }
 
 
 def over_quota(quotas: QuotaFile, used: Mapping[str, float]) -> list[str]:

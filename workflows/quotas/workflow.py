@@ -26,11 +26,14 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from workflows.core import telemetry
     from workflows.core.daily_schedule import daily_schedule
-    from workflows.quotas.contract import MonthTokensInput, MonthUsageInput, QuotaActivities, QuotaPolicyInput, UsageInput
+    from workflows.quotas.contract import (
+        MonthTokensInput, MonthUsageInput, QuotaActivities, QuotaPolicyInput, TenantAuthInput, UsageInput,
+    )
     from workflows.quotas.metering import TokenQueries, TokenUsage, render_markdown, tabulate
     from workflows.core.naming import TOKEN_METERING_WORKFLOW_ID
     from workflows.quotas.policy import (
-        QuotaInput, carried, month_start, next_usage, over_quota, policy_name, quota_policy, usage_from,
+        QuotaInput, carried, month_start, next_usage, over_quota, policy_name, quota_policy, tenant_auth_name,
+        tenant_auth_policy, usage_from,
     )
 
 RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=30))
@@ -39,6 +42,9 @@ RETRY = RetryPolicy(maximum_attempts=5, maximum_interval=timedelta(seconds=30))
 # Runs from before this patch read the whole month from Prometheus each time (needs 31 days of
 # retention); newer ones read since the usage the policy carries (MONTH_USAGE_ANNOTATION) and add.
 CARRY_USAGE_PATCH = "quota-usage-carried"
+# Runs from before this patch left the tenant header as the client sent it; newer ones first write the
+# route's SecurityPolicy that takes the tenant from the caller's API key (tenant_from: api-key).
+TENANT_AUTH_PATCH = "tenant-auth"
 
 
 class QuotaResult(BaseModel):
@@ -46,6 +52,8 @@ class QuotaResult(BaseModel):
     outcome: str = Field(description="created | updated | unchanged")
     over_quota: list[str] = Field(description="tenants refused until the month turns")
     month_tokens: dict[str, float] = Field(description="tenant -> tokens metered this month")
+    tenant_auth: str = Field("", description="NAMESPACE/NAME of the SecurityPolicy and what was done: created | updated |"
+                             " unchanged | deleted | absent ('': a run from before tenants were authenticated)")
 
 
 @workflow.defn(name="ApplyTokenQuotas")
@@ -53,7 +61,14 @@ class ApplyTokenQuotas:
     @workflow.run
     async def run(self, input: QuotaInput) -> QuotaResult:
         q, now = input.quotas, workflow.now()
-        usage = None
+        usage, auth = None, ""
+        if workflow.patched(TENANT_AUTH_PATCH):  # before the rate limits, so they never select on a client's claim
+            done = await workflow.execute_activity_method(
+                QuotaActivities.apply_tenant_auth, TenantAuthInput(namespace=q.namespace, route=q.route, body=tenant_auth_policy(q)),
+                start_to_close_timeout=timedelta(seconds=60), retry_policy=RETRY,
+                summary=f"SecurityPolicy {q.namespace}/{tenant_auth_name(q.route)}: tenant from {q.tenant_from}",
+            )
+            auth = f"{done.name} {done.outcome}"
         if workflow.patched(CARRY_USAGE_PATCH):
             found = await workflow.execute_activity_method(
                 QuotaActivities.read_month_usage, MonthUsageInput(namespace=q.namespace, route=q.route),
@@ -86,9 +101,10 @@ class ApplyTokenQuotas:
         rows = [f"| {t.name} | {used.tokens.get(t.name, 0):,.0f} | {t.monthly_tokens:,} | {t.tokens_per_minute:,} |"
                 f" {'refused' if t.name in cut_off else 'served'} |" for t in q.tenants]
         workflow.set_current_details("\n".join([
-            f"**{applied.name}** {applied.outcome}", "", "| tenant | tokens this month | monthly quota | tokens/min | |",
+            f"**{applied.name}** {applied.outcome}", *([f"tenant from {q.tenant_from}: **{auth}**"] if auth else []), "", "| tenant | tokens this month | monthly quota | tokens/min | |",
             "|---|--:|--:|--:|---|", *rows]))
-        return QuotaResult(policy=applied.name, outcome=applied.outcome, over_quota=cut_off, month_tokens=used.tokens)
+        return QuotaResult(policy=applied.name, outcome=applied.outcome, over_quota=cut_off, month_tokens=used.tokens,
+                           tenant_auth=auth)
 
 
 class TokenMeteringInput(BaseModel):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from kubernetes import client
 from pydantic import ValidationError
 
+from infra.sandbox.apikeys import SECURITY_POLICY_API, secret_refs
 from infra.sandbox.config import DEMAND_CONFIGMAP, PROFILES_CONFIGMAP, SANDBOX_NAMESPACE, Demand, Profile
 from infra.sandbox.gateway import POOL_GROUP, is_pool
 from infra.sandbox.kubeapi.gpushare import gpu_index, physical_gpus, shared_resource
@@ -194,6 +195,8 @@ class Cluster:
     routes: list[dict] = field(default_factory=list)
     pools: list[dict] = field(default_factory=list)  # InferencePools, where the Inference Extension's CRD is applied
     traffic_policies: list[dict] = field(default_factory=list)  # Envoy Gateway BackendTrafficPolicies: queue limits, token quotas
+    security_policies: list[dict] = field(default_factory=list)  # Envoy Gateway SecurityPolicies: API key -> tenant
+    secrets: dict[tuple[str, str], dict] = field(default_factory=dict)  # the Secrets those policies name, by (namespace, name)
     nodes: list[dict] = field(default_factory=list)
     profiles: dict[str, Profile] = field(default_factory=dict)
     demand: dict[str, Demand] = field(default_factory=dict)
@@ -269,6 +272,17 @@ def read_cluster(api: client.ApiClient) -> Cluster:
     except client.ApiException as exc:
         if exc.status != 404:
             raise
+    try:
+        cluster.security_policies = raw(custom.list_cluster_custom_object(*SECURITY_POLICY_API, _preload_content=False))["items"]
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise
+    for namespace, name in {ref for policy in cluster.security_policies for ref in secret_refs(policy)}:
+        try:
+            cluster.secrets[(namespace, name)] = raw(core.read_namespaced_secret(name, namespace, _preload_content=False))
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
     for name, parse in ((PROFILES_CONFIGMAP, Profile), (DEMAND_CONFIGMAP, Demand)):
         try:
             data = raw(core.read_namespaced_config_map(name, SANDBOX_NAMESPACE, _preload_content=False)).get("data") or {}

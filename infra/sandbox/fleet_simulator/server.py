@@ -123,8 +123,13 @@ def make_handler(fleet: FleetSimulator) -> type[BaseHTTPRequestHandler]:
                 self._error(400, f"bad request body: {exc}")
                 return
             model = request.get("model") if isinstance(request.get("model"), str) else None
+            caller = dict(self.headers.items())
             if gateway:
-                admission = fleet.gateway_admit(*gateway.groups(), self.headers)
+                caller = fleet.gateway_authenticate(*gateway.groups(), caller)  # the tenant from the API key, first
+                if isinstance(caller, tuple):
+                    self._error(*caller)
+                    return
+                admission = fleet.gateway_admit(*gateway.groups(), caller)
                 if isinstance(admission, str):
                     self._error(429, admission)
                     return
@@ -134,7 +139,7 @@ def make_handler(fleet: FleetSimulator) -> type[BaseHTTPRequestHandler]:
                     self._send(429, json.dumps({"object": "error", "message": message, "code": 429}).encode(),
                                headers={"Retry-After": str(retry_after)})
                     return
-                headers = {**self.headers, **({MODEL_HEADER: model} if model else {})}  # body-based routing
+                headers = {**caller, **({MODEL_HEADER: model} if model else {})}  # body-based routing
                 target = fleet.gateway_route(*gateway.groups(), headers)
                 model = headers.get(MODEL_HEADER, model)  # the endpoint picker writes it back into the body
                 if isinstance(target, str):
@@ -170,13 +175,17 @@ def make_handler(fleet: FleetSimulator) -> type[BaseHTTPRequestHandler]:
                 body["model"] = model or info.model
                 body["choices"][0]["text"] = answer(str(prompt), info.version, replica.profile)  # infra/sandbox/answers.py
                 if gateway:
-                    fleet.gateway_answered(admission, *gateway.groups(), info, self.headers, body["usage"])
+                    fleet.gateway_answered(admission, *gateway.groups(), info, caller, body["usage"])
                 self._send(200, json.dumps(body).encode(), headers={"x-tideplane-pod": f"{info.namespace}/{info.name}"})
 
         def _gateway_other(self, namespace: str, route: str, path: str, body: bytes) -> None:
             """A POST through the gateway to a path other than completions: 404 unless a rule of the
             route takes it; then the engine answers, as vLLM would (its LoRA admin endpoints too)."""
-            target = fleet.gateway_route(namespace, route, dict(self.headers), path)
+            caller = fleet.gateway_authenticate(namespace, route, dict(self.headers.items()))
+            if isinstance(caller, tuple):
+                self._error(*caller)
+                return
+            target = fleet.gateway_route(namespace, route, caller, path)
             if isinstance(target, str):
                 self._error(404 if target.startswith(_NO_RULE.format(namespace, route)) else 503, target)
                 return

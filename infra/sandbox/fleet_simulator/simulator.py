@@ -32,6 +32,7 @@ from infra.sandbox.fleet_simulator.cluster import (
 )
 from infra.sandbox.fleet_simulator.exposition import Exposition, _dcgm_samples, _device_labels, _pod_labels
 from infra.sandbox.fleet_simulator.replicas import SimulatedReplica, container_args
+from infra.sandbox.apikeys import authenticate, enforced
 from infra.sandbox.gateway import backend_for, headers_set_by, is_pool
 from infra.sandbox.lora import LoraAdapters, ModelRequests, lora_settings
 from infra.sandbox.ratelimit import TOKEN_FAMILY, Admission, TokenGate
@@ -245,6 +246,14 @@ class FleetSimulator:
             out = Exposition()
             _engine_samples(out, replica, {"model_name": info.model, "engine": "0"}, {})
             return out.text()
+
+    def gateway_authenticate(self, namespace: str, route: str, headers) -> dict[str, str] | tuple[int, str]:
+        """The route's SecurityPolicy on a request: the headers it goes on with (the tenant from its
+        API key), or (status, why) it is refused (infra/sandbox/apikeys.py)."""
+        with self.lock:
+            policy = enforced(self.cluster.security_policies, namespace, route)
+            secrets = self.cluster.secrets
+        return authenticate(policy, secrets, headers)
 
     def gateway_admit(self, namespace: str, route: str, headers) -> Admission | str:
         """The gateway's rate limits on a request to ``route``: let through, or why not (a 429)."""

@@ -50,6 +50,7 @@ RESOURCES = [
     Resource("", "v1", "services", "Service", True, ("svc",), ("status",), ("all",)),
     Resource("", "v1", "events", "Event", True, ("ev",)),
     Resource("", "v1", "configmaps", "ConfigMap", True, ("cm",)),
+    Resource("", "v1", "secrets", "Secret", True),
     Resource("apps", "v1", "deployments", "Deployment", True, ("deploy",), ("status", "scale"), ("all",)),
     Resource("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), ("status",), ("all",)),
     Resource("batch", "v1", "jobs", "Job", True, (), ("status",), ("all",)),

@@ -108,6 +108,8 @@ COLUMNS: dict[str, tuple[list[dict[str, Any]], Row]] = {
                   lambda o: [o["metadata"]["name"], (o.get("status") or {}).get("phase", "Active"), age(o)]),
     "ConfigMap": ([NAME, _col("Data", "integer"), AGE],
                   lambda o: [o["metadata"]["name"], len(o.get("data") or {}), age(o)]),
+    "Secret": ([NAME, _col("Type"), _col("Data", "integer"), AGE],
+               lambda o: [o["metadata"]["name"], o.get("type", "Opaque"), len(o.get("data") or {}), age(o)]),
     "Event": ([_col("Last Seen"), _col("Type"), _col("Reason"), _col("Object"), _col("Message"), NAME],
               lambda o: [age(o), o.get("type", ""), o.get("reason", ""),
                          f"{(o.get('involvedObject') or {}).get('kind', '').lower()}/{(o.get('involvedObject') or {}).get('name', '')}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import re
@@ -463,6 +464,12 @@ def _default(res: Resource, obj: dict[str, Any]) -> None:
         for port in spec.get("ports") or []:
             port.setdefault("protocol", "TCP")
             port.setdefault("targetPort", port.get("port"))
+    elif res.kind == "Secret":  # stringData is write-only: merged into data (base64), as the API server does
+        string_data = obj.pop("stringData", None) or {}
+        if string_data:
+            obj["data"] = {**(obj.get("data") or {}),
+                           **{key: base64.b64encode(str(value).encode()).decode() for key, value in string_data.items()}}
+        obj.setdefault("type", "Opaque")
     elif res.kind == "Namespace":
         obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
         obj.setdefault("status", {}).setdefault("phase", "Active")

@@ -33,8 +33,14 @@ NAMESPACE = "e2e-quotas"
 BETA_MONTHLY = 10  # tokens: a few requests spend it
 
 
-def ask(fleet: str, tenant: str) -> httpx.Response:
-    return httpx.post(f"{fleet}/gateway/{NAMESPACE}/chat/v1/completions", headers={"x-tenant": tenant},
+KEYS = {"acme": "sk-e2e-acme", "beta": "sk-e2e-beta"}
+
+
+def ask(fleet: str, tenant: str, claims: str | None = None) -> httpx.Response:
+    """A request with ``tenant``'s API key (once the SecurityPolicy is there, the key names the tenant),
+    and an x-tenant header claiming ``claims`` (default: the tenant itself)."""
+    return httpx.post(f"{fleet}/gateway/{NAMESPACE}/chat/v1/completions",
+                      headers={"x-tenant": claims or tenant, "Authorization": f"Bearer {KEYS[tenant]}"},
                       json={"prompt": "hello there", "max_tokens": 4}, timeout=30)
 
 
@@ -46,6 +52,7 @@ def tenant_tokens(prometheus: PrometheusClient) -> dict[str, float]:
 async def test_a_tenant_over_its_monthly_quota_is_refused_while_another_is_served(sandbox):
     api = config.new_client_from_config(config_file=str(sandbox.kubeconfig))
     create_logical_deployment(api, NAMESPACE, "chat", "1.0.0", "llama-3-8b", replicas=1)
+    client.CoreV1Api(api).create_namespaced_secret(NAMESPACE, {"metadata": {"name": "chat-tenant-keys"}, "stringData": KEYS})
     fleet, prometheus = sandbox.urls["fleet"], PrometheusClient(sandbox.urls["prometheus"])
     await wait_for(lambda: ask(fleet, "acme").status_code == 200 and ask(fleet, "beta").status_code == 200, 30,
                    "both tenants answered through the gateway")
@@ -65,7 +72,7 @@ async def test_a_tenant_over_its_monthly_quota_is_refused_while_another_is_serve
     try:
         async with Worker(temporal, task_queue=queue, workflows=[ApplyTokenQuotas, TokenMetering],
                           activities=[activities.read_month_tokens, activities.read_month_usage, activities.apply_quota_policy,
-                                      activities.read_token_usage],
+                                      activities.apply_tenant_auth, activities.read_token_usage],
                           activity_executor=ThreadPoolExecutor(2)):
             schedules, applied = await apply(temporal, quotas, queue, every_minutes=5, timeout=30)
             again_schedules, again = await apply(temporal, quotas, queue, every_minutes=5, timeout=30)
@@ -85,12 +92,17 @@ async def test_a_tenant_over_its_monthly_quota_is_refused_while_another_is_serve
     refused = await wait_for(lambda: (r := ask(fleet, "beta")).status_code == 429 and r, 10, "beta refused by the gateway")
     assert refused.json()["message"].startswith(f"tenant beta is over its monthly token quota ({BETA_MONTHLY} tokens)")
     assert ask(fleet, "acme").status_code == 200, "another tenant is still served"
+    assert applied.tenant_auth == f"{NAMESPACE}/chat-tenant-auth created"
+    spoofed = ask(fleet, "beta", claims="acme")  # beta's key, acme's name: the gateway counts it as beta (issue 33)
+    assert spoofed.status_code == 429 and spoofed.json()["message"].startswith("tenant beta is over its monthly token quota")
+    assert ask(fleet, "acme").status_code == 200, "acme's quota did not move"
 
-    def anonymous() -> httpx.Response:  # no tenant header: limited by the default rule (issue 33)
-        return httpx.post(f"{fleet}/gateway/{NAMESPACE}/chat/v1/completions", json={"prompt": "hello there", "max_tokens": 4}, timeout=30)
+    def anonymous() -> httpx.Response:  # no API key: refused before any rate limit (issue 33)
+        return httpx.post(f"{fleet}/gateway/{NAMESPACE}/chat/v1/completions", headers={"x-tenant": "acme"},
+                          json={"prompt": "hello there", "max_tokens": 4}, timeout=30)
 
-    limited = await wait_for(lambda: (r := anonymous()).status_code == 429 and r, 30, "a caller without a tenant limited")
-    assert limited.json()["message"].startswith("rate limit reached: 8 tokens per Minute for callers without a known x-tenant")
+    refused_anonymous = anonymous()
+    assert refused_anonymous.status_code == 401, refused_anonymous.text
 
     rows = {(r.tenant, r.model, r.version, r.request_class): r for r in metered.rows}
     beta = rows[("beta", "llama-3-8b", "1.0.0", "default")]

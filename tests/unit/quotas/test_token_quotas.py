@@ -144,3 +144,58 @@ def test_a_request_without_a_known_tenant_is_limited_by_the_default_rule():
     assert isinstance(gate.admit([policy], "llm-serving", {"x-tenant": "acme"}, now=0.0), Admission)
     off = QuotaFile.model_validate({**QUOTAS.model_dump(), "default_tokens_per_minute": None})
     assert len(quota_policy(off, {})["spec"]["rateLimit"]["global"]["rules"]) == 2
+
+
+def test_the_tenant_comes_from_the_api_key_not_the_header():
+    """tenant_from: api-key (default) writes Envoy Gateway's apiKeyAuth on the route: the key's client ID
+    (the Secret's data key, the tenant) replaces the tenant header; header keeps the old trust."""
+    from workflows.quotas.policy import tenant_auth_policy
+
+    quotas = QuotaFile(namespace="llm-serving", route="chat", tenants=[{"name": "acme", "tokens_per_minute": 10, "monthly_tokens": 100}])
+    policy = tenant_auth_policy(quotas)
+    assert policy["kind"] == "SecurityPolicy" and policy["metadata"]["name"] == "chat-tenant-auth"
+    assert policy["spec"]["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "chat"}]
+    assert policy["spec"]["apiKeyAuth"] == {
+        "credentialRefs": [{"group": "", "kind": "Secret", "name": "chat-tenant-keys"}],
+        "extractFrom": [{"headers": ["Authorization"]}], "forwardClientIDHeader": "x-tenant", "sanitize": True}
+    assert tenant_auth_policy(quotas.model_copy(update={"tenant_from": "header"})) is None
+
+
+def test_a_spoofed_tenant_header_does_not_move_another_tenants_quota():
+    """The sandbox gateway, as Envoy Gateway: the route's SecurityPolicy turns the API key into the tenant
+    header before the rate limits run. beta sending x-tenant: acme is counted as beta; no key or a
+    wrong key is 401; the key never reaches the engine."""
+    import base64
+
+    from infra.sandbox.apikeys import authenticate
+    from workflows.quotas.policy import tenant_auth_policy
+
+    quotas = QuotaFile(namespace="llm-serving", route="chat", default_tokens_per_minute=None, tenants=[
+        {"name": "acme", "tokens_per_minute": 50, "monthly_tokens": 10_000},
+        {"name": "beta", "tokens_per_minute": 50, "monthly_tokens": 10_000}])
+    auth = tenant_auth_policy(quotas)
+    secrets = {("llm-serving", "chat-tenant-keys"): {"data": {
+        "acme": base64.b64encode(b"key-acme").decode(), "beta": base64.b64encode(b"key-beta").decode()}}}
+    policies, gate = [quota_policy(quotas, {})], TokenGate()
+
+    def send(headers: dict, now: float = 0.0):
+        caller = authenticate(auth, secrets, headers)
+        if isinstance(caller, tuple):
+            return caller
+        admitted = gate.admit(policies, "llm-serving", caller, now)
+        if isinstance(admitted, str):
+            return 429, admitted
+        gate.answered(admitted, {"route": "chat"}, caller, 40, 20)  # 60 tokens: past a 50 a minute rate
+        return 200, caller
+
+    status, forwarded = send({"Authorization": "Bearer key-beta", "x-tenant": "acme"})
+    assert status == 200 and forwarded["x-tenant"] == "beta" and "Authorization" not in forwarded
+    assert send({"authorization": "Bearer key-beta", "X-Tenant": "acme"})[0] == 429, "beta's own minute is spent"
+    assert send({"Authorization": "Bearer key-acme"})[0] == 200, "acme's quota did not move"
+    assert send({"x-tenant": "acme"}) == (401, "Client authentication failed: no API key in Authorization "
+                                                 "(SecurityPolicy llm-serving/chat-tenant-auth)")
+    assert send({"Authorization": "Bearer key-acmf", "x-tenant": "acme"})[0] == 401
+    assert send({"Authorization": "Bearer key-acme"}, now=0.0)[0] == 429, "acme spent its own minute"
+    tenants = {dict(labels)["tenant"]: tokens for labels, tokens, _ in gate.series() if dict(labels)["gen_ai_token_type"] == "input"}
+    assert tenants == {"beta": 40, "acme": 40}
+    assert authenticate(auth, {}, {"Authorization": "Bearer key-acme"})[0] == 500, "a missing Secret serves no one"

@@ -59,6 +59,14 @@ class Cluster:
                 return contract.MonthUsageFound(annotations=((self.policy or {}).get("metadata") or {}).get("annotations") or {})
 
             found.append(read_month_usage)
+        if hasattr(contract.QuotaActivities, "apply_tenant_auth"):
+
+            @activity.defn(name="apply_tenant_auth")
+            async def apply_tenant_auth(req: contract.TenantAuthInput) -> contract.AppliedTenantAuth:
+                self.auth = req.body
+                return contract.AppliedTenantAuth(name="llm/chat-tenant-auth", outcome="unchanged")
+
+            found.append(apply_tenant_auth)
         return found
 
 
@@ -90,3 +98,5 @@ async def test_the_month_usage_outlives_prometheus_retention(time_skipping_env):
         assert last.over_quota == ["acme"]
     usage = json.loads(cluster.policy["metadata"]["annotations"]["tideplane.io/month-token-usage"])
     assert usage["tokens"] == last.month_tokens
+    assert last.tenant_auth == "llm/chat-tenant-auth unchanged"
+    assert cluster.auth["spec"]["apiKeyAuth"]["forwardClientIDHeader"] == "x-tenant"
