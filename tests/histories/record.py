@@ -47,7 +47,8 @@ from workflows.spot import contract as spot
 from workflows.spot.return_to_spot import ReturnToSpot
 from workflows.rollout.contract import SCALE_VERSION, ScaleVersionInput
 from workflows.rollout.gates import ERROR_RATE
-from workflows.rollout.workflow import ModelRollout, start_rollout
+from workflows.rollout.workflow import ModelRollout
+from workflows.rollout.client import start_rollout
 from workflows.scaling import contract as scaling
 from workflows.scaling.decide import ScalingPolicy, Signals
 from workflows.scaling.loop import ReactiveScaling

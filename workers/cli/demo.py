@@ -41,7 +41,7 @@ from workflows.core.naming import (
 )
 from workflows.quality.shadow import describe_pair
 from workflows.rollout.types import RolloutInput, RolloutResult
-from workflows.rollout.workflow import rollout_result, static_details, static_summary
+from workflows.rollout.client import rollout_result, static_details, static_summary
 
 WORKER_GRACE_SECONDS = 3.0
 

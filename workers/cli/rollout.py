@@ -36,7 +36,7 @@ from workers.config import Settings
 from workflows.core.naming import TASK_QUEUE, rollout_workflow_id
 from workflows.rollout.contract import STAGE_WEIGHTS
 from workflows.rollout.types import AbortInput, PauseInput, PromoteInput, RolloutInput, RolloutResult, RolloutStatus, Stage
-from workflows.rollout.workflow import start_rollout
+from workflows.rollout.client import start_rollout
 
 DEFAULT_UI = "http://localhost:8233"
 POLL_SECONDS = 1.0

@@ -4,7 +4,7 @@ traffic along a canary ladder gated by Prometheus, then promote, or roll back on
 API (stable; the README shows the CLI lines):
   workflow type ``ModelRollout``, task queue ``tideplane``, workflow ID
   ``naming.rollout_workflow_id(deployment)`` = ``rollout/<namespace>/<name>`` (one rollout per
-  deployment: start it with ``start_rollout`` or ``temporal workflow start --fail-existing``);
+  deployment: start it with ``client.start_rollout`` or ``temporal workflow start --fail-existing``);
   signals ``pause`` (PauseInput), ``resume`` (ResumeInput), ``abort`` (AbortInput), each acting
   on any payload (what it did not understand is named in the reason);
   update ``promote`` (PromoteInput, refused when there is nothing to promote);
@@ -12,7 +12,7 @@ API (stable; the README shows the CLI lines):
   result RolloutResult when promoted. A rolled-back or aborted run FAILS (the web UI shows it
   red, ``temporal workflow execute`` exits non-zero) with a non-retryable ApplicationError of type
   ``RolledBack`` or ``Aborted``, whose message is the verdict and whose details hold the full
-  RolloutResult; ``rollout_result`` reads either back. Both queries answer after the run closed
+  RolloutResult; ``rollout_result`` (client.py, with ``start_rollout``) reads either back. Both queries answer after the run closed
   (a worker replays its history).
 
 This module is the runbook: the operator's controls and the order of the steps. Each step is a
@@ -33,8 +33,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
-from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -43,7 +42,7 @@ with workflow.unsafe.imports_passed_through():
     # Full dotted names: inside the sandbox ``from workflows import x`` would re-import x (the
     # sandboxed ``workflows`` package lacks it), giving pydantic classes that differ from the real ones.
     from workflows.core.failures import cause, understood, validated
-    from workflows.core.naming import DEPLOYMENT_OWNED, MODEL_ROLLOUT_WORKFLOW, TASK_QUEUE, rollout_workflow_id
+    from workflows.core.naming import DEPLOYMENT_OWNED, MODEL_ROLLOUT_WORKFLOW
     from workflows.core.search_attributes import CANARY_PERCENT, DEPLOYMENT, MISSING_ERROR, MODEL, STAGE, VERSION, missing_message
     from workflows.rollout.contract import RolloutActivities
     from workflows.rollout.patches import OUTCOME_PATCH, SEARCH_ATTRIBUTES_PATCH
@@ -252,65 +251,6 @@ class ModelRollout:
                 keep_warm=f"keep {version} warm for a retry", scale_down=f"scale {version} to 0",
             )
         return roll_back.result(s, outcome, reason, verdict, reverted)
-
-
-async def start_rollout(client: Client, input: RolloutInput, *, task_queue: str = TASK_QUEUE) -> WorkflowHandle:
-    """Start a rollout; raises WorkflowAlreadyStartedError while one runs for the same deployment."""
-    return await client.start_workflow(
-        ModelRollout.run,
-        input,
-        id=rollout_workflow_id(input.deployment),
-        task_queue=task_queue,
-        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        search_attributes=TypedSearchAttributes(
-            [
-                SearchAttributePair(DEPLOYMENT, input.deployment),
-                SearchAttributePair(MODEL, input.model),
-                SearchAttributePair(VERSION, input.version),
-            ]
-        ),
-        static_summary=static_summary(input),
-        static_details=static_details(input),
-    )
-
-
-async def rollout_result(handle: WorkflowHandle) -> RolloutResult:
-    """Wait for a rollout's end and return its RolloutResult, promoted or not: a rolled-back or
-    aborted run fails with its result in the error's details (runs from before the
-    ``outcome-in-status`` patch completed with it). Any other failure is raised."""
-    try:
-        value = await handle.result()
-    except WorkflowFailureError as err:
-        if (found := result_of_failure(err)) is None:
-            raise
-        return found
-    return value if isinstance(value, RolloutResult) else RolloutResult.model_validate(value)
-
-
-def result_of_failure(err: WorkflowFailureError) -> RolloutResult | None:
-    """The RolloutResult a rolled-back or aborted run failed with; None for any other failure."""
-    failure = err.cause
-    if isinstance(failure, ApplicationError) and failure.type in FAILED_OUTCOMES.values() and failure.details:
-        detail = failure.details[0]
-        return detail if isinstance(detail, RolloutResult) else RolloutResult.model_validate(detail)
-    return None
-
-
-def static_summary(input: RolloutInput) -> str:
-    """The line the web UI's workflow list shows for a rollout (``--static-summary`` of the CLI)."""
-    return f"Roll out {input.model} {input.version} to {input.deployment}"
-
-
-def static_details(input: RolloutInput) -> str:
-    """What a rollout was asked to do, shown above its current details (``--static-details``)."""
-    ladder = " → ".join(f"{s.weight} %" + (f" ({s.window_seconds:.0f}s)" if s.weight < 100 else "") for s in input.steps)
-    source = input.weights_uri or "the model registry"
-    return (
-        f"model {input.model}, version {input.version}, deployment {input.deployment}\n\n"
-        f"ladder {ladder}, gate every {input.gate_interval_seconds:.0f}s\n\n"
-        f"image {input.image}, weights from {source}"
-    )
 
 
 def _reason(model: type[PauseInput] | type[AbortInput] | type[ResumeInput], raw: Any, what: str) -> str:

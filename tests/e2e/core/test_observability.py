@@ -58,7 +58,7 @@ from workers.telemetry import metrics_runtime
 from workflows.core.engine_metrics import metric_names
 from workflows.core import telemetry
 from workflows.core.naming import NODE_CAPACITY_TYPE, rollout_workflow_id, scaling_workflow_id
-from workflows.rollout.workflow import rollout_result
+from workflows.rollout.client import rollout_result
 
 NS, DEP = "alerts-test", "chat"  # a namespace no other test records in the shared registry
 

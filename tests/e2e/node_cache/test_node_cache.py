@@ -30,7 +30,7 @@ from workflows.core.naming import LABEL_APP, LABEL_VERSION, NODE_POOL, rollout_w
 from workflows.rollout.types import Outcome, RolloutResult, RolloutStatus
 from workflows.node_cache.contract import NODE_CACHE_URL_ANNOTATION
 from workflows.node_cache.chunks import cached_version_label
-from workflows.rollout.workflow import rollout_result
+from workflows.rollout.client import rollout_result
 
 NS, NAME, MODEL = "e2e-node-cache", "chat", "e2e-cache-llm"
 POOL, POOL_NODES = "gpu-on-demand", 3

@@ -31,7 +31,7 @@ from workers.client import connect
 from workers.config import load_settings
 from workers.worker import WORKFLOWS, build_activities
 from workflows.rollout.types import Outcome, PauseInput, RolloutInput, RolloutResult, Stage
-from workflows.rollout.workflow import rollout_result
+from workflows.rollout.client import rollout_result
 
 BIN = Path(sys.executable).parent
 NAMESPACE = "bad-input"  # exists and stays empty: no bad input may create anything in it

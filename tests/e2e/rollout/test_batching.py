@@ -42,7 +42,7 @@ from workflows.rollout.types import Outcome, RolloutResult
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.loop import ReactiveScaling
 from workflows.scaling.loop_state import ScalingInput
-from workflows.rollout.workflow import rollout_result
+from workflows.rollout.client import rollout_result
 
 MODEL = "e2e-batching-llm"
 NAMESPACE = "e2e-batching"

@@ -44,7 +44,7 @@ from workers.client import connect
 from workers.config import load_settings
 from workers.worker import WORKFLOWS, build_activities
 from workflows.core.naming import versioned_name
-from workflows.rollout.workflow import start_rollout, rollout_result
+from workflows.rollout.client import rollout_result, start_rollout
 from workflows.rollout.types import (
     Outcome,
     ResumeInput,

@@ -55,7 +55,7 @@ from workflows.core.naming import (
 from workflows.registry.schema import Manifest
 from workflows.rollout.contract import retire_workflow_id
 from workflows.rollout.types import Outcome, RolloutResult, RolloutStatus, Stage
-from workflows.rollout.workflow import rollout_result
+from workflows.rollout.client import rollout_result
 
 NAME = "chat"
 NS_GOOD, NS_BAD, NS_CRASH = "e2e-rollout-good", "e2e-rollout-bad", "e2e-rollout-crash"

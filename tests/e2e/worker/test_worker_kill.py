@@ -61,7 +61,7 @@ from workflows.core.naming import (
     spot_reclaim_workflow_id,
     versioned_name,
 )
-from workflows.rollout.workflow import start_rollout, rollout_result
+from workflows.rollout.client import rollout_result, start_rollout
 from workflows.rollout.contract import retire_workflow_id
 from workflows.rollout.types import Outcome, RolloutInput, RolloutResult, Stage
 from workflows.scaling.decide import ScalingPolicy

@@ -39,7 +39,8 @@ from workflows.rollout import gates as canary
 from workflows.core import search_attributes as sa
 from activities.rollout.retire_scheduling import RetireScheduling
 from workflows.rollout.retire_version import RetireVersion
-from workflows.rollout.workflow import ModelRollout, rollout_result, start_rollout
+from workflows.rollout.workflow import ModelRollout
+from workflows.rollout.client import rollout_result, start_rollout
 from workflows.core.naming import DeploymentRef
 from workflows.quality.contract import (
     GoldenSetFound,

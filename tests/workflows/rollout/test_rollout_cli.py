@@ -33,7 +33,7 @@ from workers.cli.main import _parser
 from workers.config import load_settings
 from workflows.rollout import gates as canary
 from workflows.rollout.types import Outcome
-from workflows.rollout.workflow import rollout_result, start_rollout
+from workflows.rollout.client import rollout_result, start_rollout
 
 
 def _args(line: str) -> argparse.Namespace:
