@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,9 +88,24 @@ def reset_cluster(box: RunningSandbox) -> None:
     wait_until(lambda: pool_sizes() == configured, 60, f"the node pools back at {configured}")
 
 
+def revive_dead_components(box: RunningSandbox) -> list[str]:
+    """Start again, with the same ports and data, every component that died during an earlier
+    module, and warn naming each: one crash then fails the module it happened in, not every
+    module after it by timeout."""
+    dead = [name for name, state in box.sandbox.status().items()
+            if not state["up"] and name not in ("temporal-ui", "worker")]  # a worker runs only where a test starts one
+    for name in dead:
+        warnings.warn(f"sandbox component {name} had died; restarted it for the next module", stacklevel=1)
+        box.sandbox.restart(name)
+    return dead
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _reset_sandbox_after_module():
-    """Modules share one sandbox: what one leaves running must not take another's GPUs."""
+    """Modules share one sandbox: what one leaves running must not take another's GPUs, and
+    one that died in an earlier module is running again."""
+    for box in _RUNNING:
+        revive_dead_components(box)
     yield
     for box in _RUNNING:
         reset_cluster(box)

@@ -20,7 +20,7 @@ from prometheus_api_client import PrometheusConnect
 
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.launcher import RULES_DIR, Ports, Sandbox, SandboxRunning
-from tests.sandbox_fixtures import TEST_CONFIG, create_logical_deployment, wait_until
+from tests.sandbox_fixtures import TEST_CONFIG, create_logical_deployment, revive_dead_components, wait_until
 from workflows.core.naming import GPU_RESOURCE, NODE_CAPACITY_TYPE, NODE_POOL
 
 BIN = Path(sys.executable).parent
@@ -197,6 +197,24 @@ def test_status_reports_every_component_up(sandbox):
     status = sandbox.sandbox.status()
     assert set(status) >= {"temporal", "temporal-ui", "moto", "kubeapi", "nodes", "fleet", "prometheus"}
     assert all(entry["up"] for entry in status.values()), status
+
+
+def test_a_component_that_died_is_running_again_for_the_next_module(sandbox):
+    """The suite's guard against one crash failing every later module by timeout."""
+    entry = json.loads((sandbox.state_dir / "pids.json").read_text())["processes"]["fleet"]
+    os.killpg(entry["pid"], signal.SIGKILL)
+    wait_until(lambda: not sandbox.sandbox.status()["fleet"]["up"], 10, "the fleet simulator to die")
+    with pytest.warns(UserWarning, match="fleet had died"):
+        assert revive_dead_components(sandbox) == ["fleet"]
+    assert all(entry["up"] for entry in sandbox.sandbox.status().values())
+
+    def answers() -> bool:
+        try:
+            return httpx.get(sandbox.urls["fleet"] + "/metrics", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(answers, 30, "the restarted fleet simulator to answer")
 
 
 def test_second_up_is_refused_without_starting_anything(sandbox):
