@@ -2,7 +2,8 @@
 ``kubectl argo rollouts`` user expects.
 
 Every command sends what a ``temporal`` user sends (docs/reference.md#modelrollout): ``start`` is
-``temporal workflow start`` with the input validated here first against the same pydantic model;
+``temporal workflow start`` with the input validated here first against the same pydantic model
+(``apply`` the same for each spec that changed, after an ``abort`` of the run it supersedes);
 ``pause``/``resume``/``abort`` are the signals, ``promote`` the update, ``get`` and ``status`` the
 ``status`` and ``result`` queries, so the two clients stay interchangeable. ``NAME`` is the
 deployment, ``NAMESPACE/NAME`` (the workflow ID ``rollout/NAMESPACE/NAME``).
@@ -23,11 +24,12 @@ import time
 from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
+from pathlib import Path
 from urllib.parse import quote
 
 from pydantic import BaseModel, ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from workers.cli.progress import duration, size
 from workers.cli.errors import CliError, out_format, print_data, read_spec
@@ -36,7 +38,7 @@ from workers.config import Settings
 from workflows.core.naming import TASK_QUEUE, rollout_workflow_id
 from workflows.rollout.contract import STAGE_WEIGHTS
 from workflows.rollout.types import AbortInput, PauseInput, PromoteInput, RolloutInput, RolloutResult, RolloutStatus, Stage
-from workflows.rollout.client import start_rollout
+from workflows.rollout.client import rollout_result, start_rollout
 
 DEFAULT_UI = "http://localhost:8233"
 POLL_SECONDS = 1.0
@@ -222,11 +224,16 @@ def rollout_spec(args) -> RolloutInput:
     for field in ("deployment", "model", "version", "image", "replicas"):
         if (value := getattr(args, field, None)) is not None:
             spec[field] = value
+    return validated(spec)
+
+
+def validated(spec: dict[str, Any], source: str = "") -> RolloutInput:
+    """``spec`` as the workflow will read it; a usage error naming each wrong field otherwise."""
     try:
         return RolloutInput.model_validate(spec)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors())
-        raise CliError(f"invalid rollout: {problems}", code=2) from None
+        raise CliError(f"{source}{': ' if source else ''}invalid rollout: {problems}", code=2) from None
 
 
 async def _start(args, config: Settings) -> int:
@@ -238,6 +245,65 @@ async def _start(args, config: Settings) -> int:
     handle = await start_rollout(client, inp, task_queue=config.task_queue or TASK_QUEUE)
     print(f"started {handle.id} (run {handle.result_run_id})")
     print(workflow_link(args.ui_url, config.temporal_namespace, handle.id))
+    return 0
+
+
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def spec_files(paths: list[str]) -> list[str]:
+    """The files named, a directory standing for its *.yaml, *.yml and *.json (sorted), as a
+    GitOps job applies a folder of release specs."""
+    files: list[str] = []
+    for path in paths:
+        folder = Path(path)
+        if folder.is_dir():
+            found = sorted(str(f) for f in folder.iterdir() if f.suffix in SPEC_SUFFIXES and f.is_file())
+            if not found:
+                raise CliError(f"{path}: no *.yaml, *.yml or *.json rollout spec in it", code=2)
+            files += found
+        else:
+            files.append(path)
+    return files
+
+
+async def _apply(args, config: Settings) -> int:
+    """Make each spec's deployment run that spec (``kubectl apply`` for rollouts): every file is
+    validated before anything starts, and one deployment named twice is refused. A spec equal to
+    the deployment's last run's input is left as it is, running or ended (applying again changes
+    nothing; ``retry`` reruns a rolled-back one); a changed spec aborts a running rollout (which
+    rolls back), waits for its end and starts the new one; no run yet starts one."""
+    specs: dict[str, tuple[str, RolloutInput]] = {}
+    for path in spec_files(args.files):
+        inp = validated(read_spec(path), path)
+        if inp.deployment in specs:
+            raise CliError(f"{path}: deployment {inp.deployment} is also in {specs[inp.deployment][0]}", code=2)
+        specs[inp.deployment] = (path, inp)
+    client = await connect(config)
+    queue = config.task_queue or TASK_QUEUE
+    for deployment, (path, inp) in specs.items():
+        handle = _handle(client, rollout_workflow_id(deployment))
+        try:
+            state = (await handle.describe()).status
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+            state = None
+        if state is not None and (await _last_input(handle, client)).model_dump() == inp.model_dump():
+            print(f"{deployment}: unchanged ({state.name.lower()}, {path})")
+            continue
+        if state == WorkflowExecutionStatus.RUNNING:
+            print(f"{deployment}: spec changed, aborting the running rollout (it rolls back) ...", flush=True)
+            await handle.signal("abort", AbortInput(reason=f"superseded by {path} ({inp.model} {inp.version})"))
+            try:
+                ended = await asyncio.wait_for(rollout_result(handle), args.timeout)
+            except asyncio.TimeoutError:
+                raise CliError(f"{deployment}: the running rollout did not end within {args.timeout:.0f}s of its abort; "
+                               "nothing new was started (apply again once it has)", code=1) from None
+            print(f"{deployment}: previous rollout {ended.outcome.value}")
+        new = await start_rollout(client, inp, task_queue=queue)
+        print(f"{deployment}: {'superseded' if state == WorkflowExecutionStatus.RUNNING else 'started'} {new.id} "
+              f"(run {new.result_run_id}) {workflow_link(args.ui_url, config.temporal_namespace, new.id)}")
     return 0
 
 
@@ -348,7 +414,7 @@ def _version_key():
     return VERSION
 
 
-COMMANDS = {"start": _start, "get": _get, "status": _status, "pause": _signal, "resume": _signal, "abort": _signal,
+COMMANDS = {"start": _start, "apply": _apply, "get": _get, "status": _status, "pause": _signal, "resume": _signal, "abort": _signal,
             "promote": _promote, "retry": _retry, "history": _history}
 
 
@@ -366,7 +432,7 @@ def _output(p: argparse.ArgumentParser) -> None:
 
 
 def add_rollout_commands(subparsers) -> None:
-    """Add ``rollout start|get|status|pause|resume|promote|abort|retry|history``."""
+    """Add ``rollout start|apply|get|status|pause|resume|promote|abort|retry|history``."""
     rollout = subparsers.add_parser("rollout", help="start, watch and steer a ModelRollout (kubectl argo rollouts style)")
     sub = rollout.add_subparsers(dest="rollout_command", required=True)
 
@@ -378,6 +444,12 @@ def add_rollout_commands(subparsers) -> None:
     p.add_argument("--image")
     p.add_argument("--replicas", type=int)
     p.add_argument("--dry-run", action="store_true", help="validate only; start nothing")
+    p.add_argument("--ui-url", default=DEFAULT_UI, help=f"the Temporal web UI the link points at (default {DEFAULT_UI})")
+    _connection(p)
+
+    p = sub.add_parser("apply", help="make each spec's deployment run that spec: unchanged stays, a changed one supersedes (GitOps)")
+    p.add_argument("files", nargs="+", metavar="FILE", help="RolloutInput specs (YAML or JSON); a directory applies its *.yaml, *.yml, *.json")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for a superseded rollout's rollback (default 1800)")
     p.add_argument("--ui-url", default=DEFAULT_UI, help=f"the Temporal web UI the link points at (default {DEFAULT_UI})")
     _connection(p)
 

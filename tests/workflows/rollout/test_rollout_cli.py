@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 import pytest
+import yaml
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 
 from tests.workflows.rollout.test_rollout import (
@@ -23,6 +24,7 @@ from tests.workflows.rollout.test_rollout import (
     client,  # noqa: F401 - fixture
     metered_env,  # noqa: F401 - fixture
     retired,
+    time_running,
     rollout_input,
     run_rollout,
     wait_status,
@@ -31,6 +33,7 @@ from tests.workflows.rollout.test_rollout import (
 from workers.cli import rollout as cli
 from workers.cli.main import _parser
 from workers.config import load_settings
+from workflows.core.naming import rollout_workflow_id
 from workflows.rollout import gates as canary
 from workflows.rollout.types import Outcome
 from workflows.rollout.client import rollout_result, start_rollout
@@ -131,3 +134,56 @@ def test_the_view_shows_the_download_with_rate_and_eta():
     line = cli.download_line({"bytes_done": 4 * 1024**3, "bytes_total": 16 * 1024**3}, 100.0)
     assert line == "download 4.0 GiB of 16.0 GiB (25 %)  41.0 MiB/s  ETA 5m00s"
     assert cli.download_line({"verified": {}}, 10.0) is None
+
+
+async def test_apply_leaves_an_unchanged_spec_and_a_changed_one_supersedes_the_running_rollout(client, tmp_path, capsys):  # noqa: F811
+    inp = rollout_input()
+    wid = rollout_workflow_id(inp.deployment)
+    releases = tmp_path / "releases"
+    releases.mkdir()
+    spec = releases / "chat.yaml"
+    spec.write_text(yaml.safe_dump(inp.model_dump(mode="json")))
+    fleet = Fleet(client)
+    fleet.workflow_id, fleet.deployment = wid, inp.deployment.split("/")[1]
+    async with worker(fleet, f"rollout-test-{uuid.uuid4().hex[:8]}") as w:
+        settings = load_settings().model_copy(update={"temporal_address": client.service_client.config.target_host,
+                                                      "temporal_namespace": client.namespace, "task_queue": w.task_queue})
+        code, out = await _run(f"rollout apply {releases}", settings, capsys)
+        assert code == 0 and f"{inp.deployment}: started {wid}" in out
+        first = (await client.get_workflow_handle(wid).describe()).run_id
+        await wait_status(client.get_workflow_handle(wid), lambda s: s.weight >= 1)
+
+        code, out = await _run(f"rollout apply {spec}", settings, capsys)
+        assert code == 0 and f"{inp.deployment}: unchanged (running, {spec})" in out
+        assert (await client.get_workflow_handle(wid).describe()).run_id == first
+
+        spec.write_text(yaml.safe_dump(inp.model_copy(update={"image": "vllm/vllm-openai:v0.6.4"}).model_dump(mode="json")))
+        code, out = await _run(f"rollout apply {spec}", settings, capsys)
+        assert code == 0 and "previous rollout aborted" in out and f"{inp.deployment}: superseded {wid}" in out
+        old = await rollout_result(client.get_workflow_handle(wid, run_id=first))
+        assert old.outcome is Outcome.ABORTED and "superseded by" in (old.reason or "")
+        second = (await client.get_workflow_handle(wid).describe()).run_id
+        assert second != first
+        async with time_running(client):
+            assert (await rollout_result(client.get_workflow_handle(wid, run_id=second))).outcome is Outcome.PROMOTED
+
+        code, out = await _run(f"rollout apply {spec}", settings, capsys)
+        assert code == 0 and f"{inp.deployment}: unchanged (completed, {spec})" in out
+
+
+def test_apply_validates_every_spec_before_starting_any(tmp_path, capsys):
+    from workers.cli.main import run as main
+
+    good = "model: llama\nversion: 1.3.0\nimage: vllm/vllm-openai:v0.6.3\n"
+    (tmp_path / "a.yaml").write_text("deployment: llm-serving/chat\n" + good)
+    (tmp_path / "b.yaml").write_text("deployment: llm-serving/code\nmodel: llama\nversion: 1.3.0\n")
+    (tmp_path / "notes.txt").write_text("not a spec")
+    assert main(["rollout", "apply", str(tmp_path), "--address", "127.0.0.1:1"]) == 2
+    assert f"{tmp_path / 'b.yaml'}: invalid rollout: image: Field required" in capsys.readouterr().err
+    (tmp_path / "b.yaml").write_text("deployment: llm-serving/chat\n" + good)
+    assert main(["rollout", "apply", str(tmp_path), "--address", "127.0.0.1:1"]) == 2
+    assert "deployment llm-serving/chat is also in" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["rollout", "apply", str(empty)]) == 2
+    assert "no *.yaml, *.yml or *.json rollout spec" in capsys.readouterr().err
