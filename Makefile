@@ -40,13 +40,11 @@ demo: install
 # Two xdist workers: one runs every module that uses the sandbox, the other everything else
 # meanwhile (tests/conftest.py groups them). A test outside tests/unit that fails once runs once more;
 # -r fER lists each failure, error and rerun by name in the summary, so a flake is never silent.
-# -v names each test as it ends, so a log cut off mid-run (CI's time limit) still says which tests
-# were failing or hanging: the summary of -r comes only at the end.
 # --tb=native: pytest's own traceback re-parses source with ast, which on Python 3.11.7 can raise
 # "AST constructor recursion depth mismatch" and take the xdist worker (and its report) down with it.
 test: install
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/pytest -v --timeout=300 -n 2 --dist loadscope -r fER --tb=native --ignore=tests/engine
+	$(VENV)/bin/pytest -q --timeout=300 -n 2 --dist loadscope -r fER --tb=native --ignore=tests/engine
 
 # The real-engine tier: real vLLM server processes serving the models infra/models/build.py makes
 # (built once, cached by hash). One process: the engines are the load, and the tests share them.
