@@ -39,18 +39,23 @@ async def rollout_result(handle: WorkflowHandle) -> RolloutResult:
     """Wait for a rollout's end and return its RolloutResult, promoted or not: a rolled-back or
     aborted run fails with its result in the error's details (runs from before the
     ``outcome-in-status`` patch completed with it). Any other failure is raised."""
+    try:
+        value = await closed_result(handle)
+    except WorkflowFailureError as err:
+        if (found := result_of_failure(err)) is None:
+            raise
+        return found
+    return value if isinstance(value, RolloutResult) else RolloutResult.model_validate(value)
+
+
+async def closed_result(handle: WorkflowHandle):
+    """``handle.result()``, polling again when a history long poll ends before the run does."""
     while True:
         try:
-            value = await handle.result()
-        except WorkflowFailureError as err:
-            if (found := result_of_failure(err)) is None:
-                raise
-            return found
+            return await handle.result()
         except RuntimeError as err:
             if str(err) != NO_CLOSE_EVENT:
                 raise
-            continue  # the long poll ended with the run still open: poll again
-        return value if isinstance(value, RolloutResult) else RolloutResult.model_validate(value)
 
 
 # What the SDK raises when a history long poll ends without the close event and without a next

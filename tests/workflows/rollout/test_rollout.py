@@ -40,7 +40,7 @@ from workflows.core import search_attributes as sa
 from activities.rollout.retire_scheduling import RetireScheduling
 from workflows.rollout.retire_version import RetireVersion
 from workflows.rollout.workflow import ModelRollout
-from workflows.rollout.client import NO_CLOSE_EVENT, rollout_result, start_rollout
+from workflows.rollout.client import closed_result, rollout_result, start_rollout
 from workflows.core.naming import DeploymentRef
 from workflows.quality.contract import (
     GoldenSetFound,
@@ -396,19 +396,9 @@ async def retired(fleet: Fleet, deployment: str) -> list[str]:
         if status is not None and status.name == "CANCELED":
             continue  # a later rollout of this version took it back
         async with time_running(fleet.client):
-            results.append(await result_of(handle))
+            results.append(await closed_result(handle))
     return results
 
-
-async def result_of(handle: WorkflowHandle) -> Any:
-    """``handle.result()``, polling again when the test server's long poll ends before the run
-    does (it answers a timed-out poll with no close event and no page token: NO_CLOSE_EVENT)."""
-    while True:
-        try:
-            return await handle.result()
-        except RuntimeError as err:
-            if str(err) != NO_CLOSE_EVENT:
-                raise
 
 
 @asynccontextmanager
