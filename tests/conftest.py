@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import pytest
 
+pytest_plugins = ["tests.ci_skips"]
+
 SANDBOX_SCOPE = "sandbox"
 # The sandbox tier's modules that use the session sandbox; the others start emulators of their own.
 SANDBOX_TIER_USERS = {

