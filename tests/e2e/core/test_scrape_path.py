@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -17,6 +15,7 @@ import yaml
 from infra.k8s.monitoring import render
 from infra.prometheus import PROMETHEUS, RULE_FILES
 from infra.sandbox.ports import free_port, wait_for_port
+from tests.servers import serve_exposition
 from workflows.core.engine_metrics import SCRAPE_LABELS
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,24 +25,6 @@ PROMTOOL = "/usr/bin/promtool"
 
 def _load(path: str):
     return yaml.safe_load((ROOT / path).read_text())
-
-
-def _serve(text: str):
-    class Metrics(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = text.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 def _pod_meta(address: str, namespace: str, pod: str, node: str, port: str, labels: dict[str, str], phase: str = "Running") -> dict:
@@ -62,8 +43,8 @@ def test_the_shipped_relabelling_makes_the_query_labels_on_vllms_own_samples(tmp
     model_name and engine only): the samples get namespace, pod, deployment, version and node.
     Debian's Prometheus is built without kubernetes_sd_configs (promtool: "field
     kubernetes_sd_configs not found"), so discovery here is a file with the same target groups."""
-    serving = _serve(FIXTURE.read_text())
-    other = _serve("up_like 1\n")
+    serving = serve_exposition(FIXTURE.read_text())
+    other = serve_exposition("up_like 1\n")
     address = lambda server: f"127.0.0.1:{server.server_address[1]}"  # noqa: E731
     pod_labels = {"app.kubernetes.io/managed-by": "tideplane", "app.kubernetes.io/name": "chat",
                   "app.kubernetes.io/version": "1.3.0", "tideplane.io/model": "llama"}
