@@ -42,7 +42,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
-from benchmarks import traces
+from benchmarks import traces, yardstick
 from benchmarks.baselines import HpaPolicy, HpaRule, KedaPolicy, OraclePolicy, StaticPolicy
 from benchmarks.nodes import NodeLayer
 from infra.fleetmodel.coldstart import ColdStart, Levers, load_cold_start
@@ -554,6 +554,7 @@ class Report:
     label: str
     in_sample: bool
     runs: list[list[Result]]  # per seed, per policy
+    seeds: list[int] = field(default_factory=list)  # the arrival seed of each of ``runs``
 
     @property
     def table(self) -> list[dict]:
@@ -584,7 +585,8 @@ def run(
     """The benchmark on one trace. ServeGen m-large is split into week 1 (where tideplane is tuned:
     in-sample) and week 2 (out-of-sample); other traces run whole with the overrides tuned there.
     ``jobs``: processes that run the policies side by side (the figures do not depend on it)."""
-    is_tuning_trace = trace.name.endswith(".tar.gz") and category == "m-large" and days is None
+    holds_tuning_data = trace.name.endswith(".tar.gz") and category == "m-large"
+    is_tuning_trace = holds_tuning_data and days is None
     tuning: list[dict] = []
     if overrides is None and tuned:
         saved = (out_dir or Path(".")) / TUNED_FILE
@@ -604,19 +606,36 @@ def run(
         runs = suite(work, cfg, overrides, floors=floors, jobs=jobs)
         # the tuning trace is scored per week (the policies run all 14 days: week 2 starts warm, with history)
         week_h = WEEK // 3600
-        parts = [("week 1", True, 0, week_h), ("week 2", False, week_h, 2 * week_h)] if is_tuning_trace else [("", False, 0, None)]
+        # a --days slice of m-large starts in week 1: it holds tuning data, so it is never held out
+        parts = [("week 1", True, 0, week_h), ("week 2", False, week_h, 2 * week_h)] if is_tuning_trace else [("", holds_tuning_data, 0, None)]
         for label, in_sample, start_h, end_h in parts:
             name = f"{work.name} {label}".strip()
             report = reports.setdefault(name, Report(name, in_sample, []))
+            report.seeds.append(seed)
             report.runs.append([r.hours(start_h, end_h if end_h is not None else len(r.hour_buckets)) for r in runs])
     out = list(reports.values())
     if out_dir is not None:
-        write(out, out_dir, cfg, trace, seeds, overrides, tuning)
+        write(out, out_dir, cfg, trace, seeds, overrides, tuning, work.name)
     return out
 
 
-def write(reports: list[Report], out_dir: Path, cfg: FleetConfig, trace: Path, seeds, overrides, tuning) -> None:
+WARM_POOL_POLICIES = {name for name, _, levers in ABLATION if levers is not None and levers.warm_pool}
+
+
+def contract(reports: list[Report]) -> list[dict]:
+    """The rows of the output contract (``benchmarks.yardstick``) of one run's reports."""
+    return yardstick.contract_rows([(r.label, r.in_sample, r.seeds, r.runs) for r in reports], WARM_POOL_POLICIES)
+
+
+def write(reports: list[Report], out_dir: Path, cfg: FleetConfig, trace: Path, seeds, overrides, tuning, name: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
+    contract_stem = out_dir / ("scaling-" + name.replace("/", "-").replace(" ", "-"))
+    table = contract(reports)
+    write_csv(contract_stem.with_name(contract_stem.name + "-results.csv"), table, yardstick.CONTRACT_COLUMNS)
+    contract_stem.with_name(contract_stem.name + "-summary.md").write_text(
+        f"Cheapest policy of each family at {yardstick.SUMMARY_SLO:g} % SLO minutes (mean over seeds {list(seeds)}); "
+        f"tuning: tideplane was tuned there\n\n" + markdown_table(yardstick.summary(table), yardstick.SUMMARY_COLUMNS) + "\n")
+    yardstick.plot(table, contract_stem.with_name(contract_stem.name + "-results.png"))
     for report in reports:
         stem = "scaling-" + report.label.replace("/", "-").replace(" ", "-")
         write_csv(out_dir / f"{stem}.csv", report.table, COLUMNS)

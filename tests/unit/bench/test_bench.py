@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import math
@@ -10,7 +11,7 @@ from datetime import datetime
 import boto3
 import pytest
 
-from benchmarks import scaling, spot, node_cache as staging, traces
+from benchmarks import scaling, spot, node_cache as staging, traces, yardstick
 from benchmarks.baselines import HpaPolicy, HpaRule, KedaPolicy, OraclePolicy, StaticPolicy
 from benchmarks.scaling import TideplanePolicy
 from tests.public_traces import need
@@ -148,6 +149,13 @@ def test_scaling_bench_on_a_day_of_servegen(tmp_path):
     within = [r for r in runs if r.slo_minutes_percent >= oracle.slo_minutes_percent]
     assert min(within, key=lambda r: r.gpu_hours) is oracle
     assert {p.suffix for p in tmp_path.iterdir()} == {".csv", ".md", ".png"}
+    (results,) = tmp_path.glob("*-results.csv")
+    with results.open() as f:
+        contract = list(csv.DictReader(f))
+    assert list(contract[0]) == yardstick.CONTRACT_COLUMNS
+    assert {(r["policy"], r["seed"], r["split"]) for r in contract} == {(name, "0", "tuning") for name in by}  # half a day of week 1
+    assert {r["family"] for r in contract} == {"ideal", "static", "hpa-gpu-util", "keda-waiting", "keda-in_flight", "tideplane"}
+    assert {r["policy"] for r in contract if r["warm_pool"] == "yes"} == scaling.WARM_POOL_POLICIES
 
 
 def _scenario(*availability: list[bool], spot_prices=(10.0, 20.0), launched=None) -> spot.Scenario:
