@@ -8,6 +8,8 @@ one the sandbox also runs) over the same arrivals and request sizes from a real 
 - hpa-gpu-util-T: Kubernetes HPA on ``DCGM_FI_DEV_GPU_UTIL``, swept over the target T;
 - keda-waiting-T / keda-in_flight-T: KEDA's Prometheus scaler on ``vllm:num_requests_waiting``
   (and on waiting + running), swept over the per-replica target T;
+- keda-rate-T-downW: KEDA on the served request rate per replica (``KEDA_RATE_SHARES`` of the
+  load-tested capacity), scale-down window W longer than the cold start, 30 s polling;
 - tideplane's ablation (``ABLATION``), each lever added to the one before:
   tideplane-reactive: ``workflows.scaling.decide`` alone, exactly as ReactiveScaling calls it (SLO
   sizing); tideplane-forecast: plus the loop's forecast floor (``workflows.scaling.forecast`` over
@@ -64,6 +66,11 @@ WEEK = 7 * 86400
 HPA_TARGETS = (50.0, 80.0, 85.0, 88.0, 90.0, 92.0, 95.0)
 KEDA_WAITING = (1.0, 20.0)  # waiting requests per replica
 KEDA_IN_FLIGHT = (4.0, 8.0, 16.0, 64.0)  # waiting + running requests per replica
+# KEDA on the served request rate per replica, as vLLM's production-stack and llm-d configure it:
+# targets as shares of the load-tested capacity, scale-down windows longer than the 524 s cold start,
+# up by 100 % or 4 pods per 15 s, KEDA's 30 s polling (pre-registered: fixed before any run was seen)
+KEDA_RATE_SHARES = (0.5, 0.7, 0.85)
+KEDA_RATE_DOWN_WINDOWS_S = (600.0, 1800.0)
 STATIC_QUANTILES = (0.5, 0.8, 0.95, 0.98, 0.99, 0.995, 1.0)  # of the oracle's per-interval need
 # Tideplane's ablation, each lever added to the one before: (name, forecast, levers of its warm-pool nodes)
 ABLATION: tuple[tuple[str, bool, Levers | None], ...] = (
@@ -330,6 +337,8 @@ def suite(work: Workload, cfg: FleetConfig, overrides: dict | None, replica: Rep
     if want("keda"):
         policies += [KedaPolicy(start, t, "waiting", HpaRule(max_replicas=cap)) for t in KEDA_WAITING]
         policies += [KedaPolicy(start, t, "in_flight", HpaRule(max_replicas=cap)) for t in KEDA_IN_FLIGHT]
+        policies += [KedaPolicy(start, share * replica.capacity_rps, "rate", HpaRule(max_replicas=cap, down_stabilisation_s=window, up_period_s=15.0),
+                                interval_s=30.0) for share in KEDA_RATE_SHARES for window in KEDA_RATE_DOWN_WINDOWS_S]
     if want("tideplane"):
         # ScalingPolicy bounds max_replicas (workflows.core.bounds): m-mid's 1.5 x peak need exceeds it
         policy = tideplane_policy(replica.capacity_rps, min(cap, MAX_REPLICAS), overrides, replica.unloaded_ttft_s)
@@ -511,7 +520,7 @@ def plot(runs: list[list[Result]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 6.5))
-    colours = {"static": "tab:gray", "hpa": "tab:blue", "keda-waiting": "tab:green", "keda-in_flight": "tab:olive", "tideplane": "tab:red", "oracle": "black"}
+    colours = {"static": "tab:gray", "hpa": "tab:blue", "keda-waiting": "tab:green", "keda-in_flight": "tab:olive", "keda-rate": "tab:purple", "tideplane": "tab:red", "oracle": "black"}
     for k, seed_runs in enumerate(runs):
         for fam, colour in colours.items():
             members = sorted((r for r in seed_runs if family(r.policy) == fam), key=lambda r: r.gpu_hours)

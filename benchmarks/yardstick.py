@@ -18,7 +18,7 @@ from pathlib import Path
 from infra.fleetmodel.fleet import Result, fine_value
 
 CONTRACT_COLUMNS = ["policy", "family", "trace", "split", "seed", "gpu_hours", "slo_minutes_percent", "request_slo_percent", "warm_pool"]
-FAMILIES = ("tideplane", "static", "keda-waiting", "keda-in_flight", "hpa-gpu-util", "bound", "ideal")
+FAMILIES = ("tideplane", "static", "keda-rate", "keda-waiting", "keda-in_flight", "hpa-gpu-util", "bound", "ideal")
 SUMMARY_SLO = 99.5  # SLO minutes, %: the level the summary prices each family at
 SUMMARY_COLUMNS = ["trace", "split", "family", "warm_pool", "policies", "cheapest_policy_at_slo", "gpu_hours_at_slo", "best_slo_minutes_percent"]
 

@@ -48,7 +48,7 @@ def test_each_policy_family_and_split_has_its_row_with_request_weighted_slo(tmp_
 
 def test_every_bench_policy_name_has_a_contract_family():
     names = {"oracle": "ideal", "bound": "bound", "static-12": "static", "hpa-gpu-util-90": "hpa-gpu-util",
-             "keda-waiting-1": "keda-waiting", "keda-in_flight-16": "keda-in_flight", "tideplane-reactive": "tideplane", "tideplane": "tideplane"}
+             "keda-waiting-1": "keda-waiting", "keda-in_flight-16": "keda-in_flight", "keda-rate-18.9-down600": "keda-rate", "tideplane-reactive": "tideplane", "tideplane": "tideplane"}
     assert {n: yardstick.contract_family(n) for n in names} == names
     with pytest.raises(ValueError, match="karpenter"):
         yardstick.contract_family("karpenter-spot")
