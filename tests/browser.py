@@ -37,7 +37,7 @@ class Page:
         self._log = Path(self._profile.name) / "chromium.log"
         with open(self._log, "w") as log:
             self._proc = subprocess.Popen(
-                [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
                  f"--window-size={width},{height}", "--remote-debugging-port=0", "--remote-allow-origins=*",
                  f"--user-data-dir={self._profile.name}", "about:blank"],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
