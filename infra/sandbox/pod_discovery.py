@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import tempfile
-import time
+import threading
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
@@ -151,13 +151,15 @@ class PodDiscovery:
                     self._pods[key] = pod
                 self._write()
 
-    def run_forever(self) -> None:
-        while True:
+    def run_forever(self, stop: threading.Event | None = None) -> None:
+        """List and watch until ``stop`` is set (never, without one)."""
+        stop = stop or threading.Event()
+        while not stop.is_set():
             try:
                 self.watch(self.list_pods())
             except (OSError, ValueError, KeyError) as error:
                 log.warning("pod discovery: %s; relisting", error)
-                time.sleep(1)
+                stop.wait(1)
 
 
 def main() -> None:

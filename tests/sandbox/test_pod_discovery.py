@@ -79,7 +79,7 @@ def _wait(condition, timeout: float = 30):
         time.sleep(0.3)
 
 
-def test_prometheus_scrapes_the_emulators_serving_pods_through_the_bridge_with_the_shipped_relabelling(tmp_path):
+def test_prometheus_scrapes_the_emulators_serving_pods_through_the_bridge_with_the_shipped_relabelling(tmp_path, request):
     """The bridge over the emulator's pods (``--pod-network 127.31``), the shipped serving job with
     only its kubernetes_sd_configs swapped for the bridge's file: /api/v1/targets lists the pod at
     its own address, discovered labels from the bridge, and the labels the relabel rules make."""
@@ -91,7 +91,9 @@ def test_prometheus_scrapes_the_emulators_serving_pods_through_the_bridge_with_t
                           "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"}}})
         port = free_port()
         core.create_namespaced_pod(NS, _serving_pod("chat-a", port))
-        threading.Thread(target=PodDiscovery(kube_url, targets_file).run_forever, daemon=True).start()
+        stop = threading.Event()
+        request.addfinalizer(stop.set)  # the bridge ends with the test, not relisting a stopped emulator
+        threading.Thread(target=PodDiscovery(kube_url, targets_file).run_forever, args=(stop,), daemon=True).start()
 
         def running_group():
             groups = json.loads(targets_file.read_text()) if targets_file.exists() else []
