@@ -5,19 +5,17 @@ running the shipped serving job on its file over the emulator's pods."""
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import httpx
-import yaml
 from kubernetes import client
 
 from infra.k8s.monitoring import render
-from infra.prometheus import PROMETHEUS
+from infra.prometheus import prometheus_process
 from infra.sandbox.pod_discovery import PodDiscovery, pod_target_groups
-from infra.sandbox.ports import free_port, wait_for_port
+from infra.sandbox.ports import free_port
 from tests.kube_fixtures import run_kube_api
 from tests.servers import serve_exposition
 
@@ -108,15 +106,9 @@ def test_prometheus_scrapes_the_emulators_serving_pods_through_the_bridge_with_t
         [job] = [j for j in render.scrape_configs() if j["job_name"] == render.SERVING_JOB]
         assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}] and "honor_labels" not in job
         job["file_sd_configs"] = [{"files": [str(targets_file)], "refresh_interval": "1s"}]
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({"global": {"scrape_interval": "1s"}, "scrape_configs": [job]}))
-        prom_port = free_port()
-        with open(tmp_path / "prometheus.log", "wb") as log:
-            proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                                     f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=log, stderr=subprocess.STDOUT)
-            try:
-                url = f"http://127.0.0.1:{prom_port}"
-                wait_for_port(prom_port)
-
+        config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [job]}
+        try:
+            with prometheus_process(tmp_path / "prometheus", config) as url:
                 def scraped():
                     try:
                         active = httpx.get(f"{url}/api/v1/targets", timeout=2).json()["data"]["activeTargets"]
@@ -125,10 +117,8 @@ def test_prometheus_scrapes_the_emulators_serving_pods_through_the_bridge_with_t
                     return [t for t in active if t["health"] == "up"] and active
                 targets = _wait(scraped)
                 series = httpx.get(f"{url}/api/v1/query", params={"query": "vllm:num_requests_running"}, timeout=5).json()["data"]["result"]
-            finally:
-                proc.terminate()
-                proc.wait(10)
-                engine.shutdown()
+        finally:
+            engine.shutdown()
     [target] = targets
     assert target["scrapeUrl"] == f"http://{address}/metrics" and target["health"] == "up", target
     assert target["discoveredLabels"]["__meta_kubernetes_pod_name"] == "chat-a"

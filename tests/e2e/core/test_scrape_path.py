@@ -13,8 +13,7 @@ import httpx
 import yaml
 
 from infra.k8s.monitoring import render
-from infra.prometheus import PROMETHEUS, RULE_FILES
-from infra.sandbox.ports import free_port, wait_for_port
+from infra.prometheus import RULE_FILES, prometheus_process
 from tests.servers import serve_exposition
 from workflows.core.engine_metrics import SCRAPE_LABELS
 
@@ -59,16 +58,10 @@ def test_the_shipped_relabelling_makes_the_query_labels_on_vllms_own_samples(tmp
         assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
         job["file_sd_configs"] = [{"files": [str(tmp_path / "pods.json")]}]
     config = {"global": {"scrape_interval": "1s"}, "scrape_configs": jobs, "rule_files": [str(p) for p in RULE_FILES]}
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    check = subprocess.run([PROMTOOL, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
-    port = free_port()
-    with open(tmp_path / "prometheus.log", "wb") as log:
-        proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_for_port(port)
+    try:
+        with prometheus_process(tmp_path, config) as url:
+            check = subprocess.run([PROMTOOL, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True)
+            assert check.returncode == 0, check.stdout + check.stderr
             deadline = time.monotonic() + 30
             while True:
                 try:
@@ -79,11 +72,9 @@ def test_the_shipped_relabelling_makes_the_query_labels_on_vllms_own_samples(tmp
                     break
                 time.sleep(0.3)
             targets = httpx.get(f"{url}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
-        finally:
-            proc.terminate()
-            proc.wait(10)
-            serving.shutdown()
-            other.shutdown()
+    finally:
+        serving.shutdown()
+        other.shutdown()
     [target] = [t for t in targets if t["scrapePool"] == render.SERVING_JOB]  # not the unlabelled pod, not the Pending one
     assert {k: target["labels"][k] for k in SCRAPE_LABELS} == {
         "namespace": "llm-serving", "pod": "chat-v1-3-0-abc", "deployment": "chat", "version": "1.3.0", "node": "gpu-node-1"}
