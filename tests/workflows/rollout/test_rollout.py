@@ -10,6 +10,7 @@ precise point of the run (time is virtual, so polling from outside could not hit
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -348,10 +349,17 @@ class Fleet:
         return GateQueriesResult(values=values)
 
 
-@pytest.fixture(scope="module")
+@functools.cache
+def metered_runtime() -> Runtime:
+    """The one runtime whose metrics go to METRICS (a metric buffer belongs to one runtime)."""
+    return Runtime(telemetry=TelemetryConfig(metrics=METRICS))
+
+
+@pytest.fixture
 async def metered_env():
-    """The time-skipping server, its runtime's metrics going to METRICS."""
-    async with time_skipping(Runtime(telemetry=TelemetryConfig(metrics=METRICS))) as env:
+    """A time-skipping server per test (see tests/workflows/conftest.py), its runtime's metrics
+    going to METRICS."""
+    async with time_skipping(metered_runtime()) as env:
         yield env
 
 
