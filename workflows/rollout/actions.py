@@ -28,7 +28,7 @@ from workflows.core.telemetry import (
     rollout_paused,
 )
 from workflows.core.waiting import wait_until
-from workflows.rollout.contract import RolloutActivities, RouteWeightsInput, ScaleVersionInput
+from workflows.rollout.contract import RolloutActivities, RouteWeightsInput, ScaleVersionInput, WaitReadyInput
 from workflows.rollout.run_state import RunState
 from workflows.rollout.types import RolloutResult, Stage, VerdictRecord
 
@@ -226,6 +226,24 @@ async def scale(state: RunState, version: str, replicas: int, summary: str, retr
     )
     if version == state.input.version:
         state.canary_replicas = replicas
+
+
+async def scale_canary(state: RunState, replicas: int, why: str) -> None:
+    """Scale the new version to ``replicas`` and wait until they are Ready (the step's deadline);
+    a canary that does not become Ready rolls back (the attempt failed, not the version)."""
+    version = state.input.version
+    await scale(state, version, replicas, f"scale {version} to {replicas} replica(s) {why}")
+    try:
+        await act(
+            state,
+            RolloutActivities.wait_ready,
+            WaitReadyInput(deployment=state.ref, version=version, replicas=replicas),
+            summary=f"wait for {replicas} replica(s) of {version} to be Ready",
+            schedule_to_close=state.input.deadlines.step_ready_seconds,
+            heartbeat=30,
+        )
+    except ActivityError as err:
+        raise RollBack(f"canary not Ready {why}: {cause(err)}") from err
 
 
 def set_stage(state: RunState, stage: Stage) -> None:

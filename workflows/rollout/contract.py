@@ -18,6 +18,7 @@ from temporalio import activity
 from workflows.core.batching_settings import BatchingSetting, SweepPoint
 from workflows.core.naming import DeploymentName, DeploymentRef, rollout_workflow_id
 from workflows.core.versions import DeploymentState, WeightFile
+from workflows.rollout.diagnosis import CanaryFleet
 
 # Activity names (stable API: histories refer to them).
 STAGE_WEIGHTS = "stage_weights"
@@ -32,6 +33,7 @@ SWEEP_BATCHING = "sweep_batching"
 SET_ENGINE_ARGS = "set_engine_args"
 MOVE_ADAPTER_RULES = "move_adapter_rules"
 CHECK_SEARCH_ATTRIBUTES = "check_search_attributes"
+READ_CANARY_FLEET = "read_canary_fleet"
 
 SCHEDULE_RETIRE = "schedule_retire"
 CANCEL_RETIRE = "cancel_retire"
@@ -238,6 +240,18 @@ class GateQueriesResult(BaseModel):
     )
 
 
+class CanaryFleetInput(BaseModel):
+    """What to read about the canary beside its gates, at one observation (diagnosis.py)."""
+
+    deployment: DeploymentRef
+    version: str = Field(min_length=1, description="the canary")
+    stable_version: str = Field(min_length=1)
+    weight: int = Field(ge=0, le=100, description="the canary's route weight the step set")
+    canary_wanted: int = Field(ge=0, description="canary replicas the step sized")
+    queries: dict[str, str] = Field(description="canary_rps, stable_rps, no_healthy_upstream -> PromQL template (FleetQueries)")
+    variables: dict[str, str] = Field(description="template variables, as for the gates")
+
+
 class MoveAdapterRulesInput(BaseModel):
     """Re-point the adapter rules on ``from_version``'s Service at ``to_version``'s (None: remove them)."""
 
@@ -314,6 +328,17 @@ class BatchingActivities:
     @activity.defn(name=SET_ENGINE_ARGS)
     def set_engine_args(self, req: EngineArgsInput) -> None:
         """The version's Deployment with these batching arguments, rolled out to every replica."""
+        raise NotImplementedError
+
+
+class CanaryFleetActivities:
+    """What ModelRollout reads about its canary's pods and load to name a verdict's cause
+    (implemented in activities/rollout/canary_fleet.py)."""
+
+    @activity.defn(name=READ_CANARY_FLEET)
+    def read_canary_fleet(self, req: CanaryFleetInput) -> CanaryFleet:
+        """Ready and crashed (OOMKilled, CrashLoopBackOff) pods of both versions from the Kubernetes API,
+        their request rates and the gateway's no-healthy-upstream count from Prometheus."""
         raise NotImplementedError
 
 

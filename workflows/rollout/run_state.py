@@ -21,6 +21,7 @@ from workflows.node_cache.contract import NodeCacheProgress
 from workflows.quality.shadow import ShadowPair, ShadowTally, ShadowVerdict
 from workflows.rollout.batching import SweepChoice
 from workflows.rollout.contract import Benchmark, RouteMirror, StagedWeights
+from workflows.rollout.diagnosis import Diagnosis
 from workflows.rollout.gates import StepAnalysis, canary_replicas
 from workflows.rollout.types import (
     Outcome,
@@ -72,6 +73,9 @@ class RunState:
     analysis: StepAnalysis = field(default_factory=StepAnalysis)
     verdicts: list[VerdictRecord] = field(default_factory=list)  # the latest, bounded (VERDICT_HISTORY)
     verdict_count: int = 0  # every observation
+    diagnosis: Diagnosis | None = None  # the last observation's cause
+    holding: str | None = None  # why the analysis clock is held or the canary re-sized (None: it runs)
+    resizes: int = 0  # overload re-sizes of the current step
     mirror: RouteMirror | None = None  # set once the shadow comparison starts
     shadow: ShadowVerdict | None = None
     shadow_after: int = 0  # last mirrored pair read
@@ -104,6 +108,18 @@ class RunState:
         """Replicas the canary needs to carry ``weight`` % of the promoted size."""
         return canary_replicas(self.target_replicas, weight)
 
+    def query_variables(self) -> dict[str, str]:
+        """The ${...} variables of the gate and fleet queries (GateQueries, FleetQueries)."""
+        assert self.stable is not None
+        return {
+            "namespace": self.ref.namespace,
+            "deployment": self.ref.name,
+            "model": self.input.model,
+            "version": self.input.version,
+            "stable_version": self.stable.version,
+            "window": self.input.query_window,
+        }
+
     def stage_label(self, weight: int) -> str:
         """Stage as the metrics name it: ``canary-5`` inside the ladder, else the stage."""
         in_ladder = self.step is not None and self.stage in (Stage.CANARY, Stage.PAUSED)
@@ -132,6 +148,8 @@ class RunState:
             lines.append(f"stable: {self.stable.version} ({self.target_replicas} replicas)")
         if self.paused:
             lines.append(f"⏸ paused: {self.pause_reason} — signal `resume` / `abort`, or update `promote`")
+        if self.holding:
+            lines.append(f"⚠ {self.holding}")
         if note:
             lines.append(note)
         lines += [v.describe() for v in (self.golden, self.shadow) if v is not None]
@@ -147,6 +165,8 @@ class RunState:
             lines.append(
                 f"step: {a.passes} pass, {a.failures} fail, {a.inconclusives} inconclusive, {a.errors} metric errors"
             )
+            if last.diagnosis is not None:
+                lines.append(f"cause: {last.diagnosis.describe()}")
         return "\n\n".join(lines)
 
     def status(self) -> RolloutStatus:
@@ -169,6 +189,8 @@ class RunState:
             batching=self.batching,
             nodes=self.nodes,
             replicas=self.replicas(),
+            diagnosis=self.diagnosis,
+            holding=self.holding,
         )
 
     def replicas(self) -> dict[str, int]:

@@ -58,6 +58,7 @@ from workflows.rollout.contract import (
     DESCRIBE_DEPLOYMENT,
     ENSURE_VERSION,
     QUERY_GATES,
+    READ_CANARY_FLEET,
     SCALE_VERSION,
     SET_ENGINE_ARGS,
     SET_ROUTE_WEIGHTS,
@@ -66,6 +67,7 @@ from workflows.rollout.contract import (
     WAIT_READY,
     WARM_UP,
     Benchmark,
+    CanaryFleetInput,
     EngineArgsInput,
     EnsureVersionInput,
     GateQueriesInput,
@@ -88,6 +90,7 @@ from workflows.core.versions import (
     WeightFile,
 )
 from workflows.rollout.batching import VLLM_DEFAULT
+from workflows.rollout.diagnosis import CanaryFleet
 from workflows.core.batching_settings import BatchingSetting, SweepPoint
 from workflows.rollout.types import (
     DEFAULT_STEPS,
@@ -148,6 +151,7 @@ class Fleet:
         checksum_ok: bool = True,
         warm_up_errors: int = 0,
         sweep: Callable[[BatchingSetting], SweepPoint] | None = None,
+        canary_fleet: Callable[[CanaryFleetInput, int], CanaryFleet] | None = None,
     ) -> None:
         self.client = client
         self.workflow_id = ""
@@ -159,6 +163,9 @@ class Fleet:
         self.checksum_ok = checksum_ok
         self.warm_up_errors = warm_up_errors
         self.sweep = sweep  # a batching sweep's point per setting (None: the sweep fails)
+        # what read_canary_fleet finds at its n-th call (None: every pod the step sized Ready, 10 req/s on each)
+        self.canary_fleet = canary_fleet
+        self.fleet_reads = 0
         self.calls: list[tuple[str, Any]] = []
         self.times: list[datetime] = []
         self.gate_queries: dict[int, int] = {}
@@ -208,6 +215,7 @@ class Fleet:
             self.query_gates,
             self.sweep_batching,
             self.set_engine_args,
+            self.read_canary_fleet,
         ]
 
     # bookkeeping (registry, metrics): recorded apart from the cluster calls
@@ -316,6 +324,17 @@ class Fleet:
     @activity.defn(name=SET_ENGINE_ARGS)
     async def set_engine_args(self, input: EngineArgsInput) -> None:
         await self._record(SET_ENGINE_ARGS, input)
+
+    @activity.defn(name=READ_CANARY_FLEET)
+    async def read_canary_fleet(self, input: CanaryFleetInput) -> CanaryFleet:
+        """A read, not a cluster change: kept with the bookkeeping, not in ``calls``."""
+        self.fleet_reads += 1
+        self.events.append((READ_CANARY_FLEET, input))
+        if self.canary_fleet is not None:
+            return self.canary_fleet(input, self.fleet_reads)
+        stable = next((n for v, n in self.replicas.items() if v != input.version), 0)
+        return CanaryFleet(weight=input.weight, canary_wanted=input.canary_wanted, canary_ready=input.canary_wanted,
+                           stable_ready=stable, canary_rps=10.0 * input.canary_wanted, stable_rps=10.0 * stable)
 
     @activity.defn(name=QUERY_GATES)
     async def query_gates(self, input: GateQueriesInput) -> GateQueriesResult:
@@ -1149,3 +1168,4 @@ async def test_bad_input_fails_at_once_naming_the_field(client, bad, field):
             await asyncio.wait_for(handle.result(), 10)
     assert field in str(info.value.cause)
     assert fleet.calls == []
+
