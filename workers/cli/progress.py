@@ -8,19 +8,7 @@ import threading
 import time
 from typing import Callable, TextIO
 
-
-def size(n: float) -> str:
-    """Bytes as people read them: ``512 B``, ``1.5 MiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
-
-
-def duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+from workflows.core.transfer import describe, rate
 
 
 class ProgressLine:
@@ -62,15 +50,7 @@ class ProgressLine:
                 self.stream.flush()
 
     def render(self, now: float) -> str:
-        elapsed = max(now - self.started, 1e-9)
-        rate = self.done / elapsed
-        text = f"{self.what}: {size(self.done)}"
-        if self.total:
-            text += f" of {size(self.total)} ({100 * self.done / self.total:.0f} %)"
-        text += f"  {size(rate)}/s"
-        if self.total and rate > 0 and self.done < self.total:
-            text += f"  ETA {duration((self.total - self.done) / rate)}"
-        return text
+        return f"{self.what}: {describe(self.done, self.total, rate(self.done, now - self.started))}"
 
     def _draw(self, now: float) -> None:
         text = self.render(now)

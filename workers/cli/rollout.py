@@ -31,11 +31,11 @@ from pydantic import BaseModel, ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
-from workers.cli.progress import duration, size
 from workers.cli.errors import CliError, out_format, print_data, read_spec
 from workers.client import connect
 from workers.config import Settings
 from workflows.core.naming import TASK_QUEUE, rollout_workflow_id
+from workflows.core.transfer import DownloadProgress, rate
 from workflows.rollout.contract import STAGE_WEIGHTS
 from workflows.rollout.types import AbortInput, PauseInput, PromoteInput, RolloutInput, RolloutResult, RolloutStatus, Stage
 from workflows.rollout.client import rollout_result, start_rollout
@@ -60,15 +60,17 @@ def ladder(status: RolloutStatus) -> str:
 
 def download_line(details: dict, seconds: float) -> str | None:
     """``download 1.2 GiB of 16.0 GiB (7 %)  40.0 MiB/s  ETA 6m10s`` from stage_weights' heartbeat
-    (bytes_done, bytes_total) and the seconds its attempt has run; None without byte counts."""
-    done, total = details.get("bytes_done"), details.get("bytes_total")
-    if not isinstance(done, (int, float)) or not isinstance(total, (int, float)) or total <= 0:
+    (bytes_done, bytes_total, bytes_per_second; without a rate, bytes_done over the ``seconds`` its
+    attempt has run); None without byte counts."""
+    try:
+        progress = DownloadProgress.model_validate(details)
+    except ValidationError:
         return None
-    rate = done / seconds if seconds > 0 else 0.0
-    text = f"download {size(done)} of {size(total)} ({100 * done / total:.0f} %)  {size(rate)}/s"
-    if 0 < rate and done < total:
-        text += f"  ETA {duration((total - done) / rate)}"
-    return text
+    if progress.bytes_total <= 0:
+        return None
+    if "bytes_per_second" not in details:  # heartbeats from before the rate was in them
+        progress.bytes_per_second = rate(progress.bytes_done, seconds)
+    return progress.describe()
 
 
 def render(
@@ -106,6 +108,9 @@ def render(
             lines.append(verdict_of.describe())
     if download:
         lines.append(download)
+    elif status.download is not None and status.stage is Stage.STAGING:  # the heartbeat unread: the last signal
+        at = status.download.reported_at
+        lines.append(status.download.describe() + (f"  (at {at:%H:%M:%S})" if at else ""))
     for node in status.nodes:
         lines.append(f"staging  {node.describe()}")
     if result is not None:

@@ -40,6 +40,7 @@ from workflows.core.bounds import (
 )
 from workflows.core.engine_metrics import E2E_REQUEST_LATENCY, HTTP_REQUESTS, REQUEST_TIME_PER_OUTPUT_TOKEN, TIME_TO_FIRST_TOKEN
 from workflows.core.naming import DeploymentName, DeploymentRef, ModelLabel, VersionLabel
+from workflows.core.transfer import DownloadProgress
 from workflows.rollout.contract import Benchmark, EnvFromSecret, StagedWeights, plain_credential_args, plain_credentials
 from workflows.rollout.batching import BatchingSweep, SweepChoice
 from workflows.core.gpu_shares import GPU_MEMORY_UTILIZATION_FLAG
@@ -391,6 +392,7 @@ class RolloutStatus(BaseModel):
     replicas: dict[str, int] = Field(
         default_factory=dict, description="replicas by version as the rollout last sized them (stable's total, the canary's share)"
     )
+    download: DownloadProgress | None = Field(None, description="the weights download as stage_weights last reported it")
 
 
 class RolloutResult(BaseModel):
