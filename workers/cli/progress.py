@@ -1,4 +1,4 @@
-"""A progress line for long CLI operations: bytes done, rate and time left, rewritten in place on
+"""A progress line for long CLI operations: a bar, bytes done, rate and time left, rewritten in place on
 a terminal, silent when the output is not one (CI logs keep only the final summary)."""
 
 from __future__ import annotations
@@ -9,6 +9,18 @@ import time
 from typing import Callable, TextIO
 
 from workflows.core.transfer import describe, rate
+
+
+def bar(done: float, total: float, width: int = 20) -> str:
+    """``[#####...............]``: the done share of ``width`` cells."""
+    filled = min(width, int(width * done / total)) if total > 0 else 0
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def progress_text(done: float, total: float | None, bytes_per_second: float) -> str:
+    """``[#####...] 4.0 GiB of 16.0 GiB (25 %)  40.0 MiB/s  ETA 5m07s`` (no total: no bar)."""
+    text = describe(done, total, bytes_per_second)
+    return f"{bar(done, total)} {text}" if total else text
 
 
 class ProgressLine:
@@ -50,7 +62,7 @@ class ProgressLine:
                 self.stream.flush()
 
     def render(self, now: float) -> str:
-        return f"{self.what}: {describe(self.done, self.total, rate(self.done, now - self.started))}"
+        return f"{self.what}: {progress_text(self.done, self.total, rate(self.done, now - self.started))}"
 
     def _draw(self, now: float) -> None:
         text = self.render(now)
