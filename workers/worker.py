@@ -25,6 +25,7 @@ from temporalio.worker import Worker
 from activities.adapters.adapter_activities import AdapterActivities
 from activities.classes.request_class_activities import RequestClassActivities
 from activities.clients.aws import AwsClient
+from activities.core.workflow_signals import WorkflowSignals
 from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
@@ -101,9 +102,10 @@ def activity_methods(instance: object, contract: type) -> list[Callable]:
     return [getattr(instance, name) for name, member in vars(contract).items() if callable(member) and not name.startswith("_")]
 
 
-def build_activities(config: Settings) -> list[Callable]:
+def build_activities(config: Settings, signals: WorkflowSignals | None = None) -> list[Callable]:
     """Every activity this worker runs: the clients built once from ``config`` and passed into
-    the activity classes, whose bound methods are registered."""
+    the activity classes, whose bound methods are registered; ``signals`` (the worker's client)
+    lets stage_weights report progress to its rollout."""
     kube = KubeClient.connect(config.kubeconfig, config.kube_in_cluster)
     s3 = S3Client(config.aws_endpoint_url, config.aws_region)
     prometheus = PrometheusClient(config.prometheus_url)
@@ -116,7 +118,7 @@ def build_activities(config: Settings) -> list[Callable]:
     rollout = RolloutActivities(
         kube, s3, prometheus, VllmClient(api_key=api_key), pods, config.gateway, config.service_url_template, config.weights_buckets,
         image_prefixes=config.image_prefixes, image_pinning=config.image_pinning,
-        max_replicas=config.max_replicas, max_gpus_per_replica=config.max_gpus_per_replica,
+        max_replicas=config.max_replicas, max_gpus_per_replica=config.max_gpus_per_replica, signals=signals,
     )
     registry = RegistryActivities(s3, kube, config.weights_bucket, config.weights_buckets)
     cost = CostActivities(prometheus)
@@ -201,7 +203,7 @@ async def run_worker(config: Settings, stop: asyncio.Event | None = None) -> Non
             client,
             task_queue=config.task_queue,
             workflows=WORKFLOWS,
-            activities=build_activities(config),
+            activities=build_activities(config, WorkflowSignals(client, loop)),
             activity_executor=executor,
             max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
             graceful_shutdown_timeout=SHUTDOWN_GRACE,

@@ -35,6 +35,9 @@ MOVE_ADAPTER_RULES = "move_adapter_rules"
 CHECK_SEARCH_ATTRIBUTES = "check_search_attributes"
 READ_CANARY_FLEET = "read_canary_fleet"
 
+# The signal stage_weights sends its own rollout with a DownloadProgress (workflows/core/transfer.py).
+STAGING_PROGRESS = "staging_progress"
+
 SCHEDULE_RETIRE = "schedule_retire"
 CANCEL_RETIRE = "cancel_retire"
 
@@ -44,6 +47,9 @@ class StageWeightsInput(BaseModel):
     version: str
     files: list[WeightFile] = Field(min_length=1)
     image: str | None = Field(None, description="the serving image: refused before anything is read when not allowed")
+    report_progress: bool = Field(
+        False, description="signal the calling workflow (staging_progress) with the download's progress, at a bounded rate"
+    )
 
 
 class StagedWeights(BaseModel):

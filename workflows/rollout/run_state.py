@@ -15,6 +15,7 @@ from temporalio import workflow
 
 from workflows.core.batching_settings import SweepRecord
 from workflows.core.naming import DeploymentRef
+from workflows.core.transfer import DownloadProgress
 from workflows.core.verdicts import GoldenVerdict
 from workflows.core.versions import VersionInfo
 from workflows.node_cache.contract import NodeCacheProgress
@@ -62,6 +63,7 @@ class RunState:
     promote: PromoteInput | None = None
     # what the steps found and measured
     staged: StagedWeights | None = None
+    download: DownloadProgress | None = None  # stage_weights' last report (its staging_progress signal)
     nodes: list[NodeCacheProgress] = field(default_factory=list)  # pre-staging progress per node
     adapters: dict[str, str] | None = None  # None: no adapter to carry; else those carried to this version
     cold_start: float | None = None
@@ -152,6 +154,8 @@ class RunState:
             lines.append(f"⚠ {self.holding}")
         if note:
             lines.append(note)
+        if self.download is not None and self.stage is Stage.STAGING:
+            lines.append(self.download.describe())
         lines += [v.describe() for v in (self.golden, self.shadow) if v is not None]
         if self.nodes:
             lines.append("nodes: " + ", ".join(n.describe() for n in self.nodes))
@@ -191,6 +195,7 @@ class RunState:
             replicas=self.replicas(),
             diagnosis=self.diagnosis,
             holding=self.holding,
+            download=self.download,
         )
 
     def replicas(self) -> dict[str, int]:

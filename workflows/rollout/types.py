@@ -41,6 +41,7 @@ from workflows.core.bounds import (
 )
 from workflows.core.engine_metrics import E2E_REQUEST_LATENCY, HTTP_REQUESTS, REQUEST_TIME_PER_OUTPUT_TOKEN, TIME_TO_FIRST_TOKEN
 from workflows.core.naming import DeploymentName, DeploymentRef, ModelLabel, VersionLabel
+from workflows.core.transfer import DownloadProgress
 from workflows.rollout.contract import Benchmark, EnvFromSecret, StagedWeights, plain_credential_args, plain_credentials
 from workflows.rollout.batching import BatchingSweep, SweepChoice
 from workflows.core.gpu_shares import GPU_MEMORY_UTILIZATION_FLAG
@@ -414,6 +415,7 @@ class RolloutStatus(BaseModel):
     )
     diagnosis: Diagnosis | None = Field(None, description="the last observation's cause: regression, overload, lost capacity or healthy")
     holding: str | None = Field(None, description="why the analysis clock is held or the canary re-sized now (None: it runs)")
+    download: DownloadProgress | None = Field(None, description="the weights download as stage_weights last reported it")
 
 
 class RolloutResult(BaseModel):

@@ -44,7 +44,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.core.failures import cause, understood, validated
     from workflows.core.naming import DEPLOYMENT_OWNED, MODEL_ROLLOUT_WORKFLOW
     from workflows.core.search_attributes import CANARY_PERCENT, DEPLOYMENT, MISSING_ERROR, MODEL, STAGE, VERSION, missing_message
-    from workflows.rollout.contract import RolloutActivities
+    from workflows.core.transfer import DownloadProgress
+    from workflows.rollout.contract import STAGING_PROGRESS, RolloutActivities
     from workflows.rollout.patches import OUTCOME_PATCH, SEARCH_ATTRIBUTES_PATCH
     from workflows.rollout.actions import Abort, RollBack, checkpoint, record_rollout, set_stage, shielded, show
     from workflows.rollout.run_state import RunState
@@ -162,6 +163,20 @@ class ModelRollout:
             workflow.logger.info("abort ignored: rollout is %s", s.stage.value)
         elif s.abort_reason is None:
             s.abort_reason = _reason(AbortInput, input, "abort")
+
+    @workflow.signal(name=STAGING_PROGRESS)
+    def staging_progress(self, input: Any = None) -> None:
+        """stage_weights' download progress (sent at a bounded rate), for the status and the current
+        details; one arriving after staging is dropped."""
+        s = self._state
+        try:
+            progress = DownloadProgress.model_validate(input)
+        except ValidationError as exc:
+            workflow.logger.warning("staging_progress dropped: %s", exc)
+            return
+        if s.stage is Stage.STAGING:
+            s.download = progress.model_copy(update={"reported_at": workflow.now()})
+            show(s)
 
     # The input arrives as plain JSON and is validated here, so a bad field is refused naming it
     # (non-retryable), not as the converter's raw ValidationError marked retryable (issue 16).
