@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from enum import Enum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,6 +33,7 @@ SWEEP_BATCHING = "sweep_batching"
 SET_ENGINE_ARGS = "set_engine_args"
 MOVE_ADAPTER_RULES = "move_adapter_rules"
 CHECK_SEARCH_ATTRIBUTES = "check_search_attributes"
+NOTIFY = "notify"
 
 SCHEDULE_RETIRE = "schedule_retire"
 CANCEL_RETIRE = "cancel_retire"
@@ -314,6 +316,42 @@ class BatchingActivities:
     @activity.defn(name=SET_ENGINE_ARGS)
     def set_engine_args(self, req: EngineArgsInput) -> None:
         """The version's Deployment with these batching arguments, rolled out to every replica."""
+        raise NotImplementedError
+
+
+class NoticeKind(str, Enum):
+    """What happened to the rollout that people are told about."""
+
+    PAUSED = "paused"
+    RESUMED = "resumed"
+    ROLLED_BACK = "rolled_back"
+    ABORTED = "aborted"
+    PROMOTED = "promoted"
+
+
+class NoticeInput(BaseModel):
+    """One notice of one run: ``seq`` numbers the run's notices, so (run_id, seq) is its key and a
+    retried delivery writes the same Kubernetes Event instead of a second one."""
+
+    deployment: DeploymentRef
+    version: str = Field(min_length=1, description="the version this run rolls out (its Deployment is the Event's object)")
+    kind: NoticeKind
+    message: str = Field(description="why: the pause reason, the verdict, the promotion")
+    weight: int = Field(ge=0, le=100, description="the new version's route weight when it happened")
+    workflow_id: str = Field(min_length=1)
+    run_id: str = Field(min_length=1)
+    namespace: str = Field(min_length=1, description="the Temporal namespace, for the web UI link")
+    seq: int = Field(ge=1)
+
+
+class NotifyActivities:
+    """How ModelRollout tells people (implemented in activities/rollout/notify_activities.py): a
+    Kubernetes Event on the version's Deployment and the optional webhook. Best effort: the workflow
+    logs a failed delivery and goes on."""
+
+    @activity.defn(name=NOTIFY)
+    def notify(self, notice: NoticeInput) -> None:
+        """Write the notice's Event (an existing one counts as written), then post the webhook if one is set."""
         raise NotImplementedError
 
 

@@ -54,6 +54,9 @@ deprecates``                                                after a quality fail
 ``search-attributes-checked``   workflow.py (first)         old: every recorded history (upserts at once);
                                                             new: tests/workflows/rollout/ (check_search_
                                                             attributes first; fails naming what is missing)
+``notify``                      actions.py                  old: every recorded history (no notices);
+                                                            new: tests/workflows/rollout/ (a notify
+                                                            activity at each pause, resume and end)
 ==============================  ==========================  =========================================
 
 tests/workflows/test_replay.py checks that model-rollout-golden-failed holds the new side of
@@ -101,5 +104,9 @@ OUTCOME_PATCH = "outcome-in-status"
 # (check_search_attributes) and fail at once naming the missing attribute and the command that adds it.
 SEARCH_ATTRIBUTES_PATCH = "search-attributes-checked"
 
+# Runs from before issue 35 told nobody; newer ones issue a notice (a Kubernetes Event, the optional
+# webhook) at each pause, resume, rollback, abort and promotion.
+NOTIFY_PATCH = "notify"
+
 PATCHES = (RETIRE_PATCH, GOLDEN_PATCH, QUALITY_DEPRECATES_PATCH, METER_PATCH, BATCHING_PATCH, PRESTAGE_PATCH, ADAPTERS_PATCH, SHADOW_TALLY_PATCH,
-           LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH, OUTCOME_PATCH, SEARCH_ATTRIBUTES_PATCH)
+           LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH, OUTCOME_PATCH, SEARCH_ATTRIBUTES_PATCH, NOTIFY_PATCH)
