@@ -4,10 +4,11 @@ VENV := .venv
 INSTALLED := $(VENV)/.installed
 PROMETHEUS := /usr/bin/prometheus
 KUBECTL := $(shell command -v kubectl || echo /usr/bin/kubectl)
+CHROMIUM := /usr/bin/chromium
 
 .PHONY: demo test down install engine test-engine
 
-install: $(INSTALLED) $(PROMETHEUS) $(KUBECTL)
+install: $(INSTALLED) $(PROMETHEUS) $(KUBECTL) $(CHROMIUM)
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +32,10 @@ $(PROMETHEUS):
 
 /usr/bin/kubectl:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client
+
+# The real browser that tests/e2e/rollout/test_web_ui.py opens the web UI in (tests/browser.py).
+$(CHROMIUM):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 demo: install
 	$(VENV)/bin/tideplane demo

@@ -4,7 +4,8 @@
 - ``HpaPolicy``: Kubernetes' HorizontalPodAutoscaler (autoscaling/v2 defaults) on a per-pod
   utilisation metric, here ``DCGM_FI_DEV_GPU_UTIL`` through a metrics adapter;
 - ``KedaPolicy``: KEDA's Prometheus scaler on a fleet-wide total (``vllm:num_requests_waiting``,
-  or waiting + running), ``metricType: AverageValue``: HPA's rule for external metrics;
+  waiting + running, or ``rate(vllm:request_success_total[1m])`` as vLLM's production-stack
+  configures it), ``metricType: AverageValue``: HPA's rule for external metrics;
 - ``OraclePolicy``: perfect foresight of each second's arrivals, for a run with zero cold start.
 
 Both HPA-driven ones share ``HpaRule``: the controller's sync rules, not the metric.
@@ -35,13 +36,16 @@ class StaticPolicy:
 @dataclass
 class HpaRule:
     """HPA v2's defaults: 10 % tolerance; up by at most max(100 %, 4 pods) per sync; down to the
-    highest recommendation of the last 300 s (stabilisation window); a missing metric holds."""
+    highest recommendation of the last 300 s (stabilisation window); a missing metric holds.
+    ``up_period_s``: the scale-up policies' ``periodSeconds`` (one such step per period; 0: every sync)."""
 
     min_replicas: int = 1
     max_replicas: int = 1000
     tolerance: float = 0.1
     down_stabilisation_s: float = 300.0
+    up_period_s: float = 0.0
     _recent: list[tuple[float, int]] = field(default_factory=list)
+    _last_up: float = -math.inf
 
     def apply(self, now_s: float, current: int, ratio: float | None, recommended: int) -> int:
         """``ratio``: metric / target as HPA computes it (within tolerance of 1: no change)."""
@@ -49,6 +53,9 @@ class HpaRule:
         rec = min(self.max_replicas, max(self.min_replicas, rec))
         self._recent = [(t, r) for t, r in self._recent if now_s - t < self.down_stabilisation_s] + [(now_s, rec)]
         if rec > current:
+            if now_s - self._last_up < self.up_period_s:
+                return current
+            self._last_up = now_s
             return min(rec, max(2 * current, current + 4))
         return min(current, max(r for _, r in self._recent))
 
@@ -83,19 +90,20 @@ class KedaPolicy:
 
     start: int
     target_per_replica: float = 10.0
-    metric: str = "waiting"  # "waiting": vllm:num_requests_waiting; "in_flight": + vllm:num_requests_running
+    metric: str = "waiting"  # "waiting": vllm:num_requests_waiting; "in_flight": + vllm:num_requests_running; "rate": req/s served
     rule: HpaRule = field(default_factory=HpaRule)
     interval_s: float = 15.0
 
     @property
     def name(self) -> str:
-        return f"keda-{self.metric}-{self.target_per_replica:g}"
+        window = f"-down{self.rule.down_stabilisation_s:g}" if self.metric == "rate" else ""  # the rate grid sweeps it too
+        return f"keda-{self.metric}-{self.target_per_replica:.3g}{window}"
 
     def initial(self) -> int:
         return self.start
 
     def desired(self, now_s: float, current: int, ready: int, signals: Signals) -> int:
-        total = signals.queue_waiting
+        total = signals.request_rate if self.metric == "rate" else signals.queue_waiting
         if total is not None and self.metric == "in_flight":
             total += signals.running or 0.0
         if total is None:

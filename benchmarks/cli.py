@@ -17,7 +17,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _scaling(args: argparse.Namespace) -> int:
-    from benchmarks import scaling
+    from benchmarks import scaling, yardstick
     from infra.fleetmodel.fleet import FleetConfig
 
     from infra.fleetmodel.coldstart import load_cold_start
@@ -37,6 +37,8 @@ def _scaling(args: argparse.Namespace) -> int:
         print(scaling.markdown_table(report.table, scaling.COLUMNS))
         print("\nAt equal SLO minutes (histogram_quantile), interpolated on each baseline's curve:")
         print(scaling.markdown_table(report.comparison, scaling.COMPARE_COLUMNS))
+    print(f"\n## Summary: each family's cheapest policy at {yardstick.SUMMARY_SLO:g} % SLO minutes (CSV: *-results.csv under --out)")
+    print(scaling.markdown_table(yardstick.summary(scaling.contract(reports)), yardstick.SUMMARY_COLUMNS))
     return 0
 
 

@@ -8,6 +8,8 @@ one the sandbox also runs) over the same arrivals and request sizes from a real 
 - hpa-gpu-util-T: Kubernetes HPA on ``DCGM_FI_DEV_GPU_UTIL``, swept over the target T;
 - keda-waiting-T / keda-in_flight-T: KEDA's Prometheus scaler on ``vllm:num_requests_waiting``
   (and on waiting + running), swept over the per-replica target T;
+- keda-rate-T-downW: KEDA on the served request rate per replica (``KEDA_RATE_SHARES`` of the
+  load-tested capacity), scale-down window W longer than the cold start, 30 s polling;
 - tideplane's ablation (``ABLATION``), each lever added to the one before:
   tideplane-reactive: ``workflows.scaling.decide`` alone, exactly as ReactiveScaling calls it (SLO
   sizing); tideplane-forecast: plus the loop's forecast floor (``workflows.scaling.forecast`` over
@@ -21,8 +23,9 @@ figures; 524 s on a fresh node, which every baseline pays); a warm-pool node ski
 some. The warm pool's cost is in tideplane's GPU-hours: stopped nodes' disks at the GPU-hour price,
 and the instances launched into the pool, running while they initialise.
 
-Tideplane's SLO model gets the engine's figures as policy parameters: a replica's saturation
-throughput at the trace's typical request sizes and its unloaded TTFT.
+Tideplane's SLO model gets the engine's figures as policy parameters: a replica's capacity from a
+load test of the engine model on the tuning data's request sizes (``benchmarks.loadtest``: m-large
+week 1, never the scored trace; one figure for every trace of a run) and its unloaded TTFT.
 
 Each curve is interpolated at tideplane's SLO minutes (histogram_quantile p99, as Prometheus
 shows them); several arrival seeds give the spread. Tideplane's ``ScalingPolicy`` overrides are
@@ -42,7 +45,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
-from benchmarks import traces
+from benchmarks import traces, yardstick
+from benchmarks.loadtest import ReplicaFigures, load_test_capacity, pooled_sizes
 from benchmarks.baselines import HpaPolicy, HpaRule, KedaPolicy, OraclePolicy, StaticPolicy
 from benchmarks.nodes import NodeLayer
 from infra.fleetmodel.coldstart import ColdStart, Levers, load_cold_start
@@ -62,6 +66,11 @@ WEEK = 7 * 86400
 HPA_TARGETS = (50.0, 80.0, 85.0, 88.0, 90.0, 92.0, 95.0)
 KEDA_WAITING = (1.0, 20.0)  # waiting requests per replica
 KEDA_IN_FLIGHT = (4.0, 8.0, 16.0, 64.0)  # waiting + running requests per replica
+# KEDA on the served request rate per replica, as vLLM's production-stack and llm-d configure it:
+# targets as shares of the load-tested capacity, scale-down windows longer than the 524 s cold start,
+# up by 100 % or 4 pods per 15 s, KEDA's 30 s polling (pre-registered: fixed before any run was seen)
+KEDA_RATE_SHARES = (0.5, 0.7, 0.85)
+KEDA_RATE_DOWN_WINDOWS_S = (600.0, 1800.0)
 STATIC_QUANTILES = (0.5, 0.8, 0.95, 0.98, 0.99, 0.995, 1.0)  # of the oracle's per-interval need
 # Tideplane's ablation, each lever added to the one before: (name, forecast, levers of its warm-pool nodes)
 ABLATION: tuple[tuple[str, bool, Levers | None], ...] = (
@@ -307,16 +316,15 @@ class Floors:
     t0: datetime = T0
 
 
-def suite(work: Workload, cfg: FleetConfig, overrides: dict | None, families: tuple[str, ...] | None = None, floors: Floors = Floors(),
-          variants: tuple[str, ...] | None = None, jobs: int = 1) -> list[Result]:
+def suite(work: Workload, cfg: FleetConfig, overrides: dict | None, replica: ReplicaFigures, families: tuple[str, ...] | None = None,
+          floors: Floors = Floors(), variants: tuple[str, ...] | None = None, jobs: int = 1) -> list[Result]:
     """Every policy once over ``work``: oracle, the curves, tideplane's ablation (``variants``: only those);
-    ``jobs`` processes run them side by side."""
+    ``replica``: what the policies know of a replica (``tuning_replica``); ``jobs`` processes run them side by side."""
     probe = Aggregate(work.counts, cfg.step_s, work.sizes, cfg.load())
     capacity = lambda t: probe.window(t).capacity_rps  # noqa: E731
     oracle = OraclePolicy(work.counts, capacity, interval_s=cfg.scrape_s)
     needs = [oracle.need(t) for t in range(0, len(work.counts), round(cfg.scrape_s))]
     start, cap = needs[0], max(4, math.ceil(1.5 * max(needs)))
-    typical = statistics.median(capacity(t) for t in range(0, len(work.counts), 3600))
     want = lambda family: families is None or family in families  # noqa: E731
     policies: list = []
     if want("oracle"):
@@ -329,9 +337,11 @@ def suite(work: Workload, cfg: FleetConfig, overrides: dict | None, families: tu
     if want("keda"):
         policies += [KedaPolicy(start, t, "waiting", HpaRule(max_replicas=cap)) for t in KEDA_WAITING]
         policies += [KedaPolicy(start, t, "in_flight", HpaRule(max_replicas=cap)) for t in KEDA_IN_FLIGHT]
+        policies += [KedaPolicy(start, share * replica.capacity_rps, "rate", HpaRule(max_replicas=cap, down_stabilisation_s=window, up_period_s=15.0),
+                                interval_s=30.0) for share in KEDA_RATE_SHARES for window in KEDA_RATE_DOWN_WINDOWS_S]
     if want("tideplane"):
         # ScalingPolicy bounds max_replicas (workflows.core.bounds): m-mid's 1.5 x peak need exceeds it
-        policy = tideplane_policy(typical, min(cap, MAX_REPLICAS), overrides, unloaded_ttft(probe, cfg.load()))
+        policy = tideplane_policy(replica.capacity_rps, min(cap, MAX_REPLICAS), overrides, replica.unloaded_ttft_s)
         cold = load_cold_start()
         for name, forecasting, levers in ABLATION:
             if variants is not None and name not in variants:
@@ -510,7 +520,7 @@ def plot(runs: list[list[Result]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 6.5))
-    colours = {"static": "tab:gray", "hpa": "tab:blue", "keda-waiting": "tab:green", "keda-in_flight": "tab:olive", "tideplane": "tab:red", "oracle": "black"}
+    colours = {"static": "tab:gray", "hpa": "tab:blue", "keda-waiting": "tab:green", "keda-in_flight": "tab:olive", "keda-rate": "tab:purple", "tideplane": "tab:red", "oracle": "black"}
     for k, seed_runs in enumerate(runs):
         for fam, colour in colours.items():
             members = sorted((r for r in seed_runs if family(r.policy) == fam), key=lambda r: r.gpu_hours)
@@ -536,12 +546,23 @@ def plot(runs: list[list[Result]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def tune(trace: Path, cfg: FleetConfig, seed: int, category: str, clients: int | None, jobs: int = 1) -> tuple[dict, list[dict]]:
+def tuning_replica(trace: Path, cfg: FleetConfig, clients: int | None) -> ReplicaFigures:
+    """A replica's capacity (load-tested) and unloaded TTFT on the request sizes of the tuning data
+    (m-large week 1 of the ServeGen archive: ``trace`` where it is one, the default archive otherwise)."""
+    archive = trace if trace.name.endswith(".tar.gz") else traces.SERVEGEN
+    _, sizes = _servegen("m-large", clients, archive, archive.with_name(traces.SERVEGEN_DATASETS.name))
+    week = pooled_sizes(sizes, 0, WEEK)
+    engine = cfg.load()
+    return ReplicaFigures(load_test_capacity(cfg, week), unloaded_ttft(Aggregate([0.0], cfg.step_s, week, engine), engine), "m-large week 1")
+
+
+def tune(trace: Path, cfg: FleetConfig, seed: int, category: str, clients: int | None, replica: ReplicaFigures,
+         jobs: int = 1) -> tuple[dict, list[dict]]:
     """Tideplane's overrides chosen on the first week: the cheapest reaching ``TUNING_GOAL`` SLO minutes
     (or the most any reaches); ``jobs`` processes try them side by side."""
     week = load_workload(trace, seed, category, clients).slice(0, WEEK, "week 1")
     tried = []
-    runs = in_parallel(lambda o: suite(week, cfg, o, families=("tideplane",), variants=("tideplane",))[0], list(TUNING_GRID), jobs)
+    runs = in_parallel(lambda o: suite(week, cfg, o, replica, families=("tideplane",), variants=("tideplane",))[0], list(TUNING_GRID), jobs)
     for overrides, full in zip(TUNING_GRID, runs):
         tried.append({"overrides": overrides, "gpu_hours": round(full.gpu_hours), "slo_minutes_hist": round(full.slo_minutes_percent, 2)})
     best_slo = max(t["slo_minutes_hist"] for t in tried)
@@ -554,6 +575,7 @@ class Report:
     label: str
     in_sample: bool
     runs: list[list[Result]]  # per seed, per policy
+    seeds: list[int] = field(default_factory=list)  # the arrival seed of each of ``runs``
 
     @property
     def table(self) -> list[dict]:
@@ -584,12 +606,14 @@ def run(
     """The benchmark on one trace. ServeGen m-large is split into week 1 (where tideplane is tuned:
     in-sample) and week 2 (out-of-sample); other traces run whole with the overrides tuned there.
     ``jobs``: processes that run the policies side by side (the figures do not depend on it)."""
-    is_tuning_trace = trace.name.endswith(".tar.gz") and category == "m-large" and days is None
+    holds_tuning_data = trace.name.endswith(".tar.gz") and category == "m-large"
+    is_tuning_trace = holds_tuning_data and days is None
     tuning: list[dict] = []
+    replica = tuning_replica(trace, cfg, clients if category == "m-large" else None)
     if overrides is None and tuned:
         saved = (out_dir or Path(".")) / TUNED_FILE
         if is_tuning_trace:
-            overrides, tuning = tune(trace, cfg, seeds[0], category, clients, jobs)
+            overrides, tuning = tune(trace, cfg, seeds[0], category, clients, replica, jobs)
             if out_dir is not None:
                 out_dir.mkdir(parents=True, exist_ok=True)
                 saved.write_text(json.dumps({"overrides": overrides, "tried_on_week_1_seed": seeds[0], "tried": tuning}, indent=1) + "\n")
@@ -601,22 +625,39 @@ def run(
         work = load_workload(trace, seed, category, clients)
         if days:
             work = work.slice(0, round(days * 86400), f"first {days:g} days")
-        runs = suite(work, cfg, overrides, floors=floors, jobs=jobs)
+        runs = suite(work, cfg, overrides, replica, floors=floors, jobs=jobs)
         # the tuning trace is scored per week (the policies run all 14 days: week 2 starts warm, with history)
         week_h = WEEK // 3600
-        parts = [("week 1", True, 0, week_h), ("week 2", False, week_h, 2 * week_h)] if is_tuning_trace else [("", False, 0, None)]
+        # a --days slice of m-large starts in week 1: it holds tuning data, so it is never held out
+        parts = [("week 1", True, 0, week_h), ("week 2", False, week_h, 2 * week_h)] if is_tuning_trace else [("", holds_tuning_data, 0, None)]
         for label, in_sample, start_h, end_h in parts:
             name = f"{work.name} {label}".strip()
             report = reports.setdefault(name, Report(name, in_sample, []))
+            report.seeds.append(seed)
             report.runs.append([r.hours(start_h, end_h if end_h is not None else len(r.hour_buckets)) for r in runs])
     out = list(reports.values())
     if out_dir is not None:
-        write(out, out_dir, cfg, trace, seeds, overrides, tuning)
+        write(out, out_dir, cfg, trace, seeds, overrides, tuning, work.name, replica)
     return out
 
 
-def write(reports: list[Report], out_dir: Path, cfg: FleetConfig, trace: Path, seeds, overrides, tuning) -> None:
+WARM_POOL_POLICIES = {name for name, _, levers in ABLATION if levers is not None and levers.warm_pool}
+
+
+def contract(reports: list[Report]) -> list[dict]:
+    """The rows of the output contract (``benchmarks.yardstick``) of one run's reports."""
+    return yardstick.contract_rows([(r.label, r.in_sample, r.seeds, r.runs) for r in reports], WARM_POOL_POLICIES)
+
+
+def write(reports: list[Report], out_dir: Path, cfg: FleetConfig, trace: Path, seeds, overrides, tuning, name: str, replica: ReplicaFigures) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
+    contract_stem = out_dir / ("scaling-" + name.replace("/", "-").replace(" ", "-"))
+    table = contract(reports)
+    write_csv(contract_stem.with_name(contract_stem.name + "-results.csv"), table, yardstick.CONTRACT_COLUMNS)
+    contract_stem.with_name(contract_stem.name + "-summary.md").write_text(
+        f"Cheapest policy of each family at {yardstick.SUMMARY_SLO:g} % SLO minutes (mean over seeds {list(seeds)}); "
+        f"tuning: tideplane was tuned there; replica capacity {replica.capacity_rps:.2f} req/s, load-tested on {replica.sizes_from}'s request sizes\n\n" + markdown_table(yardstick.summary(table), yardstick.SUMMARY_COLUMNS) + "\n")
+    yardstick.plot(table, contract_stem.with_name(contract_stem.name + "-results.png"))
     for report in reports:
         stem = "scaling-" + report.label.replace("/", "-").replace(" ", "-")
         write_csv(out_dir / f"{stem}.csv", report.table, COLUMNS)
@@ -624,6 +665,7 @@ def write(reports: list[Report], out_dir: Path, cfg: FleetConfig, trace: Path, s
         (out_dir / f"{stem}.md").write_text(
             f"Trace: {report.label} ({trace.name}), {sample}; seeds {list(seeds)} (mean (min–max))\n"
             f"Fleet: {json.dumps(cfg.__dict__)}; engine {cfg.load().name}\n"
+            f"Replica capacity (load test on {replica.sizes_from}'s request sizes, p99 TTFT within the SLO): {replica.capacity_rps:.2f} req/s; unloaded TTFT {replica.unloaded_ttft_s:.3f} s\n"
             f"Tideplane overrides: {json.dumps(overrides or {})}\n\n"
             + "Ablation: each of tideplane's levers added to the ones above (GPU-hours include the warm pool's disks and launches):\n\n"
             + markdown_table(report.ablation, ABLATION_COLUMNS) + "\n\n"

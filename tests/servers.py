@@ -1,13 +1,15 @@
-"""Real servers tests start on free loopback ports: moto (S3, SQS, EC2, Auto Scaling) and
-Temporal's time-skipping test server. Each tier's conftest registers the fixtures it uses."""
+"""Real servers tests start on free loopback ports: moto (S3, SQS, EC2, Auto Scaling),
+Temporal's time-skipping test server and an engine's Prometheus exposition. Each tier's conftest registers the fixtures it uses."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,23 @@ async def time_skipping(runtime: Runtime | None = None) -> AsyncIterator[Workflo
         yield env
     finally:
         await env.shutdown()
+
+
+def serve_exposition(text: str, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """An engine's ``/metrics``: ``text`` as Prometheus' text format on ``host:port`` (a free port
+    by default), served from a daemon thread until ``shutdown()``."""
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer((host, port), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

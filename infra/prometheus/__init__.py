@@ -52,38 +52,44 @@ def serve_registry(registry: CollectorRegistry) -> Iterator[str]:
 
 
 @contextmanager
+def prometheus_process(work: Path, config: dict) -> Iterator[str]:
+    """The real Prometheus on a free port with ``config`` (prometheus.yml as a mapping, written to
+    ``work``); yields its URL once it listens, and stops it after."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    with open(work / "prometheus.log", "wb") as log:
+        proc = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for_port(port)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+@contextmanager
 def running_prometheus(work: Path, targets: dict[str, str], rule_files=(), interval: str = "1s") -> Iterator[str]:
     """The real Prometheus on a free port scraping ``job -> host:port`` every ``interval``.
 
     Yields its URL once every target has been scraped once.
     """
-    work.mkdir(parents=True, exist_ok=True)
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [str(f) for f in rule_files],
         "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]} for job, target in targets.items()],
     }
-    (work / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = open(work / "prometheus.log", "wb")
-    proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_port(port)
+    with prometheus_process(work, config) as url:
         # Target discovery is throttled to 5 s: the first scrape comes seconds after /-/ready.
         deadline = time.monotonic() + 30
         while len(_result(url, "up")) < len(targets):
             assert time.monotonic() < deadline, f"Prometheus never scraped every target; see {work / 'prometheus.log'}"
             time.sleep(0.2)
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
 
 
 def _result(url: str, promql: str) -> list:

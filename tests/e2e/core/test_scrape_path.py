@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import yaml
 
 from infra.k8s.monitoring import render
-from infra.prometheus import PROMETHEUS, RULE_FILES
-from infra.sandbox.ports import free_port, wait_for_port
+from infra.prometheus import RULE_FILES, prometheus_process
+from tests.servers import serve_exposition
 from workflows.core.engine_metrics import SCRAPE_LABELS
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,24 +24,6 @@ PROMTOOL = "/usr/bin/promtool"
 
 def _load(path: str):
     return yaml.safe_load((ROOT / path).read_text())
-
-
-def _serve(text: str):
-    class Metrics(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = text.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 def _pod_meta(address: str, namespace: str, pod: str, node: str, port: str, labels: dict[str, str], phase: str = "Running") -> dict:
@@ -62,8 +42,8 @@ def test_the_shipped_relabelling_makes_the_query_labels_on_vllms_own_samples(tmp
     model_name and engine only): the samples get namespace, pod, deployment, version and node.
     Debian's Prometheus is built without kubernetes_sd_configs (promtool: "field
     kubernetes_sd_configs not found"), so discovery here is a file with the same target groups."""
-    serving = _serve(FIXTURE.read_text())
-    other = _serve("up_like 1\n")
+    serving = serve_exposition(FIXTURE.read_text())
+    other = serve_exposition("up_like 1\n")
     address = lambda server: f"127.0.0.1:{server.server_address[1]}"  # noqa: E731
     pod_labels = {"app.kubernetes.io/managed-by": "tideplane", "app.kubernetes.io/name": "chat",
                   "app.kubernetes.io/version": "1.3.0", "tideplane.io/model": "llama"}
@@ -78,16 +58,10 @@ def test_the_shipped_relabelling_makes_the_query_labels_on_vllms_own_samples(tmp
         assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
         job["file_sd_configs"] = [{"files": [str(tmp_path / "pods.json")]}]
     config = {"global": {"scrape_interval": "1s"}, "scrape_configs": jobs, "rule_files": [str(p) for p in RULE_FILES]}
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    check = subprocess.run([PROMTOOL, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
-    port = free_port()
-    with open(tmp_path / "prometheus.log", "wb") as log:
-        proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_for_port(port)
+    try:
+        with prometheus_process(tmp_path, config) as url:
+            check = subprocess.run([PROMTOOL, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True)
+            assert check.returncode == 0, check.stdout + check.stderr
             deadline = time.monotonic() + 30
             while True:
                 try:
@@ -98,11 +72,9 @@ def test_the_shipped_relabelling_makes_the_query_labels_on_vllms_own_samples(tmp
                     break
                 time.sleep(0.3)
             targets = httpx.get(f"{url}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
-        finally:
-            proc.terminate()
-            proc.wait(10)
-            serving.shutdown()
-            other.shutdown()
+    finally:
+        serving.shutdown()
+        other.shutdown()
     [target] = [t for t in targets if t["scrapePool"] == render.SERVING_JOB]  # not the unlabelled pod, not the Pending one
     assert {k: target["labels"][k] for k in SCRAPE_LABELS} == {
         "namespace": "llm-serving", "pod": "chat-v1-3-0-abc", "deployment": "chat", "version": "1.3.0", "node": "gpu-node-1"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import math
@@ -10,7 +11,7 @@ from datetime import datetime
 import boto3
 import pytest
 
-from benchmarks import scaling, spot, node_cache as staging, traces
+from benchmarks import scaling, spot, node_cache as staging, traces, yardstick
 from benchmarks.baselines import HpaPolicy, HpaRule, KedaPolicy, OraclePolicy, StaticPolicy
 from benchmarks.scaling import TideplanePolicy
 from tests.public_traces import need
@@ -95,6 +96,16 @@ def test_keda_rule_sizes_on_the_total_per_replica():
     assert in_flight.desired(30, 5, 5, Signals(error="prometheus down")) == 5
 
 
+def test_keda_on_request_rate_scales_up_once_per_period_and_down_after_its_window():
+    rate = KedaPolicy(start=2, target_per_replica=20, metric="rate", rule=HpaRule(down_stabilisation_s=900, up_period_s=60), interval_s=30)
+    assert rate.name == "keda-rate-20-down900"
+    assert rate.desired(0, 2, 2, Signals(request_rate=200)) == 6  # ceil(200 / 20) = 10, +4 pods at most
+    assert rate.desired(30, 6, 6, Signals(request_rate=200)) == 6  # the next step waits for the 60 s period
+    assert rate.desired(60, 6, 6, Signals(request_rate=200)) == 10
+    assert rate.desired(600, 10, 10, Signals(request_rate=20)) == 10  # 10 recommended within the 900 s window
+    assert rate.desired(961, 10, 10, Signals(request_rate=20)) == 1
+
+
 def test_oracle_sizes_each_interval_for_its_busiest_second():
     counts = [10.0] * 15 + [95.0] + [10.0] * 14
     oracle = OraclePolicy(counts, lambda t: 20.0)
@@ -142,12 +153,19 @@ def test_scaling_bench_on_a_day_of_servegen(tmp_path):
     (report,) = scaling.run(traces.SERVEGEN, tmp_path, CFG, seeds=(0,), clients=12, days=0.5, tuned=False)
     (runs,) = report.runs
     by = {r.policy: r for r in runs}
-    assert {scaling.family(n) for n in by} == {"oracle", "static", "hpa", "keda-waiting", "keda-in_flight", "tideplane"}
+    assert {scaling.family(n) for n in by} == {"oracle", "static", "hpa", "keda-waiting", "keda-in_flight", "keda-rate", "tideplane"}
     oracle = by["oracle"]
     assert oracle.slo_minutes_percent >= 99.0
     within = [r for r in runs if r.slo_minutes_percent >= oracle.slo_minutes_percent]
     assert min(within, key=lambda r: r.gpu_hours) is oracle
     assert {p.suffix for p in tmp_path.iterdir()} == {".csv", ".md", ".png"}
+    (results,) = tmp_path.glob("*-results.csv")
+    with results.open() as f:
+        contract = list(csv.DictReader(f))
+    assert list(contract[0]) == yardstick.CONTRACT_COLUMNS
+    assert {(r["policy"], r["seed"], r["split"]) for r in contract} == {(name, "0", "tuning") for name in by}  # half a day of week 1
+    assert {r["family"] for r in contract} == {"ideal", "static", "hpa-gpu-util", "keda-waiting", "keda-in_flight", "keda-rate", "tideplane"}
+    assert {r["policy"] for r in contract if r["warm_pool"] == "yes"} == scaling.WARM_POOL_POLICIES
 
 
 def _scenario(*availability: list[bool], spot_prices=(10.0, 20.0), launched=None) -> spot.Scenario:
