@@ -839,7 +839,7 @@ async def test_a_rollout_that_does_not_promote_fails_and_its_result_stays_querya
         else:
             assert error.message == f"abort at {QUERY_GATES}"
         await Replayer(workflows=[ModelRollout], data_converter=pydantic_data_converter).replay_workflow(await handle.fetch_history())
-    await retired(fleet, inp.deployment)
+        await retired(fleet, inp.deployment)  # the canary's delayed scale-down needs this worker to end
 
 
 async def test_cancellation_rolls_back_like_abort(client):
@@ -1198,7 +1198,7 @@ async def test_a_rolled_back_rollout_tells_why_and_replays_the_same_after_it_clo
         result = await handle.query(ModelRollout.result)
         assert (await handle.query(ModelRollout.status)).stage is Stage.ROLLED_BACK
         await Replayer(workflows=[ModelRollout], data_converter=pydantic_data_converter).replay_workflow(await handle.fetch_history())
-    await retired(fleet, inp.deployment)
+        await retired(fleet, inp.deployment)  # the canary's delayed scale-down needs this worker to end
     assert _kinds(fleet) == [(1, NoticeKind.ROLLED_BACK)]
     (notice,) = fleet.notices
     assert notice.message == result.reason and canary.ERROR_RATE in notice.message
