@@ -437,7 +437,8 @@ def test_each_pause_rollback_and_promotion_is_told_by_webhook_and_event(good_and
     assert got.messages[-1]["message"] == seen.result.reason
     assert sorted(e.reason for e in got.events) == sorted(reasons)
     assert {e.metadata.name for e in got.events} == {m["key"] for m in got.messages}, "one Event per message"
-    events_section = got.described.split("Events:", 1)[-1]
+    assert "Events:" in got.described, got.described
+    events_section = got.described.split("Events:", 1)[1]
     assert all(reason in events_section for reason in reasons), got.described
 
 
