@@ -131,6 +131,13 @@ class Settings(BaseSettings):
     # "{namespace}" and "{name}" are the HTTPRoute's; unset, a rollout asking for shadow fails.
     shadow_pairs_url: str | None = Field(None, validation_alias=_env("SHADOW_PAIRS_URL"))
 
+    # Notifications of a rollout's pause, resume, rollback, abort and promotion (docs/rollout.md): a
+    # Kubernetes Event always; set, a JSON POST to this webhook too, generic or Slack-compatible,
+    # with a link to the run in the Temporal web UI at web_ui_url (unset: no link).
+    notify_webhook_url: str | None = Field(None, pattern=r"^https?://", validation_alias=_env("NOTIFY_WEBHOOK_URL"))
+    notify_webhook_format: Literal["generic", "slack"] = Field("generic", validation_alias=_env("NOTIFY_WEBHOOK_FORMAT"))
+    web_ui_url: str | None = Field(None, pattern=r"^https?://", validation_alias=_env("WEB_UI_URL"))
+
     # The worker's own /metrics port (0 disables it) and the address it binds: every interface by
     # default, so Prometheus reaches the pod; the sandbox binds 127.0.0.1.
     metrics_port: int = Field(9464, ge=0, le=65535, validation_alias=_env("METRICS_PORT"))

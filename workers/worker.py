@@ -38,6 +38,7 @@ from activities.quotas.quota_activities import QuotaActivities
 from activities.registry.registry_activities import RegistryActivities
 from activities.rollout.batching_activities import BatchingActivities
 from activities.rollout.canary_fleet import CanaryFleetActivities
+from activities.rollout.notify_activities import NotifyActivities
 from activities.rollout.retire_scheduling import RetireScheduling
 from activities.rollout.rollout_activities import RolloutActivities
 from activities.rollout.serving_pods import ServingPods
@@ -127,6 +128,10 @@ def build_activities(config: Settings, signals: WorkflowSignals | None = None) -
         *activity_methods(rollout, rollout_contract.RolloutActivities),
         *activity_methods(RetireScheduling(), rollout_contract.RetireScheduling),
         *activity_methods(CanaryFleetActivities(kube, prometheus), rollout_contract.CanaryFleetActivities),
+        *activity_methods(
+            NotifyActivities(kube, config.notify_webhook_url, config.notify_webhook_format, config.web_ui_url),
+            rollout_contract.NotifyActivities,
+        ),
         *activity_methods(BatchingActivities(kube, prometheus, VllmClient(api_key=api_key), config.service_url_template), rollout_contract.BatchingActivities),
         *activity_methods(registry, registry_contract.RegistryActivities),
         *activity_methods(

@@ -1,6 +1,6 @@
 """Start, stop and inspect the local sandbox: Temporal, moto, the Kubernetes API emulator, the
-cloud (node provisioner), the fleet simulator and Prometheus, all as background processes on
-127.0.0.1.
+cloud (node provisioner), the fleet simulator, Prometheus and the webhook receiver, all as
+background processes on 127.0.0.1.
 
 Everything ``up`` starts is recorded in ``<state dir>/pids.json`` (pid, process start time,
 own process group), so ``down`` stops exactly those processes — never anything that merely reuses
@@ -67,6 +67,7 @@ class Ports(BaseSettings):
     kubeapi_port: int = 16443
     fleet_port: int = 18000
     prometheus_port: int = 19090
+    webhook_port: int = 18090
     worker_metrics_port: int = 9464
 
     @classmethod
@@ -187,6 +188,7 @@ class Sandbox:
             "prometheus": f"http://127.0.0.1:{p.prometheus_port}",
             "nodes": f"http://127.0.0.1:{p.moto_port} (Auto Scaling groups)",
             "worker": f"http://127.0.0.1:{p.worker_metrics_port}/metrics",
+            "webhook": f"http://127.0.0.1:{p.webhook_port}",
         }
 
     def env(self) -> dict[str, str]:
@@ -208,6 +210,9 @@ class Sandbox:
             "TIDEPLANE_SERVICE_URL_TEMPLATE": service_urls,
             "TIDEPLANE_POD_URL_TEMPLATE": u["fleet"] + "/pods/{namespace}/{pod}",
             "TIDEPLANE_SHADOW_PAIRS_URL": u["fleet"] + "/mirror/{namespace}/{name}",
+            # the worker's notifications go to the receiver (GET /messages lists them), linking the web UI
+            "TIDEPLANE_NOTIFY_WEBHOOK_URL": u["webhook"] + "/notify",
+            "TIDEPLANE_WEB_UI_URL": u["temporal-ui"],
             "TIDEPLANE_MODEL_CACHE_DIR": str(self.state_dir / "model-cache"),
             "TIDEPLANE_WEIGHTS_BUCKET": WEIGHTS_BUCKET,
             "TIDEPLANE_SPOT_QUEUE_URL": spot_queue,
@@ -242,6 +247,7 @@ class Sandbox:
                 ],
                 p.prometheus_port,
             ),
+            Component("webhook", [py, "-m", "infra.sandbox.webhook_receiver", "--port", str(p.webhook_port)], p.webhook_port),
             Component(
                 "nodes",
                 [py, "-m", "infra.sandbox.nodes", "--kube-url", u["kubeapi"], "--aws-endpoint-url", u["moto"], "--config", str(self.config_path.resolve()), "--time-scale", str(time_scale), "--node-cache-root", str(self.node_cache_root)],
@@ -285,7 +291,7 @@ class Sandbox:
 
         deadline = time.monotonic() + timeout
         try:
-            spawn("moto", "kubeapi", "fleet", "prometheus")
+            spawn("moto", "kubeapi", "fleet", "prometheus", "webhook")
             self._wait(components, "moto", deadline)
             self._seed_aws()
             self._wait(components, "kubeapi", deadline)
@@ -293,6 +299,7 @@ class Sandbox:
             spawn("nodes")
             self._wait(components, "fleet", deadline)
             self._wait(components, "prometheus", deadline)
+            self._wait(components, "webhook", deadline)
             # Temporal last: its internal services take random free ports, which must not be ours.
             spawn("temporal")
             self._wait_nodes(sum(p.count for p in config.node_pools), deadline)

@@ -25,7 +25,6 @@ from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 from pathlib import Path
-from urllib.parse import quote
 
 from pydantic import BaseModel, ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
@@ -35,7 +34,7 @@ from workers.cli.progress import progress_text
 from workers.cli.errors import CliError, out_format, print_data, read_spec
 from workers.client import connect
 from workers.config import Settings
-from workflows.core.naming import TASK_QUEUE, rollout_workflow_id
+from workflows.core.naming import TASK_QUEUE, rollout_workflow_id, workflow_link
 from workflows.core.transfer import DownloadProgress, rate
 from workflows.rollout.contract import STAGE_WEIGHTS
 from workflows.rollout.types import AbortInput, PauseInput, PromoteInput, RolloutInput, RolloutResult, RolloutStatus, Stage
@@ -214,10 +213,6 @@ async def watch(
 
 
 # ---- commands --------------------------------------------------------------------------------
-
-
-def workflow_link(ui: str, namespace: str, workflow_id: str) -> str:
-    return f"{ui.rstrip('/')}/namespaces/{namespace}/workflows/{quote(workflow_id, safe='')}"
 
 
 def _config(args, config: Settings) -> Settings:

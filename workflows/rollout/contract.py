@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from enum import Enum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,6 +38,8 @@ READ_CANARY_FLEET = "read_canary_fleet"
 
 # The signal stage_weights sends its own rollout with a DownloadProgress (workflows/core/transfer.py).
 STAGING_PROGRESS = "staging_progress"
+
+NOTIFY = "notify"
 
 SCHEDULE_RETIRE = "schedule_retire"
 CANCEL_RETIRE = "cancel_retire"
@@ -345,6 +348,42 @@ class CanaryFleetActivities:
     def read_canary_fleet(self, req: CanaryFleetInput) -> CanaryFleet:
         """Ready and crashed (OOMKilled, CrashLoopBackOff) pods of both versions from the Kubernetes API,
         their request rates and the gateway's no-healthy-upstream count from Prometheus."""
+        raise NotImplementedError
+
+
+class NoticeKind(str, Enum):
+    """What happened to the rollout that people are told about."""
+
+    PAUSED = "paused"
+    RESUMED = "resumed"
+    ROLLED_BACK = "rolled_back"
+    ABORTED = "aborted"
+    PROMOTED = "promoted"
+
+
+class NoticeInput(BaseModel):
+    """One notice of one run: ``seq`` numbers the run's notices, so (run_id, seq) is its key and a
+    retried delivery writes the same Kubernetes Event instead of a second one."""
+
+    deployment: DeploymentRef
+    version: str = Field(min_length=1, description="the version this run rolls out (its Deployment is the Event's object)")
+    kind: NoticeKind
+    message: str = Field(description="why: the pause reason, the verdict, the promotion")
+    weight: int = Field(ge=0, le=100, description="the new version's route weight when it happened")
+    workflow_id: str = Field(min_length=1)
+    run_id: str = Field(min_length=1)
+    namespace: str = Field(min_length=1, description="the Temporal namespace, for the web UI link")
+    seq: int = Field(ge=1)
+
+
+class NotifyActivities:
+    """How ModelRollout tells people (implemented in activities/rollout/notify_activities.py): a
+    Kubernetes Event on the version's Deployment and the optional webhook. Best effort: the workflow
+    logs a failed delivery and goes on."""
+
+    @activity.defn(name=NOTIFY)
+    def notify(self, notice: NoticeInput) -> None:
+        """Write the notice's Event (an existing one counts as written), then post the webhook if one is set."""
         raise NotImplementedError
 
 

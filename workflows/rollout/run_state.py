@@ -56,6 +56,7 @@ class RunState:
     ended_in: str | None = None  # stage label where a rollback started
     timings: dict[str, float] = field(default_factory=dict)
     telemetry: list[asyncio.Future] = field(default_factory=list)  # metrics activities of runs recorded before the meter
+    notices: list[asyncio.Future] = field(default_factory=list)  # notice deliveries, drained before the run returns
     # what the operator asked (signals and the promote update)
     paused: bool = False
     pause_reason: str | None = None

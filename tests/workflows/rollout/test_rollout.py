@@ -57,6 +57,7 @@ from workflows.registry.contract import (
 from workflows.rollout.contract import (
     DESCRIBE_DEPLOYMENT,
     ENSURE_VERSION,
+    NOTIFY,
     QUERY_GATES,
     READ_CANARY_FLEET,
     SCALE_VERSION,
@@ -72,6 +73,7 @@ from workflows.rollout.contract import (
     EnsureVersionInput,
     GateQueriesInput,
     GateQueriesResult,
+    NoticeInput,
     ReadyResult,
     RouteWeightsInput,
     ScaleVersionInput,
@@ -152,6 +154,7 @@ class Fleet:
         warm_up_errors: int = 0,
         sweep: Callable[[BatchingSetting], SweepPoint] | None = None,
         canary_fleet: Callable[[CanaryFleetInput, int], CanaryFleet] | None = None,
+        notify_fails: bool = False,
     ) -> None:
         self.client = client
         self.workflow_id = ""
@@ -171,6 +174,8 @@ class Fleet:
         self.gate_queries: dict[int, int] = {}
         self.cancelled: list[str] = []
         self.events: list[tuple[str, Any]] = []
+        self.notify_fails = notify_fails  # every notice delivery fails, as an unreachable API server would
+        self.notices: list[NoticeInput] = []  # delivered (or attempted) notices, apart from the cluster calls
 
     @property
     def handle(self) -> WorkflowHandle:
@@ -216,6 +221,7 @@ class Fleet:
             self.sweep_batching,
             self.set_engine_args,
             self.read_canary_fleet,
+            self.notify,
         ]
 
     # bookkeeping (registry, metrics): recorded apart from the cluster calls
@@ -335,6 +341,11 @@ class Fleet:
         stable = next((n for v, n in self.replicas.items() if v != input.version), 0)
         return CanaryFleet(weight=input.weight, canary_wanted=input.canary_wanted, canary_ready=input.canary_wanted,
                            stable_ready=stable, canary_rps=10.0 * input.canary_wanted, stable_rps=10.0 * stable)
+    @activity.defn(name=NOTIFY)
+    async def notify(self, input: NoticeInput) -> None:
+        self.notices.append(input)
+        if self.notify_fails:
+            raise ApplicationError("events are forbidden")
 
     @activity.defn(name=QUERY_GATES)
     async def query_gates(self, input: GateQueriesInput) -> GateQueriesResult:
@@ -853,7 +864,7 @@ async def test_a_rollout_that_does_not_promote_fails_and_its_result_stays_querya
         else:
             assert error.message == f"abort at {QUERY_GATES}"
         await Replayer(workflows=[ModelRollout], data_converter=pydantic_data_converter).replay_workflow(await handle.fetch_history())
-    await retired(fleet, inp.deployment)
+        await retired(fleet, inp.deployment)  # the canary's delayed scale-down needs this worker to end
 
 
 async def test_cancellation_rolls_back_like_abort(client):
