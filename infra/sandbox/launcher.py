@@ -51,6 +51,7 @@ PROMTOOL = os.environ.get("TIDEPLANE_PROMTOOL_BIN", "/usr/bin/promtool")
 RULES_DIR = REPO / "infra" / "prometheus"
 WEIGHTS_BUCKET = "tideplane-models"
 SPOT_QUEUE = "tideplane-spot-events"
+SANDBOX_PAYLOAD_ENCRYPTION = "off"
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
@@ -216,6 +217,8 @@ class Sandbox:
             "TIDEPLANE_PID_FILE": str(self.worker_pid_file),
             "TIDEPLANE_SANDBOX_KUBEAPI_URL": u["kubeapi"],
             "TIDEPLANE_SANDBOX_FLEET_URL": u["fleet"],
+            # The sandbox's payloads are in clear, by this explicit opt-out (production requires a key).
+            "TIDEPLANE_PAYLOAD_ENCRYPTION": SANDBOX_PAYLOAD_ENCRYPTION,
         }
 
     # -- up
@@ -309,6 +312,7 @@ class Sandbox:
     def _setup_temporal(self) -> None:
         """Registers the search attributes as a user does: `tideplane setup temporal` (workers/cli/setup.py)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDEPLANE_TEMPORAL_", "TEMPORAL_"))}
+        env["TIDEPLANE_PAYLOAD_ENCRYPTION"] = SANDBOX_PAYLOAD_ENCRYPTION
         done = subprocess.run(
             [str(BIN / "tideplane"), "setup", "temporal", "--address", self.urls()["temporal"], "--namespace", "default"],
             env=env, capture_output=True, text=True, timeout=60,
