@@ -67,13 +67,15 @@ def data_converter(config: Settings) -> DataConverter:
     return dataclasses.replace(pydantic_data_converter, payload_codec=codec) if codec else pydantic_data_converter
 
 
-async def connect(config: Settings, runtime: Runtime | None = None) -> Client:
-    """A client for ``config``; pass the worker's ``runtime`` so SDK metrics are exported."""
+async def connect(config: Settings, runtime: Runtime | None = None, payloads: bool = True) -> Client:
+    """A client for ``config``; pass the worker's ``runtime`` so SDK metrics are exported.
+    ``payloads=False``: a client that only calls the operator service (it sends no payload, so it
+    needs no payload key)."""
     return await Client.connect(
         config.temporal_address,
         namespace=config.temporal_namespace,
         tls=tls_config(config),
         api_key=config.temporal_api_key.get_secret_value() if config.temporal_api_key else None,
-        data_converter=data_converter(config),
+        data_converter=data_converter(config) if payloads else pydantic_data_converter,
         runtime=runtime,
     )

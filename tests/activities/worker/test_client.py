@@ -122,7 +122,7 @@ def test_bad_payload_key_is_named_not_shown(monkeypatch, value, problem):
     assert value not in str(err.value)
 
 
-@pytest.mark.parametrize("command", [["worker"], ["setup", "temporal"]], ids=["worker", "cli"])
+@pytest.mark.parametrize("command", [["worker"], ["rollout", "status", "llm-serving/chat"]], ids=["worker", "cli"])
 def test_a_process_without_a_payload_key_refuses_to_start(command):
     """The codec is on by default: without a key and without TIDEPLANE_PAYLOAD_ENCRYPTION=off the
     worker and the CLI exit 2 before talking to Temporal, saying what to set."""
