@@ -149,6 +149,17 @@ async def shielded(cleanup: Coroutine[Any, Any, RolloutResult]) -> RolloutResult
         raise
 
 
+async def next_gate_interval(state: RunState, why: str) -> None:
+    """Wait one gate interval, or less when a human pauses, promotes or aborts, then act on what
+    they sent (``checkpoint``): the beat of every analysis loop."""
+    await wait_until(
+        lambda: state.paused or state.promote is not None or state.abort_reason is not None,
+        timedelta(seconds=state.input.gate_interval_seconds),
+        why,
+    )
+    await checkpoint(state)
+
+
 async def checkpoint(state: RunState) -> None:
     """Between actions: stop for an abort, wait out a pause (promote also ends a pause)."""
     if state.abort_reason is not None:

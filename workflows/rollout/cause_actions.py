@@ -15,15 +15,13 @@ A canary fleet that cannot be read leaves the verdict undiagnosed and judged as 
 
 from __future__ import annotations
 
-from datetime import timedelta
 from enum import Enum
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from workflows.core.failures import cause
-from workflows.core.waiting import wait_until
-from workflows.rollout.actions import GATES, RollBack, act, checkpoint, route, scale_canary, show
+from workflows.rollout.actions import GATES, RollBack, act, checkpoint, next_gate_interval, route, scale_canary, show
 from workflows.rollout.contract import CanaryFleetActivities, CanaryFleetInput
 from workflows.rollout.diagnosis import CanaryFleet, Cause, Diagnosis, diagnose
 from workflows.rollout.run_state import RunState
@@ -117,12 +115,7 @@ async def _hold_for_capacity(state: RunState, weight: int, record: VerdictRecord
         if live != state.weight:
             await route(state, {stable.version: 100 - live, inp.version: live}, f"re-plan: {live} % onto the live {inp.version} pods")
         show(state)
-        await wait_until(
-            lambda: state.paused or state.promote is not None or state.abort_reason is not None,
-            timedelta(seconds=inp.gate_interval_seconds),
-            f"wait for the canary's lost pods at {weight} %",
-        )
-        await checkpoint(state)
+        await next_gate_interval(state, f"wait for the canary's lost pods at {weight} %")
         if state.promote is not None:
             break
         if (workflow.now() - since).total_seconds() >= limit:

@@ -7,7 +7,6 @@ promoting blind), and an operator's promote ends the step early."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -15,9 +14,8 @@ from temporalio.exceptions import ActivityError
 from workflows.core.engine_metrics import metric_names
 from workflows.core.failures import cause
 from workflows.core.versions import Canary
-from workflows.core.waiting import wait_until
 from workflows.rollout import registry_records
-from workflows.rollout.actions import GATES, RollBack, act, checkpoint, read_live_total, record_verdict, route, scale_canary, show
+from workflows.rollout.actions import GATES, RollBack, act, checkpoint, next_gate_interval, read_live_total, record_verdict, route, scale_canary, show
 from workflows.rollout.contract import GateQueriesInput, RolloutActivities
 from workflows.rollout.patches import DIAGNOSIS_PATCH, LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH
 from workflows.rollout.gates import Decision, StepAnalysis, Verdict, evaluate, required_passes
@@ -53,12 +51,7 @@ async def observe(
     started = workflow.now()
     need = required_passes(window_seconds, inp.gate_interval_seconds)
     while True:
-        await wait_until(
-            lambda: state.paused or state.promote is not None or state.abort_reason is not None,
-            timedelta(seconds=inp.gate_interval_seconds),
-            f"next gate check at {weight} %",
-        )
-        await checkpoint(state)
+        await next_gate_interval(state, f"next gate check at {weight} %")
         if state.promote is not None:
             if not state.promote.full:
                 state.promote = None
