@@ -180,6 +180,10 @@ class Sandbox:
                     out.write(make())
         return path.read_text().strip()
 
+    def node_cache_secret(self) -> str:
+        """The node agents' chunk servers ask it (or a version's token derived from it), as the DaemonSet does."""
+        return self._secret("node-cache-token", lambda: secrets.token_urlsafe(32))
+
     def codec_secrets(self) -> dict[str, str]:
         """The payload key (base64 of 32 bytes, AES-256) and the codec server's bearer token."""
         return {
@@ -251,6 +255,7 @@ class Sandbox:
             "TIDEPLANE_SANDBOX_KUBEAPI_URL": u["kubeapi"],
             "TIDEPLANE_SANDBOX_FLEET_URL": u["fleet"],
             "TIDEPLANE_PAYLOAD_ENCRYPTION_KEY": self.codec_secrets()["TIDEPLANE_PAYLOAD_ENCRYPTION_KEY"],
+            "TIDEPLANE_NODE_CACHE_TOKEN": self.node_cache_secret(),  # the worker's staging pods get their version's token from it
             # the temporal CLI's own variables for --codec-endpoint and --codec-auth
             "TEMPORAL_CODEC_ENDPOINT": u["codec"],
             "TEMPORAL_CODEC_AUTH": f"Bearer {self.codec_secrets()['TIDEPLANE_CODEC_SERVER_TOKEN']}",
@@ -406,6 +411,8 @@ class Sandbox:
 
     def _component_env(self, name: str) -> dict[str, str]:
         """What a component needs beyond the inherited environment (also on ``restart``)."""
+        if name == "nodes":
+            return {"TIDEPLANE_NODE_CACHE_TOKEN": self.node_cache_secret()}
         return self.codec_secrets() if name == "codec" else {}
 
     def _check_alive(self, name: str) -> None:
