@@ -115,7 +115,7 @@ def build_activities(config: Settings, signals: WorkflowSignals | None = None) -
     pods = ServingPods(
         config.model_cache_dir, config.model_cache_pvc, config.otlp_traces_endpoint, config.trace_sample_ratio, config.engine_cache_dir,
         node_cache_dir=config.node_cache_dir, node_cache_image=config.node_cache_image,
-        engine_api_key_secret=config.engine_api_key_secret, node_cache_token_secret=config.node_cache_token_secret,
+        engine_api_key_secret=config.engine_api_key_secret, node_cache_secret=config.node_cache_secret,
     )
     api_key = config.engine_api_key.get_secret_value() if config.engine_api_key else None
     rollout = RolloutActivities(
@@ -151,7 +151,7 @@ def build_activities(config: Settings, signals: WorkflowSignals | None = None) -
         *activity_methods(
             NodeCacheActivities(
                 kube, config.node_cache_image, config.node_cache_dir,
-                config.node_cache_peer_url_template, config.node_cache_capacity_bytes, config.node_cache_token_secret,
+                config.node_cache_peer_url_template, config.node_cache_capacity_bytes, config.node_cache_secret,
             ),
             node_cache_contract.NodeCacheActivities,
         ),
