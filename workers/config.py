@@ -117,6 +117,9 @@ class Settings(BaseSettings):
     # pod gets its own version's token, derived from it (activities/node_cache/access.py), in this
     # same variable, which its stager presents.
     node_cache_token: SecretStr | None = Field(None, validation_alias=_env("NODE_CACHE_TOKEN"))
+    # Retired: it named a Secret whose one token every staging pod got. Refused rather than ignored,
+    # so that an upgraded worker does not silently stage from S3 with peers refusing its pods.
+    retired_node_cache_token_secret: str | None = Field(None, validation_alias=_env("NODE_CACHE_TOKEN_SECRET"))
     # The Gateway that new HTTPRoutes attach to: "name" (the route's namespace) or "namespace/name".
     gateway: str = Field("inference-gateway", validation_alias=_env("GATEWAY"))
 
@@ -213,6 +216,16 @@ class Settings(BaseSettings):
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError(f"expected an http(s) URL, got {value!r}")
         return value.rstrip("/") if value else value
+
+    @field_validator("retired_node_cache_token_secret")
+    @classmethod
+    def _retired(cls, value: str | None) -> None:
+        if value is not None:
+            raise ValueError(
+                "retired: set TIDEPLANE_NODE_CACHE_TOKEN to the node cache's secret instead (the value of the Secret"
+                " the chunk servers read); each staging pod now gets its own version's token, derived from it"
+            )
+        return None
 
     @model_validator(mode="after")
     def _engine_key_both_or_neither(self) -> Settings:
