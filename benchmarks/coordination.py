@@ -43,6 +43,7 @@ from pathlib import Path
 
 from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
+from workflows.rollout.cause_actions import MAX_RESIZES
 from workflows.rollout.diagnosis import CanaryFleet, Cause, diagnose
 from workflows.rollout.gates import (
     ERROR_RATE,
@@ -72,7 +73,6 @@ COLD_START_S = 180.0  # a replica ordered now is Ready this much later
 SCALE_DOWN_WINDOW_S = 600.0  # longer than the cold start, as a skilled operator sets it
 RETIRE_DELAY_S = 600.0  # the rollout's default scale_down_delay_seconds
 HORIZON_S = 2 * 3600.0  # every run is measured over the same two hours (a full ladder takes about 80 min)
-MAX_RESIZES = 3  # workflows/rollout/cause_actions.py: overload re-sizes per step before a pause
 
 # The fleet: each replica serves SLOTS requests at once, each taking SERVICE_S; the loop aims at TARGET_UTIL.
 SLOTS = 32
