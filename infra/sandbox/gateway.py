@@ -8,6 +8,8 @@ Ready replica with the least queue (waiting + running requests, the endpoint pic
 scorer), a Service backend round robin (the fleet picks). Used by the fleet's
 ``POST /gateway/{namespace}/{route}/v1/completions``.
 
+What it answered is counted as Envoy counts it, per backend (``UpstreamStats``).
+
 Model-name routing as the Inference Extension's body-based router does it: the request's ``model``
 is copied into the ``X-Gateway-Model-Name`` header, which rules match on; a rule's backends are
 drawn by weight, and a backend's ``RequestHeaderModifier`` may set that header to another name
@@ -16,9 +18,10 @@ drawn by weight, and a backend's ``RequestHeaderModifier`` may set that header t
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
-from workflows.classes.manifests import POOL_GROUP
+POOL_GROUP = "inference.networking.k8s.io"  # the Gateway API Inference Extension's InferencePool
 
 
 def _path_matches(match: dict, path: str) -> bool:
@@ -76,3 +79,45 @@ def headers_set_by(backend: dict) -> dict[str, str]:
 
 def is_pool(backend: dict) -> bool:
     return backend.get("group") == POOL_GROUP and backend.get("kind") == "InferencePool"
+
+
+Backend = tuple[str, str, str]  # (namespace, route, version): the labels a relabelled envoy_cluster_name gives
+
+
+class UpstreamStats:
+    """Envoy's cluster statistics, per backend, with the names and labels Prometheus scrapes from a
+    real Envoy (``namespace``, ``deployment``, ``version`` by relabelling): requests sent upstream
+    (``envoy_cluster_upstream_rq_total``), their answers by class (``envoy_cluster_upstream_rq_xx``,
+    ``envoy_response_code_class``) and requests the gateway answered 503 itself because the backend
+    had no healthy host (``envoy_cluster_upstream_cx_none_healthy``; never an upstream request)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: dict[Backend, float] = {}
+        self.answers: dict[tuple[Backend, str], float] = {}  # (backend, "2" | "5") -> answers
+        self.none_healthy: dict[Backend, float] = {}
+
+    def answered(self, backend: Backend, ok: float = 0.0, failed: float = 0.0) -> None:
+        """Upstream answers: ``ok`` 2xx, ``failed`` 5xx (an engine's error, a reset, a timeout)."""
+        with self._lock:
+            self.requests[backend] = self.requests.get(backend, 0.0) + ok + failed
+            for code_class, count in (("2", ok), ("5", failed)):
+                self.answers[(backend, code_class)] = self.answers.get((backend, code_class), 0.0) + count
+
+    def found_none_healthy(self, backend: Backend, count: float = 1.0) -> None:
+        with self._lock:
+            self.none_healthy[backend] = self.none_healthy.get(backend, 0.0) + count
+
+    def samples(self) -> list[tuple[str, str, dict[str, str], float]]:
+        """(family, help, labels, value) of every counter, for the fleet's exposition."""
+        def labels(backend: Backend) -> dict[str, str]:
+            return {"namespace": backend[0], "deployment": backend[1], "version": backend[2]}
+
+        with self._lock:
+            return [
+                *(("envoy_cluster_upstream_rq_total", "Total requests.", labels(b), n) for b, n in self.requests.items()),
+                *(("envoy_cluster_upstream_rq_xx", "Upstream answers by response code class.",
+                   {**labels(b), "envoy_response_code_class": code_class}, n) for (b, code_class), n in self.answers.items()),
+                *(("envoy_cluster_upstream_cx_none_healthy", "Requests the gateway found no healthy upstream for (answered 503).",
+                   labels(b), n) for b, n in self.none_healthy.items()),
+            ]

@@ -32,6 +32,7 @@ ADAPTER_QUERIES = GateQueries(
     stable_p99_latency=_p99("inference_objective_request_duration_seconds", _STABLE),
     ttft_p99=_p99(TIME_TO_FIRST_TOKEN.name, _BASE),
     tpot_p99=_p99(REQUEST_TIME_PER_OUTPUT_TOKEN.name, _BASE),
+    gateway_error_rate="",  # the error rate above already is the gateway's (the endpoint picker's count)
 )
 
 ADAPTER_STEPS = [CanaryStep(weight=10, window_seconds=600), CanaryStep(weight=50, window_seconds=600), CanaryStep(weight=100, window_seconds=600)]

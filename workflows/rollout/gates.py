@@ -22,12 +22,15 @@ from pydantic import BaseModel, ConfigDict, Field
 # Gate query names: keys of the query templates and of GateQueriesResult.values.
 REQUEST_COUNT = "request_count"
 ERROR_RATE = "error_rate"
+# What the gateway answered for the canary's backend: its upstreams' 5xx and its own 503s when it found
+# no healthy upstream (a lost or crashed pod, which no pod counts), over every request it routed there.
+GATEWAY_ERROR_RATE = "gateway_error_rate"
 P99_LATENCY = "p99_latency"
 P99_LATENCY_SLO = "p99_latency_slo"  # the canary's p99 against the absolute SLO (a check, not a query)
 STABLE_P99_LATENCY = "stable_p99_latency"
 TTFT_P99 = "ttft_p99"
 TPOT_P99 = "tpot_p99"
-GATE_NAMES = (REQUEST_COUNT, ERROR_RATE, P99_LATENCY, STABLE_P99_LATENCY, TTFT_P99, TPOT_P99)
+GATE_NAMES = (REQUEST_COUNT, ERROR_RATE, GATEWAY_ERROR_RATE, P99_LATENCY, STABLE_P99_LATENCY, TTFT_P99, TPOT_P99)
 
 
 class Verdict(str, Enum):
@@ -42,7 +45,9 @@ class Gates(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_error_rate: float = Field(0.01, ge=0, le=1, description="5xx share of the canary's requests")
+    max_error_rate: float = Field(
+        0.01, ge=0, le=1, description="5xx share of the canary's requests, as its pods and as the gateway counted them"
+    )
     max_latency_degradation: float = Field(
         0.20, ge=0, description="canary p99 may exceed stable p99 in the same window by this fraction"
     )
@@ -154,6 +159,8 @@ def evaluate(
             checks.append(GateCheck(gate=gate, value=value, threshold=threshold, passed=value <= threshold))
 
     check(ERROR_RATE, values.get(ERROR_RATE), gates.max_error_rate)
+    if GATEWAY_ERROR_RATE in values:  # queried (a run from before the gateway's gate never asks it)
+        check(GATEWAY_ERROR_RATE, values[GATEWAY_ERROR_RATE], gates.max_error_rate)
     stable = values.get(STABLE_P99_LATENCY)
     # A baseline out of its own SLO (a saturated stable) makes "no worse than stable" pass anything:
     # at 20 req/s on 2 stable replicas the relative threshold was 9,106 s (issue 16).

@@ -64,6 +64,12 @@ deprecates``                                                after a quality fail
 ``notify``                      actions.py                  old: every recorded history (no notices);
                                                             new: tests/workflows/rollout/ (a notify
                                                             activity at each pause, resume and end)
+``gateway-errors``              steps/canary.py             old: every recorded history (the error
+                                                            rate is the pods' own only); new:
+                                                            tests/workflows/rollout/ (the gate
+                                                            queries carry gateway_error_rate: the
+                                                            gateway's 5xx and no-healthy-upstream
+                                                            503s for the canary's backend)
 ==============================  ==========================  =========================================
 
 tests/workflows/test_replay.py checks that model-rollout-golden-failed holds the new side of
@@ -120,5 +126,11 @@ DIAGNOSIS_PATCH = "diagnose-verdicts"
 # webhook) at each pause, resume, rollback, abort and promotion.
 NOTIFY_PATCH = "notify"
 
+# Runs from before issue 32 (item 3) gated on the pods' own error counts: the 503s the gateway answers for
+# a lost or crashed canary pod counted nowhere. Newer ones also gate on the gateway's answers for the
+# canary's backend (GateQueries.gateway_error_rate; no gateway data is no pass).
+GATEWAY_ERRORS_PATCH = "gateway-errors"
+
 PATCHES = (RETIRE_PATCH, GOLDEN_PATCH, QUALITY_DEPRECATES_PATCH, METER_PATCH, BATCHING_PATCH, PRESTAGE_PATCH, ADAPTERS_PATCH, SHADOW_TALLY_PATCH,
-           LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH, OUTCOME_PATCH, SEARCH_ATTRIBUTES_PATCH, DIAGNOSIS_PATCH, NOTIFY_PATCH)
+           LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH, OUTCOME_PATCH, SEARCH_ATTRIBUTES_PATCH, DIAGNOSIS_PATCH, NOTIFY_PATCH,
+           GATEWAY_ERRORS_PATCH)

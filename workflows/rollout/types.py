@@ -17,6 +17,7 @@ from pydantic_core import to_json
 
 from workflows.rollout.gates import (
     ERROR_RATE,
+    GATEWAY_ERROR_RATE,
     P99_LATENCY,
     REQUEST_COUNT,
     STABLE_P99_LATENCY,
@@ -67,6 +68,17 @@ def _selector(version_var: str, extra: str = "") -> str:
 _5XX = ',status=~"5.."'
 
 
+# Envoy's cluster statistics as Prometheus names them, by the canary's backend: requests it sent
+# upstream, their answers by class, and requests it answered 503 itself for want of a healthy host
+# (those never became upstream requests, so they are added to both sides).
+ENVOY_UPSTREAM_REQUESTS = "envoy_cluster_upstream_rq_total"
+ENVOY_UPSTREAM_ANSWERS = "envoy_cluster_upstream_rq_xx"
+ENVOY_NONE_HEALTHY = "envoy_cluster_upstream_cx_none_healthy"
+_NONE_HEALTHY_RATE = f"(sum(rate({ENVOY_NONE_HEALTHY}{{{_selector('version')}}}[${{window}}])) or vector(0))"
+_GATEWAY_5XX = ',envoy_response_code_class="5"'
+_GATEWAY_5XX_RATE = f"(sum(rate({ENVOY_UPSTREAM_ANSWERS}{{{_selector('version', _GATEWAY_5XX)}}}[${{window}}])) or vector(0))"
+
+
 def _p99(metric: str, version_var: str = "version") -> str:
     return f"histogram_quantile(0.99, sum by (le) (rate({metric}_bucket{{{_selector(version_var)}}}[${{window}}])))"
 
@@ -100,16 +112,24 @@ class GateQueries(_Templates):
         f"(sum(rate(http_requests_total{{{_selector('version', _5XX)}}}[${{window}}])) or vector(0))"
         f" / sum(rate(http_requests_total{{{_selector('version')}}}[${{window}}]))"
     )
+    # No series of the gateway's requests is no data (metric missing), never a pass.
+    gateway_error_rate: str = (
+        f"({_GATEWAY_5XX_RATE} + {_NONE_HEALTHY_RATE})"
+        f" / (sum(rate({ENVOY_UPSTREAM_REQUESTS}{{{_selector('version')}}}[${{window}}])) + {_NONE_HEALTHY_RATE})"
+    )
     p99_latency: str = _p99(E2E_REQUEST_LATENCY.name)
     stable_p99_latency: str = _p99(E2E_REQUEST_LATENCY.name, "stable_version")
     ttft_p99: str = _p99(TIME_TO_FIRST_TOKEN.name)
     # vLLM's per-request TPOT, not inter-token latency (why: workflows/core/engine_metrics.py)
     tpot_p99: str = _p99(REQUEST_TIME_PER_OUTPUT_TOKEN.name)
 
-    def by_gate(self) -> dict[str, str]:
+    def by_gate(self, gateway: bool = True) -> dict[str, str]:
+        """Gate name -> template; the gateway's error rate only with ``gateway`` and a template
+        (empty: this gateway exports nothing per backend, or the error rate already is the gateway's)."""
         return {
             REQUEST_COUNT: self.request_count,
             ERROR_RATE: self.error_rate,
+            **({GATEWAY_ERROR_RATE: self.gateway_error_rate} if gateway and self.gateway_error_rate else {}),
             P99_LATENCY: self.p99_latency,
             STABLE_P99_LATENCY: self.stable_p99_latency,
             TTFT_P99: self.ttft_p99,
@@ -154,7 +174,7 @@ class FleetQueries(_Templates):
 
     canary_rps: str = f"sum(rate({HTTP_REQUESTS.name}{{{_selector('version')}}}[${{window}}]))"
     stable_rps: str = f"sum(rate({HTTP_REQUESTS.name}{{{_selector('stable_version')}}}[${{window}}]))"
-    no_healthy_upstream: str = f"sum(increase(envoy_cluster_upstream_cx_none_healthy{{{_selector('version')}}}[${{window}}]))"
+    no_healthy_upstream: str = f"sum(increase({ENVOY_NONE_HEALTHY}{{{_selector('version')}}}[${{window}}]))"
 
 
 class Deadlines(_Strict):

@@ -15,7 +15,7 @@ from infra.sandbox.config import DEMAND_CONFIGMAP, PROFILES_CONFIGMAP, SANDBOX_N
 from infra.sandbox.gateway import POOL_GROUP, is_pool
 from infra.sandbox.kubeapi.gpushare import gpu_index, physical_gpus, shared_resource
 from infra.sandbox.kubeclient import raw
-from infra.sandbox.fleet_simulator.vllm_args import GPU_RESOURCE, LABEL_APP
+from infra.sandbox.fleet_simulator.vllm_args import GPU_RESOURCE, LABEL_APP, LABEL_VERSION
 
 log = logging.getLogger("tideplane.fleet")
 
@@ -72,14 +72,16 @@ def _selects(selector: dict | None, labels: dict) -> bool:
 
 
 def pod_rates(
-    demand: dict[str, float], routes: list[dict], services: list[dict], pods: list[dict]
+    demand: dict[str, float], routes: list[dict], services: list[dict], pods: list[dict],
+    unserved: dict[tuple[str, str, str], float] | None = None,
 ) -> dict[tuple[str, str], float]:
     """Requests/s offered to each Ready pod: (namespace, pod name) -> rps.
 
     Demand for ``namespace/name`` goes through the HTTPRoute ``name``'s first rule, split by
     backend weight; a backend's share is split evenly between its Service's Ready pods (a backend
-    with none drops its share, as a gateway answers 503 for it). Without a route, all Ready pods
-    labelled with the logical name share the demand.
+    with none drops its share, as a gateway answers 503 for it: added to ``unserved`` by
+    (namespace, route, the Service's version)). Without a route, all Ready pods labelled with the
+    logical name share the demand.
     """
     ready = [p for p in pods if is_ready(p)]
     route_by = {(r["metadata"].get("namespace", "default"), r["metadata"]["name"]): r for r in routes}
@@ -112,6 +114,9 @@ def pod_rates(
             members = [p for p in ready if p["metadata"]["namespace"] == namespace and _selects(selector, p["metadata"].get("labels") or {})]
             if members:
                 spread(rps * weight / total, members)
+            elif unserved is not None:
+                key = (namespace, name, (selector or {}).get(LABEL_VERSION, ""))
+                unserved[key] = unserved.get(key, 0.0) + rps * weight / total
     return rates
 
 

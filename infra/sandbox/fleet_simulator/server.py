@@ -164,6 +164,8 @@ def make_handler(fleet: FleetSimulator) -> type[BaseHTTPRequestHandler]:
                 requested = json.loads(body or b"{}").get("model") or info.model
                 latency = (submitted.finished_s - submitted.arrival_s) if submitted.finished_s is not None else None
                 fleet.model_requests.record((*gateway.groups(), str(requested), model or info.model), submitted.failed, latency)
+            if gateway and outcome != "done":  # the upstream reset or timed out: the gateway's 5xx, no pod's
+                fleet.upstream.answered((gateway.group(1), gateway.group(2), info.version), failed=1)
             if outcome is None:
                 self._error(503, f"pod {info.name} went away before answering")
             elif outcome == "timeout":

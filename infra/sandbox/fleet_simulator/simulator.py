@@ -33,7 +33,7 @@ from infra.sandbox.fleet_simulator.cluster import (
 from infra.sandbox.fleet_simulator.exposition import Exposition, _dcgm_samples, _device_labels, _pod_labels
 from infra.sandbox.fleet_simulator.replicas import SimulatedReplica, container_args
 from infra.sandbox.apikeys import authenticate, enforced
-from infra.sandbox.gateway import backend_for, headers_set_by, is_pool
+from infra.sandbox.gateway import UpstreamStats, backend_for, headers_set_by, is_pool
 from infra.sandbox.lora import LoraAdapters, ModelRequests, lora_settings
 from infra.sandbox.ratelimit import TOKEN_FAMILY, Admission, TokenGate
 from infra.sandbox.fleet_simulator.vllm_args import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, gpu_memory_utilization
@@ -72,9 +72,11 @@ class FleetSimulator:
         self._round_robin = 0
         self.mirrors = MirrorLog()  # answers to requests mirrored by an HTTPRoute (infra/sandbox/answers.py)
         self.queue_full: dict[tuple[str, str], int] = {}  # (namespace, route) -> requests the gateway refused
-        # (namespace, route, version) -> requests for a backend Service with no Ready pod (Envoy's 503
-        # "no healthy upstream"; a lost canary pod's requests, which no pod counts)
-        self.none_healthy: dict[tuple[str, str, str], int] = {}
+        # What the gateway answered per backend (Envoy's counters): every pod's answers (the demand
+        # arrives through the route), and the 503s for a backend Service with no Ready pod (a lost
+        # canary pod's share, which no pod counts)
+        self.upstream = UpstreamStats()
+        self._answered: dict[tuple[str, str], tuple[int, int]] = {}  # pod -> (success, errors) counted so far
         self._queued: dict[tuple[str, str], int] = {}  # pod -> requests waiting in its engine after the last tick
         self._refusals = threading.Lock()
         self.token_gate = TokenGate()  # the gateway's token rate limits and counters (infra/sandbox/ratelimit.py)
@@ -106,13 +108,27 @@ class FleetSimulator:
             dt = real_dt * self.time_scale
             self.clock += dt
             demand = self._current_demand(cluster.demand)
-            rates = pod_rates(demand, cluster.routes, cluster.services, cluster.pods)
+            unserved: dict[tuple[str, str, str], float] = {}
+            rates = pod_rates(demand, cluster.routes, cluster.services, cluster.pods, unserved)
+            for backend, rps in unserved.items():
+                self.upstream.found_none_healthy(backend, rps * dt)
             for key, (info, replica) in self.replicas.items():
                 replica.set_profile(profile_for(cluster.profiles, info.model, info.version))
                 replica.advance(rates.get(key, 0.0) if is_ready(present[key]) else 0.0, dt)
+            self._count_answers()
             self._queued = {key: replica.waiting + len(replica.engine.inbound) for key, (_, replica) in self.replicas.items()}
             self._assign_gpus(present)
             self.mirrors.advance(demand, cluster.routes, self._serving_version, dt)
+
+    def _count_answers(self) -> None:
+        """Each replica's answers since the last tick, as the gateway's upstream answers for its version."""
+        counted = {}
+        for key, (info, replica) in self.replicas.items():
+            success, errors = self._answered.get(key, (0, 0))
+            if replica.success != success or replica.errors != errors:
+                self.upstream.answered((info.namespace, info.deployment, info.version), replica.success - success, replica.errors - errors)
+            counted[key] = (replica.success, replica.errors)
+        self._answered = counted
 
     def _serving_version(self, namespace: str, service: str) -> tuple[str, Profile] | None:
         """(version, profile) behind a Service with a simulated Ready replica; caller holds the lock."""
@@ -193,9 +209,7 @@ class FleetSimulator:
             version = (((svc or {}).get("spec") or {}).get("selector") or {}).get(LABEL_VERSION, "")
         found_replica = self.route(namespace, service)
         if found_replica is None:
-            with self._refusals:
-                key = (namespace, route, version)
-                self.none_healthy[key] = self.none_healthy.get(key, 0) + 1
+            self.upstream.found_none_healthy((namespace, route, version))
         return found_replica or f"no Ready pod behind service {namespace}/{service}"
     def refuse_when_queue_full(self, namespace: str, route: str) -> int | None:
         """The gateway's queue limit on ``route``: Retry-After seconds when the requests waiting in
@@ -239,10 +253,8 @@ class FleetSimulator:
             for (namespace, route), count in self.queue_full.items():
                 out.sample("envoy_cluster_upstream_rq_pending_overflow", "counter", "Requests the gateway refused: queue full.",
                            {"namespace": namespace, "deployment": route}, count)
-            for (namespace, route, version), count in self.none_healthy.items():
-                out.sample("envoy_cluster_upstream_cx_none_healthy", "counter",
-                           "Requests the gateway found no healthy upstream for (answered 503).",
-                           {"namespace": namespace, "deployment": route, "version": version}, count)
+            for family, help_text, labels, count in self.upstream.samples():
+                out.sample(family, "counter", help_text, labels, count)
             self.model_requests.expose(out)
             self._dcgm(out)
             self._node_labels(out)

@@ -41,7 +41,7 @@ from infra.sandbox.knobs import set_demand, set_profile
 from infra.sandbox.kubeclient import api_client
 from infra.sandbox.launcher import BIN
 from tests.sandbox_fixtures import create_logical_deployment, wait_until
-from workflows.rollout.gates import ERROR_RATE, Verdict
+from workflows.rollout.gates import ERROR_RATE, GATEWAY_ERROR_RATE, Verdict
 from workflows.core.naming import (
     LABEL_APP,
     LABEL_MANAGED_BY,
@@ -389,9 +389,11 @@ def test_bad_release_rolled_back_by_its_error_gate(good_and_bad, request, record
     seen, cluster = good_and_bad.bad, good_and_bad.bad_cluster
     result = seen.result
     assert result.outcome is Outcome.ROLLED_BACK, result.reason
-    # The result names the failing gate with its numbers.
-    assert [g.gate for g in result.failed_gates] == [ERROR_RATE], result.failed_gates
-    (gate,) = result.failed_gates
+    # The result names the failing gates with their numbers: the pods' errors, and the same errors as
+    # the gateway answered them (its upstream 5xx for the canary's backend).
+    assert [g.gate for g in result.failed_gates] == [ERROR_RATE, GATEWAY_ERROR_RATE], result.failed_gates
+    gate, gateway = result.failed_gates
+    assert gateway.value == pytest.approx(gate.value, abs=0.1) and not gateway.passed
     # The fleet draws each request's error (p = 0.3): over a window's ~10-20 requests the measured share
     # spreads widely around it, but stays far above the 1 % threshold.
     assert gate.threshold == 0.01 and 0.05 < gate.value < 0.8 and not gate.passed

@@ -206,6 +206,38 @@ def test_bad_input_names_the_field(fields, named):
     assert named in _error_fields(**fields)
 
 
+def test_the_gateways_503s_fail_the_canary_whose_pods_count_no_error():
+    """A canary pod lost mid-window: the gateway answers 503 for its share and no pod counts them."""
+    result = evaluate({**GOOD, canary.GATEWAY_ERROR_RATE: 0.2}, Gates())
+    assert result.verdict is Verdict.FAIL
+    assert [c.gate for c in result.failed] == [canary.GATEWAY_ERROR_RATE]
+    assert evaluate({**GOOD, canary.GATEWAY_ERROR_RATE: 0.002}, Gates()).verdict is Verdict.PASS
+
+
+def test_no_gateway_data_is_never_a_pass():
+    metrics = {"envoy_cluster_upstream_rq_total"}
+    result = evaluate({**GOOD, canary.GATEWAY_ERROR_RATE: None}, Gates(), no_series={canary.GATEWAY_ERROR_RATE: metrics})
+    assert result.verdict is Verdict.INCONCLUSIVE
+    assert result.metric_missing == ["envoy_cluster_upstream_rq_total"]
+    assert evaluate({**GOOD, canary.GATEWAY_ERROR_RATE: None}, Gates()).verdict is Verdict.INCONCLUSIVE
+
+
+def test_a_gateway_gate_not_queried_is_not_checked():
+    """Runs from before the gateway-errors patch never ask it: their verdicts are judged as before."""
+    result = evaluate(GOOD, Gates())
+    assert result.verdict is Verdict.PASS and canary.GATEWAY_ERROR_RATE not in {c.gate for c in result.checks}
+
+
+def test_the_gateway_gate_reads_envoys_counters_for_the_canarys_backend():
+    query = GateQueries().by_gate()[canary.GATEWAY_ERROR_RATE]
+    assert 'envoy_cluster_upstream_rq_xx{namespace="${namespace}",deployment="${deployment}",version="${version}",envoy_response_code_class="5"}' in query
+    assert 'envoy_cluster_upstream_cx_none_healthy{namespace="${namespace}",deployment="${deployment}",version="${version}"}' in query
+    # the requests are not ``or vector(0)``: without any series of them there is no data
+    assert 'sum(rate(envoy_cluster_upstream_rq_total{namespace="${namespace}",deployment="${deployment}",version="${version}"}[${window}])) +' in query
+    assert canary.GATEWAY_ERROR_RATE not in GateQueries().by_gate(gateway=False)
+    assert canary.GATEWAY_ERROR_RATE not in GateQueries(gateway_error_rate="").by_gate()
+
+
 def test_default_queries_use_vllm_histograms_and_known_variables():
     queries = GateQueries().by_gate()
     assert set(queries) == set(canary.GATE_NAMES)

@@ -117,6 +117,7 @@ CLUSTER_CHANGES = (ENSURE_VERSION, SCALE_VERSION, SET_ROUTE_WEIGHTS)
 GOOD = {
     canary.REQUEST_COUNT: 600.0,
     canary.ERROR_RATE: 0.001,
+    canary.GATEWAY_ERROR_RATE: 0.001,
     canary.P99_LATENCY: 1.05,
     canary.STABLE_P99_LATENCY: 1.0,
     canary.TTFT_P99: 0.3,
@@ -357,7 +358,7 @@ class Fleet:
             raise values
         if isinstance(values, GateQueriesResult):
             return values
-        return GateQueriesResult(values=values)
+        return GateQueriesResult(values={gate: v for gate, v in values.items() if gate in input.queries})  # as Prometheus answers
 
 
 @functools.cache

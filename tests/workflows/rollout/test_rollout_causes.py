@@ -81,12 +81,16 @@ async def test_a_crashed_canary_is_rolled_back_as_a_regression_and_deprecated(cl
 
 
 async def test_a_lost_canary_pod_holds_the_clock_and_replans_the_weights_onto_live_pods(client):
-    """A spot reclaim takes one of the two canary pods at 50 %: no verdict while it is gone, the route
-    carries what the live pod can, and the step resumes at 50 % once the pod is back."""
+    """A spot reclaim takes one of the two canary pods at 50 %: the gateway's 503s fail the verdict, yet
+    it is no verdict on the version while the pod is gone; the route carries what the live pod can, and
+    the step resumes at 50 % once the pod is back."""
     seen: list[Any] = []
 
+    def lost_now(weight: int) -> bool:
+        return weight == 50 and {STABLE: 75, NEW: 25} not in fleet.routes()  # back at the read after the re-plan
+
     def facts(inp: CanaryFleetInput, n: int) -> CanaryFleet:
-        lost = inp.weight == 50 and {STABLE: 75, NEW: 25} not in fleet.routes()  # back at the read after the re-plan
+        lost = lost_now(inp.weight)
         ready = inp.canary_wanted - 1 if lost else inp.canary_wanted
         return CanaryFleet(weight=inp.weight, canary_wanted=inp.canary_wanted, canary_ready=ready, stable_ready=4,
                            canary_rps=10.0 * ready, stable_rps=40.0, no_healthy_upstream=12 if lost else 0)
@@ -95,7 +99,8 @@ async def test_a_lost_canary_pod_holds_the_clock_and_replans_the_weights_onto_li
         if name == SET_ROUTE_WEIGHTS and arg.weights.get(NEW) == 25:
             seen.append(await fleet.handle.query(ModelRollout.status))
 
-    fleet = Fleet(client, canary_fleet=facts, hook=read_status)
+    fleet = Fleet(client, canary_fleet=facts, hook=read_status,
+                  gates=lambda w, n: {**GOOD, canary.GATEWAY_ERROR_RATE: 0.3} if lost_now(w) else GOOD)
     result = await run_rollout(fleet, rollout_input(weights_uri=None, sha256=None))
 
     assert result.outcome is Outcome.PROMOTED
@@ -105,8 +110,23 @@ async def test_a_lost_canary_pod_holds_the_clock_and_replans_the_weights_onto_li
     [status] = seen
     assert status.diagnosis.cause is Cause.LOST_CAPACITY and "1 of 2 canary pod(s) lost" in status.holding
     assert "analysis clock held" in status.holding and not status.paused
+    held = status.last_verdict
+    assert held.diagnosis.cause is Cause.LOST_CAPACITY and held.evaluation.verdict is canary.Verdict.FAIL
+    assert [c.gate for c in held.evaluation.failed] == [canary.GATEWAY_ERROR_RATE]
     assert fleet.gate_queries[50] == 4  # the held observation is dropped and the held minute not counted
     assert [s.status.state for s in fleet.recorded(SET_REGISTRY_STATUS)][-1] == "stable"
+
+
+async def test_the_gateways_errors_roll_back_a_canary_whose_pods_count_none(client):
+    """Every canary pod Ready and its own counters clean, but the gateway answered 5xx for its backend
+    (e.g. connections the engine reset): the gateway's gate fails and the version is rolled back."""
+    fleet = Fleet(client, gates=lambda w, n: {**GOOD, canary.GATEWAY_ERROR_RATE: 0.2} if w == 5 else GOOD)
+    result = await run_rollout(fleet, rollout_input(weights_uri=None, sha256=None))
+
+    assert result.outcome is Outcome.ROLLED_BACK and result.cause is Cause.REGRESSION
+    assert [c.gate for c in result.failed_gates] == [canary.GATEWAY_ERROR_RATE]
+    assert result.failing_verdict.weight == 5
+    assert_rolled_back_route_first(fleet, 5)
 
 
 async def test_capacity_that_does_not_return_pauses_for_a_human(client):

@@ -17,7 +17,7 @@ from workflows.core.versions import Canary
 from workflows.rollout import registry_records
 from workflows.rollout.actions import GATES, RollBack, act, checkpoint, next_gate_interval, read_live_total, record_verdict, route, scale_canary, show
 from workflows.rollout.contract import GateQueriesInput, RolloutActivities
-from workflows.rollout.patches import DIAGNOSIS_PATCH, LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH
+from workflows.rollout.patches import DIAGNOSIS_PATCH, GATEWAY_ERRORS_PATCH, LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH
 from workflows.rollout.gates import Decision, StepAnalysis, Verdict, evaluate, required_passes
 from workflows.rollout.run_state import RunState
 from workflows.rollout import cause_actions
@@ -99,17 +99,17 @@ async def _measure(state: RunState, weight: int) -> VerdictRecord:
     inp = state.input
     assert state.stable is not None
     variables = state.query_variables()
+    queries = inp.queries.by_gate(gateway=workflow.patched(GATEWAY_ERRORS_PATCH))
     try:
         result = await act(
             state,
             RolloutActivities.query_gates,
-            GateQueriesInput(queries=inp.queries.by_gate(), variables=variables),
+            GateQueriesInput(queries=queries, variables=variables),
             summary=f"gate queries at {weight} %",
             start_to_close=30,
             retry=GATES,
             read_only=True,
         )
-        queries = inp.queries.by_gate()
         no_series = {gate: metric_names(queries[gate]) for gate in result.no_series if gate in queries}
         evaluation = evaluate(result.values, inp.gates, no_series=no_series)
     except ActivityError as err:
