@@ -47,6 +47,7 @@ from workflows.rollout.cause_actions import MAX_RESIZES
 from workflows.rollout.diagnosis import CanaryFleet, Cause, diagnose
 from workflows.rollout.gates import (
     ERROR_RATE,
+    GATEWAY_ERROR_RATE,
     P99_LATENCY,
     REQUEST_COUNT,
     STABLE_P99_LATENCY,
@@ -278,10 +279,10 @@ def _observe(
     lost_rps = canary_rps - served
     window = GATE_INTERVAL_S
     pods_requests = served * window
-    errors = (lost_rps / canary_rps) if coordinated and canary_rps else 0.0  # only tideplane counts the gateway's answers
     values = {
-        REQUEST_COUNT: pods_requests + (lost_rps * window if coordinated else 0.0),
-        ERROR_RATE: errors,
+        REQUEST_COUNT: pods_requests,
+        ERROR_RATE: 0.0,  # the pods' own 5xx: a good version answers none
+        **({GATEWAY_ERROR_RATE: lost_rps / canary_rps if canary_rps else 0.0} if coordinated else {}),  # the gateway's 503s
         P99_LATENCY: min(ttft_p99(served, c_ready), 1e6) + SERVICE_S,
         STABLE_P99_LATENCY: min(ttft_p99(stable_rps, s_ready), 1e6) + SERVICE_S,
         TTFT_P99: min(ttft_p99(served, c_ready), 1e6),
