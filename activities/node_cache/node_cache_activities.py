@@ -17,6 +17,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, already_exists, label_selector
+from activities.core.pod_security import CONTAINER_SECURITY, pod_security
 from activities.node_cache.stager import node_cache_token_env
 from workflows.core.naming import GPU_RESOURCE, LABEL_MODEL, LABEL_VERSION, NODE_POOL
 from workflows.node_cache import contract
@@ -38,6 +39,9 @@ from workflows.node_cache.contract import (
 
 LABEL_RUN = "tideplane.io/stage-run"
 LABEL_NODE = "tideplane.io/node"
+# The tideplane image's user (infra/k8s/Containerfile), the node-cache DaemonSet's too: the chunk
+# server reads what the staging pods write.
+STAGING_USER = 10001
 
 
 # ---- the cache on one node ---------------------------------------------------------------------
@@ -161,6 +165,9 @@ class NodeCacheActivities(contract.NodeCacheActivities):
                     "metadata": {"labels": labels},
                     "spec": {
                         "restartPolicy": "Never",
+                        # restricted in all but the node cache's hostPath, which only baseline's
+                        # hostPath rule forbids (docs/getting-started.md, "Pod Security levels")
+                        "securityContext": pod_security(STAGING_USER),
                         "nodeSelector": {"kubernetes.io/hostname": node},
                         "tolerations": [{"operator": "Exists"}],
                         "containers": [{
@@ -170,6 +177,7 @@ class NodeCacheActivities(contract.NodeCacheActivities):
                             "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
                             **({"env": node_cache_token_env(self.token_secret)} if self.token_secret else {}),
                             "terminationMessagePolicy": "FallbackToLogsOnError",
+                            "securityContext": CONTAINER_SECURITY,
                             "volumeMounts": [{"name": "node-cache", "mountPath": str(self.cache_dir)}],
                         }],
                         "volumes": [{"name": "node-cache", "hostPath": {"path": str(self.cache_dir), "type": "DirectoryOrCreate"}}],
@@ -183,7 +191,7 @@ class NodeCacheActivities(contract.NodeCacheActivities):
 def pull_image_container(image: str) -> dict:
     """An init container that only makes the kubelet pull ``image`` onto the node (it exits at once)."""
     return {"name": "pull-serving-image", "image": image, "imagePullPolicy": "IfNotPresent", "command": ["true"],
-            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}, "securityContext": CONTAINER_SECURITY}
 
 
 def peer_url(node, template: str) -> str:
