@@ -17,13 +17,14 @@ import pytest
 import yaml
 from kubernetes import client
 
+from activities.clients.kube import KubeClient
 from activities.node_cache.node_cache_activities import NodeCacheActivities
 from activities.rollout.serving_pods import ServingPods, deployment_manifest
 from infra.sandbox.kubeapi.podsecurity import violations
 from tests.kube_fixtures import emulated_cluster, kube_wait as wait
 from workers.config import Settings
 from workers.worker import serving_pods
-from workflows.core.naming import DeploymentRef
+from workflows.core.naming import NODE_POOL, DeploymentRef
 from workflows.core.versions import WeightFile
 from workflows.node_cache.contract import NodeCacheRequest, StartNodeCacheInput
 from workflows.rollout.contract import EnsureVersionInput
@@ -194,3 +195,15 @@ def test_a_staging_job_in_a_namespace_with_the_node_cache_component_runs_and_bas
             assert 'violates PodSecurity "baseline:latest": hostPath volumes (volume "node-cache")' in event.message
         else:
             wait(lambda: core.list_namespaced_pod(ns).items, "the staging pod")
+
+
+def test_pre_staging_in_a_baseline_namespace_fails_the_node_at_once_saying_why(cluster):
+    ns = kit_namespace(cluster, "psa-prestage", "baseline")
+    client.CoreV1Api(cluster.api).create_node({"metadata": {"name": "gpu-p", "labels": {NODE_POOL: "p"}}, "spec": {}, "status": {
+        "allocatable": {"pods": "110"}, "conditions": [{"type": "Ready", "status": "True"}]}})
+    staging = NodeCacheActivities(KubeClient(cluster.api), image="tideplane:1", cache_dir=Path("/node-cache"))
+    req = StartNodeCacheInput(namespace=ns, model="m", version="1.0.0", files=FILES, run_id="r", pool="p")
+    staging.start_node_staging(req)
+    [node] = wait(lambda: [n for n in staging.node_staging_status(req).nodes if n.state == "failed"], "the node failed")
+    assert node.node == "gpu-p" and 'violates PodSecurity "baseline:latest": hostPath volumes (volume "node-cache")' in node.message
+    assert node.message.endswith("(a namespace that pre-stages needs enforce privileged: infra/k8s/serving-namespace/node-cache)")
