@@ -17,6 +17,7 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, Validation
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from workflows.core.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
+from workflows.core.naming import ENGINE_CACHE_CLAIM, MODEL_CACHE_CLAIM
 
 
 def _env(name: str, *fallbacks: str) -> AliasChoices:
@@ -94,14 +95,14 @@ class Settings(BaseSettings):
     # The PVC that holds model_cache_dir for serving pods (mounted read-only at the same path; the
     # claim the worker's kit names); empty: a hostPath of model_cache_dir on the node, which Pod
     # Security baseline forbids (docs/getting-started.md, "Pod Security levels").
-    model_cache_pvc: str | None = Field("tideplane-model-cache", validation_alias=_env("MODEL_CACHE_PVC"))
+    model_cache_pvc: str | None = Field(MODEL_CACHE_CLAIM, validation_alias=_env("MODEL_CACHE_PVC"))
     # vLLM's compile and CUDA-graph cache (VLLM_CACHE_ROOT), kept per model version (<dir>/<model>/<version>,
     # writable), so a replica restarting or scaling out skips compilation; unset: no engine cache.
     engine_cache_dir: Path | None = Field(Path("/var/cache/tideplane/engine"), validation_alias=_env("ENGINE_CACHE_DIR"))
     # The PVC in each serving namespace that holds the engine caches (ReadWriteMany, the serving-namespace
     # kit's; each pod mounts its version's subPath): shared by every node. Empty: a hostPath on each
     # node's disk (kept through a warm-pool stop), which Pod Security baseline forbids.
-    engine_cache_pvc: str | None = Field("tideplane-engine-cache", validation_alias=_env("ENGINE_CACHE_PVC"))
+    engine_cache_pvc: str | None = Field(ENGINE_CACHE_CLAIM, validation_alias=_env("ENGINE_CACHE_PVC"))
     # Node-local weight caches (pre-staging): the hostPath on every node, the image the staging Jobs
     # run (tideplane's), a node's chunk server when its Node has no tideplane.io/node-cache-url
     # annotation, and the cache's size limit (unset: none).

@@ -44,7 +44,7 @@ class ServingPods:
     """How serving pods see the model cache and where they send traces (from the worker's Settings)."""
 
     model_cache_dir: Path
-    model_cache_pvc: str | None = None  # None: a hostPath of model_cache_dir on the node
+    model_cache_pvc: str | None = naming.MODEL_CACHE_CLAIM  # None: a hostPath of model_cache_dir on the node
     otlp_traces_endpoint: str | None = None
     trace_sample_ratio: float = 0.1
     engine_cache_dir: Path | None = None  # where VLLM_CACHE_ROOT per version is mounted; None: no engine cache
@@ -52,7 +52,7 @@ class ServingPods:
     node_cache_image: str = "ghcr.io/tideplane/worker:0.1.0"  # what the pods' staging init container runs
     engine_api_key_secret: str | None = None  # "SECRET/KEY" in each serving namespace: VLLM_API_KEY from it; None: no key
     node_cache_token_secret: str | None = None  # "SECRET/KEY": the staging init container's chunk-server token
-    engine_cache_pvc: str | None = None  # the claim (in each serving namespace) holding the engine caches; None: a hostPath per node
+    engine_cache_pvc: str | None = naming.ENGINE_CACHE_CLAIM  # in each serving namespace, the engine caches; None: a hostPath per node
 
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"

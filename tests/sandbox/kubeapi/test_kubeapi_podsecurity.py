@@ -21,6 +21,7 @@ from activities.clients.kube import KubeClient
 from activities.node_cache.node_cache_activities import NodeCacheActivities
 from activities.rollout.serving_pods import ServingPods, deployment_manifest
 from infra.sandbox.kubeapi.podsecurity import violations
+from infra.sandbox.worker_identity import enable_serving_namespace
 from tests.kube_fixtures import emulated_cluster, kube_wait as wait
 from workers.config import Settings
 from workers.worker import serving_pods
@@ -207,3 +208,13 @@ def test_pre_staging_in_a_baseline_namespace_fails_the_node_at_once_saying_why(c
     [node] = wait(lambda: [n for n in staging.node_staging_status(req).nodes if n.state == "failed"], "the node failed")
     assert node.node == "gpu-p" and 'violates PodSecurity "baseline:latest": hostPath volumes (volume "node-cache")' in node.message
     assert node.message.endswith("(a namespace that pre-stages needs enforce privileged: infra/k8s/serving-namespace/node-cache)")
+
+
+def test_the_sandbox_enables_serving_namespaces_with_the_kits_pod_security_levels(cluster):
+    enable_serving_namespace(cluster.api, "psa-sandbox")
+    enable_serving_namespace(cluster.api, "psa-sandbox-prestage", enforce="privileged")
+    core = client.CoreV1Api(cluster.api)
+    assert core.read_namespace("psa-sandbox").metadata.labels == KIT_LABELS
+    assert core.read_namespace("psa-sandbox-prestage").metadata.labels == KIT_LABELS | {"pod-security.kubernetes.io/enforce": "privileged"}
+    code, status, _ = post(cluster, "/api/v1/namespaces/psa-sandbox/pods", {"metadata": {"name": "disk"}, "spec": HOSTPATH})
+    assert code == 403 and 'violates PodSecurity "baseline:latest"' in status["message"]

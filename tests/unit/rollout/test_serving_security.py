@@ -35,7 +35,7 @@ def version(**extra) -> EnsureVersionInput:
     )
 
 
-@pytest.mark.parametrize("pods", [ServingPods(CACHE), ServingPods(CACHE, model_cache_pvc="tideplane-model-cache")], ids=["hostPath", "pvc"])
+@pytest.mark.parametrize("pods", [ServingPods(CACHE, model_cache_pvc=None), ServingPods(CACHE)], ids=["hostPath", "pvc"])
 def test_serving_pods_are_restricted_and_mount_the_cache_read_only(pods):
     pod = deployment_manifest(version(), pods)["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -50,7 +50,7 @@ def test_serving_pods_are_restricted_and_mount_the_cache_read_only(pods):
 
 
 def test_the_engine_cache_is_the_versions_own_writable_directory_on_the_node():
-    pods = ServingPods(CACHE, engine_cache_dir=Path("/var/cache/tideplane/engine"))
+    pods = ServingPods(CACHE, engine_cache_dir=Path("/var/cache/tideplane/engine"), engine_cache_pvc=None)
     pod = deployment_manifest(version(), pods)["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -63,8 +63,7 @@ def test_the_engine_cache_is_the_versions_own_writable_directory_on_the_node():
 
 
 def test_on_the_engine_cache_claim_a_pod_mounts_only_its_versions_directory_writable_by_its_group():
-    pods = ServingPods(CACHE, "tideplane-model-cache", engine_cache_dir=Path("/var/cache/tideplane/engine"),
-                       engine_cache_pvc="tideplane-engine-cache")
+    pods = ServingPods(CACHE, engine_cache_dir=Path("/var/cache/tideplane/engine"))  # the claims by default
     pod = deployment_manifest(version(), pods)["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
