@@ -17,6 +17,7 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, Validation
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from workflows.core.bounds import MAX_GPUS_PER_REPLICA, MAX_REPLICAS
+from workflows.core.naming import ENGINE_CACHE_CLAIM, MODEL_CACHE_CLAIM
 
 
 def _env(name: str, *fallbacks: str) -> AliasChoices:
@@ -91,13 +92,17 @@ class Settings(BaseSettings):
 
     # Where serving pods mount staged weights (a shared volume in production).
     model_cache_dir: Path = Field(Path("/var/cache/tideplane/models"), validation_alias=_env("MODEL_CACHE_DIR"))
-    # The PVC that holds model_cache_dir for serving pods (mounted read-only at the same path);
-    # unset: a hostPath of model_cache_dir on the node.
-    model_cache_pvc: str | None = Field(None, validation_alias=_env("MODEL_CACHE_PVC"))
-    # vLLM's compile and CUDA-graph cache (VLLM_CACHE_ROOT), kept per model version on each node's
-    # disk (a writable hostPath <dir>/<model>/<version>), so a replica restarting or scaling onto a
-    # node that served the version skips compilation; unset: no engine cache.
+    # The PVC that holds model_cache_dir for serving pods (mounted read-only at the same path; the
+    # claim the worker's kit names); empty: a hostPath of model_cache_dir on the node, which Pod
+    # Security baseline forbids (docs/getting-started.md, "Pod Security levels").
+    model_cache_pvc: str | None = Field(MODEL_CACHE_CLAIM, validation_alias=_env("MODEL_CACHE_PVC"))
+    # vLLM's compile and CUDA-graph cache (VLLM_CACHE_ROOT), kept per model version (<dir>/<model>/<version>,
+    # writable), so a replica restarting or scaling out skips compilation; unset: no engine cache.
     engine_cache_dir: Path | None = Field(Path("/var/cache/tideplane/engine"), validation_alias=_env("ENGINE_CACHE_DIR"))
+    # The PVC in each serving namespace that holds the engine caches (ReadWriteMany, the serving-namespace
+    # kit's; each pod mounts its version's subPath): shared by every node. Empty: a hostPath on each
+    # node's disk (kept through a warm-pool stop), which Pod Security baseline forbids.
+    engine_cache_pvc: str | None = Field(ENGINE_CACHE_CLAIM, validation_alias=_env("ENGINE_CACHE_PVC"))
     # Node-local weight caches (pre-staging): the hostPath on every node, the image the staging Jobs
     # run (tideplane's), a node's chunk server when its Node has no tideplane.io/node-cache-url
     # annotation, and the cache's size limit (unset: none).
@@ -209,6 +214,12 @@ class Settings(BaseSettings):
         """The registry's own bucket is always allowed (its weights are uploaded there)."""
         own = info.data.get("weights_bucket")
         return value if own is None or own in value else [own, *value]
+
+    @field_validator("model_cache_pvc", "engine_cache_pvc")
+    @classmethod
+    def _claim_or_host_path(cls, value: str | None) -> str | None:
+        """An empty claim name asks for the hostPath instead (None)."""
+        return value.strip() or None if value is not None else None
 
     @field_validator("prometheus_url", "aws_endpoint_url")
     @classmethod

@@ -105,6 +105,16 @@ def activity_methods(instance: object, contract: type) -> list[Callable]:
     return [getattr(instance, name) for name, member in vars(contract).items() if callable(member) and not name.startswith("_")]
 
 
+def serving_pods(config: Settings) -> ServingPods:
+    """How the worker lays out serving pods, from its settings (their Pod Security level follows)."""
+    return ServingPods(
+        config.model_cache_dir, config.model_cache_pvc, config.otlp_traces_endpoint, config.trace_sample_ratio, config.engine_cache_dir,
+        node_cache_dir=config.node_cache_dir, node_cache_image=config.node_cache_image,
+        engine_api_key_secret=config.engine_api_key_secret, node_cache_secret=config.node_cache_secret,
+        engine_cache_pvc=config.engine_cache_pvc,
+    )
+
+
 def build_activities(config: Settings, signals: WorkflowSignals | None = None) -> list[Callable]:
     """Every activity this worker runs: the clients built once from ``config`` and passed into
     the activity classes, whose bound methods are registered; ``signals`` (the worker's client)
@@ -112,11 +122,7 @@ def build_activities(config: Settings, signals: WorkflowSignals | None = None) -
     kube = KubeClient.connect(config.kubeconfig, config.kube_in_cluster)
     s3 = S3Client(config.aws_endpoint_url, config.aws_region)
     prometheus = PrometheusClient(config.prometheus_url)
-    pods = ServingPods(
-        config.model_cache_dir, config.model_cache_pvc, config.otlp_traces_endpoint, config.trace_sample_ratio, config.engine_cache_dir,
-        node_cache_dir=config.node_cache_dir, node_cache_image=config.node_cache_image,
-        engine_api_key_secret=config.engine_api_key_secret, node_cache_secret=config.node_cache_secret,
-    )
+    pods = serving_pods(config)
     api_key = config.engine_api_key.get_secret_value() if config.engine_api_key else None
     rollout = RolloutActivities(
         kube, s3, prometheus, VllmClient(api_key=api_key), pods, config.gateway, config.service_url_template, config.weights_buckets,

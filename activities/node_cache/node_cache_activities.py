@@ -17,6 +17,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, already_exists, label_selector
+from activities.core.pod_security import CONTAINER_SECURITY, pod_security
 from activities.node_cache.access import node_cache_token_env
 from workflows.core.naming import GPU_RESOURCE, LABEL_MODEL, LABEL_VERSION, NODE_POOL
 from workflows.node_cache import contract
@@ -38,6 +39,9 @@ from workflows.node_cache.contract import (
 
 LABEL_RUN = "tideplane.io/stage-run"
 LABEL_NODE = "tideplane.io/node"
+# The tideplane image's user (infra/k8s/Containerfile), the node-cache DaemonSet's too: the chunk
+# server reads what the staging pods write.
+STAGING_USER = 10001
 
 
 # ---- the cache on one node ---------------------------------------------------------------------
@@ -96,6 +100,8 @@ class NodeCacheActivities(contract.NodeCacheActivities):
         selector = label_selector({LABEL_RUN: _run_label(req)})
         jobs = self.kube.batch.list_namespaced_job(req.namespace, label_selector=selector, _request_timeout=API_TIMEOUT).items
         pods = self.kube.core.list_namespaced_pod(req.namespace, label_selector=selector, _request_timeout=API_TIMEOUT).items
+        podless = [j.metadata.name for j in jobs if not any((p.metadata.labels or {}).get("job-name") == j.metadata.name for p in pods)]
+        refused = self._refused_pods(req.namespace, podless) if podless else {}
         nodes = []
         for job in sorted(jobs, key=lambda j: j.metadata.labels.get(LABEL_NODE, "")):
             node = job.spec.template.metadata.labels.get(LABEL_NODE, "")
@@ -105,11 +111,23 @@ class NodeCacheActivities(contract.NodeCacheActivities):
                 nodes.append(NodeCacheProgress(node=node, state="staged", report=_report(mine)))
             elif "Failed" in done:
                 nodes.append(NodeCacheProgress(node=node, state="failed", message=_last_message(mine)))
+            elif job.metadata.name in refused:
+                nodes.append(NodeCacheProgress(node=node, state="failed", message=refused[job.metadata.name]))
             else:
                 running = any((p.status.phase or "") == "Running" for p in mine)
                 nodes.append(NodeCacheProgress(node=node, state="staging" if running else "pending", message=_last_message(mine)))
         self._label_holders(req, [n.node for n in nodes if n.state == "staged"])
         return NodeCacheStatus(nodes=nodes)
+
+    def _refused_pods(self, namespace: str, jobs: list[str]) -> dict[str, str]:
+        """Job -> why the API server refuses its pod for good: the namespace's Pod Security level (the
+        Job controller's FailedCreate event). The node cache's hostPath needs enforce privileged; the
+        Job would retry until the rollout's prestage timeout, so the node fails now, saying why."""
+        events = self.kube.core.list_namespaced_event(namespace, field_selector="reason=FailedCreate", _request_timeout=API_TIMEOUT).items
+        return {e.involved_object.name: f"{e.message} (a namespace that pre-stages needs enforce privileged: "
+                "infra/k8s/serving-namespace/node-cache)"
+                for e in events if e.involved_object.kind == "Job" and e.involved_object.name in jobs
+                and "violates PodSecurity" in (e.message or "")}
 
     def _label_holders(self, req: StartNodeCacheInput, staged: list[str]) -> None:
         """Label the nodes that hold the version now (``cached_version_label``): the version's serving
@@ -161,6 +179,9 @@ class NodeCacheActivities(contract.NodeCacheActivities):
                     "metadata": {"labels": labels},
                     "spec": {
                         "restartPolicy": "Never",
+                        # restricted in all but the node cache's hostPath, which only baseline's
+                        # hostPath rule forbids (docs/getting-started.md, "Pod Security levels")
+                        "securityContext": pod_security(STAGING_USER),
                         "nodeSelector": {"kubernetes.io/hostname": node},
                         "tolerations": [{"operator": "Exists"}],
                         "containers": [{
@@ -170,6 +191,7 @@ class NodeCacheActivities(contract.NodeCacheActivities):
                             "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
                             **({"env": node_cache_token_env(self.secret, req.model, req.version)} if self.secret else {}),
                             "terminationMessagePolicy": "FallbackToLogsOnError",
+                            "securityContext": CONTAINER_SECURITY,
                             "volumeMounts": [{"name": "node-cache", "mountPath": str(self.cache_dir)}],
                         }],
                         "volumes": [{"name": "node-cache", "hostPath": {"path": str(self.cache_dir), "type": "DirectoryOrCreate"}}],
@@ -183,7 +205,7 @@ class NodeCacheActivities(contract.NodeCacheActivities):
 def pull_image_container(image: str) -> dict:
     """An init container that only makes the kubelet pull ``image`` onto the node (it exits at once)."""
     return {"name": "pull-serving-image", "image": image, "imagePullPolicy": "IfNotPresent", "command": ["true"],
-            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}, "securityContext": CONTAINER_SECURITY}
 
 
 def peer_url(node, template: str) -> str:

@@ -16,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, selector
 from activities.core.deployments import CONTAINER
+from activities.core.pod_security import CONTAINER_SECURITY, pod_security
 from activities.node_cache.cache import NodeCache
 from activities.node_cache.access import node_cache_token_env
 from activities.rollout.model_cache import safe_component
@@ -43,15 +44,16 @@ class ServingPods:
     """How serving pods see the model cache and where they send traces (from the worker's Settings)."""
 
     model_cache_dir: Path
-    model_cache_pvc: str | None = None  # None: a hostPath of model_cache_dir on the node
+    model_cache_pvc: str | None = naming.MODEL_CACHE_CLAIM  # None: a hostPath of model_cache_dir on the node
     otlp_traces_endpoint: str | None = None
     trace_sample_ratio: float = 0.1
-    engine_cache_dir: Path | None = None  # VLLM_CACHE_ROOT per version on the node's disk; None: none
+    engine_cache_dir: Path | None = None  # where VLLM_CACHE_ROOT per version is mounted; None: no engine cache
     node_cache_dir: Path | None = None  # the node-local weight cache (activities/node_cache/); None: pods never read it
     node_cache_image: str = "ghcr.io/tideplane/worker:0.1.0"  # what the pods' staging init container runs
     engine_api_key_secret: str | None = None  # "SECRET/KEY" in each serving namespace: VLLM_API_KEY from it; None: no key
     # the node cache's secret: the staging init container gets its version's chunk-server token from it
     node_cache_secret: str | None = field(default=None, repr=False)
+    engine_cache_pvc: str | None = naming.ENGINE_CACHE_CLAIM  # in each serving namespace, the engine caches; None: a hostPath per node
 
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -130,21 +132,9 @@ def canonical_image(image: str) -> str:
     return f"docker.io/{image}" if slash else f"docker.io/library/{image}"
 
 
-# Serving containers run unprivileged: no root, no privilege escalation, no capabilities, the
-# runtime's default seccomp profile (the Kubernetes "restricted" Pod Security Standard).
+# Serving containers run unprivileged (the Kubernetes "restricted" Pod Security Standard).
 SERVING_USER = 1000
-CONTAINER_SECURITY = {
-    "runAsNonRoot": True,
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-POD_SECURITY = {
-    "runAsNonRoot": True,
-    "runAsUser": SERVING_USER,
-    "runAsGroup": SERVING_USER,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
+POD_SECURITY = pod_security(SERVING_USER)
 
 
 ENGINE_API_KEY_ENV = "VLLM_API_KEY"  # vLLM's --api-key default: every /v1 endpoint then asks for it
@@ -170,19 +160,33 @@ def _cache_volume(pods: ServingPods) -> dict:
 
 
 def engine_cache_path(pods: ServingPods, model: str, version: str) -> Path | None:
-    """The version's own engine cache directory on the node (None: no engine cache)."""
+    """The version's own engine cache directory: where it is mounted, and on a hostPath also the
+    node's directory (None: no engine cache)."""
     if pods.engine_cache_dir is None:
         return None
     return pods.engine_cache_dir / safe_component(model, "model") / safe_component(version, "version")
+
+
+def _engine_cache_mount(pods: ServingPods, engine_cache: Path) -> tuple[dict, dict]:
+    """The writable volume behind VLLM_CACHE_ROOT and its mount. On the claim (the default) only the
+    version's own directory is mounted (``subPath <model>/<version>``, created if missing): a cache
+    every node shares, and no hostPath, so the pod meets Pod Security ``restricted``. Without a
+    claim, the node's directory (hostPath): kept on the node's disk through a warm-pool stop, but
+    ``privileged`` only."""
+    mount = {"name": ENGINE_CACHE_VOLUME, "mountPath": str(engine_cache)}
+    if pods.engine_cache_pvc:
+        mount["subPath"] = engine_cache.relative_to(engine_cache.parents[1]).as_posix()  # <model>/<version>
+        return {"name": ENGINE_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": pods.engine_cache_pvc}}, mount
+    return {"name": ENGINE_CACHE_VOLUME, "hostPath": {"path": str(engine_cache), "type": "DirectoryOrCreate"}}, mount
 
 
 def deployment_manifest(req: EnsureVersionInput, pods: ServingPods) -> dict:
     """The Deployment serving one version: vLLM-style args, GPUs, readiness, the weights read-only,
     and, on GPUs, the priority class's node selector (realtime on on-demand, batch on spot).
 
-    With an engine cache, VLLM_CACHE_ROOT is the version's own directory on the node (hostPath,
-    created if missing): the only writable mount, so a version's compile cache is reused by the
-    next replica on that node and no version can write another's cache or the weights."""
+    With an engine cache, VLLM_CACHE_ROOT is the version's own directory on the engine-cache claim
+    (or the node's disk): the only writable mount, so a version's compile cache is reused by its
+    next replica and no version can write another's cache or the weights."""
     name = req.deployment.versioned(req.version)
     labels = {
         **selector(req.deployment.name, req.version),
@@ -219,8 +223,11 @@ def deployment_manifest(req: EnsureVersionInput, pods: ServingPods) -> dict:
         "volumes": [_cache_volume(pods)],
     }
     if engine_cache is not None:
-        container["volumeMounts"].append({"name": ENGINE_CACHE_VOLUME, "mountPath": str(engine_cache)})
-        pod_spec["volumes"].append({"name": ENGINE_CACHE_VOLUME, "hostPath": {"path": str(engine_cache), "type": "DirectoryOrCreate"}})
+        volume, mount = _engine_cache_mount(pods, engine_cache)
+        container["volumeMounts"].append(mount)
+        pod_spec["volumes"].append(volume)
+        if pods.engine_cache_pvc:  # the claim's files are the serving user's group, so vLLM can write there
+            pod_spec["securityContext"] = POD_SECURITY | {"fsGroup": SERVING_USER, "fsGroupChangePolicy": "OnRootMismatch"}
     if node_version is not None:
         _read_from_node_cache(req, pods.node_cache_dir, pods.node_cache_image, pod_spec, node_version, pods.node_cache_secret)
     if req.gpus_per_replica:

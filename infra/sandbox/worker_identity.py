@@ -16,7 +16,9 @@ from kubernetes import client
 from activities.clients.kube import serving_namespace
 
 BASE = Path(__file__).resolve().parents[1] / "k8s" / "base"
-SERVING_ROLE = BASE.parent / "serving-namespace" / "role.yaml"
+SERVING_KIT = BASE.parent / "serving-namespace"
+SERVING_ROLE = SERVING_KIT / "role.yaml"
+POD_SECURITY_ENFORCE = "pod-security.kubernetes.io/enforce"
 WORKER_MANIFESTS = (BASE / "serviceaccount.yaml", BASE / "rbac.yaml")
 WORKER_NAMESPACE = yaml.safe_load((BASE / "kustomization.yaml").read_text())["namespace"]
 TOKEN_SECONDS = 7 * 24 * 3600  # outlives any sandbox session
@@ -84,11 +86,17 @@ def install_worker_identity(api: client.ApiClient) -> str:
     return request.status.token
 
 
-def enable_serving_namespace(api: client.ApiClient, namespace: str) -> None:
+def enable_serving_namespace(api: client.ApiClient, namespace: str, enforce: str | None = None) -> None:
     """What `kubectl apply -k` of infra/k8s/serving-namespace does for ``namespace`` (as an admin):
-    the namespace with the label the worker checks, and the Role of the worker's writes bound to
-    its ServiceAccount there. Without it the worker may not create anything in the namespace."""
+    the namespace with the kit's labels (the one the worker checks, and its Pod Security levels, so
+    the emulator admits pods as a real cluster's API server would), and the Role of the worker's
+    writes bound to its ServiceAccount there. Without it the worker may not create anything in the
+    namespace. ``enforce``: another Pod Security level, as an overlay sets it (``privileged`` for a
+    namespace that pre-stages: the kit's node-cache component)."""
     core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    manifest = serving_namespace(namespace)
+    kit_labels = yaml.safe_load((SERVING_KIT / "namespace.yaml").read_text())["metadata"]["labels"]
+    manifest["metadata"]["labels"] = kit_labels | manifest["metadata"]["labels"] | ({POD_SECURITY_ENFORCE: enforce} if enforce else {})
     docs = [d for d in yaml.safe_load_all(SERVING_ROLE.read_text()) if d]
     for doc in docs:
         doc["metadata"]["namespace"] = namespace
@@ -98,7 +106,7 @@ def enable_serving_namespace(api: client.ApiClient, namespace: str) -> None:
         "Role": lambda d: rbac.create_namespaced_role(namespace, d),
         "RoleBinding": lambda d: rbac.create_namespaced_role_binding(namespace, d),
     }
-    for create, doc in [(core.create_namespace, serving_namespace(namespace)), *[(creates[d["kind"]], d) for d in docs]]:
+    for create, doc in [(core.create_namespace, manifest), *[(creates[d["kind"]], d) for d in docs]]:
         try:
             create(doc)
         except client.ApiException as exc:

@@ -24,6 +24,10 @@ LABEL_MODEL = "tideplane.io/model"  # the model name, e.g. "llama-3-8b"
 LABEL_CLASS = "tideplane.io/priority-class"  # realtime | batch
 # On a namespace: tideplane may serve there (the worker refuses others); the scrape path follows it.
 LABEL_SERVING_NAMESPACE = "tideplane.io/serving"
+# The claims serving pods mount their caches from by default (infra/k8s: the worker kit's model
+# cache, the serving-namespace kit's engine cache): no hostPath, so they meet Pod Security restricted.
+MODEL_CACHE_CLAIM = "tideplane-model-cache"
+ENGINE_CACHE_CLAIM = "tideplane-engine-cache"
 # The workflow that owns a logical deployment's objects (on its HTTPRoute during a rollout, on the
 # version Deployments a scaling loop scales): its workflow ID, which continue-as-new keeps.
 ANNOTATION_OWNER = "tideplane.io/owner"

@@ -24,9 +24,11 @@ is not in the node's `status.images` (then it is), `load_seconds` for the weight
 a pod that reads its node's weight cache (its init container runs `node-cache stage`) on a node
 that meets its preferred node affinity (the label saying the node holds the version), `node_cache_load_seconds` from the
 local disk (default: `load_seconds` scaled by the cited local-over-S3 figures), `compile_seconds`
-(vLLM's torch.compile and CUDA-graph capture) unless the node already holds the engine cache the
-container's `VLLM_CACHE_ROOT` points at through a writable hostPath (then it does: the node's
-`sandbox.tideplane.io/engine-caches` annotation), and `warmup_seconds`; plus, for a pod that waited
+(vLLM's torch.compile and CUDA-graph capture) unless the engine cache the container's
+`VLLM_CACHE_ROOT` points at is already there: through a writable hostPath, on the node (then it
+is: the node's `sandbox.tideplane.io/engine-caches` annotation); through a writable
+PersistentVolumeClaim mount (its `subPath`), on that claim, whatever the node (the kubelet keeps
+what claims hold: the emulator has no volumes); and `warmup_seconds`; plus, for a pod that waited
 for its node to join, the node's start (annotation `sandbox.tideplane.io/node-start`, written by
 the sandbox's cloud). When the pod turns Ready each part is a `ColdStart` Event on it, message
 `<part> <seconds>s: <detail>` (part: node, image, weights, compile, warmup).
@@ -80,15 +82,23 @@ PROFILE_VERSION_LABEL = "app.kubernetes.io/version"  # Kubernetes' recommended l
 NODE_AGENT_COMMAND = ["node-cache", "stage"]  # a container the sandbox's node agent runs (infra/sandbox/node_agents.py)
 
 
-def engine_cache(pod: dict[str, Any]) -> str | None:
-    """The node directory behind a container's VLLM_CACHE_ROOT (a writable hostPath mount), else None."""
+def engine_cache(pod: dict[str, Any]) -> tuple[str, str] | None:
+    """Where a container's VLLM_CACHE_ROOT is kept, through a writable mount: ``("node", directory)``
+    for a hostPath (the node's disk), ``("claim", "pvc:<namespace>/<claim>/<path>")`` for a
+    PersistentVolumeClaim (one volume, whatever node mounts it; ``subPath`` respected); else None."""
     volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
     for c in pod["spec"]["containers"]:
         root = next((e.get("value") for e in c.get("env") or [] if e.get("name") == ENGINE_CACHE_ENV), None)
         for m in c.get("volumeMounts") or [] if root else []:
-            host, mount = (volumes.get(m["name"]) or {}).get("hostPath"), m["mountPath"].rstrip("/")
-            if host and not m.get("readOnly") and (root == mount or root.startswith(mount + "/")):
-                return host["path"].rstrip("/") + root[len(mount):]
+            volume, mount = volumes.get(m["name"]) or {}, m["mountPath"].rstrip("/")
+            if m.get("readOnly") or not (root == mount or root.startswith(mount + "/")):
+                continue
+            inside = "/".join(p for p in ((m.get("subPath") or "").strip("/"), root[len(mount):].strip("/")) if p)
+            if "hostPath" in volume:
+                return "node", "/".join(p for p in (volume["hostPath"]["path"].rstrip("/"), inside) if p)
+            claim = volume.get("persistentVolumeClaim") or {}
+            if claim.get("claimName") and not claim.get("readOnly"):
+                return "claim", f"pvc:{pod['metadata'].get('namespace', '')}/{claim['claimName']}/{inside}"
     return None
 
 
@@ -164,8 +174,9 @@ class Kubelet:
         self.restart_at: dict[str, float] = {}  # pod uid -> when its crashed container restarts
         self.gone_at: dict[str, float] = {}  # Terminating pod uid -> when its containers have exited
         self.oom: set[str] = set()  # pod uids the fleet reported out of memory
-        self.cold_start: dict[str, tuple[list[tuple[str, float, str]], str | None]] = {}  # uid -> (parts, engine cache)
+        self.cold_start: dict[str, tuple[list[tuple[str, float, str]], tuple[str, str] | None]] = {}  # uid -> (parts, engine cache)
         self.exited: dict[str, tuple[int, str]] = {}  # agent-run pod uid -> (exit code, termination message)
+        self.claim_caches: set[str] = set()  # engine caches written to PersistentVolumeClaims (engine_cache's "claim" places)
 
     def due(self) -> list[float]:
         return [t for t in (*self.ready_at.values(), *self.crash_at.values(), *self.restart_at.values(),
@@ -314,7 +325,7 @@ class Kubelet:
             self.ready_at[uid] = now + self.seconds(sum(seconds for part, seconds, _ in parts if part != "node"))
 
     def _parts(self, pod: dict[str, Any], node: dict[str, Any] | None,
-               profile: dict[str, Any]) -> tuple[list[tuple[str, float, str]], str | None]:
+               profile: dict[str, Any]) -> tuple[list[tuple[str, float, str]], tuple[str, str] | None]:
         """The start's parts (part, sandbox seconds, detail) and the engine cache it fills, if any."""
         parts: list[tuple[str, float, str]] = []
         node_meta = (node or {}).get("metadata") or {}
@@ -328,11 +339,11 @@ class Kubelet:
                           f"pulled {', '.join(missing)}" if missing else "present on the node"))
         parts.append(self._weights(pod, node_meta, profile))
         cache = engine_cache(pod)
-        cached = json.loads((node_meta.get("annotations") or {}).get(ENGINE_CACHES_ANNOTATION) or "[]")
-        if cache is not None and cache in cached:
-            parts.append(("compile", 0.0, f"engine cache hit {cache}"))
+        on_node = json.loads((node_meta.get("annotations") or {}).get(ENGINE_CACHES_ANNOTATION) or "[]")
+        if cache is not None and cache[1] in (on_node if cache[0] == "node" else self.claim_caches):
+            parts.append(("compile", 0.0, f"engine cache hit {cache[1]}"))
         else:
-            detail = f"compiled, cache written to {cache}" if cache else "compiled (no engine cache)"
+            detail = f"compiled, cache written to {cache[1]}" if cache else "compiled (no engine cache)"
             parts.append(("compile", _number(profile, "compile_seconds"), detail))
         parts.append(("warmup", _number(profile, "warmup_seconds"), "warm-up requests"))
         return parts, cache
@@ -352,11 +363,14 @@ class Kubelet:
             return "weights", self.load_seconds(pod, {"load_seconds": local}), f"loaded from the node cache {source} (local disk)"
         return "weights", seconds, f"from S3: {stager} staged the node cache {source}"
 
-    def _started(self, pod: dict[str, Any], node_name: str, parts: list[tuple[str, float, str]], cache: str | None) -> None:
-        """Ready after a start: one ColdStart Event per part; the node now holds the image and the
-        engine cache the server wrote."""
+    def _started(self, pod: dict[str, Any], node_name: str, parts: list[tuple[str, float, str]],
+                 cache: tuple[str, str] | None) -> None:
+        """Ready after a start: one ColdStart Event per part; the node now holds the image, and the
+        node or the claim the engine cache the server wrote."""
         for part, seconds, detail in parts:
             self.ctl.record(pod, "Normal", "ColdStart", f"{part} {seconds:g}s: {detail}", "kubelet")
+        if cache is not None and cache[0] == "claim":
+            self.claim_caches.add(cache[1])
         node = self.store.try_get(NODES, "", node_name)
         if node is None:
             return
@@ -364,8 +378,8 @@ class Kubelet:
         annotations = new["metadata"].setdefault("annotations", {})
         add_images(new, [c["image"] for c in pod["spec"]["containers"]])
         caches = json.loads(annotations.get(ENGINE_CACHES_ANNOTATION) or "[]")
-        if cache is not None and cache not in caches:
-            annotations[ENGINE_CACHES_ANNOTATION] = json.dumps([*caches, cache])
+        if cache is not None and cache[0] == "node" and cache[1] not in caches:
+            annotations[ENGINE_CACHES_ANNOTATION] = json.dumps([*caches, cache[1]])
         if new != node:
             self.store.update(NODES, new)
 

@@ -189,7 +189,8 @@ def test_deployment_serves_the_staged_weights_read_only_on_gpus(rollout):
     (mount,) = container.volume_mounts
     assert mount.mount_path == CACHE and mount.read_only
     (volume,) = pod.spec.volumes
-    assert volume.name == mount.name and volume.host_path.path == CACHE
+    assert volume.name == mount.name and volume.host_path is None  # the model cache's claim by default, no hostPath
+    assert volume.persistent_volume_claim.claim_name == naming.MODEL_CACHE_CLAIM and volume.persistent_volume_claim.read_only
     env = {e.name: e.value for e in container.env}
     assert env["OTEL_SERVICE_NAME"] == "custom" and "service.version=2.0.0" in env["OTEL_RESOURCE_ATTRIBUTES"]
     service = rollout.kube.core.read_namespaced_service("embed-v2-0-0", NS)

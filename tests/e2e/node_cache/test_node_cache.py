@@ -89,7 +89,7 @@ async def pool(sandbox, kube, registry, tmp_path_factory):
     namespace, both releases registered, and a worker."""
     _, autoscaling = aws_clients(sandbox.env["AWS_ENDPOINT_URL"])
     autoscaling.set_desired_capacity(AutoScalingGroupName=POOL, DesiredCapacity=POOL_NODES)
-    enable_serving_namespace(kube, NS)
+    enable_serving_namespace(kube, NS, enforce="privileged")  # pre-staging: infra/k8s/serving-namespace/node-cache
     weights = tmp_path_factory.mktemp("weights")
     write_weights(weights / "1.0.0", "1.0.0", set())
     write_weights(weights / "1.1.0", "1.1.0", {17})

@@ -62,11 +62,11 @@ def test_a_warm_pool_node_with_the_engine_cache_starts_a_replica_sooner_than_a_f
     core = client.CoreV1Api(api)
     profiles = core.read_namespaced_config_map(PROFILES_CONFIGMAP, SANDBOX_NAMESPACE)
     core.patch_namespaced_config_map(PROFILES_CONFIGMAP, SANDBOX_NAMESPACE, {"data": {**(profiles.data or {}), MODEL: json.dumps(PROFILE)}})
-    enable_serving_namespace(api, NAMESPACE)
+    enable_serving_namespace(api, NAMESPACE, enforce="privileged")  # the engine cache on the nodes' disks is a hostPath
     rollout = RolloutActivities(
         KubeClient.connect(sandbox.kubeconfig), S3Client(sandbox.urls["moto"], AWS_ENV["AWS_DEFAULT_REGION"]),
         PrometheusClient(sandbox.urls["prometheus"]), VllmClient(),
-        ServingPods(model_cache_dir=MODEL_CACHE, engine_cache_dir=ENGINE_CACHE),
+        ServingPods(model_cache_dir=MODEL_CACHE, engine_cache_dir=ENGINE_CACHE, engine_cache_pvc=None),  # on each node's disk
         gateway="inference-gateway", service_url_template="http://{service}.{namespace}.svc.cluster.local:8000",
     )
     pools, run = node_pool_activities(sandbox), ActivityEnvironment().run

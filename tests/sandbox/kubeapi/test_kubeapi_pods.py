@@ -143,6 +143,29 @@ def test_a_start_is_measured_by_its_parts_and_the_node_keeps_image_and_engine_ca
     assert parts["compile"] == "compile 0s: engine cache hit /var/cache/tideplane/engine/cold/1.0.0"
 
 
+def claim_cached_pod(name: str, node: str) -> dict:
+    """A server whose VLLM_CACHE_ROOT is its version's directory of a writable claim, as deployment_manifest writes it by default."""
+    pod = engine_cached_pod(name)
+    pod["spec"]["nodeName"] = node
+    pod["spec"]["containers"][0]["volumeMounts"][0]["subPath"] = "cold/1.0.0"
+    pod["spec"]["volumes"] = [{"name": "engine-cache", "persistentVolumeClaim": {"claimName": "engine"}}]
+    return pod
+
+
+def test_an_engine_cache_on_a_claim_is_found_on_every_node(cluster, ns):
+    """The claim is one volume: what a server wrote there on one node, a server on another node finds."""
+    core = client.CoreV1Api(cluster.api)
+    core.create_namespaced_pod(ns, claim_cached_pod("claim-first", "gpu-a"))
+    wait(lambda: ready(core, "claim-first", ns), "the first server Ready")
+    assert cold_start(core, ns, "claim-first")["compile"] == f"compile 60s: compiled, cache written to pvc:{ns}/engine/cold/1.0.0"
+    other = "gpu-claim"
+    core.create_node({"metadata": {"name": other}, "status": {"allocatable": {GPU_RESOURCE: "8"}}})
+    core.create_namespaced_pod(ns, claim_cached_pod("claim-second", other))
+    wait(lambda: ready(core, "claim-second", ns), "the second server Ready")
+    assert cold_start(core, ns, "claim-second")["compile"] == f"compile 0s: engine cache hit pvc:{ns}/engine/cold/1.0.0"
+    assert f"pvc:{ns}" not in str(core.read_node(other).metadata.annotations), "a claim's cache is not the node's disk"
+
+
 def node_cached_pod(name: str) -> dict:
     """A server of a pre-staged version as deployment_manifest writes it: its node's cache read-only,
     a staging init container for a node that lacks the version."""

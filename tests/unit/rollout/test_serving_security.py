@@ -36,7 +36,7 @@ def version(**extra) -> EnsureVersionInput:
     )
 
 
-@pytest.mark.parametrize("pods", [ServingPods(CACHE), ServingPods(CACHE, model_cache_pvc="tideplane-model-cache")], ids=["hostPath", "pvc"])
+@pytest.mark.parametrize("pods", [ServingPods(CACHE, model_cache_pvc=None), ServingPods(CACHE)], ids=["hostPath", "pvc"])
 def test_serving_pods_are_restricted_and_mount_the_cache_read_only(pods):
     pod = deployment_manifest(version(), pods)["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -51,7 +51,7 @@ def test_serving_pods_are_restricted_and_mount_the_cache_read_only(pods):
 
 
 def test_the_engine_cache_is_the_versions_own_writable_directory_on_the_node():
-    pods = ServingPods(CACHE, engine_cache_dir=Path("/var/cache/tideplane/engine"))
+    pods = ServingPods(CACHE, engine_cache_dir=Path("/var/cache/tideplane/engine"), engine_cache_pvc=None)
     pod = deployment_manifest(version(), pods)["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -61,6 +61,29 @@ def test_the_engine_cache_is_the_versions_own_writable_directory_on_the_node():
     assert volume["hostPath"] == {"path": "/var/cache/tideplane/engine/llama-3-8b/1.0.0", "type": "DirectoryOrCreate"}
     assert all(m["readOnly"] for m in container["volumeMounts"] if m is not writable[0]), "the weights stay read-only"
     assert "runAsUser" in pod["securityContext"] and container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_on_the_engine_cache_claim_a_pod_mounts_only_its_versions_directory_writable_by_its_group():
+    pods = ServingPods(CACHE, engine_cache_dir=Path("/var/cache/tideplane/engine"))  # the claims by default
+    pod = deployment_manifest(version(), pods)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    [writable] = [m for m in container["volumeMounts"] if not m.get("readOnly")]
+    assert writable["mountPath"] == env["VLLM_CACHE_ROOT"] == "/var/cache/tideplane/engine/llama-3-8b/1.0.0"
+    assert writable["subPath"] == "llama-3-8b/1.0.0", "no version sees another's cache"
+    volume = next(v for v in pod["volumes"] if v["name"] == writable["name"])
+    assert volume == {"name": "engine-cache", "persistentVolumeClaim": {"claimName": "tideplane-engine-cache"}}
+    assert not any("hostPath" in v for v in pod["volumes"])
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"] == 1000
+
+
+def test_an_empty_claim_setting_asks_for_the_host_path():
+    from workers.config import Settings
+
+    default = Settings.model_validate({})
+    assert (default.model_cache_pvc, default.engine_cache_pvc) == ("tideplane-model-cache", "tideplane-engine-cache")
+    host = Settings.model_validate({"TIDEPLANE_MODEL_CACHE_PVC": "", "TIDEPLANE_ENGINE_CACHE_PVC": " "})
+    assert (host.model_cache_pvc, host.engine_cache_pvc) == (None, None)
 
 
 def test_a_deleted_replica_drains_after_leaving_the_endpoints():
