@@ -17,10 +17,13 @@ import pytest
 import yaml
 from kubernetes import client, config
 from prometheus_api_client import PrometheusConnect
+from prometheus_client.parser import text_string_to_metric_families
 
+from infra.k8s.monitoring import render
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.launcher import RULES_DIR, Ports, Sandbox, SandboxRunning
 from tests.sandbox_fixtures import TEST_CONFIG, create_logical_deployment, revive_dead_components, wait_until
+from workflows.core.engine_metrics import SCRAPE_LABELS
 from workflows.core.naming import GPU_RESOURCE, NODE_CAPACITY_TYPE, NODE_POOL
 
 BIN = Path(sys.executable).parent
@@ -112,6 +115,38 @@ def test_prometheus_returns_vllm_metrics_of_a_running_deployment(sandbox):
     core.patch_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, {"data": {f"{NAMESPACE}/chat": json.dumps({"rps": 0})}})
 
 
+def test_prometheus_finds_the_serving_pods_by_discovery_and_labels_them_with_the_shipped_rules(sandbox):
+    """The serving job is the shipped one (infra/k8s/monitoring/render.py) over the pod discovery
+    bridge: each Ready serving pod is a target at its own IP, its discovered labels the pod role's,
+    its labels made by the relabel rules; the pod's own exposition has vLLM's labels only."""
+    namespace = "e2e-discovery"
+    api = _kube(sandbox)
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    service = create_logical_deployment(api, namespace, "chat", "2.0.0", "llama-3-8b", replicas=1)
+    wait_until(lambda: apps.read_namespaced_deployment(service, namespace).status.ready_replicas == 1, 30, "a Ready replica")
+    [pod] = core.list_namespaced_pod(namespace).items
+
+    def serving_target():
+        active = httpx.get(sandbox.urls["prometheus"] + "/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+        return next((t for t in active if t["labels"]["job"] == render.SERVING_JOB
+                     and t["labels"].get("namespace") == namespace and t["health"] == "up"), None)
+
+    target = wait_until(serving_target, 30, "the pod as a healthy target of the serving job")
+    assert pod.status.pod_ip.startswith(sandbox.sandbox.pod_network + ".")
+    assert target["scrapeUrl"] == f"http://{pod.status.pod_ip}:8000/metrics"
+    discovered = target["discoveredLabels"]
+    assert (discovered["__meta_kubernetes_pod_name"], discovered["__meta_kubernetes_pod_ip"]) == (pod.metadata.name, pod.status.pod_ip)
+    assert discovered["__meta_kubernetes_pod_label_app_kubernetes_io_version"] == "2.0.0"
+    assert {k: target["labels"][k] for k in SCRAPE_LABELS} == {
+        "namespace": namespace, "pod": pod.metadata.name, "deployment": "chat", "version": "2.0.0", "node": pod.spec.node_name}
+    exposition = httpx.get(target["scrapeUrl"], timeout=5).text
+    labels = {name for family in text_string_to_metric_families(exposition) for sample in family.samples for name in sample.labels}
+    assert "vllm:num_requests_running" in exposition and not labels & set(SCRAPE_LABELS), labels
+    prom = PrometheusConnect(url=sandbox.urls["prometheus"], disable_ssl=True)
+    jobs = wait_until(lambda: prom.custom_query(f'count by (job) (vllm:num_requests_running{{namespace="{namespace}"}})'), 10, "the pod's series")
+    assert [j["metric"]["job"] for j in jobs] == [render.SERVING_JOB]  # no other job carries engine series
+
+
 def test_asg_scale_up_joins_a_node_after_boot_and_termination_removes_it(sandbox):
     aws = {"endpoint_url": sandbox.env["AWS_ENDPOINT_URL"], "region_name": "us-east-1", "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
     autoscaling = boto3.client("autoscaling", **aws)
@@ -195,7 +230,7 @@ def test_the_readme_alerts_link_is_served_by_the_sandbox_prometheus(sandbox):
 
 def test_status_reports_every_component_up(sandbox):
     status = sandbox.sandbox.status()
-    assert set(status) >= {"temporal", "temporal-ui", "moto", "kubeapi", "nodes", "fleet", "prometheus"}
+    assert set(status) >= {"temporal", "temporal-ui", "moto", "kubeapi", "pod-discovery", "nodes", "fleet", "prometheus"}
     assert all(entry["up"] for entry in status.values()), status
 
 
