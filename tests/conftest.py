@@ -14,9 +14,19 @@ read marks instead, but with pytest 9.2 it silently ignores them: pytest-xdist i
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest_plugins = ["tests.ci_skips"]
+
+# A tideplane process refuses to talk to Temporal without TIDEPLANE_PAYLOAD_ENCRYPTION_KEY; the
+# suite's own dev servers, time-skipping environments and clients run in clear by the explicit
+# opt-out instead of a shared test key: a key here would reach every worker a test starts (the
+# sandbox's included) while the clients beside them use the plain pydantic converter. The codec's
+# tests set their own keys, and the refusal's tests remove this (tests/unit/worker/test_config.py,
+# tests/activities/worker/test_client.py).
+os.environ["TIDEPLANE_PAYLOAD_ENCRYPTION"] = "off"
 
 SANDBOX_SCOPE = "sandbox"
 # The sandbox tier's modules that use the session sandbox; the others start emulators of their own.

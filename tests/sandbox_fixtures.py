@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
+from temporalio.converter import DataConverter
 
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, SandboxConfig
 from infra.sandbox.kubeclient import api_client
@@ -23,6 +24,8 @@ from infra.sandbox.launcher import Ports, Sandbox, SandboxError
 from infra.sandbox.nodes import aws_clients, restore_pools
 from infra.sandbox.worker_identity import WORKER_NAMESPACE
 from infra.sandbox.worker_identity import enable_serving_namespace
+from workers.client import data_converter
+from workers.config import Settings
 from workflows.core.naming import (
     GPU_RESOURCE, LABEL_APP, LABEL_MANAGED_BY, LABEL_MODEL, LABEL_VERSION, MANAGED_BY, NODE_POOL, versioned_name,
 )
@@ -57,6 +60,12 @@ class RunningSandbox:
     @property
     def kubeconfig(self) -> Path:
         return self.sandbox.kubeconfig
+
+    @property
+    def data_converter(self) -> DataConverter:
+        """The sandbox worker's converter (the sandbox's payload key): a client reading what that
+        worker wrote (results, queries, current details) needs it."""
+        return data_converter(Settings.model_validate(self.env))
 
 
 _RUNNING: list[RunningSandbox] = []  # the session's sandbox once a test asked for it

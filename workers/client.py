@@ -1,8 +1,9 @@
 """The one way tideplane processes connect to Temporal (worker, CLI, demo, schedules, benchmarks).
 
-Address, namespace, TLS / mTLS, the Temporal Cloud API key and the optional payload codec all
-come from settings, so a process configured for the sandbox and one configured for Temporal Cloud
-differ only in their environment. Every client uses the pydantic data converter.
+Address, namespace, TLS / mTLS, the Temporal Cloud API key and the payload codec (required unless
+turned off explicitly) all come from settings, so a process configured for the sandbox and one
+configured for Temporal Cloud differ only in their environment. Every client uses the pydantic
+data converter.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from temporalio.runtime import Runtime
 from temporalio.service import TLSConfig
 
 from workers.codec import codec_from_keys
-from workers.config import Settings
+from workers.config import Settings, SettingsError
 
 
 def tls_config(config: Settings) -> TLSConfig | bool:
@@ -44,21 +45,37 @@ def tls_config(config: Settings) -> TLSConfig | bool:
     )
 
 
+MISSING_PAYLOAD_KEY = (
+    "TIDEPLANE_PAYLOAD_ENCRYPTION_KEY is not set: tideplane encrypts every payload it sends to Temporal"
+    " (rollout inputs, results). Make a key with `python -c 'from workers.codec import generate_key;"
+    " print(generate_key())'` and give it to every tideplane process from a Secret (secretKeyRef), or set"
+    " TIDEPLANE_PAYLOAD_ENCRYPTION=off to send payloads in clear"
+)
+
+
 def data_converter(config: Settings) -> DataConverter:
-    """pydantic payloads, encrypted when a payload key is set (use it for Replayer and test envs too)."""
+    """pydantic payloads, encrypted with the payload key (use it for Replayer and test envs too).
+
+    Without a key it refuses (SettingsError) unless TIDEPLANE_PAYLOAD_ENCRYPTION=off: every process
+    that talks to Temporal builds its converter here, so none sends clear payloads by omission.
+    """
     key = config.payload_encryption_key
     old = config.payload_decryption_keys
     codec = codec_from_keys(key.get_secret_value() if key else None, old.get_secret_value() if old else None)
+    if codec is None and config.payload_encryption == "required":
+        raise SettingsError(MISSING_PAYLOAD_KEY)
     return dataclasses.replace(pydantic_data_converter, payload_codec=codec) if codec else pydantic_data_converter
 
 
-async def connect(config: Settings, runtime: Runtime | None = None) -> Client:
-    """A client for ``config``; pass the worker's ``runtime`` so SDK metrics are exported."""
+async def connect(config: Settings, runtime: Runtime | None = None, payloads: bool = True) -> Client:
+    """A client for ``config``; pass the worker's ``runtime`` so SDK metrics are exported.
+    ``payloads=False``: a client that only calls the operator service (it sends no payload, so it
+    needs no payload key)."""
     return await Client.connect(
         config.temporal_address,
         namespace=config.temporal_namespace,
         tls=tls_config(config),
         api_key=config.temporal_api_key.get_secret_value() if config.temporal_api_key else None,
-        data_converter=data_converter(config),
+        data_converter=data_converter(config) if payloads else pydantic_data_converter,
         runtime=runtime,
     )

@@ -12,7 +12,10 @@ included) before it reaches the Temporal server. The protocol is Temporal's: ``P
 Anyone who reaches this port could decrypt, so with ``TIDEPLANE_CODEC_SERVER_TOKEN`` set every
 encode and decode needs ``Authorization: Bearer <token>`` (``temporal --codec-auth "Bearer ..."``, the
 web UI's "pass access token" codec setting); 401 otherwise. Without a token it binds loopback only:
-another ``--host`` is refused at start.
+another ``--host`` is refused at start. ``--ui-without-token`` (loopback only) lets a request from
+an allowed web UI origin through without the token: the dev server's UI (the sandbox's) has no
+login, so it has no access token to pass; a browser cannot fake its Origin, and a local process
+that could is the user's own, with the key file in reach anyway.
 """
 
 from __future__ import annotations
@@ -42,11 +45,13 @@ MAX_BODY = 8 * 1024 * 1024  # a history page of payloads; Temporal's own payload
 class CodecServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], codec: AesGcmCodec, allowed_origins: list[str], token: str | None = None) -> None:
+    def __init__(self, address: tuple[str, int], codec: AesGcmCodec, allowed_origins: list[str], token: str | None = None,
+                 ui_without_token: bool = False) -> None:
         super().__init__(address, CodecHandler)
         self.codec = codec
         self.allowed_origins = set(allowed_origins)
         self.token = token
+        self.ui_without_token = ui_without_token
 
 
 class CodecHandler(BaseHTTPRequestHandler):
@@ -82,6 +87,8 @@ class CodecHandler(BaseHTTPRequestHandler):
     def _authorized(self) -> bool:
         token = self.server.token
         if token is None:
+            return True
+        if self.server.ui_without_token and self.headers.get("Origin") in self.server.allowed_origins:
             return True
         given = self.headers.get("Authorization") or ""
         return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
@@ -119,7 +126,7 @@ class CodecHandler(BaseHTTPRequestHandler):
         self._reply(200, json_format.MessageToDict(Payloads(payloads=done)))
 
 
-def serve(config: Settings, host: str, port: int, allowed_origins: list[str]) -> CodecServer:
+def serve(config: Settings, host: str, port: int, allowed_origins: list[str], ui_without_token: bool = False) -> CodecServer:
     """A codec server for ``config``'s payload keys, bound but not yet serving."""
     key, old = config.payload_encryption_key, config.payload_decryption_keys
     codec = codec_from_keys(key.get_secret_value() if key else None, old.get_secret_value() if old else None)
@@ -131,11 +138,13 @@ def serve(config: Settings, host: str, port: int, allowed_origins: list[str]) ->
             f"--host {host}: anyone who reaches the codec server can decrypt; set TIDEPLANE_CODEC_SERVER_TOKEN"
             " (from a Secret) to require Authorization: Bearer <token>, or bind 127.0.0.1"
         )
-    return CodecServer((host, port), codec, allowed_origins, token)
+    if ui_without_token and host not in LOOPBACK:
+        raise SettingsError(f"--host {host}: --ui-without-token is for a web UI on this machine; bind 127.0.0.1")
+    return CodecServer((host, port), codec, allowed_origins, token, ui_without_token)
 
 
 def cmd_codec_server(args: argparse.Namespace, config: Settings) -> int:
-    server = serve(config, args.host, args.port, args.allow_origin or [UI_ORIGIN])
+    server = serve(config, args.host, args.port, args.allow_origin or [UI_ORIGIN], args.ui_without_token)
     print(f"codec server on http://{args.host}:{server.server_port} (temporal --codec-endpoint; web UI origins: "
           f"{', '.join(sorted(server.allowed_origins))})", file=sys.stderr, flush=True)
     try:
@@ -154,4 +163,7 @@ def add_codec_server_command(commands) -> None:
     parser.add_argument("--port", type=int, default=8081, help="port (default 8081)")
     parser.add_argument("--allow-origin", action="append", metavar="ORIGIN",
                         help=f"a web UI origin allowed by CORS, repeatable (default {UI_ORIGIN})")
+    parser.add_argument("--ui-without-token", action="store_true",
+                        help="serve requests from an allowed web UI origin without the token (a UI without login, "
+                             "e.g. the dev server's; loopback only)")
     parser.set_defaults(func=cmd_codec_server)

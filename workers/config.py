@@ -46,8 +46,13 @@ class Settings(BaseSettings):
         None, validation_alias=_env("TEMPORAL_TLS_SERVER_NAME", "TEMPORAL_TLS_SERVER_NAME")
     )
     temporal_api_key: SecretStr | None = Field(None, validation_alias=_env("TEMPORAL_API_KEY", "TEMPORAL_API_KEY"))
-    # AES-256-GCM key (base64 of 32 bytes) for the optional payload codec; unset: payloads in clear.
+    # AES-256-GCM key (base64 of 32 bytes) for the payload codec, from a Secret: every payload a
+    # tideplane process sends to Temporal is encrypted with it.
     payload_encryption_key: SecretStr | None = Field(None, validation_alias=_env("PAYLOAD_ENCRYPTION_KEY"))
+    # "required" (default): a process that talks to Temporal refuses to start without the key, so no
+    # payload reaches Temporal in clear by omission; "off": the explicit opt-out, no key needed (a
+    # key that is set is still used, so histories it encrypted stay readable).
+    payload_encryption: Literal["required", "off"] = Field("required", validation_alias=_env("PAYLOAD_ENCRYPTION"))
     # `tideplane codec-server`'s bearer token: set, every encode/decode needs `Authorization: Bearer
     # <token>` (temporal --codec-auth, the web UI's access token); required to bind off loopback.
     codec_server_token: SecretStr | None = Field(None, validation_alias=_env("CODEC_SERVER_TOKEN"))
@@ -130,6 +135,13 @@ class Settings(BaseSettings):
     # Where answers to requests mirrored to a canary are recorded (the shadow gate reads them):
     # "{namespace}" and "{name}" are the HTTPRoute's; unset, a rollout asking for shadow fails.
     shadow_pairs_url: str | None = Field(None, validation_alias=_env("SHADOW_PAIRS_URL"))
+
+    # Notifications of a rollout's pause, resume, rollback, abort and promotion (docs/rollout.md): a
+    # Kubernetes Event always; set, a JSON POST to this webhook too, generic or Slack-compatible,
+    # with a link to the run in the Temporal web UI at web_ui_url (unset: no link).
+    notify_webhook_url: str | None = Field(None, pattern=r"^https?://", validation_alias=_env("NOTIFY_WEBHOOK_URL"))
+    notify_webhook_format: Literal["generic", "slack"] = Field("generic", validation_alias=_env("NOTIFY_WEBHOOK_FORMAT"))
+    web_ui_url: str | None = Field(None, pattern=r"^https?://", validation_alias=_env("WEB_UI_URL"))
 
     # The worker's own /metrics port (0 disables it) and the address it binds: every interface by
     # default, so Prometheus reaches the pod; the sandbox binds 127.0.0.1.

@@ -25,6 +25,7 @@ from temporalio.worker import Worker
 from activities.adapters.adapter_activities import AdapterActivities
 from activities.classes.request_class_activities import RequestClassActivities
 from activities.clients.aws import AwsClient
+from activities.core.workflow_signals import WorkflowSignals
 from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
@@ -36,6 +37,8 @@ from activities.quality.shadow_pairs import ShadowPairsClient
 from activities.quotas.quota_activities import QuotaActivities
 from activities.registry.registry_activities import RegistryActivities
 from activities.rollout.batching_activities import BatchingActivities
+from activities.rollout.canary_fleet import CanaryFleetActivities
+from activities.rollout.notify_activities import NotifyActivities
 from activities.rollout.retire_scheduling import RetireScheduling
 from activities.rollout.rollout_activities import RolloutActivities
 from activities.rollout.serving_pods import ServingPods
@@ -100,9 +103,10 @@ def activity_methods(instance: object, contract: type) -> list[Callable]:
     return [getattr(instance, name) for name, member in vars(contract).items() if callable(member) and not name.startswith("_")]
 
 
-def build_activities(config: Settings) -> list[Callable]:
+def build_activities(config: Settings, signals: WorkflowSignals | None = None) -> list[Callable]:
     """Every activity this worker runs: the clients built once from ``config`` and passed into
-    the activity classes, whose bound methods are registered."""
+    the activity classes, whose bound methods are registered; ``signals`` (the worker's client)
+    lets stage_weights report progress to its rollout."""
     kube = KubeClient.connect(config.kubeconfig, config.kube_in_cluster)
     s3 = S3Client(config.aws_endpoint_url, config.aws_region)
     prometheus = PrometheusClient(config.prometheus_url)
@@ -115,7 +119,7 @@ def build_activities(config: Settings) -> list[Callable]:
     rollout = RolloutActivities(
         kube, s3, prometheus, VllmClient(api_key=api_key), pods, config.gateway, config.service_url_template, config.weights_buckets,
         image_prefixes=config.image_prefixes, image_pinning=config.image_pinning,
-        max_replicas=config.max_replicas, max_gpus_per_replica=config.max_gpus_per_replica,
+        max_replicas=config.max_replicas, max_gpus_per_replica=config.max_gpus_per_replica, signals=signals,
     )
     registry = RegistryActivities(s3, kube, config.weights_bucket, config.weights_buckets)
     cost = CostActivities(prometheus)
@@ -123,6 +127,11 @@ def build_activities(config: Settings) -> list[Callable]:
     return [
         *activity_methods(rollout, rollout_contract.RolloutActivities),
         *activity_methods(RetireScheduling(), rollout_contract.RetireScheduling),
+        *activity_methods(CanaryFleetActivities(kube, prometheus), rollout_contract.CanaryFleetActivities),
+        *activity_methods(
+            NotifyActivities(kube, config.notify_webhook_url, config.notify_webhook_format, config.web_ui_url),
+            rollout_contract.NotifyActivities,
+        ),
         *activity_methods(BatchingActivities(kube, prometheus, VllmClient(api_key=api_key), config.service_url_template), rollout_contract.BatchingActivities),
         *activity_methods(registry, registry_contract.RegistryActivities),
         *activity_methods(
@@ -199,7 +208,7 @@ async def run_worker(config: Settings, stop: asyncio.Event | None = None) -> Non
             client,
             task_queue=config.task_queue,
             workflows=WORKFLOWS,
-            activities=build_activities(config),
+            activities=build_activities(config, WorkflowSignals(client, loop)),
             activity_executor=executor,
             max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
             graceful_shutdown_timeout=SHUTDOWN_GRACE,

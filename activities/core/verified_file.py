@@ -40,14 +40,14 @@ def fetch_verified(
 ) -> int:
     """Fetch ``dest`` from ``stream(offset)`` (the source's bytes from ``offset`` on, in order),
     resuming a verified prefix left by an earlier attempt against the same ``tag``; returns the
-    bytes resumed. ``advance(offset, n)`` is told of every piece (and of the resumed prefix).
+    bytes resumed. ``advance(offset, n)`` is told of every piece read (and of the resumed prefix, n 0).
     The finished file is renamed into place only once its SHA-256 matches."""
     partial = dest.with_name(dest.name + ".partial")
     sidecar = dest.with_name(dest.name + ".partial.json")
     hasher = hashlib.sha256()
     pieces = _resume_prefix(partial, sidecar, tag, hasher)
     offset = resumed = min(len(pieces) * CHUNK_BYTES, size)
-    advance(offset, offset)
+    advance(offset, 0)
     with partial.open("ab") as out:
         for data in stream(offset):
             out.write(data)

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
+
+from workflows.core.transfer import DownloadProgress, rate, report_due
 
 
 def safe_component(value: str, field: str) -> str:
@@ -19,18 +23,40 @@ def safe_component(value: str, field: str) -> str:
 
 
 class StagingProgress:
-    """Bytes staged across all files, reported as heartbeat details (survive into the next attempt)."""
+    """Bytes staged across all files, heartbeated (the details survive into the next attempt; the
+    CLI reads them) and, at a bounded rate (transfer.report_due), handed to ``report``: the
+    worker signals them to the rollout, whose status and current details show them."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(
+        self,
+        total: int,
+        report: Callable[[DownloadProgress], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.total = total
-        self.done = 0
         self.resumed = 0
         self.files: dict[str, int] = {}
+        self.report, self.clock = report, clock
+        self.started = self.reported_at = clock()
+        self.fetched = self.fetched_at_report = 0
 
-    def advance(self, uri: str, offset: int, nbytes: int) -> None:
-        self.done += nbytes
+    @property
+    def done(self) -> int:
+        return sum(self.files.values())
+
+    def advance(self, uri: str, offset: int, fetched: int) -> None:
+        """``uri`` is verified up to ``offset``, ``fetched`` of those bytes read now (0 for what an
+        earlier attempt left)."""
         self.files[uri] = offset
-        activity.heartbeat({"bytes_done": self.done, "bytes_total": self.total, "verified": self.files})
+        self.fetched += fetched
+        now = self.clock()
+        progress = DownloadProgress(
+            bytes_done=self.done, bytes_total=self.total, bytes_per_second=rate(self.fetched, now - self.started)
+        )
+        activity.heartbeat({**progress.model_dump(include={"bytes_done", "bytes_total", "bytes_per_second"}), "verified": self.files})
+        if self.report is not None and report_due(self.fetched - self.fetched_at_report, now - self.reported_at, self.total):
+            self.reported_at, self.fetched_at_report = now, self.fetched
+            self.report(progress)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path, PurePosixPath
-from typing import Any, Collection
+from typing import Any, Callable, Collection
 
 from botocore.exceptions import ClientError
 from kubernetes.client.exceptions import ApiException
@@ -59,6 +59,7 @@ from activities.core.deployments import (
     read_route,
     scale_down_spot_mix,
 )
+from activities.core.workflow_signals import WorkflowSignals
 from activities.core.verified_file import ChecksumMismatch, already_verified, discard_partial, fetch_verified
 from activities.rollout.mirror import mirror_filter, with_mirror
 from activities.rollout.model_cache import StagingProgress, safe_component, staging_lock
@@ -76,6 +77,7 @@ from workflows.core.lora import adapters_on, moved_adapter_rules
 from workflows.core.routes import inference_matches, only_inference
 from workflows.core.naming import DeploymentRef
 from workflows.core.search_attributes import CLI_TYPES
+from workflows.core.transfer import DownloadProgress
 from workflows.core.versions import DeploymentState, WeightFile
 from workflows.rollout import contract
 from workflows.rollout.contract import (
@@ -86,6 +88,7 @@ from workflows.rollout.contract import (
     SCALE_VERSION,
     SET_ROUTE_WEIGHTS,
     STAGE_WEIGHTS,
+    STAGING_PROGRESS,
     WAIT_READY,
     WARM_UP,
     Benchmark,
@@ -121,9 +124,11 @@ class RolloutActivities(contract.RolloutActivities):
         image_pinning: str = "tag",
         max_replicas: int = MAX_REPLICAS,
         max_gpus_per_replica: int = MAX_GPUS_PER_REPLICA,
+        signals: WorkflowSignals | None = None,
     ) -> None:
         """``weights_buckets``: the buckets weights may be staged from (None: any); ``image_prefixes``:
-        the registries/repositories serving images may come from (None: any)."""
+        the registries/repositories serving images may come from (None: any); ``signals``: how
+        stage_weights tells its rollout of its progress (None: heartbeats only)."""
         self.image_prefixes = image_prefixes
         self.image_pinning = image_pinning
         self.max_replicas = max_replicas  # the cluster's maxima (TIDEPLANE_MAX_REPLICAS, ..._GPUS_PER_REPLICA)
@@ -136,6 +141,7 @@ class RolloutActivities(contract.RolloutActivities):
         self.pods = pods
         self.gateway = gateway  # "NAMESPACE/NAME" or "NAME" (then in the route's namespace)
         self.service_url_template = service_url_template
+        self.signals = signals
 
     # ---- Temporal ---------------------------------------------------------------------------------
 
@@ -189,18 +195,25 @@ class RolloutActivities(contract.RolloutActivities):
                 discard_partial(directory / name)
             raise
         total = sum(size for size in staged.values() if size is not None) + sum(h["ContentLength"] for h in heads.values())
-        progress = StagingProgress(total)
+        progress = StagingProgress(total, self._progress_report(req))
         directory.mkdir(parents=True, exist_ok=True)
         with staging_lock(directory):
             for name, wf in targets.items():
                 if staged[name] is not None:
                     progress.resumed += staged[name]
-                    progress.advance(wf.uri, staged[name], staged[name])
+                    progress.advance(wf.uri, staged[name], 0)
                     continue
                 self._stage_file(wf, directory / name, heads[name], progress)
         return StagedWeights(
             path=str(directory), size_bytes=total, resumed_bytes=progress.resumed, seconds=time.monotonic() - started
         )
+
+    def _progress_report(self, req: StageWeightsInput) -> Callable[[DownloadProgress], None] | None:
+        """Where the download's progress goes besides the heartbeat: the calling rollout, as a signal."""
+        if not req.report_progress or self.signals is None:
+            return None
+        info, send = activity.info(), self.signals.send
+        return lambda progress: send(info.workflow_id, info.workflow_run_id, STAGING_PROGRESS, progress)
 
     def _head(self, bucket: str, key: str) -> dict:
         """HEAD the object; a missing bucket or key fails the rollout, naming it."""

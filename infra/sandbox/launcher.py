@@ -1,18 +1,27 @@
 """Start, stop and inspect the local sandbox: Temporal, moto, the Kubernetes API emulator, the
-cloud (node provisioner), the fleet simulator and Prometheus, all as background processes on
-127.0.0.1.
+cloud (node provisioner), the fleet simulator, Prometheus and the webhook receiver, all as
+background processes on 127.0.0.1.
 
 Everything ``up`` starts is recorded in ``<state dir>/pids.json`` (pid, process start time,
 own process group), so ``down`` stops exactly those processes — never anything that merely reuses
 a pid — and a second ``up`` while one runs is refused. ``<state dir>/env`` points every tool
 (temporal CLI, kubectl, boto3, the worker) at the sandbox.
+
+Payloads are encrypted, as production requires: ``up`` makes a payload key and a codec-server
+token once per state dir (files ``payload-key`` and ``codec-token``, mode 0600, kept with
+temporal.db so that its histories stay readable), the worker and the CLI get the key through the
+env file, and ``tideplane codec-server`` runs as a component: the temporal CLI reaches it through
+TEMPORAL_CODEC_ENDPOINT / TEMPORAL_CODEC_AUTH, the web UI through ``--ui-codec-endpoint`` (its
+origin passes without the token: the dev server's UI has no login to take one from).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
+import secrets
 import shlex
 import signal
 import socket
@@ -69,7 +78,9 @@ class Ports(BaseSettings):
     kubeapi_port: int = 16443
     fleet_port: int = 18000
     prometheus_port: int = 19090
+    webhook_port: int = 18090
     worker_metrics_port: int = 9464
+    codec_port: int = 8081
 
     @classmethod
     def free(cls) -> Ports:
@@ -160,6 +171,24 @@ class Sandbox:
         """The sandbox nodes' weight caches, a directory per node (infra/sandbox/node_agents.py)."""
         return self.state_dir / "nodes"
 
+    def _secret(self, name: str, make) -> str:
+        """A secret of this state dir, made on first use and kept (mode 0600) for every later ``up``."""
+        path = self.state_dir / name
+        if not path.exists():
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as out:
+                    out.write(make())
+        return path.read_text().strip()
+
+    def codec_secrets(self) -> dict[str, str]:
+        """The payload key (base64 of 32 bytes, AES-256) and the codec server's bearer token."""
+        return {
+            "TIDEPLANE_PAYLOAD_ENCRYPTION_KEY": self._secret("payload-key", lambda: base64.b64encode(os.urandom(32)).decode()),
+            "TIDEPLANE_CODEC_SERVER_TOKEN": self._secret("codec-token", lambda: secrets.token_urlsafe(32)),
+        }
+
     @property
     def worker_pid_file(self) -> Path:
         """Written by any ``tideplane worker`` run with the env file (demo or foreground)."""
@@ -202,6 +231,8 @@ class Sandbox:
             "nodes": f"http://127.0.0.1:{p.moto_port} (Auto Scaling groups)",
             "pod-discovery": f"{self.pod_targets} (serving pods for Prometheus, from the API's list and watch)",
             "worker": f"http://127.0.0.1:{p.worker_metrics_port}/metrics",
+            "webhook": f"http://127.0.0.1:{p.webhook_port}",
+            "codec": f"http://127.0.0.1:{p.codec_port}",
         }
 
     def env(self) -> dict[str, str]:
@@ -223,6 +254,9 @@ class Sandbox:
             "TIDEPLANE_SERVICE_URL_TEMPLATE": service_urls,
             "TIDEPLANE_POD_URL_TEMPLATE": u["fleet"] + "/pods/{namespace}/{pod}",
             "TIDEPLANE_SHADOW_PAIRS_URL": u["fleet"] + "/mirror/{namespace}/{name}",
+            # the worker's notifications go to the receiver (GET /messages lists them), linking the web UI
+            "TIDEPLANE_NOTIFY_WEBHOOK_URL": u["webhook"] + "/notify",
+            "TIDEPLANE_WEB_UI_URL": u["temporal-ui"],
             "TIDEPLANE_MODEL_CACHE_DIR": str(self.state_dir / "model-cache"),
             "TIDEPLANE_WEIGHTS_BUCKET": WEIGHTS_BUCKET,
             "TIDEPLANE_SPOT_QUEUE_URL": spot_queue,
@@ -231,6 +265,10 @@ class Sandbox:
             "TIDEPLANE_PID_FILE": str(self.worker_pid_file),
             "TIDEPLANE_SANDBOX_KUBEAPI_URL": u["kubeapi"],
             "TIDEPLANE_SANDBOX_FLEET_URL": u["fleet"],
+            "TIDEPLANE_PAYLOAD_ENCRYPTION_KEY": self.codec_secrets()["TIDEPLANE_PAYLOAD_ENCRYPTION_KEY"],
+            # the temporal CLI's own variables for --codec-endpoint and --codec-auth
+            "TEMPORAL_CODEC_ENDPOINT": u["codec"],
+            "TEMPORAL_CODEC_AUTH": f"Bearer {self.codec_secrets()['TIDEPLANE_CODEC_SERVER_TOKEN']}",
         }
 
     # -- up
@@ -242,10 +280,14 @@ class Sandbox:
             "--port", str(p.temporal_port), "--ui-port", str(p.temporal_ui_port),
             "--http-port", str(p.temporal_http_port), "--metrics-port", str(p.temporal_metrics_port),
             "--db-filename", str(self.state_dir / "temporal.db"), "--log-level", "warn", "--ui-disable-news-fetch",
+            "--ui-codec-endpoint", u["codec"],
         ]
+        ui_origins = [arg for host in ("127.0.0.1", "localhost") for arg in ("--allow-origin", f"http://{host}:{p.temporal_ui_port}")]
+        codec = [py, "-m", "workers.cli", "codec-server", "--port", str(p.codec_port), *ui_origins, "--ui-without-token"]
         return [
             Component("temporal", temporal, p.temporal_port),
             Component("temporal-ui", [], p.temporal_ui_port),
+            Component("codec", codec, p.codec_port),
             Component("moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(p.moto_port)], p.moto_port),
             Component("kubeapi", [py, "-m", "infra.sandbox.kubeapi", "--host", "127.0.0.1", "--port", str(p.kubeapi_port), "--time-scale", str(time_scale), "--pod-network", self.pod_network], p.kubeapi_port),
             Component("pod-discovery", [py, "-m", "infra.sandbox.pod_discovery", "--kube-url", u["kubeapi"], "--out", str(self.pod_targets)], None),
@@ -258,6 +300,7 @@ class Sandbox:
                 ],
                 p.prometheus_port,
             ),
+            Component("webhook", [py, "-m", "infra.sandbox.webhook_receiver", "--port", str(p.webhook_port)], p.webhook_port),
             Component(
                 "nodes",
                 [py, "-m", "infra.sandbox.nodes", "--kube-url", u["kubeapi"], "--aws-endpoint-url", u["moto"], "--config", str(self.config_path.resolve()), "--time-scale", str(time_scale), "--node-cache-root", str(self.node_cache_root)],
@@ -301,7 +344,7 @@ class Sandbox:
 
         deadline = time.monotonic() + timeout
         try:
-            spawn("moto", "kubeapi", "fleet", "prometheus")
+            spawn("moto", "kubeapi", "fleet", "prometheus", "webhook", "codec")
             self._wait(components, "moto", deadline)
             self._seed_aws()
             self._wait(components, "kubeapi", deadline)
@@ -309,6 +352,8 @@ class Sandbox:
             spawn("pod-discovery", "nodes")
             self._wait(components, "fleet", deadline)
             self._wait(components, "prometheus", deadline)
+            self._wait(components, "webhook", deadline)
+            self._wait(components, "codec", deadline)
             # Temporal last: its internal services take random free ports, which must not be ours.
             spawn("temporal")
             self._wait_nodes(sum(p.count for p in config.node_pools), deadline)
@@ -325,6 +370,7 @@ class Sandbox:
     def _setup_temporal(self) -> None:
         """Registers the search attributes as a user does: `tideplane setup temporal` (workers/cli/setup.py)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDEPLANE_TEMPORAL_", "TEMPORAL_"))}
+        env["TIDEPLANE_PAYLOAD_ENCRYPTION_KEY"] = self.codec_secrets()["TIDEPLANE_PAYLOAD_ENCRYPTION_KEY"]
         done = subprocess.run(
             [str(BIN / "tideplane"), "setup", "temporal", "--address", self.urls()["temporal"], "--namespace", "default"],
             env=env, capture_output=True, text=True, timeout=60,
@@ -365,7 +411,7 @@ class Sandbox:
         log = open(self.state_dir / "logs" / f"{name}.log", "ab")
         proc = subprocess.Popen(
             argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+            start_new_session=True, env={**os.environ, **self._component_env(name), **(env or {}), "PYTHONUNBUFFERED": "1"},
         )
         log.close()
         self._children[name] = proc
@@ -376,6 +422,10 @@ class Sandbox:
                 break
             time.sleep(0.01)
         return {"pid": proc.pid, "start_time": start, "argv": argv, "log": str(self.state_dir / "logs" / f"{name}.log")}
+
+    def _component_env(self, name: str) -> dict[str, str]:
+        """What a component needs beyond the inherited environment (also on ``restart``)."""
+        return self.codec_secrets() if name == "codec" else {}
 
     def _check_alive(self, name: str) -> None:
         proc = self._children.get(name)

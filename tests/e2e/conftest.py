@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.clients.s3 import S3Client
 from activities.registry.store import Registry
@@ -26,8 +25,8 @@ def kube(sandbox) -> client.ApiClient:  # noqa: F811 - the fixture imported abov
 
 @pytest.fixture(scope="module")
 async def temporal(sandbox) -> Client:  # noqa: F811
-    """A client of the sandbox's Temporal server."""
-    return await Client.connect(sandbox.urls["temporal"], data_converter=pydantic_data_converter)
+    """A client of the sandbox's Temporal server, with its payload key (the sandbox's worker encrypts)."""
+    return await Client.connect(sandbox.urls["temporal"], data_converter=sandbox.data_converter)
 
 
 @pytest.fixture(scope="module")

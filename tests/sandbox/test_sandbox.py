@@ -1,5 +1,6 @@
 """End to end against the whole sandbox: each tool talks its real protocol to the stand-in."""
 
+import base64
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import boto3
@@ -79,6 +81,39 @@ def test_sourced_env_file_points_the_tools_at_the_sandbox(sandbox):
     assert out.returncode == 0, out.stderr
     assert "default" in out.stdout
     assert out.stdout.count("node/ip-") == sum(p["count"] for p in TEST_CONFIG["node_pools"])
+
+
+def test_sandbox_payloads_are_ciphertext_in_temporal_and_clear_through_its_codec_server(sandbox):
+    """The sandbox encrypts as production must. A `temporal workflow start` from the sourced env file
+    (TEMPORAL_CODEC_ENDPOINT / TEMPORAL_CODEC_AUTH: the sandbox's codec server) stores its input
+    encrypted: `workflow show` without the codec sees only ciphertext, with it the input; without the
+    token the codec server decodes nothing."""
+    marker = f"sandbox-marker-{uuid.uuid4().hex[:8]}"
+    workflow_id = f"codec-{marker}"
+
+    def sourced(command: str) -> subprocess.CompletedProcess:
+        script = f"source {sandbox.state_dir / 'env'} && {command}"
+        return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                              env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")})
+
+    def start_input(without: str = "") -> dict:
+        shown = sourced(f"{without} temporal workflow show -w {workflow_id} --output json")
+        assert shown.returncode == 0, shown.stderr
+        (payload,) = json.loads(shown.stdout)["events"][0]["workflowExecutionStartedEventAttributes"]["input"]["payloads"]
+        return payload
+
+    started = sourced(f"temporal workflow start --type ModelRollout --task-queue no-worker -w {workflow_id} --input '{{\"marker\": \"{marker}\"}}'")
+    assert started.returncode == 0, started.stderr
+    try:
+        sealed = start_input("env -u TEMPORAL_CODEC_ENDPOINT -u TEMPORAL_CODEC_AUTH")
+        assert base64.b64decode(sealed["metadata"]["encoding"]) == b"binary/encrypted"
+        assert marker.encode() not in base64.b64decode(sealed["data"])
+        clear = start_input()
+        assert json.loads(base64.b64decode(clear["data"])) == {"marker": marker}
+        refused = sourced(f"env -u TEMPORAL_CODEC_AUTH temporal workflow show -w {workflow_id} --output json")
+        assert refused.returncode != 0 and marker not in refused.stdout  # the CLI reports the 401 as a failed decode
+    finally:
+        sourced(f"temporal workflow terminate -w {workflow_id} --reason test-done")
 
 
 def test_prometheus_returns_vllm_metrics_of_a_running_deployment(sandbox):

@@ -7,13 +7,13 @@ import pytest
 from tests.servers import time_skipping
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 async def time_skipping_env():
     """Temporal's time-skipping test server with tideplane's search attributes registered.
 
-    One per test module: the server skips time only while nothing is outstanding, so a
-    workflow another module left running (a scaling loop without its worker) must not stall
-    the next module's clock.
+    One per test (it starts in about 0.1 s): the server skips time only while nothing is
+    outstanding, so a workflow an earlier test left running (a loop whose worker has stopped, a
+    task no worker polls) would stall the next test's clock, which then waits in real time.
     """
     async with time_skipping() as env:
         yield env

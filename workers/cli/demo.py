@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 from kubernetes import client
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowFailureError
@@ -35,6 +36,7 @@ from workflows.core.naming import (
     NODE_CAPACITY_TYPE,
     NODE_POOL,
     NODE_ZONE,
+    MANAGED_BY,
     TASK_QUEUE,
     rollout_workflow_id,
     split_deployment,
@@ -69,6 +71,8 @@ RELEASES = [
 ]
 GOLDEN_SET = Path(__file__).resolve().parents[2] / "infra" / "sandbox" / "golden.yaml"
 SHADOW = {"percent": 10, "thresholds": {"min_pairs": 20}}  # mirror 10 % of live requests to the canary
+# The good release is held at 5 % by an operator and resumed, so the notices include a pause.
+HELD_AT = {"1.1.0": 5}
 
 
 def rollout_input(version: str) -> dict:
@@ -117,17 +121,38 @@ def _start_with_cli(sandbox: Sandbox, version: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, text=True)
 
 
-async def _follow(client: Client) -> RolloutResult:
+async def _operator(*command: str) -> None:
+    """Run ``tideplane rollout COMMAND`` as an operator types it, printing it and its answer."""
+    print(f"  $ tideplane rollout {' '.join(command)}", flush=True)
+    proc = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).with_name("tideplane")), "rollout", *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    answer, _ = await proc.communicate()
+    print(f"  {answer.decode().strip()}", flush=True)
+
+
+async def _follow(client: Client, hold_at: int | None = None) -> RolloutResult:
     """Follow the rollout with `tideplane rollout get --watch`'s view (redrawn in place on a
     terminal, a block per change otherwise), and once a verdict at 5 % or more is in, print what
-    the web UI shows as the run's current details."""
+    the web UI shows as the run's current details. With ``hold_at``, pause the rollout when it
+    reaches that weight and resume it once it shows paused."""
     handle = client.get_workflow_handle(rollout_workflow_id(DEMO_DEPLOYMENT), result_type=RolloutResult)
     print(f"  $ tideplane rollout get {DEMO_DEPLOYMENT} --watch", flush=True)
     details_shown = False
+    hold = "to pause" if hold_at is not None else "done"
 
     async def current_details(snap: Snapshot) -> bool:
-        nonlocal details_shown
-        verdict = snap.status.last_verdict if snap.status else None
+        nonlocal details_shown, hold
+        status = snap.status
+        if hold == "to pause" and status is not None and status.weight >= hold_at:
+            await _operator("pause", DEMO_DEPLOYMENT, "--reason", f"an operator holds it at {hold_at} % to look at the dashboards")
+            hold = "to resume"
+            return True
+        if hold == "to resume" and status is not None and status.paused:
+            await _operator("resume", DEMO_DEPLOYMENT)
+            hold = "done"
+            return True
+        verdict = status.last_verdict if status else None
         if not details_shown and verdict is not None and verdict.weight >= 5:
             meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
             print("  the web UI's current details now read:\n    " + meta.current_details.replace("\n\n", "\n    "), flush=True)
@@ -163,9 +188,23 @@ async def _rollouts(sandbox: Sandbox, config: Settings) -> None:
         print(f"\nRolling out {DEMO_MODEL} {version} ({what}) to {DEMO_DEPLOYMENT}")
         _start_with_cli(sandbox, version)
         try:
-            print(_outcome(await _follow(client)))
+            print(_outcome(await _follow(client, HELD_AT.get(version))))
         except WorkflowFailureError as exc:
             print(f"  => failed: {exc.cause}")
+
+
+def _notices(sandbox: Sandbox, core: client.CoreV1Api, namespace: str, received_before: int) -> None:
+    """What the rollouts told: the webhook receiver's messages of this demo, one line each, and the
+    Kubernetes Events they wrote on the versions' Deployments (what ``kubectl describe`` lists)."""
+    url = sandbox.urls()["webhook"] + "/messages"
+    messages = httpx.get(url, timeout=10).json()[received_before:]
+    print(f"\nThe webhook receiver got {len(messages)} notices:\n$ curl -s {url}")
+    for message in messages:
+        print(f"  {message.get('text')}" + (f"  {message['link']}" if message.get("link") else ""))
+    events = [e for e in core.list_namespaced_event(namespace).items if e.reporting_component == MANAGED_BY]
+    print(f"\nand the Events on the Deployments ($ kubectl --kubeconfig {sandbox.kubeconfig} describe deployment -n {namespace}):")
+    for event in sorted(events, key=lambda e: str(e.last_timestamp or e.metadata.creation_timestamp or "")):
+        print(f"  {event.involved_object.name:<12} {event.type:<8} {event.reason:<18} {event.message}")
 
 
 def _fresh_namespace(core: client.CoreV1Api, namespace: str) -> None:
@@ -204,7 +243,9 @@ def story(sandbox: Sandbox) -> None:
     print(f"$ tideplane registry golden set {DEMO_MODEL} {GOLDEN_SET.relative_to(GOLDEN_SET.parents[2])}")
     print(f"  {quality_cli.store_golden(registry, DEMO_MODEL, str(GOLDEN_SET))}")
     set_demand(api, DEMO_DEPLOYMENT, Demand(rps=DEMO_RPS))
+    received_before = len(httpx.get(sandbox.urls()["webhook"] + "/messages", timeout=10).json())
     asyncio.run(_rollouts(sandbox, config))
+    _notices(sandbox, core, namespace, received_before)
 
     print(f"\nThe registry now says:\n$ tideplane registry list {DEMO_MODEL}")
     registry_cli.main(["registry", "list", DEMO_MODEL], config)

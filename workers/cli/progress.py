@@ -1,4 +1,4 @@
-"""A progress line for long CLI operations: bytes done, rate and time left, rewritten in place on
+"""A progress line for long CLI operations: a bar, bytes done, rate and time left, rewritten in place on
 a terminal, silent when the output is not one (CI logs keep only the final summary)."""
 
 from __future__ import annotations
@@ -8,19 +8,19 @@ import threading
 import time
 from typing import Callable, TextIO
 
-
-def size(n: float) -> str:
-    """Bytes as people read them: ``512 B``, ``1.5 MiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
+from workflows.core.transfer import describe, rate
 
 
-def duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+def bar(done: float, total: float, width: int = 20) -> str:
+    """``[#####...............]``: the done share of ``width`` cells."""
+    filled = min(width, int(width * done / total)) if total > 0 else 0
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def progress_text(done: float, total: float | None, bytes_per_second: float) -> str:
+    """``[#####...] 4.0 GiB of 16.0 GiB (25 %)  40.0 MiB/s  ETA 5m07s`` (no total: no bar)."""
+    text = describe(done, total, bytes_per_second)
+    return f"{bar(done, total)} {text}" if total else text
 
 
 class ProgressLine:
@@ -62,15 +62,7 @@ class ProgressLine:
                 self.stream.flush()
 
     def render(self, now: float) -> str:
-        elapsed = max(now - self.started, 1e-9)
-        rate = self.done / elapsed
-        text = f"{self.what}: {size(self.done)}"
-        if self.total:
-            text += f" of {size(self.total)} ({100 * self.done / self.total:.0f} %)"
-        text += f"  {size(rate)}/s"
-        if self.total and rate > 0 and self.done < self.total:
-            text += f"  ETA {duration((self.total - self.done) / rate)}"
-        return text
+        return f"{self.what}: {progress_text(self.done, self.total, rate(self.done, now - self.started))}"
 
     def _draw(self, now: float) -> None:
         text = self.render(now)

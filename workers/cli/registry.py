@@ -28,7 +28,8 @@ from temporalio.client import (
 
 from activities.clients.s3 import S3Client
 from activities.registry.store import Registry, RegistryError
-from workers.cli.progress import ProgressLine, size
+from workers.cli.progress import ProgressLine
+from workflows.core.transfer import size
 from workers.cli.wording import counted
 from workers.client import connect
 from workers.config import Settings, load_settings

@@ -25,17 +25,17 @@ from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 from pathlib import Path
-from urllib.parse import quote
 
 from pydantic import BaseModel, ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
-from workers.cli.progress import duration, size
+from workers.cli.progress import progress_text
 from workers.cli.errors import CliError, out_format, print_data, read_spec
 from workers.client import connect
 from workers.config import Settings
-from workflows.core.naming import TASK_QUEUE, rollout_workflow_id
+from workflows.core.naming import TASK_QUEUE, rollout_workflow_id, workflow_link
+from workflows.core.transfer import DownloadProgress, rate
 from workflows.rollout.contract import STAGE_WEIGHTS
 from workflows.rollout.types import AbortInput, PauseInput, PromoteInput, RolloutInput, RolloutResult, RolloutStatus, Stage
 from workflows.rollout.client import rollout_result, start_rollout
@@ -58,21 +58,31 @@ def ladder(status: RolloutStatus) -> str:
     return " → ".join(parts)
 
 
-def download_line(details: dict, seconds: float) -> str | None:
-    """``download 1.2 GiB of 16.0 GiB (7 %)  40.0 MiB/s  ETA 6m10s`` from stage_weights' heartbeat
-    (bytes_done, bytes_total) and the seconds its attempt has run; None without byte counts."""
-    done, total = details.get("bytes_done"), details.get("bytes_total")
-    if not isinstance(done, (int, float)) or not isinstance(total, (int, float)) or total <= 0:
+def heartbeat_progress(details: dict, seconds: float) -> DownloadProgress | None:
+    """The download's progress from stage_weights' heartbeat (bytes_done, bytes_total,
+    bytes_per_second; without a rate, bytes_done over the ``seconds`` its attempt has run); None
+    without byte counts."""
+    try:
+        progress = DownloadProgress.model_validate(details)
+    except ValidationError:
         return None
-    rate = done / seconds if seconds > 0 else 0.0
-    text = f"download {size(done)} of {size(total)} ({100 * done / total:.0f} %)  {size(rate)}/s"
-    if 0 < rate and done < total:
-        text += f"  ETA {duration((total - done) / rate)}"
-    return text
+    if progress.bytes_total <= 0:
+        return None
+    if "bytes_per_second" not in details:  # heartbeats from before the rate was in them
+        progress.bytes_per_second = rate(progress.bytes_done, seconds)
+    return progress
+
+
+def download_line(progress: DownloadProgress) -> str:
+    """``download [#####...............] 4.0 GiB of 16.0 GiB (25 %)  40.0 MiB/s  ETA 5m07s``, with
+    the time of a report the rollout received (its heartbeat line has none: it is fresh)."""
+    at = f"  (at {progress.reported_at:%H:%M:%S})" if progress.reported_at else ""
+    return f"download {progress_text(progress.bytes_done, progress.bytes_total, progress.bytes_per_second)}{at}"
 
 
 def render(
-    status: RolloutStatus | None, result: RolloutResult | None = None, state: str | None = None, download: str | None = None
+    status: RolloutStatus | None, result: RolloutResult | None = None, state: str | None = None,
+    download: DownloadProgress | None = None,
 ) -> list[str]:
     """What ``get`` shows: stage, ladder, weights, replicas, each gate's value against its threshold,
     the last verdict, the pause reason, pre-staging progress and, once ended, the outcome."""
@@ -104,8 +114,10 @@ def render(
     for verdict_of in (status.golden, status.shadow):
         if verdict_of is not None:
             lines.append(verdict_of.describe())
-    if download:
-        lines.append(download)
+    if status.stage is Stage.STAGING:
+        download = download or status.download  # the heartbeat unread: the rollout's last report
+    if download is not None:
+        lines.append(download_line(download))
     for node in status.nodes:
         lines.append(f"staging  {node.describe()}")
     if result is not None:
@@ -131,7 +143,7 @@ class Snapshot(BaseModel):
     state: str
     status: RolloutStatus | None
     result: RolloutResult | None
-    download: str | None = None  # stage_weights' progress, from its last heartbeat
+    download: DownloadProgress | None = None  # stage_weights' progress, from its last heartbeat
 
     @property
     def code(self) -> int:
@@ -151,7 +163,7 @@ async def snapshot(handle: WorkflowHandle) -> Snapshot:
                     status=status, result=result, download=_download(desc))
 
 
-def _download(desc) -> str | None:
+def _download(desc) -> DownloadProgress | None:
     """The weights download's progress from the pending stage_weights activity's heartbeat (plain
     JSON payloads only: an encrypted heartbeat stays unread here)."""
     for pending in desc.raw_description.pending_activities:
@@ -166,7 +178,7 @@ def _download(desc) -> str | None:
             return None
         started = pending.last_started_time.ToDatetime(tzinfo=timezone.utc) if pending.HasField("last_started_time") else None
         seconds = (datetime.now(timezone.utc) - started).total_seconds() if started else 0.0
-        return download_line(details if isinstance(details, dict) else {}, seconds)
+        return heartbeat_progress(details if isinstance(details, dict) else {}, seconds)
     return None
 
 
@@ -201,10 +213,6 @@ async def watch(
 
 
 # ---- commands --------------------------------------------------------------------------------
-
-
-def workflow_link(ui: str, namespace: str, workflow_id: str) -> str:
-    return f"{ui.rstrip('/')}/namespaces/{namespace}/workflows/{quote(workflow_id, safe='')}"
 
 
 def _config(args, config: Settings) -> Settings:

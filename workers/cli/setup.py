@@ -77,7 +77,7 @@ def cmd_temporal(args: argparse.Namespace, config: Settings) -> int:
     config = config.model_copy(update={"temporal_address": args.address or config.temporal_address, "temporal_namespace": namespace})
 
     async def run() -> tuple[list[str], list[str]]:
-        return await register_search_attributes(await connect(config), namespace)
+        return await register_search_attributes(await connect(config, payloads=False), namespace)
 
     try:
         added, found = asyncio.run(run())

@@ -164,6 +164,12 @@ def rollout_workflow_id(deployment: str) -> str:
     return f"rollout/{namespace}/{name}"
 
 
+def workflow_link(ui: str, namespace: str, workflow_id: str) -> str:
+    """A workflow's page in the Temporal web UI at ``ui`` (the CLI prints it, notifications carry it)."""
+    escaped = "".join(c if c.isascii() and (c.isalnum() or c in "-._~") else "".join(f"%{b:02X}" for b in c.encode()) for c in workflow_id)
+    return f"{ui.rstrip('/')}/namespaces/{namespace}/workflows/{escaped}"  # urllib's quote(safe=""), no I/O module
+
+
 def scaling_workflow_id(deployment: str) -> str:
     namespace, name = split_deployment(deployment)
     return f"scaling/{namespace}/{name}"

@@ -28,7 +28,16 @@ from workflows.core.telemetry import (
     rollout_paused,
 )
 from workflows.core.waiting import wait_until
-from workflows.rollout.contract import RolloutActivities, RouteWeightsInput, ScaleVersionInput
+from workflows.rollout.contract import (
+    NoticeInput,
+    NoticeKind,
+    NotifyActivities,
+    RolloutActivities,
+    RouteWeightsInput,
+    ScaleVersionInput,
+    WaitReadyInput,
+)
+from workflows.rollout.patches import NOTIFY_PATCH
 from workflows.rollout.run_state import RunState
 from workflows.rollout.types import RolloutResult, Stage, VerdictRecord
 
@@ -47,6 +56,13 @@ KUBE_CALL = timedelta(seconds=60)
 # Runs started before metrics moved onto the workflow metric meter replay the record_* activities
 # they scheduled; those were best effort: a missing or failing recorder never held up a rollout.
 BEST_EFFORT = RetryPolicy(maximum_attempts=3, non_retryable_error_types=["NotFoundError", "ValidationError"])
+# A notice is retried briefly and then given up: telling people never holds up or fails a rollout.
+NOTICE = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=5), maximum_attempts=4,
+    non_retryable_error_types=["ValidationError"],
+)
+NOTICE_ATTEMPT = timedelta(seconds=20)
+NOTICE_DEADLINE = timedelta(seconds=60)
 
 
 class Abort(Exception):
@@ -133,6 +149,17 @@ async def shielded(cleanup: Coroutine[Any, Any, RolloutResult]) -> RolloutResult
         raise
 
 
+async def next_gate_interval(state: RunState, why: str) -> None:
+    """Wait one gate interval, or less when a human pauses, promotes or aborts, then act on what
+    they sent (``checkpoint``): the beat of every analysis loop."""
+    await wait_until(
+        lambda: state.paused or state.promote is not None or state.abort_reason is not None,
+        timedelta(seconds=state.input.gate_interval_seconds),
+        why,
+    )
+    await checkpoint(state)
+
+
 async def checkpoint(state: RunState) -> None:
     """Between actions: stop for an abort, wait out a pause (promote also ends a pause)."""
     if state.abort_reason is not None:
@@ -142,6 +169,7 @@ async def checkpoint(state: RunState) -> None:
     before = state.stage
     set_stage(state, Stage.PAUSED)
     record_rollout(state, "paused", state.stage_label(state.weight))
+    notify(state, NoticeKind.PAUSED, state.pause_reason or "paused")
     since = workflow.now()
     limit = state.input.deadlines.pause_seconds
     while state.paused and state.abort_reason is None and state.promote is None:
@@ -158,8 +186,10 @@ async def checkpoint(state: RunState) -> None:
         show(state, f"paused for {(workflow.now() - since).total_seconds() / 3600:.1f} h")
     if state.abort_reason is not None:
         raise Abort(state.abort_reason)
+    ended_by = "promote ended the pause" if state.paused else "resumed"
     state.paused = False
     record_rollout(state, "resumed", state.stage_label(state.weight))
+    notify(state, NoticeKind.RESUMED, ended_by)
     set_stage(state, before)
 
 
@@ -228,6 +258,24 @@ async def scale(state: RunState, version: str, replicas: int, summary: str, retr
         state.canary_replicas = replicas
 
 
+async def scale_canary(state: RunState, replicas: int, why: str) -> None:
+    """Scale the new version to ``replicas`` and wait until they are Ready (the step's deadline);
+    a canary that does not become Ready rolls back (the attempt failed, not the version)."""
+    version = state.input.version
+    await scale(state, version, replicas, f"scale {version} to {replicas} replica(s) {why}")
+    try:
+        await act(
+            state,
+            RolloutActivities.wait_ready,
+            WaitReadyInput(deployment=state.ref, version=version, replicas=replicas),
+            summary=f"wait for {replicas} replica(s) of {version} to be Ready",
+            schedule_to_close=state.input.deadlines.step_ready_seconds,
+            heartbeat=30,
+        )
+    except ActivityError as err:
+        raise RollBack(f"canary not Ready {why}: {cause(err)}") from err
+
+
 def set_stage(state: RunState, stage: Stage) -> None:
     now = workflow.now()
     key = state.stage.value
@@ -239,6 +287,39 @@ def set_stage(state: RunState, stage: Stage) -> None:
 
 def show(state: RunState, note: str = "") -> None:
     workflow.set_current_details(state.details(note))
+
+
+def notify(state: RunState, kind: NoticeKind, message: str) -> None:
+    """Tell people (a Kubernetes Event, the webhook) without waiting: the delivery runs beside the
+    rollout and ``drain_notices`` awaits it before the run returns, so no task is left pending."""
+    if not workflow.patched(NOTIFY_PATCH):
+        return
+    info = workflow.info()
+    notice = NoticeInput(
+        deployment=state.ref, version=state.input.version, kind=kind, message=message, weight=state.weight,
+        workflow_id=info.workflow_id, run_id=info.run_id, namespace=info.namespace, seq=len(state.notices) + 1,
+    )
+    state.notices.append(asyncio.ensure_future(_deliver(notice)))
+
+
+async def _deliver(notice: NoticeInput) -> None:
+    """One notice's activity; its failure is logged, never raised."""
+    try:
+        await workflow.execute_activity_method(
+            NotifyActivities.notify,
+            notice,
+            start_to_close_timeout=NOTICE_ATTEMPT,
+            schedule_to_close_timeout=NOTICE_DEADLINE,
+            retry_policy=NOTICE,
+            summary=f"notify: {notice.kind.value}",
+        )
+    except ActivityError as err:
+        workflow.logger.warning("notice %d (%s) not delivered: %s", notice.seq, notice.kind.value, cause(err))
+
+
+async def drain_notices(state: RunState) -> None:
+    """Wait for every notice issued so far (each ends within NOTICE_DEADLINE; failures are logged)."""
+    await asyncio.gather(*state.notices)
 
 
 def record_rollout(state: RunState, event: str, stage: str, rollback_seconds: float | None = None) -> None:

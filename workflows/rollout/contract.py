@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from enum import Enum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,6 +19,7 @@ from temporalio import activity
 from workflows.core.batching_settings import BatchingSetting, SweepPoint
 from workflows.core.naming import DeploymentName, DeploymentRef, rollout_workflow_id
 from workflows.core.versions import DeploymentState, WeightFile
+from workflows.rollout.diagnosis import CanaryFleet
 
 # Activity names (stable API: histories refer to them).
 STAGE_WEIGHTS = "stage_weights"
@@ -32,6 +34,12 @@ SWEEP_BATCHING = "sweep_batching"
 SET_ENGINE_ARGS = "set_engine_args"
 MOVE_ADAPTER_RULES = "move_adapter_rules"
 CHECK_SEARCH_ATTRIBUTES = "check_search_attributes"
+READ_CANARY_FLEET = "read_canary_fleet"
+
+# The signal stage_weights sends its own rollout with a DownloadProgress (workflows/core/transfer.py).
+STAGING_PROGRESS = "staging_progress"
+
+NOTIFY = "notify"
 
 SCHEDULE_RETIRE = "schedule_retire"
 CANCEL_RETIRE = "cancel_retire"
@@ -42,6 +50,9 @@ class StageWeightsInput(BaseModel):
     version: str
     files: list[WeightFile] = Field(min_length=1)
     image: str | None = Field(None, description="the serving image: refused before anything is read when not allowed")
+    report_progress: bool = Field(
+        False, description="signal the calling workflow (staging_progress) with the download's progress, at a bounded rate"
+    )
 
 
 class StagedWeights(BaseModel):
@@ -238,6 +249,18 @@ class GateQueriesResult(BaseModel):
     )
 
 
+class CanaryFleetInput(BaseModel):
+    """What to read about the canary beside its gates, at one observation (diagnosis.py)."""
+
+    deployment: DeploymentRef
+    version: str = Field(min_length=1, description="the canary")
+    stable_version: str = Field(min_length=1)
+    weight: int = Field(ge=0, le=100, description="the canary's route weight the step set")
+    canary_wanted: int = Field(ge=0, description="canary replicas the step sized")
+    queries: dict[str, str] = Field(description="canary_rps, stable_rps, no_healthy_upstream -> PromQL template (FleetQueries)")
+    variables: dict[str, str] = Field(description="template variables, as for the gates")
+
+
 class MoveAdapterRulesInput(BaseModel):
     """Re-point the adapter rules on ``from_version``'s Service at ``to_version``'s (None: remove them)."""
 
@@ -314,6 +337,53 @@ class BatchingActivities:
     @activity.defn(name=SET_ENGINE_ARGS)
     def set_engine_args(self, req: EngineArgsInput) -> None:
         """The version's Deployment with these batching arguments, rolled out to every replica."""
+        raise NotImplementedError
+
+
+class CanaryFleetActivities:
+    """What ModelRollout reads about its canary's pods and load to name a verdict's cause
+    (implemented in activities/rollout/canary_fleet.py)."""
+
+    @activity.defn(name=READ_CANARY_FLEET)
+    def read_canary_fleet(self, req: CanaryFleetInput) -> CanaryFleet:
+        """Ready and crashed (OOMKilled, CrashLoopBackOff) pods of both versions from the Kubernetes API,
+        their request rates and the gateway's no-healthy-upstream count from Prometheus."""
+        raise NotImplementedError
+
+
+class NoticeKind(str, Enum):
+    """What happened to the rollout that people are told about."""
+
+    PAUSED = "paused"
+    RESUMED = "resumed"
+    ROLLED_BACK = "rolled_back"
+    ABORTED = "aborted"
+    PROMOTED = "promoted"
+
+
+class NoticeInput(BaseModel):
+    """One notice of one run: ``seq`` numbers the run's notices, so (run_id, seq) is its key and a
+    retried delivery writes the same Kubernetes Event instead of a second one."""
+
+    deployment: DeploymentRef
+    version: str = Field(min_length=1, description="the version this run rolls out (its Deployment is the Event's object)")
+    kind: NoticeKind
+    message: str = Field(description="why: the pause reason, the verdict, the promotion")
+    weight: int = Field(ge=0, le=100, description="the new version's route weight when it happened")
+    workflow_id: str = Field(min_length=1)
+    run_id: str = Field(min_length=1)
+    namespace: str = Field(min_length=1, description="the Temporal namespace, for the web UI link")
+    seq: int = Field(ge=1)
+
+
+class NotifyActivities:
+    """How ModelRollout tells people (implemented in activities/rollout/notify_activities.py): a
+    Kubernetes Event on the version's Deployment and the optional webhook. Best effort: the workflow
+    logs a failed delivery and goes on."""
+
+    @activity.defn(name=NOTIFY)
+    def notify(self, notice: NoticeInput) -> None:
+        """Write the notice's Event (an existing one counts as written), then post the webhook if one is set."""
         raise NotImplementedError
 
 

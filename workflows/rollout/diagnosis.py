@@ -71,6 +71,13 @@ class Diagnosis(BaseModel):
     live_weight: int | None = Field(None, description="lost capacity: the weight the live canary pods can carry")
     replicas: int | None = Field(None, description="overload: canary replicas at the stable's per-replica load")
 
+    def describe(self) -> str:
+        """One line for current details: the cause, why, and the load ratio it was judged at."""
+        text = self.cause.value + (f": {self.reason}" if self.reason else "")
+        if self.load_ratio is not None and "load" not in self.reason:
+            text += f" (canary replica load {self.load_ratio:.2f}x a stable replica's)"
+        return text
+
     @property
     def deprecates(self) -> bool:
         """Only a regression says the version is bad (the registry deprecates it)."""

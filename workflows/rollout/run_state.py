@@ -15,12 +15,14 @@ from temporalio import workflow
 
 from workflows.core.batching_settings import SweepRecord
 from workflows.core.naming import DeploymentRef
+from workflows.core.transfer import DownloadProgress
 from workflows.core.verdicts import GoldenVerdict
 from workflows.core.versions import VersionInfo
 from workflows.node_cache.contract import NodeCacheProgress
 from workflows.quality.shadow import ShadowPair, ShadowTally, ShadowVerdict
 from workflows.rollout.batching import SweepChoice
 from workflows.rollout.contract import Benchmark, RouteMirror, StagedWeights
+from workflows.rollout.diagnosis import Diagnosis
 from workflows.rollout.gates import StepAnalysis, canary_replicas
 from workflows.rollout.types import (
     Outcome,
@@ -54,6 +56,7 @@ class RunState:
     ended_in: str | None = None  # stage label where a rollback started
     timings: dict[str, float] = field(default_factory=dict)
     telemetry: list[asyncio.Future] = field(default_factory=list)  # metrics activities of runs recorded before the meter
+    notices: list[asyncio.Future] = field(default_factory=list)  # notice deliveries, drained before the run returns
     # what the operator asked (signals and the promote update)
     paused: bool = False
     pause_reason: str | None = None
@@ -61,6 +64,7 @@ class RunState:
     promote: PromoteInput | None = None
     # what the steps found and measured
     staged: StagedWeights | None = None
+    download: DownloadProgress | None = None  # stage_weights' last report (its staging_progress signal)
     nodes: list[NodeCacheProgress] = field(default_factory=list)  # pre-staging progress per node
     adapters: dict[str, str] | None = None  # None: no adapter to carry; else those carried to this version
     cold_start: float | None = None
@@ -72,6 +76,9 @@ class RunState:
     analysis: StepAnalysis = field(default_factory=StepAnalysis)
     verdicts: list[VerdictRecord] = field(default_factory=list)  # the latest, bounded (VERDICT_HISTORY)
     verdict_count: int = 0  # every observation
+    diagnosis: Diagnosis | None = None  # the last observation's cause
+    holding: str | None = None  # why the analysis clock is held or the canary re-sized (None: it runs)
+    resizes: int = 0  # overload re-sizes of the current step
     mirror: RouteMirror | None = None  # set once the shadow comparison starts
     shadow: ShadowVerdict | None = None
     shadow_after: int = 0  # last mirrored pair read
@@ -104,6 +111,18 @@ class RunState:
         """Replicas the canary needs to carry ``weight`` % of the promoted size."""
         return canary_replicas(self.target_replicas, weight)
 
+    def query_variables(self) -> dict[str, str]:
+        """The ${...} variables of the gate and fleet queries (GateQueries, FleetQueries)."""
+        assert self.stable is not None
+        return {
+            "namespace": self.ref.namespace,
+            "deployment": self.ref.name,
+            "model": self.input.model,
+            "version": self.input.version,
+            "stable_version": self.stable.version,
+            "window": self.input.query_window,
+        }
+
     def stage_label(self, weight: int) -> str:
         """Stage as the metrics name it: ``canary-5`` inside the ladder, else the stage."""
         in_ladder = self.step is not None and self.stage in (Stage.CANARY, Stage.PAUSED)
@@ -132,8 +151,12 @@ class RunState:
             lines.append(f"stable: {self.stable.version} ({self.target_replicas} replicas)")
         if self.paused:
             lines.append(f"⏸ paused: {self.pause_reason} — signal `resume` / `abort`, or update `promote`")
+        if self.holding:
+            lines.append(f"⚠ {self.holding}")
         if note:
             lines.append(note)
+        if self.download is not None and self.stage is Stage.STAGING:
+            lines.append(self.download.describe())
         lines += [v.describe() for v in (self.golden, self.shadow) if v is not None]
         if self.nodes:
             lines.append("nodes: " + ", ".join(n.describe() for n in self.nodes))
@@ -147,6 +170,8 @@ class RunState:
             lines.append(
                 f"step: {a.passes} pass, {a.failures} fail, {a.inconclusives} inconclusive, {a.errors} metric errors"
             )
+            if last.diagnosis is not None:
+                lines.append(f"cause: {last.diagnosis.describe()}")
         return "\n\n".join(lines)
 
     def status(self) -> RolloutStatus:
@@ -169,6 +194,9 @@ class RunState:
             batching=self.batching,
             nodes=self.nodes,
             replicas=self.replicas(),
+            diagnosis=self.diagnosis,
+            holding=self.holding,
+            download=self.download,
         )
 
     def replicas(self) -> dict[str, int]:

@@ -29,6 +29,7 @@ from workflows.rollout.gates import (
     StepAnalysis,
     required_passes,
 )
+from workflows.rollout.diagnosis import Cause, Diagnosis
 from workflows.core.bounds import (
     MAX_GPUS_PER_REPLICA,
     MAX_REPLICAS,
@@ -40,6 +41,7 @@ from workflows.core.bounds import (
 )
 from workflows.core.engine_metrics import E2E_REQUEST_LATENCY, HTTP_REQUESTS, REQUEST_TIME_PER_OUTPUT_TOKEN, TIME_TO_FIRST_TOKEN
 from workflows.core.naming import DeploymentName, DeploymentRef, ModelLabel, VersionLabel
+from workflows.core.transfer import DownloadProgress
 from workflows.rollout.contract import Benchmark, EnvFromSecret, StagedWeights, plain_credential_args, plain_credentials
 from workflows.rollout.batching import BatchingSweep, SweepChoice
 from workflows.core.gpu_shares import GPU_MEMORY_UTILIZATION_FLAG
@@ -69,7 +71,22 @@ def _p99(metric: str, version_var: str = "version") -> str:
     return f"histogram_quantile(0.99, sum by (le) (rate({metric}_bucket{{{_selector(version_var)}}}[${{window}}])))"
 
 
-class GateQueries(_Strict):
+class _Templates(_Strict):
+    """PromQL templates: every field is one, with only the known ${...} variables."""
+
+    @field_validator("*")
+    @classmethod
+    def _known_variables(cls, template: str) -> str:
+        parsed = string.Template(template)
+        if not parsed.is_valid():
+            raise ValueError("invalid ${...} placeholder")
+        unknown = set(parsed.get_identifiers()) - TEMPLATE_VARIABLES
+        if unknown:
+            raise ValueError(f"unknown variables {sorted(unknown)}; allowed: {sorted(TEMPLATE_VARIABLES)}")
+        return template
+
+
+class GateQueries(_Templates):
     """PromQL templates (string.Template) for each gate, like an Argo Rollouts AnalysisTemplate.
 
     Defaults read vLLM's histograms and the HTTP server's ``http_requests_total{status}`` (the families of
@@ -88,17 +105,6 @@ class GateQueries(_Strict):
     ttft_p99: str = _p99(TIME_TO_FIRST_TOKEN.name)
     # vLLM's per-request TPOT, not inter-token latency (why: workflows/core/engine_metrics.py)
     tpot_p99: str = _p99(REQUEST_TIME_PER_OUTPUT_TOKEN.name)
-
-    @field_validator("*")
-    @classmethod
-    def _known_variables(cls, template: str) -> str:
-        parsed = string.Template(template)
-        if not parsed.is_valid():
-            raise ValueError("invalid ${...} placeholder")
-        unknown = set(parsed.get_identifiers()) - TEMPLATE_VARIABLES
-        if unknown:
-            raise ValueError(f"unknown variables {sorted(unknown)}; allowed: {sorted(TEMPLATE_VARIABLES)}")
-        return template
 
     def by_gate(self) -> dict[str, str]:
         return {
@@ -140,11 +146,25 @@ class WarmUp(_Strict):
     )
 
 
+class FleetQueries(_Templates):
+    """PromQL templates for what the canary's cause is read from beside its gates (the diagnosis,
+    workflows/rollout/diagnosis.py): each version's served request rate (a replica's load is it over
+    its Ready pods) and the gateway's requests for the canary that found no healthy upstream (Envoy's
+    ``envoy_cluster_upstream_cx_none_healthy``; a gateway that does not export it reads as none)."""
+
+    canary_rps: str = f"sum(rate({HTTP_REQUESTS.name}{{{_selector('version')}}}[${{window}}]))"
+    stable_rps: str = f"sum(rate({HTTP_REQUESTS.name}{{{_selector('stable_version')}}}[${{window}}]))"
+    no_healthy_upstream: str = f"sum(increase(envoy_cluster_upstream_cx_none_healthy{{{_selector('version')}}}[${{window}}]))"
+
+
 class Deadlines(_Strict):
     stage_weights_seconds: Seconds = Field(7200, description="download and verification of the weights")
     step_ready_seconds: Seconds = Field(900, description="canary scale-up per step, and scale-up at promotion")
     pause_seconds: Seconds | None = Field(
         None, description="a pause longer than this rolls back (never promotes); None waits for a human"
+    )
+    lost_capacity_seconds: Seconds = Field(
+        900, description="a canary short of Ready pods holds its analysis clock this long for them, then pauses for a human"
     )
 
 
@@ -195,6 +215,7 @@ class RolloutInput(_Strict):
     gates: Gates = Field(default_factory=Gates)
     analysis: AnalysisLimits = Field(default_factory=AnalysisLimits)
     queries: GateQueries = Field(default_factory=GateQueries)
+    fleet_queries: FleetQueries = Field(default_factory=FleetQueries)
     warm_up: WarmUp = Field(default_factory=WarmUp)
     deadlines: Deadlines = Field(default_factory=Deadlines)
     replace_model: bool = Field(
@@ -346,6 +367,7 @@ class VerdictRecord(BaseModel):
     at: datetime
     weight: int
     evaluation: Evaluation
+    diagnosis: Diagnosis | None = Field(None, description="the cause behind it (None: the canary fleet was not read)")
 
 
 class PauseInput(_Strict):
@@ -391,6 +413,9 @@ class RolloutStatus(BaseModel):
     replicas: dict[str, int] = Field(
         default_factory=dict, description="replicas by version as the rollout last sized them (stable's total, the canary's share)"
     )
+    diagnosis: Diagnosis | None = Field(None, description="the last observation's cause: regression, overload, lost capacity or healthy")
+    holding: str | None = Field(None, description="why the analysis clock is held or the canary re-sized now (None: it runs)")
+    download: DownloadProgress | None = Field(None, description="the weights download as stage_weights last reported it")
 
 
 class RolloutResult(BaseModel):
@@ -402,6 +427,7 @@ class RolloutResult(BaseModel):
     weight_reached: int
     failing_verdict: VerdictRecord | None = None
     failed_gates: list[GateCheck] = Field(default_factory=list)
+    cause: Cause | None = Field(None, description="the failing verdict's cause (regression: the version is deprecated)")
     route_reverted_seconds: float | None = Field(
         None, description="from the failing verdict to the route pointing back at stable"
     )

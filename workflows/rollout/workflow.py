@@ -44,9 +44,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.core.failures import cause, understood, validated
     from workflows.core.naming import DEPLOYMENT_OWNED, MODEL_ROLLOUT_WORKFLOW
     from workflows.core.search_attributes import CANARY_PERCENT, DEPLOYMENT, MISSING_ERROR, MODEL, STAGE, VERSION, missing_message
-    from workflows.rollout.contract import RolloutActivities
+    from workflows.core.transfer import DownloadProgress
+    from workflows.rollout.contract import STAGING_PROGRESS, NoticeKind, RolloutActivities
     from workflows.rollout.patches import OUTCOME_PATCH, SEARCH_ATTRIBUTES_PATCH
-    from workflows.rollout.actions import Abort, RollBack, checkpoint, record_rollout, set_stage, shielded, show
+    from workflows.rollout.actions import Abort, RollBack, checkpoint, drain_notices, notify, record_rollout, set_stage, shielded, show
     from workflows.rollout.run_state import RunState
     from workflows.rollout.steps import canary, promote, retire, roll_back, shadow, stage, start, warm_up
     from workflows.rollout.types import (
@@ -66,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
 
 # The ApplicationError type a run that did not promote fails with (issue 35: a rollback is no success).
 FAILED_OUTCOMES = {Outcome.ROLLED_BACK: "RolledBack", Outcome.ABORTED: "Aborted"}
+OUTCOME_NOTICES = {Outcome.PROMOTED: NoticeKind.PROMOTED, Outcome.ROLLED_BACK: NoticeKind.ROLLED_BACK, Outcome.ABORTED: NoticeKind.ABORTED}
 
 
 @workflow.defn(name=MODEL_ROLLOUT_WORKFLOW, failure_exception_types=[ValidationError])
@@ -100,9 +102,15 @@ class ModelRollout:
             ]
         )
         show(s)
-        result = await self._run()
+        try:
+            result = await self._run()
+        except ApplicationError:  # failed before any cluster change: what was told still arrives
+            await drain_notices(s)
+            raise
         record_rollout(s, result.outcome.value, s.ended_in or s.stage.value, result.route_reverted_seconds)
+        notify(s, OUTCOME_NOTICES[result.outcome], result.reason)
         await asyncio.gather(*s.telemetry, return_exceptions=True)
+        await drain_notices(s)  # before returning or failing: a replay (a query after close) ends the same way
         self._result = result
         if result.outcome is not Outcome.PROMOTED and workflow.patched(OUTCOME_PATCH):
             raise ApplicationError(
@@ -162,6 +170,20 @@ class ModelRollout:
             workflow.logger.info("abort ignored: rollout is %s", s.stage.value)
         elif s.abort_reason is None:
             s.abort_reason = _reason(AbortInput, input, "abort")
+
+    @workflow.signal(name=STAGING_PROGRESS)
+    def staging_progress(self, input: Any = None) -> None:
+        """stage_weights' download progress (sent at a bounded rate), for the status and the current
+        details; one arriving after staging is dropped."""
+        s = self._state
+        try:
+            progress = DownloadProgress.model_validate(input)
+        except ValidationError as exc:
+            workflow.logger.warning("staging_progress dropped: %s", exc)
+            return
+        if s.stage is Stage.STAGING:
+            s.download = progress.model_copy(update={"reported_at": workflow.now()})
+            show(s)
 
     # The input arrives as plain JSON and is validated here, so a bad field is refused naming it
     # (non-retryable), not as the converter's raw ValidationError marked retryable (issue 16).

@@ -69,6 +69,9 @@ class FleetSimulator:
         self._round_robin = 0
         self.mirrors = MirrorLog()  # answers to requests mirrored by an HTTPRoute (infra/sandbox/answers.py)
         self.queue_full: dict[tuple[str, str], int] = {}  # (namespace, route) -> requests the gateway refused
+        # (namespace, route, version) -> requests for a backend Service with no Ready pod (Envoy's 503
+        # "no healthy upstream"; a lost canary pod's requests, which no pod counts)
+        self.none_healthy: dict[tuple[str, str, str], int] = {}
         self._queued: dict[tuple[str, str], int] = {}  # pod -> requests waiting in its engine after the last tick
         self._refusals = threading.Lock()
         self.token_gate = TokenGate()  # the gateway's token rate limits and counters (infra/sandbox/ratelimit.py)
@@ -183,7 +186,14 @@ class FleetSimulator:
                 queues = {key: self.replicas[key][1].waiting + self.replicas[key][1].running for key in queues if key in self.replicas}
                 key = least_queue(queues)
                 return self.replicas[key] if key else f"no Ready replica in InferencePool {namespace}/{backend.get('name')}"
-        return self.route(namespace, service) or f"no Ready pod behind service {namespace}/{service}"
+            svc = next((s for s in self.cluster.services if s["metadata"].get("namespace") == namespace and s["metadata"]["name"] == service), None)
+            version = (((svc or {}).get("spec") or {}).get("selector") or {}).get(LABEL_VERSION, "")
+        found_replica = self.route(namespace, service)
+        if found_replica is None:
+            with self._refusals:
+                key = (namespace, route, version)
+                self.none_healthy[key] = self.none_healthy.get(key, 0) + 1
+        return found_replica or f"no Ready pod behind service {namespace}/{service}"
     def refuse_when_queue_full(self, namespace: str, route: str) -> int | None:
         """The gateway's queue limit on ``route``: Retry-After seconds when the requests waiting in
         the engines behind it have reached its ``maxPendingRequests`` (refused and counted), else None.
@@ -223,6 +233,10 @@ class FleetSimulator:
             for (namespace, route), count in self.queue_full.items():
                 out.sample("envoy_cluster_upstream_rq_pending_overflow", "counter", "Requests the gateway refused: queue full.",
                            {"namespace": namespace, "deployment": route}, count)
+            for (namespace, route, version), count in self.none_healthy.items():
+                out.sample("envoy_cluster_upstream_cx_none_healthy", "counter",
+                           "Requests the gateway found no healthy upstream for (answered 503).",
+                           {"namespace": namespace, "deployment": route, "version": version}, count)
             self.model_requests.expose(out)
             self._dcgm(out)
             self._node_labels(out)

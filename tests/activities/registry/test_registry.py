@@ -547,7 +547,7 @@ def test_register_on_a_terminal_shows_progress(tmp_path, bucket, monkeypatch):
     assert lines.startswith("\rregister big@1.0.0: ") and lines.endswith("\n")
     final = lines.rstrip("\n").rsplit("\r", 1)[-1]
     # 11 MiB of weights, read twice (checksummed, then uploaded)
-    assert final.startswith("register big@1.0.0: 22.0 MiB of 22.0 MiB (100 %)") and "MiB/s" in final, final
+    assert final.startswith("register big@1.0.0: [####################] 22.0 MiB of 22.0 MiB (100 %)") and "MiB/s" in final, final
 
 
 def test_listing_many_models_reads_only_the_indexes(registry, tmp_path):

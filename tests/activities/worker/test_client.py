@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import os
 import ssl
+import subprocess
+import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -56,8 +59,10 @@ class Echo:
 
 
 def make_settings(**values) -> Settings:
-    """Settings from explicit values only (the caller's environment must not leak in)."""
-    return Settings(_env_file=None, **{"temporal_api_key": None, "payload_encryption_key": None, **values})
+    """Settings from explicit values only (the caller's environment must not leak in); no payload
+    key by the explicit opt-out unless a test passes one."""
+    return Settings(_env_file=None, **{"temporal_api_key": None, "payload_encryption_key": None,
+                                       "payload_encryption": "off", **values})
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +120,18 @@ def test_bad_payload_key_is_named_not_shown(monkeypatch, value, problem):
     with pytest.raises(SettingsError, match=f"TIDEPLANE_PAYLOAD_ENCRYPTION_KEY: .*{problem}") as err:
         load_settings()
     assert value not in str(err.value)
+
+
+@pytest.mark.parametrize("command", [["worker"], ["rollout", "status", "llm-serving/chat"]], ids=["worker", "cli"])
+def test_a_process_without_a_payload_key_refuses_to_start(command):
+    """The codec is on by default: without a key and without TIDEPLANE_PAYLOAD_ENCRYPTION=off the
+    worker and the CLI exit 2 before talking to Temporal, saying what to set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDEPLANE_PAYLOAD_", "TIDEPLANE_TEMPORAL_", "TEMPORAL_"))}
+    env.update({"TIDEPLANE_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}", "TIDEPLANE_METRICS_PORT": "0"})
+    done = subprocess.run([sys.executable, "-m", "workers.cli", *command], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "TIDEPLANE_PAYLOAD_ENCRYPTION_KEY is not set" in done.stderr
+    assert "generate_key()" in done.stderr and "TIDEPLANE_PAYLOAD_ENCRYPTION=off" in done.stderr
 
 
 def test_tls_config_reads_files_and_sets_fields(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -27,12 +28,13 @@ KEY = generate_key()
 UI = "http://localhost:8233"
 
 
-@pytest.fixture(scope="module")
-def codec_url():
+@contextlib.contextmanager
+def running_codec_server(env: dict[str, str], *flags: str):
+    """``tideplane codec-server`` as a process with ``env`` added; its URL while it runs."""
     port = free_port()
-    env = {**os.environ, "TIDEPLANE_PAYLOAD_ENCRYPTION_KEY": KEY}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "codec-server", "--port", str(port)], env=env, stderr=subprocess.DEVNULL
+        [sys.executable, "-m", "workers.cli", "codec-server", "--port", str(port), *flags],
+        env={**os.environ, "TIDEPLANE_PAYLOAD_ENCRYPTION_KEY": KEY, **env}, stderr=subprocess.DEVNULL,
     )
     try:
         wait_for_port(port, timeout=30)
@@ -40,6 +42,12 @@ def codec_url():
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def codec_url():
+    with running_codec_server({}) as url:
+        yield url
 
 
 def b64(data: bytes) -> str:
@@ -131,17 +139,8 @@ TOKEN = "codec-token-for-the-test"
 
 @pytest.fixture(scope="module")
 def guarded_codec_url():
-    port = free_port()
-    env = {**os.environ, "TIDEPLANE_PAYLOAD_ENCRYPTION_KEY": KEY, "TIDEPLANE_CODEC_SERVER_TOKEN": TOKEN}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "codec-server", "--port", str(port)], env=env, stderr=subprocess.DEVNULL
-    )
-    try:
-        wait_for_port(port, timeout=30)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with running_codec_server({"TIDEPLANE_CODEC_SERVER_TOKEN": TOKEN}) as url:
+        yield url
 
 
 def test_with_a_token_only_a_caller_presenting_it_can_decode(guarded_codec_url):
@@ -167,3 +166,25 @@ def test_a_codec_server_off_loopback_without_a_token_is_refused():
     config = Settings.model_validate({"TIDEPLANE_PAYLOAD_ENCRYPTION_KEY": KEY})
     with pytest.raises(SettingsError, match="TIDEPLANE_CODEC_SERVER_TOKEN"):
         serve(config, "0.0.0.0", 0, [UI])
+
+
+def test_ui_without_token_lets_only_the_allowed_ui_origin_through():
+    """The sandbox's web UI has no login, so no token to pass: with --ui-without-token a request from
+    an allowed UI origin decodes without one, while the CLI (no Origin) and other origins still need it."""
+    plain = {"payloads": [{"metadata": {"encoding": b64(b"json/plain")}, "data": b64(b'{"x": 1}')}]}
+    with running_codec_server({"TIDEPLANE_CODEC_SERVER_TOKEN": TOKEN}, "--allow-origin", UI, "--ui-without-token") as url:
+        sealed = httpx.post(f"{url}/encode", json=plain, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()
+        from_ui = httpx.post(f"{url}/decode", json=sealed, headers={"Origin": UI}, timeout=10)
+        assert from_ui.status_code == 200 and from_ui.json() == plain
+        assert from_ui.headers["Access-Control-Allow-Origin"] == UI
+        for headers in ({}, {"Origin": "http://evil.example"}):
+            assert httpx.post(f"{url}/decode", json=sealed, headers=headers, timeout=10).status_code == 401
+
+
+def test_ui_without_token_is_refused_off_loopback():
+    from workers.codec_server import serve
+    from workers.config import SettingsError
+
+    config = Settings.model_validate({"TIDEPLANE_PAYLOAD_ENCRYPTION_KEY": KEY, "TIDEPLANE_CODEC_SERVER_TOKEN": TOKEN})
+    with pytest.raises(SettingsError, match="--ui-without-token"):
+        serve(config, "0.0.0.0", 0, [UI], ui_without_token=True)

@@ -28,7 +28,7 @@ async def bare_server():
 
 
 def setup_temporal(address: str, *flags: str) -> subprocess.CompletedProcess:
-    env = {"PATH": str(BIN), "HOME": str(Path.home())}
+    env = {"PATH": str(BIN), "HOME": str(Path.home())}  # no payload key: setup sends no payloads
     return subprocess.run([str(BIN / "tideplane"), "setup", "temporal", "--address", address, *flags],
                           capture_output=True, text=True, timeout=60, env=env)
 

@@ -31,7 +31,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from infra.grafana import DASHBOARDS
 from infra.prometheus import RULE_FILES, running_prometheus, serve_registry
@@ -367,7 +366,7 @@ async def test_every_declared_metric_moves_after_real_runs(sandbox, kube, regist
     queue = f"observability-{uuid.uuid4().hex[:8]}"
     worker = WorkerProcess({**sandbox.env, "TIDEPLANE_TASK_QUEUE": queue}, tmp_path / "worker.log")
     prom = SandboxPrometheus(sandbox.urls["prometheus"], queue)
-    temporal = await Client.connect(sandbox.urls["temporal"], data_converter=pydantic_data_converter)
+    temporal = await Client.connect(sandbox.urls["temporal"], data_converter=sandbox.data_converter)  # the worker process encrypts
     checked: dict[str, float] = {}
 
     async def check(metric: telemetry.Metric, promql: str, holds, what: str) -> None:

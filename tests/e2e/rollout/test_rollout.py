@@ -279,6 +279,38 @@ def clean_up(api: client.ApiClient, namespace: str) -> None:
 
 
 @dataclass
+class Told:
+    """What one rollout told (issue 35): the webhook receiver's messages, the Events on its
+    version's Deployment, and ``kubectl describe deployment`` of it."""
+
+    messages: list[dict]
+    events: list[client.CoreV1Event]
+    described: str
+
+
+def told(sandbox, api: client.ApiClient, namespace: str, version: str) -> Told:
+    deployment, versioned = f"{namespace}/{NAME}", versioned_name(NAME, version)
+    messages = [m for m in httpx.get(sandbox.urls["webhook"] + "/messages", timeout=10).json() if m.get("deployment") == deployment]
+    events = client.CoreV1Api(api).list_namespaced_event(namespace, field_selector=f"involvedObject.name={versioned}").items
+    described = subprocess.run(
+        ["kubectl", "--kubeconfig", str(sandbox.kubeconfig), "describe", "deployment", versioned, "-n", namespace],
+        capture_output=True, text=True, timeout=30,
+    )
+    return Told(messages, [e for e in events if e.reporting_component == MANAGED_BY], described.stdout + described.stderr)
+
+
+async def hold_and_resume(temporal: Client, deployment: str, weight: int) -> None:
+    """An operator's pause once the rollout is at ``weight``, and the resume once it shows paused."""
+    handle = temporal.get_workflow_handle(rollout_workflow_id(deployment))
+    while (now := await status(handle)) is None or now.weight < weight:
+        await asyncio.sleep(POLL)
+    await handle.signal("pause", {"reason": "looking at the dashboards"})
+    while (now := await status(handle)) is None or not now.paused:
+        await asyncio.sleep(POLL)
+    await handle.signal("resume")
+
+
+@dataclass
 class GoodAndBad:
     good: Followed
     bad: Followed
@@ -289,6 +321,7 @@ class GoodAndBad:
     bad_cluster: Cluster
     good_manifest: Manifest
     bad_manifest: Manifest
+    told: dict[str, Told]
 
 
 @pytest.fixture(scope="module")
@@ -310,17 +343,19 @@ async def good_and_bad(sandbox, kube, registry, worker, temporal, tmp_path_facto
         second = await asyncio.to_thread(temporal_start, address, good_in)
         running = (await temporal.get_workflow_handle(rollout_workflow_id(good_in["deployment"])).describe()).status
         apps = client.AppsV1Api(kube)
-        good, bad = await asyncio.wait_for(
+        good, bad, _ = await asyncio.wait_for(
             asyncio.gather(
                 follow(temporal, good_in["deployment"], apps, STABLE),
                 follow(temporal, bad_in["deployment"], apps, STABLE),
+                hold_and_resume(temporal, good_in["deployment"], 5),
             ),
-            timeout=120,
+            timeout=150,
         )
         return GoodAndBad(
             good, bad, second, running == WorkflowExecutionStatus.RUNNING, route.events,
             Cluster.read(kube, NS_GOOD), Cluster.read(kube, NS_BAD),
             registry.show(MODEL, GOOD), registry.show(MODEL, BAD),
+            {"good": told(sandbox, kube, NS_GOOD, GOOD), "bad": told(sandbox, kube, NS_BAD, BAD)},
         )
 
 
@@ -386,6 +421,25 @@ def test_bad_release_rolled_back_by_its_error_gate(good_and_bad, request, record
     assert result.route_reverted_seconds is not None and result.route_reverted_seconds <= GATE_INTERVAL + 10
     assert 0 <= measured <= GATE_INTERVAL + 10
     assert after_query <= GATE_INTERVAL + 10
+
+
+@pytest.mark.parametrize(
+    "which, kinds, reasons",
+    [
+        ("good", ["paused", "resumed", "promoted"], ["RolloutPaused", "RolloutResumed", "RolloutPromoted"]),
+        ("bad", ["rolled_back"], ["RolloutRolledBack"]),
+    ],
+)
+def test_each_pause_rollback_and_promotion_is_told_by_webhook_and_event(good_and_bad, which, kinds, reasons):
+    seen, got = getattr(good_and_bad, which), good_and_bad.told[which]
+    assert [m["kind"] for m in got.messages] == kinds, got.messages
+    assert all(m["link"].endswith(rollout_workflow_id(m["deployment"]).replace("/", "%2F")) for m in got.messages)
+    assert got.messages[-1]["message"] == seen.result.reason
+    assert sorted(e.reason for e in got.events) == sorted(reasons)
+    assert {e.metadata.name for e in got.events} == {m["key"] for m in got.messages}, "one Event per message"
+    assert "Events:" in got.described, got.described
+    events_section = got.described.split("Events:", 1)[1]
+    assert all(reason in events_section for reason in reasons), got.described
 
 
 def test_second_start_is_refused(good_and_bad):

@@ -51,3 +51,13 @@ def test_a_second_policy_on_the_route_is_conflicted_and_not_enforced():
 
     fleet.update(Cluster(**base, traffic_policies=[newer], demand={"llm-serving/chat": Demand(rps=40)}), 0.5)  # the older one deleted
     assert fleet.refuse_when_queue_full("llm-serving", "chat") == 3
+
+
+def test_a_request_for_a_version_without_a_ready_pod_is_counted_as_no_healthy_upstream():
+    """Envoy's envoy_cluster_upstream_cx_none_healthy: the 503s a lost canary pod's share gets, which no pod counts."""
+    cluster = Cluster(pods=[pod("v1-a", "1"), pod("v2-a", "2", ready=False)], services=[service("chat-v1", "1"), service("chat-v2", "2")],
+                      routes=[route({"chat-v1": 0, "chat-v2": 100})], profiles={"default": PROFILE}, demand={"llm-serving/chat": Demand(rps=0)})
+    fleet = FleetSimulator(time_scale=10, seed=1)
+    fleet.update(cluster, 0.5)
+    assert isinstance(fleet.gateway_route("llm-serving", "chat", {}), str)
+    assert 'envoy_cluster_upstream_cx_none_healthy{namespace="llm-serving",deployment="chat",version="2"} 1.0' in fleet.metrics()

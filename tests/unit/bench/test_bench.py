@@ -273,7 +273,7 @@ def test_staging_bench_uses_its_own_s3_after_the_sandbox_env_is_sourced(tmp_path
     values = {row["measure"]: row["value"] for row in table}
     shown = [line.rsplit("\r", 1)[-1] for line in terminal.getvalue().split("\n")]  # each phase's last redraw
     for phase in ("upload to moto", "boto3 download_file, run 1", "stage_weights, run 1", "stage_weights, the retry"):
-        assert any(line.startswith(f"{phase}: 16.0 MiB of 16.0 MiB (100 %)  ") and "/s" in line for line in shown), (phase, shown)
+        assert any(line.startswith(f"{phase}: [####################] 16.0 MiB of 16.0 MiB (100 %)  ") and "/s" in line for line in shown), (phase, shown)
     assert values["bytes verified from disk, not fetched again"] == "8 of 16"
     assert values["weight set"] == "0.02 GiB in 1 file"  # not "1 files"
     sandbox_s3 = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")

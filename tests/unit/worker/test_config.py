@@ -1,7 +1,10 @@
 """Settings are validated at start and a bad one is named in the error."""
 
 import pytest
+from temporalio.contrib.pydantic import pydantic_data_converter
 
+from workers.client import data_converter
+from workers.codec import AesGcmCodec, generate_key
 from workers.config import SettingsError, load_settings
 
 
@@ -34,3 +37,27 @@ def test_weights_buckets_default_to_the_weights_bucket_and_always_include_it(mon
     assert load_settings().weights_buckets == ["models"]
     monkeypatch.setenv("TIDEPLANE_WEIGHTS_BUCKETS", "hub-mirror, team-weights")
     assert load_settings().weights_buckets == ["models", "hub-mirror", "team-weights"]
+
+
+def test_without_a_payload_key_a_temporal_client_is_refused_naming_the_fix(monkeypatch):
+    """The codec is on by default: no key means no client (worker, CLI, schedules, replayer), and
+    the message says which setting, how to make a key and how to opt out."""
+    monkeypatch.delenv("TIDEPLANE_PAYLOAD_ENCRYPTION", raising=False)
+    monkeypatch.delenv("TIDEPLANE_PAYLOAD_ENCRYPTION_KEY", raising=False)
+    with pytest.raises(SettingsError) as err:
+        data_converter(load_settings())
+    message = str(err.value)
+    assert "TIDEPLANE_PAYLOAD_ENCRYPTION_KEY is not set" in message
+    assert "generate_key()" in message and "secretKeyRef" in message
+    assert "TIDEPLANE_PAYLOAD_ENCRYPTION=off" in message
+
+
+def test_the_explicit_opt_out_sends_clear_payloads_and_a_key_still_encrypts(monkeypatch):
+    monkeypatch.setenv("TIDEPLANE_PAYLOAD_ENCRYPTION", "off")
+    monkeypatch.delenv("TIDEPLANE_PAYLOAD_ENCRYPTION_KEY", raising=False)
+    assert data_converter(load_settings()) is pydantic_data_converter
+    monkeypatch.setenv("TIDEPLANE_PAYLOAD_ENCRYPTION_KEY", generate_key())
+    assert isinstance(data_converter(load_settings()).payload_codec, AesGcmCodec)
+    monkeypatch.setenv("TIDEPLANE_PAYLOAD_ENCRYPTION", "no")
+    with pytest.raises(SettingsError, match="TIDEPLANE_PAYLOAD_ENCRYPTION: .*'required' or 'off'"):
+        load_settings()

@@ -194,6 +194,15 @@ def test_worker_deployment_is_production_shaped(objects):
     assert {"configMapRef": {"name": one(objects, "ConfigMap")["metadata"]["name"]}} in worker["envFrom"]
 
 
+def test_worker_reads_its_payload_key_from_a_secret(objects):
+    """Payload encryption is required by default: every rendering gives the worker its key, from a
+    Secret (never a literal), and does not opt out in the settings."""
+    (worker,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in worker["env"]}
+    assert env["TIDEPLANE_PAYLOAD_ENCRYPTION_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "tideplane-temporal", "key": "payload-key"}
+    assert "TIDEPLANE_PAYLOAD_ENCRYPTION" not in one(objects, "ConfigMap")["data"]
+
+
 def test_settings_configmap_holds_only_known_settings(objects):
     known = set()
     for field in Settings.model_fields.values():

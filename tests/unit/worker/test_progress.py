@@ -27,14 +27,14 @@ def test_a_terminal_sees_bytes_rate_and_eta_rewritten_in_place():
     progress = ProgressLine("register llama@1.0.0", 100 * MiB, stream=out, clock=clock)
     clock.now += 5
     progress(50 * MiB)
-    assert out.getvalue() == "\rregister llama@1.0.0: 50.0 MiB of 100.0 MiB (50 %)  10.0 MiB/s  ETA 5s"
+    assert out.getvalue() == "\rregister llama@1.0.0: [##########..........] 50.0 MiB of 100.0 MiB (50 %)  10.0 MiB/s  ETA 5s"
     clock.now += 0.01
     progress(1)
     assert out.getvalue().count("\r") == 1, "redrawn at most every 0.1 s"
     clock.now += 5
     progress(50 * MiB - 1)
     progress.close()
-    assert out.getvalue().endswith("\rregister llama@1.0.0: 100.0 MiB of 100.0 MiB (100 %)  10.0 MiB/s\n")
+    assert out.getvalue().endswith("\rregister llama@1.0.0: [####################] 100.0 MiB of 100.0 MiB (100 %)  10.0 MiB/s\n")
 
 
 def test_unknown_total_shows_bytes_and_rate_only():

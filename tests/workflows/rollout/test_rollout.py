@@ -10,6 +10,7 @@ precise point of the run (time is virtual, so polling from outside could not hit
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -56,7 +57,9 @@ from workflows.registry.contract import (
 from workflows.rollout.contract import (
     DESCRIBE_DEPLOYMENT,
     ENSURE_VERSION,
+    NOTIFY,
     QUERY_GATES,
+    READ_CANARY_FLEET,
     SCALE_VERSION,
     SET_ENGINE_ARGS,
     SET_ROUTE_WEIGHTS,
@@ -65,10 +68,12 @@ from workflows.rollout.contract import (
     WAIT_READY,
     WARM_UP,
     Benchmark,
+    CanaryFleetInput,
     EngineArgsInput,
     EnsureVersionInput,
     GateQueriesInput,
     GateQueriesResult,
+    NoticeInput,
     ReadyResult,
     RouteWeightsInput,
     ScaleVersionInput,
@@ -87,6 +92,7 @@ from workflows.core.versions import (
     WeightFile,
 )
 from workflows.rollout.batching import VLLM_DEFAULT
+from workflows.rollout.diagnosis import CanaryFleet
 from workflows.core.batching_settings import BatchingSetting, SweepPoint
 from workflows.rollout.types import (
     DEFAULT_STEPS,
@@ -147,6 +153,8 @@ class Fleet:
         checksum_ok: bool = True,
         warm_up_errors: int = 0,
         sweep: Callable[[BatchingSetting], SweepPoint] | None = None,
+        canary_fleet: Callable[[CanaryFleetInput, int], CanaryFleet] | None = None,
+        notify_fails: bool = False,
     ) -> None:
         self.client = client
         self.workflow_id = ""
@@ -158,11 +166,16 @@ class Fleet:
         self.checksum_ok = checksum_ok
         self.warm_up_errors = warm_up_errors
         self.sweep = sweep  # a batching sweep's point per setting (None: the sweep fails)
+        # what read_canary_fleet finds at its n-th call (None: every pod the step sized Ready, 10 req/s on each)
+        self.canary_fleet = canary_fleet
+        self.fleet_reads = 0
         self.calls: list[tuple[str, Any]] = []
         self.times: list[datetime] = []
         self.gate_queries: dict[int, int] = {}
         self.cancelled: list[str] = []
         self.events: list[tuple[str, Any]] = []
+        self.notify_fails = notify_fails  # every notice delivery fails, as an unreachable API server would
+        self.notices: list[NoticeInput] = []  # delivered (or attempted) notices, apart from the cluster calls
 
     @property
     def handle(self) -> WorkflowHandle:
@@ -207,6 +220,8 @@ class Fleet:
             self.query_gates,
             self.sweep_batching,
             self.set_engine_args,
+            self.read_canary_fleet,
+            self.notify,
         ]
 
     # bookkeeping (registry, metrics): recorded apart from the cluster calls
@@ -316,6 +331,22 @@ class Fleet:
     async def set_engine_args(self, input: EngineArgsInput) -> None:
         await self._record(SET_ENGINE_ARGS, input)
 
+    @activity.defn(name=READ_CANARY_FLEET)
+    async def read_canary_fleet(self, input: CanaryFleetInput) -> CanaryFleet:
+        """A read, not a cluster change: kept with the bookkeeping, not in ``calls``."""
+        self.fleet_reads += 1
+        self.events.append((READ_CANARY_FLEET, input))
+        if self.canary_fleet is not None:
+            return self.canary_fleet(input, self.fleet_reads)
+        stable = next((n for v, n in self.replicas.items() if v != input.version), 0)
+        return CanaryFleet(weight=input.weight, canary_wanted=input.canary_wanted, canary_ready=input.canary_wanted,
+                           stable_ready=stable, canary_rps=10.0 * input.canary_wanted, stable_rps=10.0 * stable)
+    @activity.defn(name=NOTIFY)
+    async def notify(self, input: NoticeInput) -> None:
+        self.notices.append(input)
+        if self.notify_fails:
+            raise ApplicationError("events are forbidden")
+
     @activity.defn(name=QUERY_GATES)
     async def query_gates(self, input: GateQueriesInput) -> GateQueriesResult:
         weight = self.route.get(input.variables["version"], 0)
@@ -329,10 +360,17 @@ class Fleet:
         return GateQueriesResult(values=values)
 
 
-@pytest.fixture(scope="module")
+@functools.cache
+def metered_runtime() -> Runtime:
+    """The one runtime whose metrics go to METRICS (a metric buffer belongs to one runtime)."""
+    return Runtime(telemetry=TelemetryConfig(metrics=METRICS))
+
+
+@pytest.fixture
 async def metered_env():
-    """The time-skipping server, its runtime's metrics going to METRICS."""
-    async with time_skipping(Runtime(telemetry=TelemetryConfig(metrics=METRICS))) as env:
+    """A time-skipping server per test (see tests/workflows/conftest.py), its runtime's metrics
+    going to METRICS."""
+    async with time_skipping(metered_runtime()) as env:
         yield env
 
 
@@ -826,7 +864,7 @@ async def test_a_rollout_that_does_not_promote_fails_and_its_result_stays_querya
         else:
             assert error.message == f"abort at {QUERY_GATES}"
         await Replayer(workflows=[ModelRollout], data_converter=pydantic_data_converter).replay_workflow(await handle.fetch_history())
-    await retired(fleet, inp.deployment)
+        await retired(fleet, inp.deployment)  # the canary's delayed scale-down needs this worker to end
 
 
 async def test_cancellation_rolls_back_like_abort(client):
@@ -1141,3 +1179,4 @@ async def test_bad_input_fails_at_once_naming_the_field(client, bad, field):
             await asyncio.wait_for(handle.result(), 10)
     assert field in str(info.value.cause)
     assert fleet.calls == []
+

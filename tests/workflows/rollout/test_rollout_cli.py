@@ -131,9 +131,9 @@ def test_the_view_marks_the_current_step_and_each_gate():
 
 
 def test_the_view_shows_the_download_with_rate_and_eta():
-    line = cli.download_line({"bytes_done": 4 * 1024**3, "bytes_total": 16 * 1024**3}, 100.0)
-    assert line == "download 4.0 GiB of 16.0 GiB (25 %)  41.0 MiB/s  ETA 5m00s"
-    assert cli.download_line({"verified": {}}, 10.0) is None
+    progress = cli.heartbeat_progress({"bytes_done": 4 * 1024**3, "bytes_total": 16 * 1024**3}, 100.0)
+    assert cli.download_line(progress) == "download [#####...............] 4.0 GiB of 16.0 GiB (25 %)  41.0 MiB/s  ETA 5m00s"
+    assert cli.heartbeat_progress({"verified": {}}, 10.0) is None
 
 
 async def test_apply_leaves_an_unchanged_spec_and_a_changed_one_supersedes_the_running_rollout(client, tmp_path, capsys):  # noqa: F811

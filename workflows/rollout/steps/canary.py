@@ -7,7 +7,6 @@ promoting blind), and an operator's promote ends the step early."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -15,13 +14,13 @@ from temporalio.exceptions import ActivityError
 from workflows.core.engine_metrics import metric_names
 from workflows.core.failures import cause
 from workflows.core.versions import Canary
-from workflows.core.waiting import wait_until
 from workflows.rollout import registry_records
-from workflows.rollout.actions import GATES, RollBack, act, checkpoint, read_live_total, record_verdict, route, scale, show
-from workflows.rollout.contract import GateQueriesInput, RolloutActivities, WaitReadyInput
-from workflows.rollout.patches import LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH
+from workflows.rollout.actions import GATES, RollBack, act, checkpoint, next_gate_interval, read_live_total, record_verdict, route, scale_canary, show
+from workflows.rollout.contract import GateQueriesInput, RolloutActivities
+from workflows.rollout.patches import DIAGNOSIS_PATCH, LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH
 from workflows.rollout.gates import Decision, StepAnalysis, Verdict, evaluate, required_passes
 from workflows.rollout.run_state import RunState
+from workflows.rollout import cause_actions
 from workflows.rollout.types import VerdictRecord
 
 VERDICT_HISTORY = 50  # kept in memory for the status query, not in history
@@ -36,18 +35,7 @@ async def shift(state: RunState, weight: int) -> None:
         await read_live_total(state, f"for {weight} %")
     replicas = state.share(weight)
     if replicas != state.canary_replicas:
-        await scale(state, inp.version, replicas, f"scale {inp.version} to {replicas} replica(s) for {weight} %")
-        try:
-            await act(
-                state,
-                RolloutActivities.wait_ready,
-                WaitReadyInput(deployment=state.ref, version=inp.version, replicas=replicas),
-                summary=f"wait for {replicas} replica(s) of {inp.version} to be Ready",
-                schedule_to_close=inp.deadlines.step_ready_seconds,
-                heartbeat=30,
-            )
-        except ActivityError as err:
-            raise RollBack(f"canary not Ready for {weight} %: {cause(err)}") from err
+        await scale_canary(state, replicas, f"for {weight} %")
     await route(state, {stable.version: 100 - weight, inp.version: weight}, f"route {weight} % to {inp.version}")
     state.canary_since = state.canary_since or workflow.now()
     await registry_records.set_status(state, Canary(percent=weight, since=state.canary_since), f"canary at {weight} %")
@@ -59,22 +47,28 @@ async def observe(
     """Gate the current step until its window passes (or a human or a verdict ends it);
     ``each_window`` runs after every gate measurement (the shadow comparison's)."""
     inp = state.input
-    state.analysis = StepAnalysis()
+    state.analysis, state.resizes = StepAnalysis(), 0
     started = workflow.now()
     need = required_passes(window_seconds, inp.gate_interval_seconds)
     while True:
-        await wait_until(
-            lambda: state.paused or state.promote is not None or state.abort_reason is not None,
-            timedelta(seconds=inp.gate_interval_seconds),
-            f"next gate check at {weight} %",
-        )
-        await checkpoint(state)
+        await next_gate_interval(state, f"next gate check at {weight} %")
         if state.promote is not None:
             if not state.promote.full:
                 state.promote = None
             return
         record = await _measure(state, weight)
         await each_window(state, weight)
+        if workflow.patched(DIAGNOSIS_PATCH):
+            held_from = workflow.now()
+            next_step = await cause_actions.act_on_cause(state, weight, record)
+            if next_step is cause_actions.Next.RESTART:
+                state.analysis, started = StepAnalysis(), workflow.now()
+                show(state)
+                continue
+            if next_step is cause_actions.Next.HELD:
+                started += workflow.now() - held_from  # the clock did not run while capacity was lost
+                show(state)
+                continue
         decision = state.analysis.record(record.evaluation, inp.analysis)
         if record.evaluation.metric_missing and decision is Decision.CONTINUE and workflow.patched(METRIC_MISSING_PATCH):
             decision = Decision.PAUSE_METRIC_MISSING  # waiting cannot bring a metric nobody exports
@@ -104,14 +98,7 @@ async def observe(
 async def _measure(state: RunState, weight: int) -> VerdictRecord:
     inp = state.input
     assert state.stable is not None
-    variables = {
-        "namespace": state.ref.namespace,
-        "deployment": state.ref.name,
-        "model": inp.model,
-        "version": inp.version,
-        "stable_version": state.stable.version,
-        "window": inp.query_window,
-    }
+    variables = state.query_variables()
     try:
         result = await act(
             state,

@@ -39,8 +39,10 @@ async def route_back(state: RunState, reason: str, verdict: VerdictRecord | None
             reverted = (workflow.now() - verdict.at).total_seconds()
     state.weight = 0
     set_stage(state, Stage.ROLLED_BACK)
-    # a failed gate or quality check: never again; otherwise (aborted, a cluster error) it may be retried
-    wrong = verdict is not None or (quality and workflow.patched(QUALITY_DEPRECATES_PATCH))
+    # a failed gate (a regression, when its cause is known) or quality check: never again; otherwise
+    # (aborted, a cluster error) it may be retried
+    regression = verdict is not None and (verdict.diagnosis is None or verdict.diagnosis.deprecates)
+    wrong = regression or (quality and workflow.patched(QUALITY_DEPRECATES_PATCH))
     if state.canary_since is not None or wrong:
         status = Deprecated(since=workflow.now()) if wrong else Testing()
         await registry_records.set_status(state, status, f"rolled back: {reason}")
@@ -54,4 +56,5 @@ def result(state: RunState, outcome: Outcome, reason: str, verdict: VerdictRecor
         out.failing_verdict = verdict
         out.failed_gates = verdict.evaluation.failed
         out.route_reverted_seconds = reverted
+        out.cause = verdict.diagnosis.cause if verdict.diagnosis is not None else None
     return out

@@ -27,12 +27,20 @@ async def into_model_cache(state: RunState) -> list[WeightFile]:
     state.staged = await act(
         state,
         RolloutActivities.stage_weights,
-        StageWeightsInput(model=inp.model, version=inp.version, files=files, image=inp.image),
-        summary=f"stage {len(files)} weight file(s) of {inp.model} {inp.version} from S3, verifying SHA-256",
+        StageWeightsInput(model=inp.model, version=inp.version, files=files, image=inp.image, report_progress=True),
+        summary=staging_summary(inp.model, inp.version, files),
         schedule_to_close=inp.deadlines.stage_weights_seconds,
         heartbeat=60,
     )
     return files
+
+
+def staging_summary(model: str, version: str, files: list[WeightFile]) -> str:
+    """The activity's summary in the web UI: what is staged from where (bytes, rate and ETA follow
+    in the current details and the heartbeat)."""
+    folders = {f.uri.rsplit("/", 1)[0] for f in files}
+    where = folders.pop() if len(folders) == 1 else "S3"
+    return f"stage {model} {version}: {len(files)} weight file(s) from {where}, verifying SHA-256 (progress in the current details)"
 
 
 async def onto_node_caches(state: RunState, files: list[WeightFile]) -> bool:
