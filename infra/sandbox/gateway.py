@@ -20,6 +20,10 @@ from collections.abc import Mapping
 
 from workflows.classes.manifests import POOL_GROUP
 
+# The gateway's own exposition on the fleet simulator (its Envoy, endpoint picker and AI gateway
+# series), scraped as a job of its own: a gateway is a separate process from the engines and DCGM.
+GATEWAY_METRICS_PATH = "/gateway/metrics"
+
 
 def _path_matches(match: dict, path: str) -> bool:
     """Gateway API path matching: none is ``PathPrefix /``; ``Exact``; ``PathPrefix`` by whole segments."""

@@ -46,6 +46,7 @@ from infra.sandbox.config import (
     load_config,
 )
 from infra.k8s.monitoring import render
+from infra.sandbox.gateway import GATEWAY_METRICS_PATH
 from infra.sandbox.kubeclient import api_client, kubeconfig_yaml, raw
 from infra.sandbox.node_agents import TARGETS_FILE
 from infra.sandbox.pod_discovery import on_file_sd
@@ -393,6 +394,7 @@ class Sandbox:
             template.substitute(
                 rule_files=json.dumps(rules),
                 fleet=f"127.0.0.1:{self.ports.fleet_port}",
+                gateway_metrics_path=GATEWAY_METRICS_PATH,
                 serving_job=json.dumps(on_file_sd(serving, self.pod_targets)),
                 worker=f"127.0.0.1:{self.ports.worker_metrics_port}",
                 node_cache_targets=str(self.node_cache_root / TARGETS_FILE),

@@ -182,6 +182,24 @@ def test_prometheus_finds_the_serving_pods_by_discovery_and_labels_them_with_the
     assert [j["metric"]["job"] for j in jobs] == [render.SERVING_JOB]  # no other job carries engine series
 
 
+def test_the_gateways_series_are_its_own_job_and_no_engine_or_gateway_job_honours_labels(sandbox):
+    """The gateway is not vLLM: its series come from a job of its own, labelled as the gateway
+    labels them, and neither it nor any job scraping engines keeps an exposition's labels over the
+    target's (honor_labels), so no process can pass product labels off as discovered ones."""
+    namespace = "e2e-gateway-job"
+    api = _kube(sandbox)
+    service = create_logical_deployment(api, namespace, "chat", "1.0.0", "llama-3-8b", replicas=1)
+    wait_until(lambda: client.AppsV1Api(api).read_namespaced_deployment(service, namespace).status.ready_replicas == 1, 30, "a Ready replica")
+    answer = httpx.post(f"{sandbox.urls['fleet']}/gateway/{namespace}/chat/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    prom = PrometheusConnect(url=sandbox.urls["prometheus"], disable_ssl=True)
+    jobs = wait_until(lambda: prom.custom_query(f'count by (job) (inference_objective_request_total{{namespace="{namespace}"}})'), 10, "the gateway's series")
+    assert [j["metric"]["job"] for j in jobs] == ["gateway"]
+    loaded = yaml.safe_load(httpx.get(sandbox.urls["prometheus"] + "/api/v1/status/config", timeout=5).json()["data"]["yaml"])
+    honoured = {job["job_name"] for job in loaded["scrape_configs"] if job.get("honor_labels")}
+    assert not honoured & {render.SERVING_JOB, "fleet", "gateway"}, honoured
+
+
 def test_asg_scale_up_joins_a_node_after_boot_and_termination_removes_it(sandbox):
     aws = {"endpoint_url": sandbox.env["AWS_ENDPOINT_URL"], "region_name": "us-east-1", "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
     autoscaling = boto3.client("autoscaling", **aws)

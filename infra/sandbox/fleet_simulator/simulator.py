@@ -227,8 +227,18 @@ class FleetSimulator:
         return "timeout"
 
     def metrics(self) -> str:
+        """The cluster's exporters: dcgm-exporter's and kube-state-metrics' series. No engine series
+        (each pod serves its own on its address, pod_metrics) and no gateway's (gateway_metrics)."""
         with self.lock:
-            # no engine series: each pod serves its own on its address (pod_metrics), found by discovery
+            out = Exposition()
+            self._dcgm(out)
+            self._node_labels(out)
+            return out.text()
+
+    def gateway_metrics(self) -> str:
+        """The gateway's own series, as its proxy (Envoy), endpoint picker and AI gateway label them:
+        by the route's namespace and name and, for Envoy's counters, the backend's deployment and version."""
+        with self.lock:
             out = Exposition()
             for (namespace, route), count in self.queue_full.items():
                 out.sample("envoy_cluster_upstream_rq_pending_overflow", "counter", "Requests the gateway refused: queue full.",
@@ -238,8 +248,6 @@ class FleetSimulator:
                            "Requests the gateway found no healthy upstream for (answered 503).",
                            {"namespace": namespace, "deployment": route, "version": version}, count)
             self.model_requests.expose(out)
-            self._dcgm(out)
-            self._node_labels(out)
             self._token_usage(out)
             return out.text()
 

@@ -133,11 +133,12 @@ def test_a_simulated_pods_own_exposition_is_vllms():
         assert (kind, labels) == VLLM_032[series], f"{series}: fleet model {kind} {sorted(labels)}, vLLM {VLLM_032[series]}"
 
 
-def test_the_fleet_wide_exposition_has_no_engine_series():
-    """The simulator's fleet-wide /metrics (scraped with honor_labels for its DCGM, gateway and
-    kube-state-metrics series) carries no vLLM series: those come from each pod's own address, so
-    no sandbox process writes the scrape labels onto engine samples."""
-    assert _engine_series(_simulated_fleet().metrics()) == {}
+def test_neither_the_fleet_wide_nor_the_gateway_exposition_has_engine_series():
+    """The simulator's /metrics (DCGM, kube-state-metrics) and its gateway's carry no vLLM series:
+    those come from each pod's own address, so no sandbox process writes the scrape labels onto
+    engine samples."""
+    fleet = _simulated_fleet()
+    assert _engine_series(fleet.metrics()) == {} and _engine_series(fleet.gateway_metrics()) == {}
 
 
 def test_metric_names_extraction():
