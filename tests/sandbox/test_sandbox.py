@@ -190,10 +190,15 @@ def test_the_gateways_series_are_its_own_job_and_no_engine_or_gateway_job_honour
     api = _kube(sandbox)
     service = create_logical_deployment(api, namespace, "chat", "1.0.0", "llama-3-8b", replicas=1)
     wait_until(lambda: client.AppsV1Api(api).read_namespaced_deployment(service, namespace).status.ready_replicas == 1, 30, "a Ready replica")
-    answer = httpx.post(f"{sandbox.urls['fleet']}/gateway/{namespace}/chat/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
-    assert answer.status_code == 200, answer.text
+
+    def through_the_gateway():  # 503 until the fleet's next tick has seen the Ready pod
+        answer = httpx.post(f"{sandbox.urls['fleet']}/gateway/{namespace}/chat/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+        return answer if answer.status_code != 503 else None
+
+    answer = wait_until(through_the_gateway, 10, "the gateway to reach the Ready pod")
     prom = PrometheusConnect(url=sandbox.urls["prometheus"], disable_ssl=True)
-    jobs = wait_until(lambda: prom.custom_query(f'count by (job) (inference_objective_request_total{{namespace="{namespace}"}})'), 10, "the gateway's series")
+    jobs = wait_until(lambda: prom.custom_query(f'count by (job) (inference_objective_request_total{{namespace="{namespace}"}})'), 10,
+                      f"the gateway's series of its answer ({answer.status_code} {answer.text[:200]})")
     assert [j["metric"]["job"] for j in jobs] == ["gateway"]
     loaded = yaml.safe_load(httpx.get(sandbox.urls["prometheus"] + "/api/v1/status/config", timeout=5).json()["data"]["yaml"])
     honoured = {job["job_name"] for job in loaded["scrape_configs"] if job.get("honor_labels")}
