@@ -103,6 +103,13 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _coordination(args: argparse.Namespace) -> int:
+    from benchmarks import coordination
+
+    print(coordination.markdown_table(coordination.run_all(args.out)))
+    return 0
+
+
 def add_bench_commands(subparsers) -> None:
     """Registers ``bench`` and its benchmarks on the ``tideplane`` CLI's subparsers."""
     bench = subparsers.add_parser("bench", help="benchmarks on real traces (results under benchmarks/results/)")
@@ -196,6 +203,11 @@ def add_bench_commands(subparsers) -> None:
     m.add_argument("--gpu-price", type=float, default=10.32, help="$ per GPU-hour")
     m.add_argument("--out", type=Path, default=RESULTS)
     m.set_defaults(func=_models)
+
+    o = kinds.add_parser("coordination", help="rollout, scaling and spot on one fleet: tideplane vs Argo-style canary + KEDA-style loop,"
+                         " four scenarios (false rollbacks, minutes over SLO, leaked replicas, GPU-hours, time to promote)")
+    o.add_argument("--out", type=Path, default=RESULTS)
+    o.set_defaults(func=_coordination)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -123,6 +123,8 @@ class CodecHandler(BaseHTTPRequestHandler):
         except PayloadDecryptionError as exc:
             self._reply(400, {"message": str(exc)})
             return
+        # one line per call, no payload content: who decodes what shows in the log (the web UI by its origin)
+        log.info("%s %d payloads for %s", action, len(done), self.headers.get("Origin") or "a client without Origin")
         self._reply(200, json_format.MessageToDict(Payloads(payloads=done)))
 
 

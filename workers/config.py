@@ -112,13 +112,14 @@ class Settings(BaseSettings):
     engine_api_key: SecretStr | None = Field(None, validation_alias=_env("ENGINE_API_KEY"))
     node_cache_peer_url_template: str = Field("http://{node_ip}:8470", validation_alias=_env("NODE_CACHE_PEER_URL_TEMPLATE"))
     node_cache_capacity_bytes: int | None = Field(None, gt=0, validation_alias=_env("NODE_CACHE_CAPACITY_BYTES"))
-    # The chunk servers' token: set, /index and /chunks answer only `Authorization: Bearer <token>`;
-    # the stagers and the CLI present it. The staging pods read it from TIDEPLANE_NODE_CACHE_TOKEN_SECRET
-    # ("NAME/KEY", a Secret in each namespace they run in).
+    # On the chunk servers and the worker: the node cache's secret. The servers answer /index and
+    # /chunks only to a token it admits; the worker's CLI presents it (every version) and each staging
+    # pod gets its own version's token, derived from it (activities/node_cache/access.py), in this
+    # same variable, which its stager presents.
     node_cache_token: SecretStr | None = Field(None, validation_alias=_env("NODE_CACHE_TOKEN"))
-    node_cache_token_secret: str | None = Field(
-        None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-._a-zA-Z0-9]+$", validation_alias=_env("NODE_CACHE_TOKEN_SECRET")
-    )
+    # Retired: it named a Secret whose one token every staging pod got. Refused rather than ignored,
+    # so that an upgraded worker does not silently stage from S3 with peers refusing its pods.
+    retired_node_cache_token_secret: str | None = Field(None, validation_alias=_env("NODE_CACHE_TOKEN_SECRET"))
     # The Gateway that new HTTPRoutes attach to: "name" (the route's namespace) or "namespace/name".
     gateway: str = Field("inference-gateway", validation_alias=_env("GATEWAY"))
 
@@ -216,6 +217,16 @@ class Settings(BaseSettings):
             raise ValueError(f"expected an http(s) URL, got {value!r}")
         return value.rstrip("/") if value else value
 
+    @field_validator("retired_node_cache_token_secret")
+    @classmethod
+    def _retired(cls, value: str | None) -> None:
+        if value is not None:
+            raise ValueError(
+                "retired: set TIDEPLANE_NODE_CACHE_TOKEN to the node cache's secret instead (the value of the Secret"
+                " the chunk servers read); each staging pod now gets its own version's token, derived from it"
+            )
+        return None
+
     @model_validator(mode="after")
     def _engine_key_both_or_neither(self) -> Settings:
         """Pods with a key the worker lacks would answer its warm-up 401; a key without pods that ask for it protects nothing."""
@@ -225,6 +236,11 @@ class Settings(BaseSettings):
                 " the Secret, the worker presents it (set both from the same Secret, or neither)"
             )
         return self
+
+    @property
+    def node_cache_secret(self) -> str | None:
+        """TIDEPLANE_NODE_CACHE_TOKEN's value: the secret (chunk servers, worker) or a version's token (staging pods)."""
+        return self.node_cache_token.get_secret_value() if self.node_cache_token else None
 
     @field_validator("service_url_template")
     @classmethod

@@ -25,6 +25,7 @@ from temporalio.worker import Worker
 from activities.adapters.adapter_activities import AdapterActivities
 from activities.classes.request_class_activities import RequestClassActivities
 from activities.clients.aws import AwsClient
+from activities.core.notifier import Notifier
 from activities.core.workflow_signals import WorkflowSignals
 from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
@@ -44,6 +45,7 @@ from activities.rollout.rollout_activities import RolloutActivities
 from activities.rollout.serving_pods import ServingPods
 from activities.scaling.node_pool_activities import NodePoolActivities
 from activities.scaling.scaling_activities import ScalingActivities
+from activities.spot.failover_notices import SpotNotifyActivities
 from activities.spot.spot_activities import SpotActivities
 from activities.spot.spot_mix_activities import SpotMixActivities
 from activities.spot.spot_workflow_starts import SpotWorkflowStarts
@@ -113,7 +115,7 @@ def build_activities(config: Settings, signals: WorkflowSignals | None = None) -
     pods = ServingPods(
         config.model_cache_dir, config.model_cache_pvc, config.otlp_traces_endpoint, config.trace_sample_ratio, config.engine_cache_dir,
         node_cache_dir=config.node_cache_dir, node_cache_image=config.node_cache_image,
-        engine_api_key_secret=config.engine_api_key_secret, node_cache_token_secret=config.node_cache_token_secret,
+        engine_api_key_secret=config.engine_api_key_secret, node_cache_secret=config.node_cache_secret,
     )
     api_key = config.engine_api_key.get_secret_value() if config.engine_api_key else None
     rollout = RolloutActivities(
@@ -124,14 +126,12 @@ def build_activities(config: Settings, signals: WorkflowSignals | None = None) -
     registry = RegistryActivities(s3, kube, config.weights_bucket, config.weights_buckets)
     cost = CostActivities(prometheus)
     aws = AwsClient(config.aws_region, config.aws_endpoint_url)
+    notifier = Notifier(kube, config.notify_webhook_url, config.notify_webhook_format, config.web_ui_url)
     return [
         *activity_methods(rollout, rollout_contract.RolloutActivities),
         *activity_methods(RetireScheduling(), rollout_contract.RetireScheduling),
         *activity_methods(CanaryFleetActivities(kube, prometheus), rollout_contract.CanaryFleetActivities),
-        *activity_methods(
-            NotifyActivities(kube, config.notify_webhook_url, config.notify_webhook_format, config.web_ui_url),
-            rollout_contract.NotifyActivities,
-        ),
+        *activity_methods(NotifyActivities(notifier), rollout_contract.NotifyActivities),
         *activity_methods(BatchingActivities(kube, prometheus, VllmClient(api_key=api_key), config.service_url_template), rollout_contract.BatchingActivities),
         *activity_methods(registry, registry_contract.RegistryActivities),
         *activity_methods(
@@ -147,10 +147,11 @@ def build_activities(config: Settings, signals: WorkflowSignals | None = None) -
         *activity_methods(SpotActivities(kube, aws, config.spot_queue_url), spot_contract.SpotActivities),
         *activity_methods(SpotMixActivities(kube, aws), spot_contract.SpotMixActivities),
         *activity_methods(SpotWorkflowStarts(), spot_contract.SpotWorkflowStarts),
+        *activity_methods(SpotNotifyActivities(notifier), spot_contract.SpotNotifyActivities),
         *activity_methods(
             NodeCacheActivities(
                 kube, config.node_cache_image, config.node_cache_dir,
-                config.node_cache_peer_url_template, config.node_cache_capacity_bytes, config.node_cache_token_secret,
+                config.node_cache_peer_url_template, config.node_cache_capacity_bytes, config.node_cache_secret,
             ),
             node_cache_contract.NodeCacheActivities,
         ),

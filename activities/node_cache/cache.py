@@ -66,6 +66,12 @@ class NodeCache:
         with self.updating() as index:
             index.chunks[digest] = size
 
+    def begin_version(self, model: str, version: str, chunks: list[Chunk]) -> None:
+        """Record that the version is being staged here: its token admits peers to the chunks it
+        has so far, before the version is complete (activities/node_cache/access.py)."""
+        with self.updating() as index:
+            index.staging[version_key(model, version)] = sorted({c.sha256 for c in chunks})
+
     def add_version(self, model: str, version: str, chunks: list[Chunk]) -> Path:
         """Link the version's files to their chunks and record it as used now."""
         directory = self.version_dir(model, version)
@@ -75,6 +81,7 @@ class NodeCache:
             link.unlink(missing_ok=True)
             os.link(self.chunk_path(chunk.sha256), link)
         with self.updating() as index:
+            index.staging.pop(version_key(model, version), None)
             index.versions[version_key(model, version)] = CachedVersion(
                 model=model, version=version, chunks=chunks, last_used=self.clock()
             )

@@ -3,12 +3,12 @@ verified chunks to peers, its index and the node cache's metrics (``/metrics``).
 
 from __future__ import annotations
 
-import hmac
 import logging
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
+from activities.node_cache.access import Grant, admits, grant, visible_index
 from activities.node_cache.cache import NodeCache
 from activities.node_cache.stager import PEER_TIMEOUT
 from workflows.core.telemetry import NODE_CACHE_BYTES, NODE_CACHE_LAST_USED, NODE_CACHE_SERVED
@@ -23,13 +23,14 @@ class ChunkServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], cache: NodeCache, node: str, token: str | None = None) -> None:
-        """``token``: with one, /index and /chunks answer only ``Authorization: Bearer <token>``
-        (the other nodes' stagers and the CLI); /metrics and /healthz stay open for Prometheus and probes."""
+    def __init__(self, address: tuple[str, int], cache: NodeCache, node: str, secret: str | None = None) -> None:
+        """``secret``: the node cache's secret; with one, /index and /chunks answer only a bearer
+        token it admits (access.py): a version's token sees that version's chunks only, the secret
+        itself every version (the CLI); /metrics and /healthz stay open for Prometheus and probes."""
         super().__init__(address, _ChunkHandler)
         self.cache = cache
         self.node = node
-        self.token = token
+        self.secret = secret
         self.served_bytes = 0
 
     @property
@@ -69,30 +70,29 @@ class _ChunkHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _authorized(self) -> bool:
-        token = self.server.token
-        given = self.headers.get("Authorization") or ""
-        return token is None or hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
-
     def do_GET(self) -> None:
         cache = self.server.cache
-        if (self.path == "/index" or self.path.startswith("/chunks/")) and not self._authorized():
-            self._send(401, b'{"error": "Authorization: Bearer <TIDEPLANE_NODE_CACHE_TOKEN> required"}')
-            return
-        if self.path == "/index":
-            self._send(200, cache.read_index().model_dump_json().encode())
+        if self.path == "/index" or self.path.startswith("/chunks/"):
+            admitted = grant(self.server.secret, self.headers.get("Authorization"))
+            if admitted is None:
+                self._send(401, b'{"error": "Authorization: Bearer <this version\'s TIDEPLANE_NODE_CACHE_TOKEN> required"}')
+            elif self.path == "/index":
+                self._send(200, visible_index(cache.read_index(), admitted).model_dump_json().encode())
+            else:
+                self._chunk(self.path.removeprefix("/chunks/"), admitted)
         elif self.path == "/metrics":
             text = cache_metrics(self.server.node, cache.read_index(), self.server.served_bytes)
             self._send(200, text.encode(), "text/plain; version=0.0.4")
-        elif self.path.startswith("/chunks/"):
-            self._chunk(self.path.removeprefix("/chunks/"))
         elif self.path == "/healthz":
             self._send(200, b'{"status": "ok"}')
         else:
             self._send(404, b'{"error": "no such path"}')
 
-    def _chunk(self, digest: str) -> None:
+    def _chunk(self, digest: str, admitted: Grant) -> None:
         cache = self.server.cache
+        if not admits(cache.read_index(), admitted, digest):
+            self._send(403, b'{"error": "the token does not admit this chunk: it belongs to no version the token names"}')
+            return
         if len(digest) != 64 or not cache.holds(digest):  # only verified chunks, never a partial one
             self._send(404, b'{"error": "chunk not held"}')
             return

@@ -17,7 +17,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.clients.kube import API_TIMEOUT, KubeClient, already_exists, label_selector
-from activities.node_cache.stager import node_cache_token_env
+from activities.node_cache.access import node_cache_token_env
 from workflows.core.naming import GPU_RESOURCE, LABEL_MODEL, LABEL_VERSION, NODE_POOL
 from workflows.node_cache import contract
 from workflows.node_cache.chunks import cached_version_label, version_key
@@ -58,7 +58,7 @@ class NodeCacheActivities(contract.NodeCacheActivities):
     def __init__(
         self, kube: KubeClient, image: str, cache_dir: Path,
         peer_url_template: str = "http://{node_ip}:8470", capacity_bytes: int | None = None,
-        token_secret: str | None = None,
+        secret: str | None = None,
     ) -> None:
         """``image``: the tideplane image the staging pods run; ``cache_dir``: the cache's hostPath on
         every node; ``peer_url_template``: a node's chunk server when its Node has no annotation."""
@@ -67,7 +67,7 @@ class NodeCacheActivities(contract.NodeCacheActivities):
         self.cache_dir = cache_dir
         self.peer_url_template = peer_url_template
         self.capacity_bytes = capacity_bytes
-        self.token_secret = token_secret  # "NAME/KEY": the staging Jobs' chunk-server token (TIDEPLANE_NODE_CACHE_TOKEN)
+        self.secret = secret  # the node cache's secret: each staging Job gets its version's token from it (access.py)
 
     @activity.defn(name=START_NODE_STAGING)
     def start_node_staging(self, req: StartNodeCacheInput) -> NodeCacheStatus:
@@ -168,7 +168,7 @@ class NodeCacheActivities(contract.NodeCacheActivities):
                             "image": self.image,
                             "args": ["node-cache", "stage", "--request", request.model_dump_json()],
                             "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
-                            **({"env": node_cache_token_env(self.token_secret)} if self.token_secret else {}),
+                            **({"env": node_cache_token_env(self.secret, req.model, req.version)} if self.secret else {}),
                             "terminationMessagePolicy": "FallbackToLogsOnError",
                             "volumeMounts": [{"name": "node-cache", "mountPath": str(self.cache_dir)}],
                         }],

@@ -39,19 +39,11 @@ PEER_TIMEOUT = httpx.Timeout(10.0, connect=2.0, read=60.0)
 PEER_POLL_SECONDS = 0.2
 
 
-def node_cache_token_env(secret: str | None) -> list[dict]:
-    """TIDEPLANE_NODE_CACHE_TOKEN from ``secret`` ("NAME/KEY"), for a pod that stages from peers."""
-    if secret is None:
-        return []
-    name, key = secret.split("/", 1)
-    return [{"name": "TIDEPLANE_NODE_CACHE_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": key}}}]
-
-
 class NodeCacheStager:
     """``stage_node`` with its sources: S3 (the origin) and the peers' chunk servers."""
 
     def __init__(self, cache: NodeCache, s3: S3Client, http: httpx.Client | None = None, token: str | None = None) -> None:
-        """``token``: the peers' chunk-server token (TIDEPLANE_NODE_CACHE_TOKEN), sent as a bearer token."""
+        """``token``: this version's chunk-server token (TIDEPLANE_NODE_CACHE_TOKEN, access.py), sent as a bearer token."""
         self.cache = cache
         self.s3 = s3
         self.http = http or httpx.Client(timeout=PEER_TIMEOUT)
@@ -75,6 +67,7 @@ class NodeCacheStager:
         if not plan.fits:
             raise NoRoom(f"{version_key(req.model, req.version)} does not fit in {req.capacity_bytes} bytes beside the pinned versions")
         self.cache.evict(plan)
+        self.cache.begin_version(req.model, req.version, wanted)
 
         stagers = req.stagers if req.node in req.stagers else [req.node]
         peers = {p.node: p for p in req.peers}

@@ -8,7 +8,7 @@ init container stages what the node lacks) and prefers nodes that hold it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection
 
@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from activities.clients.kube import API_TIMEOUT, KubeClient, fail, selector
 from activities.core.deployments import CONTAINER
 from activities.node_cache.cache import NodeCache
-from activities.node_cache.stager import node_cache_token_env
+from activities.node_cache.access import node_cache_token_env
 from activities.rollout.model_cache import safe_component
 from workflows.core import naming
 from workflows.core.gpu_shares import GPU_MEMORY_UTILIZATION_FLAG, SHARED_GPU_RESOURCE
@@ -50,7 +50,8 @@ class ServingPods:
     node_cache_dir: Path | None = None  # the node-local weight cache (activities/node_cache/); None: pods never read it
     node_cache_image: str = "ghcr.io/tideplane/worker:0.1.0"  # what the pods' staging init container runs
     engine_api_key_secret: str | None = None  # "SECRET/KEY" in each serving namespace: VLLM_API_KEY from it; None: no key
-    node_cache_token_secret: str | None = None  # "SECRET/KEY": the staging init container's chunk-server token
+    # the node cache's secret: the staging init container gets its version's chunk-server token from it
+    node_cache_secret: str | None = field(default=None, repr=False)
 
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -221,7 +222,7 @@ def deployment_manifest(req: EnsureVersionInput, pods: ServingPods) -> dict:
         container["volumeMounts"].append({"name": ENGINE_CACHE_VOLUME, "mountPath": str(engine_cache)})
         pod_spec["volumes"].append({"name": ENGINE_CACHE_VOLUME, "hostPath": {"path": str(engine_cache), "type": "DirectoryOrCreate"}})
     if node_version is not None:
-        _read_from_node_cache(req, pods.node_cache_dir, pods.node_cache_image, pod_spec, node_version, pods.node_cache_token_secret)
+        _read_from_node_cache(req, pods.node_cache_dir, pods.node_cache_image, pod_spec, node_version, pods.node_cache_secret)
     if req.gpus_per_replica:
         # a share of one GPU (time-slicing replicas, workflows/scaling/gpu_sharing.py), or whole GPUs
         gpus = {SHARED_GPU_RESOURCE: "1"} if req.gpu_memory_utilization is not None else {naming.GPU_RESOURCE: str(req.gpus_per_replica)}
@@ -253,7 +254,7 @@ def node_cache_version_dir(req: EnsureVersionInput, pods: ServingPods) -> Path |
 
 
 def _read_from_node_cache(
-    req: EnsureVersionInput, cache_dir: Path, image: str, pod_spec: dict, version_dir: Path, token_secret: str | None = None,
+    req: EnsureVersionInput, cache_dir: Path, image: str, pod_spec: dict, version_dir: Path, secret: str | None = None,
 ) -> None:
     """The server loads the version from its node's cache, mounted read-only; the pod prefers nodes
     labelled as holding it, and on any other node (a new one, or one that evicted it) an init
@@ -266,7 +267,7 @@ def _read_from_node_cache(
         "image": image,
         "args": ["node-cache", "stage", "--request", request.model_dump_json()],
         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-                {"name": "TIDEPLANE_NODE_CACHE_DIR", "value": str(cache_dir)}, *node_cache_token_env(token_secret)],
+                {"name": "TIDEPLANE_NODE_CACHE_DIR", "value": str(cache_dir)}, *node_cache_token_env(secret, req.model, req.version)],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
         "securityContext": CONTAINER_SECURITY,
         "volumeMounts": [{"name": NODE_CACHE_VOLUME, "mountPath": str(cache_dir)}],

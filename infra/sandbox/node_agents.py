@@ -3,7 +3,8 @@
 The API emulator runs no containers. What a node's cache DaemonSet and its staging Jobs' pods do
 in production, an agent per sandbox Node does here with the same code (activities/node_cache/):
 it keeps the node's cache in a directory of its own (``<root>/<node>``), serves its verified chunks
-on a port of its own, published on the Node as the ``tideplane.io/node-cache-url`` annotation (as a
+on a port of its own (asking the node cache's secret or a version's token, as the DaemonSet
+does), published on the Node as the ``tideplane.io/node-cache-url`` annotation (as a
 DaemonSet pod would), and runs every staging pod bound to its node from the pod's own arguments
 (``node-cache stage --request JSON``), then reports the container's exit and its report to the
 emulator's kubelet (``POST /sandbox/exit``), which ends the pod Succeeded or Failed. Prometheus
@@ -22,6 +23,7 @@ from pathlib import Path
 from kubernetes import client
 
 from activities.clients.s3 import S3Client
+from activities.node_cache.access import TOKEN_ENV
 from activities.node_cache.chunk_server import ChunkServer
 from activities.node_cache.cache import NodeCache
 from activities.node_cache.stager import NodeCacheStager, stage_args
@@ -35,12 +37,14 @@ TARGETS_FILE = "targets.json"  # Prometheus file_sd: the agents' /metrics (prome
 class NodeAgents:
     """One agent per registered Node; ``reconcile`` follows the Nodes and their staging pods."""
 
-    def __init__(self, kube: client.ApiClient, kube_url: str, root: Path, s3: S3Client) -> None:
+    def __init__(self, kube: client.ApiClient, kube_url: str, root: Path, s3: S3Client, secret: str | None = None) -> None:
+        """``secret``: the node cache's (TIDEPLANE_NODE_CACHE_TOKEN); None: open chunk servers."""
         root.mkdir(parents=True, exist_ok=True)
         self.core = client.CoreV1Api(kube)
         self.exit_url = kube_url.rstrip("/") + "/sandbox/exit"
         self.root = root
         self.s3 = s3
+        self.secret = secret
         self.servers: dict[str, ChunkServer] = {}
         self.started: set[str] = set()  # staging pod uids already run
 
@@ -74,19 +78,21 @@ class NodeAgents:
             tmp.replace(path)
 
     def _start(self, node: str) -> ChunkServer:
-        server = ChunkServer(("127.0.0.1", 0), NodeCache(self.root / node), node)
+        server = ChunkServer(("127.0.0.1", 0), NodeCache(self.root / node), node, secret=self.secret)
         threading.Thread(target=server.serve_forever, name=f"chunks-{node}", daemon=True).start()
         self.servers[node] = server
         log.info("node agent of %s: cache %s, chunks on %s", node, self.root / node, server.url)
         return server
 
     def _run(self, pod: dict, cache: NodeCache) -> None:
-        """The staging container: the real staging code from the pod's arguments; exit 0 with the
-        report as termination message, or 1 with the error."""
+        """The staging container: the real staging code from the pod's arguments and its version's
+        token (the container's env); exit 0 with the report as termination message, or 1 with the error."""
         meta = pod["metadata"]
+        container = pod["spec"]["containers"][0]
+        token = next((e.get("value") for e in container.get("env") or [] if e["name"] == TOKEN_ENV), None)
         try:
-            request = stage_args(pod["spec"]["containers"][0].get("args") or [])
-            report = NodeCacheStager(cache, self.s3).stage(request)
+            request = stage_args(container.get("args") or [])
+            report = NodeCacheStager(cache, self.s3, token=token).stage(request)
             code, message = 0, report.model_dump_json()
         except Exception as exc:  # noqa: BLE001 - a container that fails exits 1 with its error
             log.warning("staging pod %s/%s failed: %s", meta["namespace"], meta["name"], exc)

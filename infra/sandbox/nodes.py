@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -36,6 +37,7 @@ import boto3
 from kubernetes import client
 
 from activities.clients.s3 import S3Client
+from activities.node_cache.access import TOKEN_ENV
 from infra.sandbox.config import (
     DEFAULT_CONFIG,
     ENGINE_CACHES_ANNOTATION,
@@ -459,7 +461,8 @@ def main(argv: list[str] | None = None) -> None:
     cloud = Cloud(ec2, autoscaling, api_client(args.kube_url), {p.name: p for p in config.node_pools}, args.time_scale or config.time_scale, args.boot_seconds)
     if args.node_cache_root:
         agents = NodeAgents(api_client(args.kube_url), args.kube_url, Path(args.node_cache_root),
-                            S3Client(args.aws_endpoint_url, "us-east-1", access_key_id="testing", secret_access_key="testing"))
+                            S3Client(args.aws_endpoint_url, "us-east-1", access_key_id="testing", secret_access_key="testing"),
+                            secret=os.environ.get(TOKEN_ENV))
         threading.Thread(target=run_agents, args=(agents,), name="node-agents", daemon=True).start()
     cloud.run()
 

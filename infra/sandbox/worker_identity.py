@@ -7,6 +7,7 @@ admin kubeconfig.
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import yaml
@@ -28,6 +29,33 @@ def worker_manifests() -> list[dict]:
         if doc["kind"] == "ServiceAccount":
             doc["metadata"]["namespace"] = WORKER_NAMESPACE
     return docs
+
+
+def payload_key_ref() -> tuple[str, str]:
+    """The Secret name and key the worker's Deployment takes TIDEPLANE_PAYLOAD_ENCRYPTION_KEY from."""
+    deployment = yaml.safe_load((BASE / "deployment.yaml").read_text())
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    ref = next(e["valueFrom"]["secretKeyRef"] for e in container["env"] if e["name"] == "TIDEPLANE_PAYLOAD_ENCRYPTION_KEY")
+    return ref["name"], ref["key"]
+
+
+def create_payload_key_secret(api: client.ApiClient, key: str) -> None:
+    """That Secret in the worker's namespace (as the operator makes it out of band); one already
+    there is left as it is."""
+    name, item = payload_key_ref()
+    secret = {"metadata": {"name": name}, "type": "Opaque", "data": {item: base64.b64encode(key.encode()).decode()}}
+    try:
+        client.CoreV1Api(api).create_namespaced_secret(WORKER_NAMESPACE, secret)
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def read_payload_key(api: client.ApiClient) -> str:
+    """The payload key as the kubelet resolves the worker's secretKeyRef: read from the Secret."""
+    name, item = payload_key_ref()
+    secret = client.CoreV1Api(api).read_namespaced_secret(name, WORKER_NAMESPACE)
+    return base64.b64decode(secret.data[item]).decode()
 
 
 def service_account_name() -> str:

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from infra.k8s.monitoring import render
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.launcher import RULES_DIR, Ports, Sandbox, SandboxRunning
+from infra.sandbox.worker_identity import WORKER_NAMESPACE
 from tests.sandbox_fixtures import TEST_CONFIG, create_logical_deployment, revive_dead_components, wait_until
 from workflows.core.engine_metrics import SCRAPE_LABELS
 from workflows.core.naming import GPU_RESOURCE, NODE_CAPACITY_TYPE, NODE_POOL
@@ -114,6 +115,30 @@ def test_sandbox_payloads_are_ciphertext_in_temporal_and_clear_through_its_codec
         assert refused.returncode != 0 and marker not in refused.stdout  # the CLI reports the 401 as a failed decode
     finally:
         sourced(f"temporal workflow terminate -w {workflow_id} --reason test-done")
+
+
+def payload_key_secret(sandbox) -> str:
+    """The payload key as `kubectl get secret` in the sandbox shows it (the operator's view)."""
+    script = f"source {sandbox.state_dir / 'env'} && kubectl get secret -n {WORKER_NAMESPACE} tideplane-temporal -o json"
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30,
+                         env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")})
+    assert out.returncode == 0, out.stderr
+    return base64.b64decode(json.loads(out.stdout)["data"]["payload-key"]).decode()
+
+
+def test_the_payload_key_is_the_secret_the_workers_deployment_names_and_the_env_reads_it(sandbox):
+    """As in production (infra/k8s/base: Secret tideplane-temporal, key payload-key): the key is a
+    Secret in the emulator, and the worker's env carries the value read from it, not from a file."""
+    key = payload_key_secret(sandbox)
+    assert len(base64.b64decode(key)) == 32 and sandbox.env["TIDEPLANE_PAYLOAD_ENCRYPTION_KEY"] == key
+    assert f"export TIDEPLANE_PAYLOAD_ENCRYPTION_KEY={key}" in (sandbox.state_dir / "env").read_text()
+    core = client.CoreV1Api(_kube(sandbox))
+    other = base64.b64encode(os.urandom(32)).decode()
+    try:
+        core.patch_namespaced_secret("tideplane-temporal", WORKER_NAMESPACE, {"data": {"payload-key": base64.b64encode(other.encode()).decode()}})
+        assert sandbox.sandbox.env()["TIDEPLANE_PAYLOAD_ENCRYPTION_KEY"] == other
+    finally:
+        core.patch_namespaced_secret("tideplane-temporal", WORKER_NAMESPACE, {"data": {"payload-key": base64.b64encode(key.encode()).decode()}})
 
 
 def test_prometheus_returns_vllm_metrics_of_a_running_deployment(sandbox):
@@ -386,5 +411,7 @@ def test_down_leaves_nothing_listening_then_up_again(sandbox):
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
     assert not box.running() and not (sandbox.state_dir / "pids.json").exists()
+    key = sandbox.env["TIDEPLANE_PAYLOAD_ENCRYPTION_KEY"]
     box.up()
     assert len(client.CoreV1Api(_kube(sandbox)).list_node().items) == sum(p["count"] for p in TEST_CONFIG["node_pools"])
+    assert payload_key_secret(sandbox) == key  # the same key after a restart: the histories stay readable

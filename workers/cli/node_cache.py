@@ -32,8 +32,8 @@ TERMINATION_LOG = Path("/dev/termination-log")
 def cmd_stage(args, config: Settings) -> int:
     """Stage one version into this node's cache; the report goes to stdout and the termination log."""
     request = NodeCacheRequest.model_validate_json(args.request)
-    token = config.node_cache_token.get_secret_value() if config.node_cache_token else None
-    stager = NodeCacheStager(NodeCache(config.node_cache_dir), S3Client(config.aws_endpoint_url, config.aws_region), token=token)
+    s3 = S3Client(config.aws_endpoint_url, config.aws_region)
+    stager = NodeCacheStager(NodeCache(config.node_cache_dir), s3, token=config.node_cache_secret)
     report = stager.stage(request).model_dump_json()
     print(report)
     try:
@@ -45,8 +45,7 @@ def cmd_stage(args, config: Settings) -> int:
 
 def cmd_serve(args, config: Settings) -> int:
     """Serve this node's verified chunks to its peers (the DaemonSet's container)."""
-    token = config.node_cache_token.get_secret_value() if config.node_cache_token else None
-    server = ChunkServer((args.host, args.port), NodeCache(config.node_cache_dir), args.node, token=token)
+    server = ChunkServer((args.host, args.port), NodeCache(config.node_cache_dir), args.node, secret=config.node_cache_secret)
     print(f"node cache of {args.node}: {config.node_cache_dir}, chunks on {server.url}", flush=True)
     server.serve_forever()
     return 0
@@ -70,8 +69,8 @@ def cache_rows(kube: KubeClient, template: str, http: httpx.Client | None = None
 
 
 def cmd_list(args, config: Settings) -> int:
-    token = config.node_cache_token.get_secret_value() if config.node_cache_token else None
-    rows = cache_rows(KubeClient.connect(config.kubeconfig, config.kube_in_cluster), config.node_cache_peer_url_template, token=token)
+    kube = KubeClient.connect(config.kubeconfig, config.kube_in_cluster)
+    rows = cache_rows(kube, config.node_cache_peer_url_template, token=config.node_cache_secret)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

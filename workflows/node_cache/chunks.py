@@ -58,6 +58,9 @@ class CacheIndex(BaseModel):
 
     versions: dict[str, CachedVersion] = Field(default_factory=dict)
     chunks: dict[str, int] = Field(default_factory=dict, description="sha256 -> bytes of each verified chunk")
+    staging: dict[str, list[str]] = Field(
+        default_factory=dict, description="versions being staged here -> their chunks' digests (what their token admits meanwhile)"
+    )
 
     @property
     def size_bytes(self) -> int:

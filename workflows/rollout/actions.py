@@ -18,6 +18,7 @@ from temporalio.exceptions import ActivityError
 from temporalio.workflow import ActivityCancellationType
 
 from workflows.core.failures import cause
+from workflows.core.notices import deliver
 from workflows.core.search_attributes import CANARY_PERCENT, STAGE
 from workflows.core.telemetry import (
     LEGACY_GATE_VERDICT,
@@ -56,13 +57,6 @@ KUBE_CALL = timedelta(seconds=60)
 # Runs started before metrics moved onto the workflow metric meter replay the record_* activities
 # they scheduled; those were best effort: a missing or failing recorder never held up a rollout.
 BEST_EFFORT = RetryPolicy(maximum_attempts=3, non_retryable_error_types=["NotFoundError", "ValidationError"])
-# A notice is retried briefly and then given up: telling people never holds up or fails a rollout.
-NOTICE = RetryPolicy(
-    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=5), maximum_attempts=4,
-    non_retryable_error_types=["ValidationError"],
-)
-NOTICE_ATTEMPT = timedelta(seconds=20)
-NOTICE_DEADLINE = timedelta(seconds=60)
 
 
 class Abort(Exception):
@@ -299,26 +293,11 @@ def notify(state: RunState, kind: NoticeKind, message: str) -> None:
         deployment=state.ref, version=state.input.version, kind=kind, message=message, weight=state.weight,
         workflow_id=info.workflow_id, run_id=info.run_id, namespace=info.namespace, seq=len(state.notices) + 1,
     )
-    state.notices.append(asyncio.ensure_future(_deliver(notice)))
-
-
-async def _deliver(notice: NoticeInput) -> None:
-    """One notice's activity; its failure is logged, never raised."""
-    try:
-        await workflow.execute_activity_method(
-            NotifyActivities.notify,
-            notice,
-            start_to_close_timeout=NOTICE_ATTEMPT,
-            schedule_to_close_timeout=NOTICE_DEADLINE,
-            retry_policy=NOTICE,
-            summary=f"notify: {notice.kind.value}",
-        )
-    except ActivityError as err:
-        workflow.logger.warning("notice %d (%s) not delivered: %s", notice.seq, notice.kind.value, cause(err))
+    state.notices.append(asyncio.ensure_future(deliver(NotifyActivities.notify, notice, f"notify: {kind.value}")))
 
 
 async def drain_notices(state: RunState) -> None:
-    """Wait for every notice issued so far (each ends within NOTICE_DEADLINE; failures are logged)."""
+    """Wait for every notice issued so far (each ends within a minute; failures are logged)."""
     await asyncio.gather(*state.notices)
 
 

@@ -8,7 +8,9 @@ workflows reference them deterministically:
 - ``SpotMixActivities``: the spot pools' room and the split's Deployments, for a scaling loop
   with a spot mix (workflows/spot/mix.py);
 - ``SpotWorkflowStarts``: the workflows one workflow starts that outlive it (through the
-  activity's own Temporal client), needing no other client.
+  activity's own Temporal client), needing no other client;
+- ``SpotNotifyActivities``: a failover's notice to people (an Event on each affected Deployment,
+  the optional webhook).
 
 Activity names are a stable API (recorded histories refer to them). Every activity is idempotent.
 """
@@ -214,6 +216,28 @@ class AppliedSpotMix(BaseModel):
     )
 
 
+NOTIFY_SPOT_FAILOVER = "notify_spot_failover"
+
+
+class FailoverNotice(BaseModel):
+    """What one Deployment's failover did, for the people who run it: ``seq`` numbers the run's
+    notices, so (run_id, seq) is its key and a retried delivery writes the same Event."""
+
+    namespace: str = Field(min_length=1)
+    deployment: str = Field(min_length=1, description="the Kubernetes Deployment whose replicas moved (the Event's object)")
+    instance_id: str = Field(min_length=1)
+    node: str = Field(min_length=1)
+    pool: str | None = None
+    capacity_type: str = Field(description="where the replacements went (karpenter.sh/capacity-type)")
+    replicas_moved: int = Field(ge=0)
+    replacement_ready_seconds: float | None = Field(None, description="first notice -> all replacements Ready")
+    capacity_gap_seconds: float = Field(ge=0, description="the run's: seconds during which some affected Deployment was short")
+    workflow_id: str = Field(min_length=1)
+    run_id: str = Field(min_length=1)
+    temporal_namespace: str = Field(min_length=1, description="for the web UI link")
+    seq: int = Field(ge=1)
+
+
 class SpotActivities:
     """What the spot workflows ask of SQS, Kubernetes and EC2 Auto Scaling (activities/spot/spot_activities.py)."""
 
@@ -286,4 +310,14 @@ class SpotWorkflowStarts:
     @activity.defn(name="start_return_to_spot")
     async def start_return_to_spot(self, req: ReturnToSpotInput) -> StartedWorkflow:
         """Start the Deployment's ReturnToSpot unless one runs."""
+        raise NotImplementedError
+
+
+class SpotNotifyActivities:
+    """How SpotReclaim tells people (activities/spot/failover_notices.py). Best effort: the workflow
+    logs a failed delivery and goes on."""
+
+    @activity.defn(name=NOTIFY_SPOT_FAILOVER)
+    def notify_spot_failover(self, notice: FailoverNotice) -> None:
+        """Write the notice's Event on the Deployment (an existing one counts as written), then post the webhook if one is set."""
         raise NotImplementedError

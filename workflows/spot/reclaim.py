@@ -14,6 +14,9 @@ Deployment ``<name>-od`` (same pod template and serving labels, so its Service r
 claims; when an on-demand pool ASG is configured, its desired capacity is its base plus one node
 per claiming instance. The spot Deployment itself is not touched: the scaler keeps owning its
 replicas, and its evicted pods come back on spot when spot capacity returns (``ReturnToSpot``).
+
+Once drained, each affected Deployment gets a notice (a Kubernetes Event on it, the optional
+webhook): what moved where, when the replacements were Ready and the capacity gap.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         ClaimFallbackInput,
         CountsInput,
         EvictInput,
+        FailoverNotice,
         FailoverPolicy,
         FindNodeInput,
         NodeRef,
@@ -39,11 +43,13 @@ with workflow.unsafe.imports_passed_through():
         ReplicaCounts,
         ReturnToSpotInput,
         SpotActivities,
+        SpotNotifyActivities,
         SpotWorkflowStarts,
         UnschedulableInput,
     )
     from workflows.core import telemetry
     from workflows.core.naming import DeploymentRef
+    from workflows.core.notices import deliver
     from workflows.spot.events import NoticeKind, SpotNotice
     from workflows.spot.policy import DomainRisk, on_demand_needed, preemption_predicted, rebalance_hold
     from workflows.core.waiting import wait_until
@@ -51,6 +57,8 @@ with workflow.unsafe.imports_passed_through():
 
 # Runs started before the policy sized the claims claimed every replica on the node, without a sample first.
 SIZED_CLAIMS_PATCH = "policy-sized-claims"
+# Runs started before failover notices told no one.
+FAILOVER_NOTICES_PATCH = "failover-notices"
 
 
 class SpotReclaimInput(BaseModel):
@@ -245,7 +253,28 @@ class SpotReclaim:
                 )
                 for k in keys
             ))
+        if workflow.patched(FAILOVER_NOTICES_PATCH):
+            await self._notify(policy)
         return self._finish("drained")
+
+    async def _notify(self, policy: FailoverPolicy) -> None:
+        """One notice per affected Deployment, delivered side by side; a failed one is logged."""
+        st = self._status
+        assert st is not None and st.node is not None
+        info = workflow.info()
+        await asyncio.gather(*(
+            deliver(
+                SpotNotifyActivities.notify_spot_failover,
+                FailoverNotice(
+                    namespace=a.namespace, deployment=a.name, instance_id=st.instance_id, node=st.node, pool=st.pool,
+                    capacity_type=policy.capacity_type, replicas_moved=a.replicas_on_node,
+                    replacement_ready_seconds=st.replacement_ready_seconds, capacity_gap_seconds=st.capacity_gap_seconds,
+                    workflow_id=info.workflow_id, run_id=info.run_id, temporal_namespace=info.namespace, seq=seq,
+                ),
+                f"notify: failover of {a.namespace}/{a.name}",
+            )
+            for seq, a in enumerate(st.affected, start=1)
+        ))
 
     async def _sync_pool(self, policy: FailoverPolicy) -> None:
         """The on-demand pool's desired capacity follows the claims (when the policy names a pool)."""

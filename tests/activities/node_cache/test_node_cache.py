@@ -1,6 +1,7 @@
 """Staging onto nodes' caches (activities/node_cache/) against moto over HTTP, with each node's
-chunk server on a real port: peers share chunks, every chunk is verified, a delta moves only what
-changed, a corrupt peer is refused."""
+chunk server on a real port, asking the node cache's secret or a version's token as in production:
+peers share chunks, every chunk is verified, a delta moves only what changed, a corrupt peer is
+refused, a version's token reads that version only."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ import httpx
 import pytest
 
 from activities.clients.s3 import S3Client
-from activities.node_cache.chunk_server import ChunkServer, cache_metrics
+from activities.node_cache.access import version_token
+from activities.node_cache.chunk_server import ChunkServer, cache_metrics, node_cache_index
 from activities.node_cache.cache import NodeCache
 from activities.node_cache.stager import NodeCacheStager
 from workflows.core.versions import WeightFile
 from workflows.node_cache.contract import NodeCacheRequest, Peer
 
 BUCKET = "node-cache-test"
+SECRET = "node-cache-secret"
 FILE_BYTES = 64 * 1024
 
 
@@ -44,9 +47,13 @@ class Node:
     def __init__(self, root: Path, name: str, s3: S3Client) -> None:
         self.name = name
         self.cache = NodeCache(root / name)
-        self.server = ChunkServer(("127.0.0.1", 0), self.cache, name)
+        self.server = ChunkServer(("127.0.0.1", 0), self.cache, name, secret=SECRET)
         threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
-        self.stager = NodeCacheStager(self.cache, s3)
+        self.s3 = s3
+
+    def stage(self, req: NodeCacheRequest):
+        """As the version's staging pod does: with that version's token only."""
+        return NodeCacheStager(self.cache, self.s3, token=version_token(SECRET, req.model, req.version)).stage(req)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -71,7 +78,7 @@ def stage_all(nodes: list[Node], model: str, version: str, files: list[WeightFil
             peers=[Peer(node=n.name, url=n.server.url) for n in nodes if n is not node], peer_wait_seconds=10,
         )
         try:
-            reports[i] = node.stager.stage(req)
+            reports[i] = node.stage(req)
         except Exception as exc:  # surfaced below
             errors.append(exc)
 
@@ -124,7 +131,7 @@ def test_a_peer_serving_other_bytes_is_refused_and_s3_read_instead(s3, tmp_path)
         liar.cache.add_chunk(digest, FILE_BYTES)
         req = NodeCacheRequest(model="m", version="2.0.0", files=files, node="honest", stagers=["honest"],
                                peers=[Peer(node="liar", url=liar.server.url)])
-        report = honest.stager.stage(req)
+        report = honest.stage(req)
         assert (report.peer_bytes, report.origin_bytes) == (0, FILE_BYTES)
         assert (honest.cache.version_dir("m", "2.0.0") / "model-00000.safetensors").read_bytes() == data
     finally:
@@ -138,33 +145,39 @@ def test_the_chunk_server_shows_what_the_node_holds(s3, nodes):
     text = httpx.get(f"{nodes[0].server.url}/metrics").text
     assert 'tideplane_node_cache_bytes{node="node-0",model="m",version="3.0.0"} 3000' in text
     assert text == cache_metrics("node-0", nodes[0].cache.read_index(), 0)
-    assert httpx.get(f"{nodes[0].server.url}/chunks/{'0' * 64}").status_code == 404
+    assert httpx.get(f"{nodes[0].server.url}/chunks/{'0' * 64}", headers={"Authorization": f"Bearer {SECRET}"}).status_code == 404
 
 
-def test_with_a_token_a_node_serves_its_chunks_and_index_only_to_peers_presenting_it(tmp_path, s3):
-    """The chunk server is reachable by anything on the node network (hostPort 8470): with a token
-    (TIDEPLANE_NODE_CACHE_TOKEN, from a Secret) /index and /chunks answer 401 without it; the
-    stagers present it, so staging from a peer still works."""
-    import httpx
-
-    files = upload(s3, "2.0.0", [b"weights" * 1000])
-    cache = NodeCache(tmp_path / "holder")
-    holder = ChunkServer(("127.0.0.1", 0), cache, "holder", token="peer-token")
-    threading.Thread(target=holder.serve_forever, args=(0.05,), daemon=True).start()
+def test_a_version_token_reads_that_version_only_and_no_token_reads_nothing(tmp_path, s3):
+    """hostPort 8470 is reachable from the node network: a peer holding version A's token (all its
+    staging pod gets) neither reads B's chunks (403) nor sees B in /index; a chunk both versions
+    share is A's too; no token, a wrong or forged one is 401; the secret itself (the CLI) sees all;
+    staging A from the holder with A's token still works."""
+    shared, only_a, only_b = b"shared" * 1000, b"only-a" * 1000, b"only-b" * 1000
+    files_a, files_b = upload(s3, "a", [shared, only_a]), upload(s3, "b", [shared, only_b])
+    holder, fetcher = Node(tmp_path, "holder", s3), Node(tmp_path, "fetcher", s3)
     try:
-        NodeCacheStager(cache, s3, token="peer-token").stage(NodeCacheRequest(
-            model="m", version="2.0.0", files=files, node="holder", stagers=["holder"], peers=[], peer_wait_seconds=1))
-        digest = files[0].sha256
-        for path in ("/index", f"/chunks/{digest}"):
-            assert httpx.get(holder.url + path).status_code == 401
-            assert httpx.get(holder.url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
-            assert httpx.get(holder.url + path, headers={"Authorization": "Bearer peer-token"}).status_code == 200
-        assert httpx.get(holder.url + "/healthz").status_code == 200
-        fetcher = NodeCacheStager(NodeCache(tmp_path / "fetcher"), s3, token="peer-token")
+        for version, files in (("a", files_a), ("b", files_b)):
+            holder.stage(NodeCacheRequest(model="m", version=version, files=files, node="holder", stagers=["holder"]))
+        token_a = version_token(SECRET, "m", "a")
+        as_a = {"Authorization": f"Bearer {token_a}"}
+        chunks = f"{holder.server.url}/chunks/"
+        assert httpx.get(chunks + files_b[1].sha256, headers=as_a).status_code == 403
+        assert httpx.get(chunks + files_a[1].sha256, headers=as_a).content == only_a
+        assert httpx.get(chunks + files_a[0].sha256, headers=as_a).content == shared
+        seen_by_a = node_cache_index(holder.server.url, token=token_a)
+        assert list(seen_by_a.versions) == ["m@a"] and set(seen_by_a.chunks) == {f.sha256 for f in files_a}
+        forged = "m@b:" + token_a.rpartition(":")[2]
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {forged}"}, {"Authorization": token_a}):
+            for path in ("/index", f"/chunks/{files_a[1].sha256}"):
+                assert httpx.get(holder.server.url + path, headers=headers).status_code == 401, (headers, path)
+        assert set(node_cache_index(holder.server.url, token=SECRET).versions) == {"m@a", "m@b"}
+        assert httpx.get(holder.server.url + "/healthz").status_code == 200
+
         report = fetcher.stage(NodeCacheRequest(
-            model="m", version="2.0.0", files=files, node="fetcher", stagers=["holder", "fetcher"],
-            peers=[Peer(node="holder", url=holder.url)], peer_wait_seconds=5))
-        assert report.peer_bytes == len(b"weights" * 1000) and report.origin_bytes == 0
+            model="m", version="a", files=files_a, node="fetcher", stagers=["holder", "fetcher"],
+            peers=[Peer(node="holder", url=holder.server.url)], peer_wait_seconds=5))
+        assert (report.peer_bytes, report.origin_bytes) == (len(shared) + len(only_a), 0)
     finally:
-        holder.shutdown()
-        holder.server_close()
+        holder.close()
+        fetcher.close()

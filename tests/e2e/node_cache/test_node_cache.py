@@ -1,16 +1,17 @@
 """Weights pre-staged onto a 3-node pool, peer to peer, by a real ModelRollout in the sandbox; then
-a release that changes one of its 30 files moves only that file.
+a release that changes one of its 30 files moves only that file; a version's token reads that version only.
 
 Nothing is stubbed: a ``tideplane worker`` process runs the rollouts (started with the temporal
 CLI's JSON), the staging Jobs are created in the API emulator, and each sandbox node's agent runs
 its staging pod with the real staging code into that node's cache directory, reading chunks from
-the other nodes' chunk servers and from moto. Figures are read back from the rollout's status
+the other nodes' chunk servers (with its version's token) and from moto. Figures are read back from the rollout's status
 (each pod's termination-message report), the nodes' chunk servers and the CLI's listing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import re
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 from kubernetes import client
 
 from activities.clients.kube import KubeClient
+from activities.node_cache.access import TOKEN_ENV, version_token
 from infra.sandbox.nodes import aws_clients
 from infra.sandbox.worker_identity import enable_serving_namespace
 from tests.e2e.rollout.test_rollout import temporal_start
@@ -28,7 +30,7 @@ from tests.sandbox_fixtures import TEST_CONFIG, wait_for
 from workers.cli.node_cache import cache_rows
 from workflows.core.naming import LABEL_APP, LABEL_VERSION, NODE_POOL, rollout_workflow_id
 from workflows.rollout.types import Outcome, RolloutResult, RolloutStatus
-from workflows.node_cache.contract import NODE_CACHE_URL_ANNOTATION
+from workflows.node_cache.contract import LABEL_COMPONENT, NODE_CACHE_JOB_COMPONENT, NODE_CACHE_URL_ANNOTATION
 from workflows.node_cache.chunks import cached_version_label
 from workflows.rollout.client import rollout_result
 
@@ -38,12 +40,16 @@ FILES, FILE_BYTES = 30, 128 * 1024
 SIZE = FILES * FILE_BYTES
 
 
+def shard(version: str, i: int, changed: set[int]) -> bytes:
+    """Shard ``i`` of a release; those in ``changed`` differ from 1.0.0's."""
+    return random.Random(f"{version}/{i}" if i in changed else f"base/{i}").randbytes(FILE_BYTES)
+
+
 def write_weights(directory: Path, version: str, changed: set[int]) -> None:
-    """30 shards; those in ``changed`` differ from 1.0.0's."""
+    """30 shards."""
     directory.mkdir(parents=True)
     for i in range(FILES):
-        seed = f"{version}/{i}" if i in changed else f"base/{i}"
-        (directory / f"model-{i:05d}-of-{FILES:05d}.safetensors").write_bytes(random.Random(seed).randbytes(FILE_BYTES))
+        (directory / f"model-{i:05d}-of-{FILES:05d}.safetensors").write_bytes(shard(version, i, changed))
 
 
 def rollout(version: str, min_nodes: int) -> dict:
@@ -106,7 +112,7 @@ async def test_a_pool_pre_staged_peer_to_peer_reads_the_model_from_s3_once(sandb
     origin, peers = sum(r.origin_bytes for r in reports), sum(r.peer_bytes for r in reports)
     assert origin == SIZE, f"{origin} bytes read from S3 for a {SIZE}-byte model on {POOL_NODES} nodes"
     assert peers == (POOL_NODES - 1) * SIZE and served_bytes(pool) - served_before == peers
-    rows = cache_rows(KubeClient(pool.api_client), "http://{node_ip}:8470")
+    rows = cache_rows(KubeClient(pool.api_client), "http://{node_ip}:8470", token=sandbox.env[TOKEN_ENV])
     held = {(r["node"], r["version"], r["bytes"]) for r in rows if r["version"] == f"{MODEL}@1.0.0"}
     assert {n for n, _, size in held if size == SIZE} == {n.metadata.name for n in pool_nodes(pool)}
 
@@ -145,3 +151,21 @@ async def test_a_release_changing_one_file_moves_only_that_file(sandbox, tempora
     nodes = {n.metadata.name for n in pool_nodes(pool)}
     expected = {(n, v): float(SIZE) for n in nodes for v in ("1.0.0", "1.1.0")}
     await wait_for(lambda: scraped() == expected, 15, "Prometheus to scrape both versions on the 3 nodes")
+
+
+async def test_a_nodes_chunks_go_only_to_a_token_of_their_version(sandbox, pool):
+    """Both releases on every node now: each staging pod was handed its own version's token (never
+    the node cache's secret), and with 1.0.0's token a node's chunk server shows 1.0.0 only and
+    refuses 1.1.0's changed shard (403); without a token it answers 401."""
+    secret = sandbox.env[TOKEN_ENV]
+    staging = pool.list_namespaced_pod(NS, label_selector=f"{LABEL_COMPONENT}={NODE_CACHE_JOB_COMPONENT}").items
+    tokens = {e.value for p in staging for e in p.spec.containers[0].env or [] if e.name == TOKEN_ENV}
+    assert tokens == {version_token(secret, MODEL, v) for v in ("1.0.0", "1.1.0")}
+    url = pool_nodes(pool)[0].metadata.annotations[NODE_CACHE_URL_ANNOTATION]
+    as_old = {"Authorization": f"Bearer {version_token(secret, MODEL, '1.0.0')}"}
+    assert list(httpx.get(f"{url}/index", headers=as_old).json()["versions"]) == [f"{MODEL}@1.0.0"]
+    new_shard = hashlib.sha256(shard("1.1.0", 17, {17})).hexdigest()
+    assert httpx.get(f"{url}/chunks/{new_shard}", headers=as_old).status_code == 403
+    old_shard = hashlib.sha256(shard("1.0.0", 17, set())).hexdigest()
+    assert httpx.get(f"{url}/chunks/{old_shard}", headers=as_old).content == shard("1.0.0", 17, set())
+    assert [httpx.get(url + path).status_code for path in ("/index", f"/chunks/{old_shard}")] == [401, 401]

@@ -42,6 +42,7 @@ from infra.sandbox.s3faults import S3Faults
 from tests.sandbox_fixtures import create_logical_deployment
 from workers.client import connect
 from workers.config import load_settings
+from activities.core.workflow_signals import WorkflowSignals
 from workers.worker import WORKFLOWS, build_activities
 from workflows.core.naming import versioned_name
 from workflows.rollout.client import rollout_result, start_rollout
@@ -75,7 +76,9 @@ class Ctx:
 
 @pytest.fixture(scope="module")
 async def ctx(sandbox):
-    """A worker whose S3 goes through the fault proxy; a well-behaved profile for MODEL."""
+    """A worker whose S3 goes through the fault proxy, its activities built as ``tideplane worker``
+    builds them (stage_weights signals its progress through the worker's client); a well-behaved
+    profile for MODEL."""
     with pytest.MonkeyPatch.context() as mp, S3Faults(sandbox.urls["moto"], seed=S3_SEED) as s3:
         for k, v in {**sandbox.env, "AWS_ENDPOINT_URL": s3.url, "TIDEPLANE_AWS_ENDPOINT_URL": s3.url}.items():
             mp.setenv(k, v)
@@ -89,7 +92,8 @@ async def ctx(sandbox):
         task_queue = f"faults-{uuid.uuid4().hex[:8]}"
         with ThreadPoolExecutor(max_workers=16) as executor:
             async with Worker(
-                temporal, task_queue=task_queue, workflows=WORKFLOWS, activities=build_activities(config), activity_executor=executor
+                temporal, task_queue=task_queue, workflows=WORKFLOWS, activity_executor=executor,
+                activities=build_activities(config, WorkflowSignals(temporal, asyncio.get_running_loop())),
             ):
                 yield Ctx(temporal, api, sandbox.urls["kubeapi"], task_queue, s3, f"s3://{WEIGHTS_BUCKET}/{key}", hashlib.sha256(data).hexdigest())
 
@@ -226,6 +230,29 @@ async def test_rollout_converges_under_kube_api_and_s3_faults(ctx, deployment, c
     assert max(attempts.values()) <= FORWARD_ATTEMPTS  # no step needed more attempts than its policy allows
     assert client_retries + sum(a - 1 for a in attempts.values()) > 0  # faults were met, and retried visibly
     assert watch.sums and set(watch.sums) == {100}
+
+
+async def test_a_slow_download_reports_its_progress_to_the_rollout(ctx, deployment):
+    """Issue 35: S3 answers every request 3 s late, so staging outlasts the 5 s a report waits at
+    least; stage_weights signals its rollout through the worker's client (bounded: every 5 % and 5 s
+    at most), and the status query keeps what it was told: bytes, total, rate."""
+    ctx.s3.configure(rate=1.0, kinds=("delay",), delay_seconds=3)
+    try:
+        handle = await start_rollout(ctx.client, rollout_input(ctx, deployment, "2.3.0"), task_queue=ctx.task_queue)
+        told = await status_when(handle, lambda s: s.download is not None, 60, "a download report")
+    finally:
+        ctx.s3.configure(rate=0)
+    result = await asyncio.wait_for(rollout_result(handle), 120)
+    report = told.download
+    print(f"\nreported to the rollout: {report.describe()}; staging took {result.staged.seconds:.1f} s")
+    assert report.bytes_total == WEIGHTS_BYTES and 0 < report.bytes_done <= WEIGHTS_BYTES
+    assert report.bytes_per_second > 0 and report.reported_at is not None
+    assert_promoted_cleanly(ctx, deployment, result)
+    signals = 0
+    async for event in handle.fetch_history_events():
+        if event.HasField("workflow_execution_signaled_event_attributes"):
+            signals += event.workflow_execution_signaled_event_attributes.signal_name == "staging_progress"
+    assert 1 <= signals <= 20, "bounded: at most one report per 5 % of the weights"
 
 
 async def test_prometheus_stopped_mid_canary_pauses_then_continues(ctx, deployment, sandbox):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import threading
 import time
 import uuid
@@ -32,9 +33,11 @@ from activities.clients.kube import KubeClient
 from activities.clients.prometheus import PrometheusClient
 from activities.clients.s3 import S3Client
 from activities.clients.vllm import VllmClient
+from activities.core.notifier import Notifier
 from activities.rollout.rollout_activities import RolloutActivities
 from activities.rollout.serving_pods import ServingPods
 from activities.spot.fallback_deployments import FALLBACK_FOR, fallback_name
+from activities.spot.failover_notices import SpotNotifyActivities
 from activities.spot.spot_activities import SpotActivities
 from activities.spot.spot_workflow_starts import SpotWorkflowStarts
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, Profile
@@ -58,6 +61,7 @@ from workflows.spot.contract import (
     FallbackClaims,
     ReleaseFallbackInput,
 )
+from workflows.spot import contract as spot_contract
 from workflows.spot.reclaim import SpotReclaim, SpotReclaimResult
 from workflows.spot.return_to_spot import ReturnToSpot, ReturnToSpotResult
 from workflows.spot.watcher import SpotInterruptionWatcher, WatcherInput
@@ -186,7 +190,12 @@ async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox, aw
     requests = Requests(completions)
     with ThreadPoolExecutor(max_workers=16) as executor:
         starts = SpotWorkflowStarts()
-        activities = [*activity_methods(spot, SpotActivities), starts.start_spot_reclaim, starts.start_return_to_spot]
+        # the worker's notifier as the sandbox configures it: Events in the emulator, the sandbox's webhook receiver
+        notifier = Notifier(KubeClient.connect(sandbox.kubeconfig), env["TIDEPLANE_NOTIFY_WEBHOOK_URL"], "generic", env["TIDEPLANE_WEB_UI_URL"])
+        activities = [
+            *activity_methods(spot, SpotActivities), *activity_methods(SpotNotifyActivities(notifier), spot_contract.SpotNotifyActivities),
+            starts.start_spot_reclaim, starts.start_return_to_spot,
+        ]
         workflows = [SpotInterruptionWatcher, SpotReclaim, ReturnToSpot]
         async with Worker(temporal, task_queue=task_queue, workflows=workflows, activities=activities, activity_executor=executor):
             watcher = await temporal.start_workflow(
@@ -232,6 +241,19 @@ async def test_spot_node_reclaimed_under_load_fails_over_and_returns(sandbox, aw
     failed = [(round(t - started, 1), status, text) for t, status, text in requests.results if status != 200]
     assert len(requests.results) >= 50 and not failed, f"requests failed during the reclaim: {failed[:5]}"
     assert result.capacity_gap_seconds == 0, "replacements were Ready before the drain: the workflow measured no gap"
+
+    # the people who run the tier are told (issue 35): the webhook receiver's message, an Event on the Deployment
+    told = [m for m in httpx.get(sandbox.urls["webhook"] + "/messages", timeout=10).json()
+            if m.get("kind") == "spot_failover" and m.get("deployment") == f"{NAMESPACE}/{name}"]
+    assert [(m["instance_id"], m["node"], m["replicas_moved"], m["capacity_gap_seconds"]) for m in told] == [
+        (interruption.instance_id, node, REPLICAS, 0)
+    ], told
+    assert told[0]["link"].endswith(reclaim.id.replace("/", "%2F"))
+    events = core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={name}").items
+    assert [(e.reason, e.type, e.metadata.name) for e in events if e.reason == "SpotFailover"] == [("SpotFailover", "Normal", told[0]["key"])]
+    described = subprocess.run(["kubectl", "--kubeconfig", str(sandbox.kubeconfig), "describe", "deployment", name, "-n", NAMESPACE],
+                               capture_output=True, text=True, timeout=30)
+    assert "SpotFailover" in described.stdout and f"instance {interruption.instance_id}" in described.stdout, described.stdout + described.stderr
 
     # back on spot: the replacement spot node serves the tier, the on-demand fallback is gone
     assert returned.released_replicas == REPLICAS

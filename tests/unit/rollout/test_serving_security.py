@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from activities.node_cache.access import Grant, grant
 from activities.rollout.serving_pods import ServingPods, deployment_manifest, image_allowed
 from workflows.core.naming import DeploymentRef
 from workflows.rollout.contract import EnsureVersionInput
@@ -129,6 +130,17 @@ def test_a_pre_staged_version_is_read_from_the_node_cache_with_a_staging_fallbac
     (preferred,) = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert preferred["preference"]["matchExpressions"] == [{"key": cached_version_label("llama-3-8b", "1.0.0"), "operator": "In", "values": ["true"]}]
     assert "initContainers" not in deployment_manifest(version(), pods)["spec"]["template"]["spec"], "not pre-staged: the shared cache"
+
+
+def test_the_staging_init_container_gets_its_versions_node_cache_token_never_the_secret():
+    """A serving pod reads from the node cache with a token for its own version (issue 33): the
+    node cache's secret would admit every version on every node."""
+    files = [WeightFile(uri="s3://weights/llama-3-8b/1.0.0/model.safetensors", sha256="a" * 64)]
+    pods = ServingPods(CACHE, node_cache_dir=Path("/var/cache/tideplane/node-cache"), node_cache_secret="the-secret")
+    (stage,) = deployment_manifest(version(node_cache_files=files), pods)["spec"]["template"]["spec"]["initContainers"]
+    (token,) = [e["value"] for e in stage["env"] if e["name"] == "TIDEPLANE_NODE_CACHE_TOKEN"]
+    assert grant("the-secret", f"Bearer {token}") == Grant("llama-3-8b@1.0.0")
+    assert "the-secret" not in str(deployment_manifest(version(node_cache_files=files), pods)) and "the-secret" not in repr(pods)
 
 
 def rollout_with(**fields) -> RolloutInput:

@@ -32,6 +32,13 @@ def test_bad_setting_is_named(monkeypatch, var, value):
         load_settings()
 
 
+def test_the_retired_node_cache_token_secret_is_refused_naming_its_replacement(monkeypatch):
+    """Ignored, it would leave staging pods without a token: peers refuse them and weights come from S3."""
+    monkeypatch.setenv("TIDEPLANE_NODE_CACHE_TOKEN_SECRET", "node-cache/token")
+    with pytest.raises(SettingsError, match="TIDEPLANE_NODE_CACHE_TOKEN_SECRET: .*retired: set TIDEPLANE_NODE_CACHE_TOKEN"):
+        load_settings()
+
+
 def test_weights_buckets_default_to_the_weights_bucket_and_always_include_it(monkeypatch):
     monkeypatch.setenv("TIDEPLANE_WEIGHTS_BUCKET", "models")
     assert load_settings().weights_buckets == ["models"]

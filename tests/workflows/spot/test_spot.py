@@ -34,6 +34,7 @@ from workflows.spot.contract import (
     DeleteMessageInput,
     EvictInput,
     EvictResult,
+    FailoverNotice,
     FailoverPolicy,
     FallbackClaims,
     FindNodeInput,
@@ -87,6 +88,8 @@ class FakeFleet(SpotActivities):
         self.queue: dict[str, str] = {}
         self.log: list[str] = []
         self.fail_start_once: set[str] = set()
+        self.notices: list[FailoverNotice] = []
+        self.notices_refused = False
 
     def now(self) -> datetime:
         return activity.info().current_attempt_scheduled_time
@@ -173,6 +176,12 @@ class FakeFleet(SpotActivities):
         self.calls.append((f"pool:{len(self.claims)}", self.now()))
         return PoolState(desired=2 + len(self.claims), base=2, claimants=sorted(self.claims))
 
+    @activity.defn(name="notify_spot_failover")
+    async def notify_spot_failover(self, notice: FailoverNotice) -> None:
+        if self.notices_refused:
+            raise ApplicationError("notification webhook refused the notice: HTTP 403", non_retryable=True)
+        self.notices.append(notice)
+
     def count(self, name: str) -> int:
         return sum(1 for c, _ in self.calls if c == name)
 
@@ -199,7 +208,7 @@ def _worker(env, fake: FakeFleet, real_start: bool = False) -> Worker:
         env.client,
         task_queue=f"spot-{uuid.uuid4()}",
         workflows=WORKFLOWS,
-        activities=[*activity_methods(fake, SpotActivities), starts.start_spot_reclaim, starts.start_return_to_spot],
+        activities=[*activity_methods(fake, SpotActivities), fake.notify_spot_failover, starts.start_spot_reclaim, starts.start_return_to_spot],
     )
 
 
@@ -292,6 +301,7 @@ async def test_rebalance_without_interruption_is_released(time_skipping_env, hol
         result = await handle.result()
     assert result.outcome == "rebalance-released"
     assert fake.claims == {} and fake.cordoned is False and not fake.evicted
+    assert fake.notices == [], "nothing moved: no one is told of a failover"
     held = (next(t for c, t in fake.calls if c == "uncordon") - t0).total_seconds()
     expected = hold or POLICY.stabilisation_seconds
     assert expected <= held <= expected + 2 * POLICY.poll_seconds
@@ -375,6 +385,35 @@ async def test_replacement_slower_than_the_notice_records_the_gap_and_returns_to
     assert back_result.released_replicas == 2 and back_result.flaps == 0 and fake.claims == {}
     released_at = next(t for c, t in fake.calls if c == "release")
     assert (released_at - evicted_at).total_seconds() >= 60 + policy.stabilisation_seconds
+
+
+async def test_a_drained_failover_tells_each_affected_deployment_what_moved(time_skipping_env):
+    """One notice per Deployment whose replicas were on the node (an Event on it, the webhook), after the drain."""
+    env = time_skipping_env
+    fake = FakeFleet(replicas_on_node=2, desired=4, ready_delay=300)
+    fake.pods.append(ServingPod(namespace=NS, name="embed-v1-0-0-0", deployment="embed-v1-0-0", ready=True))
+    async with _worker(env, fake) as worker:
+        handle = await _signal_start(env, worker, _notice(NoticeKind.INTERRUPTION, await env.get_current_time()))
+        result = await handle.result()
+    assert result.outcome == "drained"
+    moved = {(n.deployment, n.replicas_moved, n.seq) for n in fake.notices}
+    assert moved == {("chat-v1-3-0", 2, 1), ("embed-v1-0-0", 1, 2)}
+    for n in fake.notices:
+        assert (n.namespace, n.instance_id, n.node, n.pool, n.capacity_type) == (NS, INSTANCE, NODE, POOL, "on-demand")
+        assert n.capacity_gap_seconds == result.capacity_gap_seconds > 0, "the 300 s replacements left a gap"
+        assert n.replacement_ready_seconds == result.replacement_ready_seconds
+        assert n.workflow_id == handle.id and n.run_id
+
+
+async def test_a_refused_notice_does_not_fail_the_failover(time_skipping_env):
+    env = time_skipping_env
+    fake = FakeFleet()
+    fake.notices_refused = True
+    async with _worker(env, fake) as worker:
+        handle = await _signal_start(env, worker, _notice(NoticeKind.INTERRUPTION, await env.get_current_time()))
+        result = await handle.result()
+    assert result.outcome == "drained" and sorted(fake.evicted) == [f"{NS}/{DEP}-0", f"{NS}/{DEP}-1"]
+    assert fake.notices == []
 
 
 async def test_return_to_spot_waits_longer_after_a_flap(time_skipping_env):
@@ -499,7 +538,7 @@ async def test_a_failover_counts_by_pool_and_outcome_and_records_its_gap(time_sk
     starts = FakeStarts(fake)
     queue = f"spot-metrics-{uuid.uuid4()}"
     async with Worker(metered, task_queue=queue, workflows=WORKFLOWS,
-                      activities=[*activity_methods(fake, SpotActivities), starts.start_spot_reclaim, starts.start_return_to_spot]):
+                      activities=[*activity_methods(fake, SpotActivities), fake.notify_spot_failover, starts.start_spot_reclaim, starts.start_return_to_spot]):
         notice = _notice(NoticeKind.INTERRUPTION, await env.get_current_time())
         result = await env.client.execute_workflow(
             SpotReclaim.run, SpotReclaimInput(instance_id=INSTANCE, policy=POLICY, notice=notice),
