@@ -26,7 +26,9 @@ from infra.sandbox.worker_identity import WORKER_NAMESPACE
 from infra.sandbox.worker_identity import enable_serving_namespace
 from workers.client import data_converter
 from workers.config import Settings
-from workflows.core.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION, NODE_POOL, versioned_name
+from workflows.core.naming import (
+    GPU_RESOURCE, LABEL_APP, LABEL_MANAGED_BY, LABEL_MODEL, LABEL_VERSION, MANAGED_BY, NODE_POOL, versioned_name,
+)
 
 # Fast enough for tests: a replica is Ready 1 s (real) after it is scheduled, a new node joins in ~4 s.
 TEST_TIME_SCALE = 20
@@ -192,7 +194,10 @@ def create_logical_deployment(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.6.3", "resources": {"limits": {GPU_RESOURCE: str(gpus)}}, **(container or {})}]}},
+            "template": {"metadata": {"labels": {**labels, LABEL_MANAGED_BY: MANAGED_BY}}, "spec": {"containers": [{
+                "name": "vllm", "image": "vllm/vllm-openai:v0.6.3", "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
+                "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],  # what the serving job scrapes
+                **(container or {})}]}},
         },
     })
     core.create_namespaced_service(namespace, {"metadata": {"name": versioned}, "spec": {"selector": labels, "ports": [{"port": 8000}]}})

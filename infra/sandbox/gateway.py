@@ -23,6 +23,10 @@ from collections.abc import Mapping
 
 POOL_GROUP = "inference.networking.k8s.io"  # the Gateway API Inference Extension's InferencePool
 
+# The gateway's own exposition on the fleet simulator (its Envoy, endpoint picker and AI gateway
+# series), scraped as a job of its own: a gateway is a separate process from the engines and DCGM.
+GATEWAY_METRICS_PATH = "/gateway/metrics"
+
 
 def _path_matches(match: dict, path: str) -> bool:
     """Gateway API path matching: none is ``PathPrefix /``; ``Exact``; ``PathPrefix`` by whole segments."""

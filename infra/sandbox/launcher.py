@@ -48,8 +48,11 @@ from infra.sandbox.config import (
     SandboxConfig,
     load_config,
 )
+from infra.k8s.monitoring import render
+from infra.sandbox.gateway import GATEWAY_METRICS_PATH
 from infra.sandbox.kubeclient import api_client, kubeconfig_yaml, raw
 from infra.sandbox.node_agents import TARGETS_FILE
+from infra.sandbox.pod_discovery import on_file_sd
 from infra.sandbox.worker_identity import create_payload_key_secret, install_worker_identity, read_payload_key
 from infra.sandbox.ports import free_port
 
@@ -200,6 +203,18 @@ class Sandbox:
         """Written by any ``tideplane worker`` run with the env file (demo or foreground)."""
         return self.state_dir / "worker.pid"
 
+    @property
+    def pod_targets(self) -> Path:
+        """The serving job's targets: the pod discovery bridge's file_sd file (infra/sandbox/pod_discovery.py)."""
+        return self.state_dir / "pod-targets.json"
+
+    @property
+    def pod_network(self) -> str:
+        """The emulator's pod IPs are ``<this>.x.y``: loopback, so the fleet simulator serves each pod
+        on its own address; the second octet follows the API's port, so sandboxes side by side (tests)
+        rarely share one, and is never 0 (127.0.0.1 is where the sandbox's own ports are)."""
+        return f"127.{1 + self.ports.kubeapi_port % 254}"
+
     def _record(self) -> dict:
         try:
             return json.loads(self.pids_file.read_text())
@@ -223,6 +238,7 @@ class Sandbox:
             "fleet": f"http://127.0.0.1:{p.fleet_port}",
             "prometheus": f"http://127.0.0.1:{p.prometheus_port}",
             "nodes": f"http://127.0.0.1:{p.moto_port} (Auto Scaling groups)",
+            "pod-discovery": f"{self.pod_targets} (serving pods for Prometheus, from the API's list and watch)",
             "worker": f"http://127.0.0.1:{p.worker_metrics_port}/metrics",
             "webhook": f"http://127.0.0.1:{p.webhook_port}",
             "codec": f"http://127.0.0.1:{p.codec_port}",
@@ -283,7 +299,8 @@ class Sandbox:
             Component("temporal-ui", [], p.temporal_ui_port),
             Component("codec", codec, p.codec_port),
             Component("moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(p.moto_port)], p.moto_port),
-            Component("kubeapi", [py, "-m", "infra.sandbox.kubeapi", "--host", "127.0.0.1", "--port", str(p.kubeapi_port), "--time-scale", str(time_scale)], p.kubeapi_port),
+            Component("kubeapi", [py, "-m", "infra.sandbox.kubeapi", "--host", "127.0.0.1", "--port", str(p.kubeapi_port), "--time-scale", str(time_scale), "--pod-network", self.pod_network], p.kubeapi_port),
+            Component("pod-discovery", [py, "-m", "infra.sandbox.pod_discovery", "--kube-url", u["kubeapi"], "--out", str(self.pod_targets)], None),
             Component("fleet", [py, "-m", "infra.sandbox.fleet_simulator", "--kube-url", u["kubeapi"], "--port", str(p.fleet_port), "--time-scale", str(time_scale)], p.fleet_port),
             Component(
                 "prometheus",
@@ -343,7 +360,7 @@ class Sandbox:
             self._wait(components, "kubeapi", deadline)
             self._seed_cluster(config)
             self._write_env_file()  # the payload key is read from its Secret now
-            spawn("nodes", "codec")
+            spawn("pod-discovery", "nodes", "codec")
             self._wait(components, "fleet", deadline)
             self._wait(components, "prometheus", deadline)
             self._wait(components, "webhook", deadline)
@@ -382,11 +399,15 @@ class Sandbox:
     def _write_files(self) -> None:
         self.kubeconfig.write_text(kubeconfig_yaml(self.urls()["kubeapi"]))
         rules = [str(f) for f in sorted(RULES_DIR.glob("*.yml")) if self._valid_rules(f)]
+        self.pod_targets.write_text("[]")  # no pods until the bridge has listed them
+        [serving] = [job for job in render.scrape_configs() if job["job_name"] == render.SERVING_JOB]
         template = Template((Path(__file__).with_name("prometheus.yml.tmpl")).read_text())
         (self.state_dir / "prometheus.yml").write_text(
             template.substitute(
                 rule_files=json.dumps(rules),
                 fleet=f"127.0.0.1:{self.ports.fleet_port}",
+                gateway_metrics_path=GATEWAY_METRICS_PATH,
+                serving_job=json.dumps(on_file_sd(serving, self.pod_targets)),
                 worker=f"127.0.0.1:{self.ports.worker_metrics_port}",
                 node_cache_targets=str(self.node_cache_root / TARGETS_FILE),
             )

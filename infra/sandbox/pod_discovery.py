@@ -109,6 +109,15 @@ def write_file_sd(path: Path, groups: list[dict]) -> None:
     os.replace(temporary, path)
 
 
+def on_file_sd(job: dict, path: Path) -> dict:
+    """A ``kubernetes_sd_configs`` (role pod) scrape job reading this bridge's ``path`` instead,
+    everything else (relabel_configs, no honor_labels) unchanged."""
+    if job.get("kubernetes_sd_configs") != [{"role": "pod"}]:
+        raise ValueError(f"job {job.get('job_name')!r} does not discover pods: {job.get('kubernetes_sd_configs')!r}")
+    swapped = {k: v for k, v in job.items() if k != "kubernetes_sd_configs"}
+    return swapped | {"file_sd_configs": [{"files": [str(path)], "refresh_interval": "1s"}]}
+
+
 def _get(url: str, timeout: float):
     return urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": "application/json"}), timeout=timeout)
 

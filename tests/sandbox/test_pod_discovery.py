@@ -14,7 +14,7 @@ from kubernetes import client
 
 from infra.k8s.monitoring import render
 from infra.prometheus import prometheus_process
-from infra.sandbox.pod_discovery import PodDiscovery, pod_target_groups
+from infra.sandbox.pod_discovery import PodDiscovery, on_file_sd, pod_target_groups
 from infra.sandbox.ports import free_port
 from tests.kube_fixtures import run_kube_api
 from tests.servers import serve_exposition
@@ -103,9 +103,9 @@ def test_prometheus_scrapes_the_emulators_serving_pods_through_the_bridge_with_t
         assert pod_ip.startswith("127.31.") and address == f"{pod_ip}:{port}"
         engine = serve_exposition(FIXTURE.read_text(), pod_ip, port)
 
-        [job] = [j for j in render.scrape_configs() if j["job_name"] == render.SERVING_JOB]
-        assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}] and "honor_labels" not in job
-        job["file_sd_configs"] = [{"files": [str(targets_file)], "refresh_interval": "1s"}]
+        [shipped] = [j for j in render.scrape_configs() if j["job_name"] == render.SERVING_JOB]
+        job = on_file_sd(shipped, targets_file)
+        assert job["relabel_configs"] == shipped["relabel_configs"] and "honor_labels" not in job
         config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [job]}
         try:
             with prometheus_process(tmp_path / "prometheus", config) as url:

@@ -19,11 +19,14 @@ import pytest
 import yaml
 from kubernetes import client, config
 from prometheus_api_client import PrometheusConnect
+from prometheus_client.parser import text_string_to_metric_families
 
+from infra.k8s.monitoring import render
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.launcher import RULES_DIR, Ports, Sandbox, SandboxRunning
 from infra.sandbox.worker_identity import WORKER_NAMESPACE
 from tests.sandbox_fixtures import TEST_CONFIG, create_logical_deployment, revive_dead_components, wait_until
+from workflows.core.engine_metrics import SCRAPE_LABELS
 from workflows.core.naming import GPU_RESOURCE, NODE_CAPACITY_TYPE, NODE_POOL
 
 BIN = Path(sys.executable).parent
@@ -172,6 +175,61 @@ def test_prometheus_returns_vllm_metrics_of_a_running_deployment(sandbox):
     core.patch_namespaced_config_map(DEMAND_CONFIGMAP, SANDBOX_NAMESPACE, {"data": {f"{NAMESPACE}/chat": json.dumps({"rps": 0})}})
 
 
+def test_prometheus_finds_the_serving_pods_by_discovery_and_labels_them_with_the_shipped_rules(sandbox):
+    """The serving job is the shipped one (infra/k8s/monitoring/render.py) over the pod discovery
+    bridge: each Ready serving pod is a target at its own IP, its discovered labels the pod role's,
+    its labels made by the relabel rules; the pod's own exposition has vLLM's labels only."""
+    namespace = "e2e-discovery"
+    api = _kube(sandbox)
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    service = create_logical_deployment(api, namespace, "chat", "2.0.0", "llama-3-8b", replicas=1)
+    wait_until(lambda: apps.read_namespaced_deployment(service, namespace).status.ready_replicas == 1, 30, "a Ready replica")
+    [pod] = core.list_namespaced_pod(namespace).items
+
+    def serving_target():
+        active = httpx.get(sandbox.urls["prometheus"] + "/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+        return next((t for t in active if t["labels"]["job"] == render.SERVING_JOB
+                     and t["labels"].get("namespace") == namespace and t["health"] == "up"), None)
+
+    target = wait_until(serving_target, 30, "the pod as a healthy target of the serving job")
+    assert pod.status.pod_ip.startswith(sandbox.sandbox.pod_network + ".")
+    assert target["scrapeUrl"] == f"http://{pod.status.pod_ip}:8000/metrics"
+    discovered = target["discoveredLabels"]
+    assert (discovered["__meta_kubernetes_pod_name"], discovered["__meta_kubernetes_pod_ip"]) == (pod.metadata.name, pod.status.pod_ip)
+    assert discovered["__meta_kubernetes_pod_label_app_kubernetes_io_version"] == "2.0.0"
+    assert {k: target["labels"][k] for k in SCRAPE_LABELS} == {
+        "namespace": namespace, "pod": pod.metadata.name, "deployment": "chat", "version": "2.0.0", "node": pod.spec.node_name}
+    exposition = httpx.get(target["scrapeUrl"], timeout=5).text
+    labels = {name for family in text_string_to_metric_families(exposition) for sample in family.samples for name in sample.labels}
+    assert "vllm:num_requests_running" in exposition and not labels & set(SCRAPE_LABELS), labels
+    prom = PrometheusConnect(url=sandbox.urls["prometheus"], disable_ssl=True)
+    jobs = wait_until(lambda: prom.custom_query(f'count by (job) (vllm:num_requests_running{{namespace="{namespace}"}})'), 10, "the pod's series")
+    assert [j["metric"]["job"] for j in jobs] == [render.SERVING_JOB]  # no other job carries engine series
+
+
+def test_the_gateways_series_are_its_own_job_and_no_engine_or_gateway_job_honours_labels(sandbox):
+    """The gateway is not vLLM: its series come from a job of its own, labelled as the gateway
+    labels them, and neither it nor any job scraping engines keeps an exposition's labels over the
+    target's (honor_labels), so no process can pass product labels off as discovered ones."""
+    namespace = "e2e-gateway-job"
+    api = _kube(sandbox)
+    service = create_logical_deployment(api, namespace, "chat", "1.0.0", "llama-3-8b", replicas=1)
+    wait_until(lambda: client.AppsV1Api(api).read_namespaced_deployment(service, namespace).status.ready_replicas == 1, 30, "a Ready replica")
+
+    def through_the_gateway():  # 503 until the fleet's next tick has seen the Ready pod
+        answer = httpx.post(f"{sandbox.urls['fleet']}/gateway/{namespace}/chat/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+        return answer if answer.status_code != 503 else None
+
+    answer = wait_until(through_the_gateway, 10, "the gateway to reach the Ready pod")
+    prom = PrometheusConnect(url=sandbox.urls["prometheus"], disable_ssl=True)
+    jobs = wait_until(lambda: prom.custom_query(f'count by (job) (inference_objective_request_total{{namespace="{namespace}"}})'), 10,
+                      f"the gateway's series of its answer ({answer.status_code} {answer.text[:200]})")
+    assert [j["metric"]["job"] for j in jobs] == ["gateway"]
+    loaded = yaml.safe_load(httpx.get(sandbox.urls["prometheus"] + "/api/v1/status/config", timeout=5).json()["data"]["yaml"])
+    honoured = {job["job_name"] for job in loaded["scrape_configs"] if job.get("honor_labels")}
+    assert not honoured & {render.SERVING_JOB, "fleet", "gateway"}, honoured
+
+
 def test_asg_scale_up_joins_a_node_after_boot_and_termination_removes_it(sandbox):
     aws = {"endpoint_url": sandbox.env["AWS_ENDPOINT_URL"], "region_name": "us-east-1", "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
     autoscaling = boto3.client("autoscaling", **aws)
@@ -255,7 +313,7 @@ def test_the_readme_alerts_link_is_served_by_the_sandbox_prometheus(sandbox):
 
 def test_status_reports_every_component_up(sandbox):
     status = sandbox.sandbox.status()
-    assert set(status) >= {"temporal", "temporal-ui", "moto", "kubeapi", "nodes", "fleet", "prometheus"}
+    assert set(status) >= {"temporal", "temporal-ui", "moto", "kubeapi", "pod-discovery", "nodes", "fleet", "prometheus"}
     assert all(entry["up"] for entry in status.values()), status
 
 

@@ -7,8 +7,10 @@ the Ready pods of a version, and runs each pod's vLLM engine, under the batching
 container (``--max-num-seqs``, ``--max-num-batched-tokens``, chunked prefill), with the fleet model the benchmarks
 score (``infra.fleetmodel``: continuous batching, KV cache, preemption, calibrated step times),
 so waiting requests, TTFT and GPU utilisation behave here as the benchmark says they do.
-It serves what gates and scaling loops read in production — vLLM's and DCGM's metric names on
-``GET /metrics`` — and an OpenAI-compatible ``POST /proxy/{namespace}/{service}/v1/completions``
+It serves what gates and scaling loops read in production: each Ready pod's vLLM exposition on the
+pod's own ``<podIP>:<port>/metrics`` (pod_listeners.py; the sandbox's Prometheus finds them by pod
+discovery), DCGM's and kube-state-metrics' series on ``GET /metrics``, the gateway's own on
+``GET /gateway/metrics``; and an OpenAI-compatible ``POST /proxy/{namespace}/{service}/v1/completions``
 whose requests join the pod's engine and are answered when it has generated them, and
 ``POST /gateway/{namespace}/{route}/v1/completions``, which routes as the Gateway would: the
 HTTPRoute's rule for the request's headers, then an InferencePool's replica with the least queue

@@ -1,6 +1,7 @@
-"""The fleet simulator's HTTP server and process: ``/metrics``, the OpenAI-compatible proxy to a
-Service's pods, the gateway through an HTTPRoute, one pod's own endpoints (its LoRA adapters), and
-the tick loop that reads the cluster and advances the simulation."""
+"""The fleet simulator's HTTP server and process: ``/metrics`` (DCGM, kube-state-metrics), the
+gateway's ``/gateway/metrics``, the OpenAI-compatible proxy to a Service's pods, the gateway through
+an HTTPRoute, one pod's own endpoints (its LoRA adapters), and the tick loop that reads the cluster
+and advances the simulation."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from infra.fleetmodel.replica import Request
 from infra.sandbox.answers import answer
 from infra.sandbox.fleet_simulator.cluster import read_cluster, report_policy_status
 from infra.sandbox.fleet_simulator.simulator import PROXY_TIMEOUT_S, FleetSimulator, PodInfo
-from infra.sandbox.gateway import MODEL_HEADER
+from infra.sandbox.gateway import GATEWAY_METRICS_PATH, MODEL_HEADER
 from infra.sandbox.fleet_simulator.pod_listeners import PodListeners, pod_address
 from infra.sandbox.httpserver import SandboxHTTPServer
 from infra.sandbox.kubeclient import api_client
@@ -25,6 +26,7 @@ from infra.sandbox.lora import LoraAdapters, error as lora_error
 from infra.sandbox.oom import OomWatch
 
 log = logging.getLogger("tideplane.fleet")
+EXPOSITION = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text format
 
 
 _PROXY = re.compile(r"^/proxy/([a-z0-9-]+)/([a-z0-9-]+)(/.*)$")
@@ -71,7 +73,9 @@ def make_handler(fleet: FleetSimulator) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             if self.path == "/metrics":
-                self._send(200, fleet.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+                self._send(200, fleet.metrics().encode(), EXPOSITION)
+            elif self.path == GATEWAY_METRICS_PATH:
+                self._send(200, fleet.gateway_metrics().encode(), EXPOSITION)
             elif self.path.startswith("/mirror/"):
                 try:
                     pairs = fleet.mirrors.read(self.path)
@@ -202,7 +206,7 @@ def make_handler(fleet: FleetSimulator) -> type[BaseHTTPRequestHandler]:
                 if text is None:
                     self._error(503, f"no simulated replica for pod {namespace}/{name}")
                 else:
-                    self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
+                    self._send(200, text.encode(), EXPOSITION)
                 return
             target = fleet.pod(namespace, name)
             call = _LORA_ROUTES.get(rest) if body is not None else None

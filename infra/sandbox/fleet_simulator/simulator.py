@@ -52,9 +52,6 @@ class PodInfo:
     model: str
     node: str
 
-    def labels(self) -> dict[str, str]:
-        return {"namespace": self.namespace, "pod": self.name, "deployment": self.deployment, "version": self.version, "model_name": self.model, "engine": "0", "node": self.node}
-
 
 class FleetSimulator:
     """All simulated replicas and GPUs; thread-safe (the HTTP server and the tick loop share it)."""
@@ -244,20 +241,25 @@ class FleetSimulator:
         return "timeout"
 
     def metrics(self) -> str:
+        """The cluster's exporters: dcgm-exporter's and kube-state-metrics' series. No engine series
+        (each pod serves its own on its address, pod_metrics) and no gateway's (gateway_metrics)."""
         with self.lock:
             out = Exposition()
-            for info, replica in self.replicas.values():
-                # the sandbox's Prometheus keeps these pod labels (honor_labels) until it discovers pods
-                labels = info.labels()
-                _engine_samples(out, replica, labels, {k: v for k, v in labels.items() if k not in _ENGINE_LABELS})
+            self._dcgm(out)
+            self._node_labels(out)
+            return out.text()
+
+    def gateway_metrics(self) -> str:
+        """The gateway's own series, as its proxy (Envoy), endpoint picker and AI gateway label them:
+        by the route's namespace and name and, for Envoy's counters, the backend's deployment and version."""
+        with self.lock:
+            out = Exposition()
             for (namespace, route), count in self.queue_full.items():
                 out.sample("envoy_cluster_upstream_rq_pending_overflow", "counter", "Requests the gateway refused: queue full.",
                            {"namespace": namespace, "deployment": route}, count)
             for family, help_text, labels, count in self.upstream.samples():
                 out.sample(family, "counter", help_text, labels, count)
             self.model_requests.expose(out)
-            self._dcgm(out)
-            self._node_labels(out)
             self._token_usage(out)
             return out.text()
 
@@ -270,7 +272,7 @@ class FleetSimulator:
                 return None
             info, replica = found
             out = Exposition()
-            _engine_samples(out, replica, {"model_name": info.model, "engine": "0"}, {})
+            _engine_samples(out, replica, {"model_name": info.model, "engine": "0"})
             return out.text()
 
     def gateway_authenticate(self, namespace: str, route: str, headers) -> dict[str, str] | tuple[int, str]:
@@ -352,10 +354,7 @@ class FleetSimulator:
                 _dcgm_samples(out, labels, util, used, total)
 
 
-_ENGINE_LABELS = ("model_name", "engine")  # what vLLM labels its engine samples with
-
-
-def _engine_samples(out: Exposition, replica: SimulatedReplica, labels: dict[str, str], http_labels: dict[str, str]) -> None:
+def _engine_samples(out: Exposition, replica: SimulatedReplica, labels: dict[str, str]) -> None:
     """A replica's vLLM families (vllm/v1/metrics/loggers.py names, types and HELP) and its HTTP
     server's ``http_requests_total`` (prometheus-fastapi-instrumentator: status grouped 2xx/5xx)."""
     out.sample("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", labels, replica.waiting)
@@ -369,4 +368,4 @@ def _engine_samples(out: Exposition, replica: SimulatedReplica, labels: dict[str
     out.sample("vllm:request_success_total", "counter", "Count of successfully processed requests.", {**labels, "finished_reason": "length"}, replica.success)
     for status, count in (("2xx", replica.success), ("5xx", replica.errors)):
         out.sample("http_requests_total", "counter", "Total number of requests by method, status and handler.",
-                   {**http_labels, "method": "POST", "status": status, "handler": "/v1/completions"}, count)
+                   {"method": "POST", "status": status, "handler": "/v1/completions"}, count)

@@ -4,7 +4,7 @@ Two logical deployments with known replicas x GPUs are pinned to known capacity 
 exports kube_node_labels with the Karpenter pool and capacity-type labels), demand is offered,
 and after a known window the CostReport workflow (real activity, real Prometheus) must report
 GPU-hours and cost = replicas x GPUs x seconds / 3600 x price per pool, and tokens matching the
-fleet simulator's own counters read directly from its /metrics at the window's edges.
+fleet simulator's own counters read directly from each pod's /metrics at the window's edges.
 """
 
 from __future__ import annotations
@@ -49,16 +49,20 @@ STEP = 1  # = the sandbox Prometheus' scrape interval
 TOKEN_SLACK_SECONDS = 3.0
 
 
-def fleet_tokens(fleet_url: str) -> dict[str, dict[str, float]]:
-    """The fleet's own counters per namespace (one deployment version each), summed over pods."""
+def fleet_tokens(fleet_url: str, core: client.CoreV1Api) -> dict[str, dict[str, float]]:
+    """The fleet's own counters per namespace (one deployment version each), summed over each pod's
+    own /metrics (vLLM's labels only: the namespace is the pod's)."""
     totals: dict[str, dict[str, float]] = {}
-    text = httpx.get(f"{fleet_url}/metrics", timeout=5).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in ("vllm:generation_tokens_total", "vllm:prompt_tokens_total"):
-                ns = sample.labels["namespace"]
-                kind = "generation" if sample.name.startswith("vllm:generation") else "prompt"
-                totals.setdefault(ns, {"generation": 0.0, "prompt": 0.0})[kind] += sample.value
+    for ns, *_ in DEPLOYMENTS:
+        counts = totals.setdefault(ns, {"generation": 0.0, "prompt": 0.0})
+        for pod in core.list_namespaced_pod(ns).items:
+            answer = httpx.get(f"{fleet_url}/pods/{ns}/{pod.metadata.name}/metrics", timeout=5)
+            if answer.status_code == 503:
+                continue  # no replica (not Ready)
+            for family in text_string_to_metric_families(answer.text):
+                for sample in family.samples:
+                    if sample.name in ("vllm:generation_tokens_total", "vllm:prompt_tokens_total"):
+                        counts["generation" if sample.name.startswith("vllm:generation") else "prompt"] += sample.value
     return totals
 
 
@@ -70,7 +74,7 @@ def prom_value(prom_url: str, promql: str) -> float:
 async def test_cost_report_matches_hand_calculation(sandbox_env):
     urls = sandbox_env.urls
     api = config.new_client_from_config(config_file=str(sandbox_env.kubeconfig))
-    apps = client.AppsV1Api(api)
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     set_profile(api, MODEL, None, Profile(load_seconds=1, error_rate=0, output_tokens=OUTPUT_TOKENS,
                                           prompt_tokens=PROMPT_TOKENS, capacity_rps=4))
     for ns, name, capacity, _, replicas, gpus, rps in DEPLOYMENTS:
@@ -93,10 +97,10 @@ async def test_cost_report_matches_hand_calculation(sandbox_env):
     wait_until(steady, 25, "replicas holding their GPUs and serving, as Prometheus sees them", interval=0.5)
 
     start = time.time()
-    before = fleet_tokens(urls["fleet"])
+    before = fleet_tokens(urls["fleet"], core)
     await asyncio.sleep(max(0.0, start + WINDOW - time.time()))
     end = time.time()
-    after = fleet_tokens(urls["fleet"])
+    after = fleet_tokens(urls["fleet"], core)
     await asyncio.sleep(2.5)  # the scrape at or just before `end` is in Prometheus
 
     temporal = await Client.connect(sandbox_env.env["TEMPORAL_ADDRESS"], data_converter=pydantic_data_converter)

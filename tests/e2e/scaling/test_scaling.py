@@ -1,6 +1,6 @@
 """End to end against the sandbox: the ReactiveScaling loop with its real activities.
 
-Prometheus scrapes the fleet simulator, the activities (the production classes, built here with
+Prometheus scrapes each serving pod it finds by discovery, the activities (the production classes, built here with
 clients pointed at the sandbox) read it and the Kubernetes API emulator over HTTP, and the loop
 scales the Deployment through its scale subresource. Demand steps up 5x, then falls; the worker
 is stopped and replaced mid-loop.
@@ -35,10 +35,8 @@ from activities.scaling.scaling_activities import ScalingActivities
 from infra.sandbox.config import DEMAND_CONFIGMAP, SANDBOX_NAMESPACE
 from infra.sandbox.launcher import AWS_ENV
 from infra.sandbox.ports import free_port
-from infra.sandbox.worker_identity import enable_serving_namespace
-from tests.sandbox_fixtures import TEST_TIME_SCALE
+from tests.sandbox_fixtures import TEST_TIME_SCALE, create_logical_deployment
 from workflows.core import naming
-from workflows.core.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 from workflows.scaling.decide import ScalingPolicy
 from workflows.scaling.contract import DEFAULT_REPLICA_HISTORY_QUERY, ReadSignalsInput, ReplicaHistoryInput
 from workflows.scaling.loop import ReactiveScaling
@@ -61,22 +59,9 @@ POLICY = ScalingPolicy(
 
 
 def deploy(api: client.ApiClient, replicas: int, namespace: str = NAMESPACE) -> None:
-    core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
-    labels = {LABEL_APP: "chat", LABEL_VERSION: "1.0.0", LABEL_MODEL: "llama-3-8b"}
-    enable_serving_namespace(core.api_client, namespace)
-    apps.create_namespaced_deployment(namespace, {
-        "metadata": {"name": "chat-v1-0-0", "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.6.3", "resources": {"limits": {GPU_RESOURCE: "1"}}}]}},
-        },
-    })
-    core.create_namespaced_service(namespace, {"metadata": {"name": "chat-v1-0-0"}, "spec": {"selector": labels, "ports": [{"port": 8000}]}})
-    custom.create_namespaced_custom_object("gateway.networking.k8s.io", "v1", namespace, "httproutes", {
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "chat"},
-        "spec": {"rules": [{"backendRefs": [{"name": "chat-v1-0-0", "port": 8000, "weight": 100}]}]},
-    })
+    """chat 1.0.0 as tideplane lays it out: its pods carry the labels and port the shipped serving
+    job keeps, so Prometheus finds them by discovery as it would in production."""
+    create_logical_deployment(api, namespace, "chat", "1.0.0", "llama-3-8b", replicas)
 
 
 def set_demand(api: client.ApiClient, rps: float, namespace: str = NAMESPACE) -> None:

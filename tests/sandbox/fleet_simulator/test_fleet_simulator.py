@@ -142,21 +142,22 @@ def test_gpu_assignment_keeps_holders_and_frees_departed():
     assert second == {"n": ["ns/c", "ns/c", "ns/b", None]}
 
 
-def test_fleet_exposes_vllm_and_dcgm_series_per_pod():
+def test_each_pod_exposes_its_vllm_series_and_the_fleet_its_dcgm_series():
     fleet = FleetSimulator(time_scale=10, seed=1)
     node = {"metadata": {"name": "node-a", "labels": {"nvidia.com/gpu.memory": "81920"}}, "status": {"allocatable": {GPU_RESOURCE: "2"}}}
     cluster = Cluster(pods=[pod("v1-a", "1")], services=[service("chat-v1", "1")], routes=[route({"chat-v1": 100})], nodes=[node], profiles={"default": PROFILE}, demand={"llm-serving/chat": Demand(rps=2)})
     fleet.update(cluster, 0.5)
     fleet.update(cluster, 0.5)  # 10 sandbox seconds at 2 rps
-    text = fleet.metrics()
-    labels = 'namespace="llm-serving",pod="v1-a",deployment="chat",version="1",model_name="llama",engine="0",node="node-a"'
+    text = fleet.pod_metrics("llm-serving", "v1-a")
+    labels = 'model_name="llama",engine="0"'
     served = int(re.search(rf'vllm:request_success_total{{{re.escape(labels)},finished_reason="length"}} (\d+)\.0', text).group(1))
     assert 8 <= served <= 32  # Poisson at 2 rps for 10 s, minus the few still in the batch
     assert f'vllm:e2e_request_latency_seconds_count{{{labels}}} {float(served)!r}' in text
-    http = 'namespace="llm-serving",pod="v1-a",deployment="chat",version="1",node="node-a"'
-    assert f'http_requests_total{{{http},method="POST",status="2xx",handler="/v1/completions"}} {float(served)!r}' in text
+    assert f'http_requests_total{{method="POST",status="2xx",handler="/v1/completions"}} {float(served)!r}' in text
     assert f'vllm:num_preemptions_total{{{labels}}} 0.0' in text
     assert "# TYPE vllm:e2e_request_latency_seconds histogram" in text
+    text = fleet.metrics()
+    assert "vllm:" not in text and "http_requests_total" not in text  # engine series only on the pods' own addresses
     assert 'DCGM_FI_DEV_FB_USED{gpu="0",' in text and 'Hostname="node-a",namespace="llm-serving",pod="v1-a"' in text
     assert 'DCGM_FI_DEV_FB_FREE{gpu="1",' in text
     assert fleet.route("llm-serving", "chat-v1")[0].name == "v1-a"

@@ -24,7 +24,7 @@ def test_requests_beyond_the_pending_limit_are_refused_and_counted():
     waiting = fleet.replicas[("llm-serving", "v1-a")][1].waiting
     assert waiting >= 5
     assert fleet.refuse_when_queue_full("llm-serving", "chat") == 3
-    assert 'envoy_cluster_upstream_rq_pending_overflow{namespace="llm-serving",deployment="chat"} 1.0' in fleet.metrics()
+    assert 'envoy_cluster_upstream_rq_pending_overflow{namespace="llm-serving",deployment="chat"} 1.0' in fleet.gateway_metrics()
 
     fleet.update(Cluster(**base, demand={"llm-serving/chat": Demand(rps=40)}), 0.5)  # the policy deleted: no limit
     assert fleet.refuse_when_queue_full("llm-serving", "chat") is None
@@ -60,4 +60,4 @@ def test_a_request_for_a_version_without_a_ready_pod_is_counted_as_no_healthy_up
     fleet = FleetSimulator(time_scale=10, seed=1)
     fleet.update(cluster, 0.5)
     assert isinstance(fleet.gateway_route("llm-serving", "chat", {}), str)
-    assert 'envoy_cluster_upstream_cx_none_healthy{namespace="llm-serving",deployment="chat",version="2"} 1.0' in fleet.metrics()
+    assert 'envoy_cluster_upstream_cx_none_healthy{namespace="llm-serving",deployment="chat",version="2"} 1.0' in fleet.gateway_metrics()

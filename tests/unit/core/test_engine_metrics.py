@@ -18,7 +18,7 @@ from infra.sandbox.config import Demand, Profile
 from infra.sandbox.fleet_simulator.cluster import Cluster
 from infra.sandbox.fleet_simulator.simulator import FleetSimulator
 from workflows.core import engine_metrics
-from workflows.core.engine_metrics import BY_NAME, DCGM, FAMILIES, REMOVED, SCRAPE_LABELS, family_of, metric_names
+from workflows.core.engine_metrics import BY_NAME, DCGM, FAMILIES, REMOVED, family_of, metric_names
 from workflows.core.naming import GPU_RESOURCE, LABEL_APP, LABEL_MODEL, LABEL_VERSION
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -133,14 +133,12 @@ def test_a_simulated_pods_own_exposition_is_vllms():
         assert (kind, labels) == VLLM_032[series], f"{series}: fleet model {kind} {sorted(labels)}, vLLM {VLLM_032[series]}"
 
 
-def test_the_fleet_wide_exposition_differs_from_vllm_only_by_the_scrape_labels():
-    """The simulator's fleet-wide /metrics, which the sandbox's Prometheus still scrapes with
-    honor_labels, adds the scrape labels (namespace, pod, deployment, version, node) to the same
-    families; they go once the sandbox discovers pods (issue 31 item 2)."""
-    engine = _engine_series(_simulated_fleet().metrics())
-    for series, (kind, labels) in engine.items():
-        assert series in VLLM_032, f"the fleet model exports {series}, which vLLM 0.32 lacks"
-        assert (kind, labels - set(SCRAPE_LABELS)) == VLLM_032[series], series
+def test_neither_the_fleet_wide_nor_the_gateway_exposition_has_engine_series():
+    """The simulator's /metrics (DCGM, kube-state-metrics) and its gateway's carry no vLLM series:
+    those come from each pod's own address, so no sandbox process writes the scrape labels onto
+    engine samples."""
+    fleet = _simulated_fleet()
+    assert _engine_series(fleet.metrics()) == {} and _engine_series(fleet.gateway_metrics()) == {}
 
 
 def test_metric_names_extraction():
