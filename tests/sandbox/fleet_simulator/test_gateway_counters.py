@@ -21,9 +21,10 @@ SAMPLE = re.compile(r'^([\w:]+)\{(.*)\} (\S+)$')
 
 
 def samples(fleet: FleetSimulator) -> dict[tuple[str, frozenset], float]:
-    """Sample name and labels -> value, as Prometheus reads the text (names as written, no ``_total`` added)."""
+    """The gateway job's samples (``/gateway/metrics``): name and labels -> value, as Prometheus reads the text
+    (names as written, no ``_total`` added)."""
     found = {}
-    for line in fleet.metrics().splitlines():
+    for line in fleet.gateway_metrics().splitlines():
         if m := SAMPLE.match(line):
             found[(m[1], frozenset(re.findall(r'(\w+)="([^"]*)"', m[2])))] = float(m[3])
     return found
@@ -42,16 +43,17 @@ def run(pods: list[dict], weights: dict[str, int], profile=PROFILE, ticks: int =
     return fleet
 
 
-def pod_answers(seen: dict, version: str, status: str) -> float:
-    return sum(v for (name, labels), v in seen.items() if name == "http_requests_total"
-               and dict(labels).get("version") == version and dict(labels)["status"] == status)
+def pod_answers(fleet: FleetSimulator, pod_name: str, status: str) -> float:
+    """What one pod's own vLLM HTTP server counted (its ``/metrics``: no version label, the pod is the version's)."""
+    return sum(float(m[3]) for line in (fleet.pod_metrics("llm-serving", pod_name) or "").splitlines()
+               if (m := SAMPLE.match(line)) and m[1] == "http_requests_total" and f'status="{status}"' in m[2])
 
 
 def test_the_gateways_upstream_answers_are_the_pods_answers_by_version_and_class():
     fleet = run([pod("v1-a", "1"), pod("v2-a", "2")], {"chat-v1": 50, "chat-v2": 50}, PROFILE.model_copy(update={"error_rate": 0.2}))
     seen = samples(fleet)
-    for version in ("1", "2"):
-        ok, failed = pod_answers(seen, version, "2xx"), pod_answers(seen, version, "5xx")
+    for version, pod_name in (("1", "v1-a"), ("2", "v2-a")):
+        ok, failed = pod_answers(fleet, pod_name, "2xx"), pod_answers(fleet, pod_name, "5xx")
         assert ok > 0 and failed > 0
         assert seen[("envoy_cluster_upstream_rq_total", backend(version))] == ok + failed
         assert seen[("envoy_cluster_upstream_rq_xx", backend(version, envoy_response_code_class="5"))] == failed
@@ -64,7 +66,7 @@ def test_the_share_of_a_version_without_a_ready_pod_is_answered_503_by_the_gatew
     fleet = run([pod("v1-a", "1"), pod("v2-a", "2", ready=False)], {"chat-v1": 50, "chat-v2": 50})
     seen = samples(fleet)
     assert seen[("envoy_cluster_upstream_cx_none_healthy", backend("2"))] == pytest.approx(2 * 0.5 * 50)
-    assert pod_answers(seen, "2", "2xx") + pod_answers(seen, "2", "5xx") == 0
+    assert pod_answers(fleet, "v2-a", "2xx") + pod_answers(fleet, "v2-a", "5xx") == 0
     assert ("envoy_cluster_upstream_rq_total", backend("2")) not in seen
     assert seen[("envoy_cluster_upstream_rq_total", backend("1"))] > 0
 
