@@ -44,7 +44,7 @@ from pathlib import Path
 from benchmarks.scaling import markdown_table as _table
 from benchmarks.scaling import write_csv
 from workflows.rollout.cause_actions import MAX_RESIZES
-from workflows.rollout.diagnosis import CanaryFleet, Cause, diagnose
+from workflows.rollout.diagnosis import CanaryFleet, Cause, Diagnosis, diagnose
 from workflows.rollout.gates import (
     ERROR_RATE,
     GATEWAY_ERROR_RATE,
@@ -219,16 +219,16 @@ def simulate(scenario: str, policy: str) -> dict:
                 run.canary.lose(max(1, run.canary.ready(t) // 2 + 1), t)
             if run.weight == step.weight and step.weight < 100 and t - last_gate >= GATE_INTERVAL_S:
                 last_gate = t
-                decision, live_weight = _observe(run, analysis, now_rps, step.weight, route_weight, planned, t, coordinated)
+                decision, found = _observe(run, analysis, now_rps, step.weight, route_weight, planned, t, coordinated)
                 if decision == "hold":
                     held_since = held_since if held_since is not None else t
-                    route_weight = live_weight
+                    route_weight = found.live_weight if found and found.live_weight is not None else route_weight
                 elif decision == "resize":
                     resizes += 1
                     if resizes > MAX_RESIZES:
                         run.outcome = "paused"
                     else:
-                        planned = _sized_for_load(run, now_rps, t)
+                        planned = found.replicas if found and found.replicas else run.canary.replicas
                         run.canary.scale(planned, t)
                         step_since, analysis = t, StepAnalysis()
                 elif decision == "rollback":
@@ -269,10 +269,10 @@ def _split(run: Run, rps: float, weight: int) -> tuple[float, float]:
 
 def _observe(
     run: Run, analysis: StepAnalysis, rps: float, step_weight: int, weight: int, planned: int, now: float, coordinated: bool,
-) -> tuple[str, int]:
+) -> tuple[str, Diagnosis | None]:
     """One gate observation, recorded on the step's ``analysis``: what the rollout does next
-    (continue, hold for lost capacity, resize an overload, rollback, pause) and the weight the
-    live canary pods carry."""
+    (continue, hold for lost capacity, resize an overload, rollback, pause) and tideplane's
+    diagnosis, whose ``live_weight`` and ``replicas`` say how (the product's own sizing)."""
     stable_rps, canary_rps = _split(run, rps, weight)
     s_ready, c_ready = run.stable.ready(now), run.canary.ready(now)
     served = canary_rps if c_ready else 0.0  # the gateway answers 503 for a backend with no live pod
@@ -296,20 +296,13 @@ def _observe(
         )
         found = diagnose(evaluation, fleet)
         if found.cause is Cause.LOST_CAPACITY:
-            return "hold", found.live_weight if found.live_weight is not None else weight
+            return "hold", found
         if found.cause is Cause.OVERLOAD:
-            return "resize", weight
+            return "resize", found
     decision = analysis.record(evaluation, LIMITS)
     if decision is Decision.ROLLBACK:
-        return "rollback", weight
-    return ("continue" if decision is Decision.CONTINUE else "pause"), weight
-
-
-def _sized_for_load(run: Run, rps: float, now: float) -> int:
-    """Overload: canary replicas that carry its share at the stable's per-replica load."""
-    stable_rps, canary_rps = _split(run, rps, run.weight)
-    per_stable = stable_rps / max(1, run.stable.ready(now))
-    return max(1, math.ceil(canary_rps / per_stable - 1e-9)) if per_stable > 0 else run.canary.replicas
+        return "rollback", None
+    return ("continue" if decision is Decision.CONTINUE else "pause"), None
 
 
 def _loop(run: Run, rps: float, weight: int, now: float, coordinated: bool, last_up: float) -> float:
