@@ -42,7 +42,7 @@ from workflows.core.naming import (
     split_deployment,
 )
 from workflows.quality.shadow import describe_pair
-from workflows.rollout.types import RolloutInput, RolloutResult
+from workflows.rollout.types import RolloutInput, RolloutResult, Stage
 from workflows.rollout.client import rollout_result, static_details, static_summary
 
 WORKER_GRACE_SECONDS = 3.0
@@ -135,7 +135,8 @@ async def _follow(client: Client, hold_at: int | None = None) -> RolloutResult:
     """Follow the rollout with `tideplane rollout get --watch`'s view (redrawn in place on a
     terminal, a block per change otherwise), and once a verdict at 5 % or more is in, print what
     the web UI shows as the run's current details. With ``hold_at``, pause the rollout when it
-    reaches that weight and resume it once it shows paused."""
+    reaches that weight and resume it once the pause has taken effect (stage ``paused``: the
+    rollout holds at its next checkpoint; a resume sent before that cancels a pause no one saw)."""
     handle = client.get_workflow_handle(rollout_workflow_id(DEMO_DEPLOYMENT), result_type=RolloutResult)
     print(f"  $ tideplane rollout get {DEMO_DEPLOYMENT} --watch", flush=True)
     details_shown = False
@@ -148,7 +149,7 @@ async def _follow(client: Client, hold_at: int | None = None) -> RolloutResult:
             await _operator("pause", DEMO_DEPLOYMENT, "--reason", f"an operator holds it at {hold_at} % to look at the dashboards")
             hold = "to resume"
             return True
-        if hold == "to resume" and status is not None and status.paused:
+        if hold == "to resume" and status is not None and status.stage is Stage.PAUSED:
             await _operator("resume", DEMO_DEPLOYMENT)
             hold = "done"
             return True

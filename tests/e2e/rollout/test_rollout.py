@@ -300,12 +300,14 @@ def told(sandbox, api: client.ApiClient, namespace: str, version: str) -> Told:
 
 
 async def hold_and_resume(temporal: Client, deployment: str, weight: int) -> None:
-    """An operator's pause once the rollout is at ``weight``, and the resume once it shows paused."""
+    """An operator's pause once the rollout is at ``weight``, and the resume once the pause has
+    taken effect (stage ``paused``, at the rollout's next checkpoint): a resume sent while the
+    rollout is still in an activity lifts the pause before it holds, and no one is told of it."""
     handle = temporal.get_workflow_handle(rollout_workflow_id(deployment))
     while (now := await status(handle)) is None or now.weight < weight:
         await asyncio.sleep(POLL)
     await handle.signal("pause", {"reason": "looking at the dashboards"})
-    while (now := await status(handle)) is None or not now.paused:
+    while (now := await status(handle)) is None or now.stage is not Stage.PAUSED:
         await asyncio.sleep(POLL)
     await handle.signal("resume")
 

@@ -720,8 +720,9 @@ async def test_pause_resume(client):
     fleet = Fleet(client, hook=pause_at_second_gate)
 
     async def operator(handle: WorkflowHandle) -> None:
-        status = await wait_status(handle, lambda s: s.paused)
-        assert status.stage is Stage.PAUSED and status.pause_reason == "looking at dashboards"
+        # the signal sets ``paused`` at once; the rollout holds (stage paused) at its next checkpoint
+        status = await wait_status(handle, lambda s: s.stage is Stage.PAUSED)
+        assert status.paused and status.pause_reason == "looking at dashboards"
         await asyncio.sleep(0.3)
         assert fleet.gate_queries == {1: 2} and fleet.route == {STABLE: 99, NEW: 1}
         await handle.signal(ModelRollout.resume, ResumeInput())
