@@ -249,7 +249,7 @@ def load_workload(trace: Path, seed: int, category: str = "m-large", clients: in
 
 def run_policy(work: Workload, policy, cfg: FleetConfig) -> Result:
     backend = Aggregate(work.counts, cfg.step_s, work.sizes, cfg.load(), bursts=work.bursts)
-    return simulate(backend, policy, len(work.counts), cfg, _per_scrape(work.counts, cfg.scrape_s), "aggregate")
+    return simulate(backend, policy, len(work.counts), cfg, per_scrape(work.counts, cfg.scrape_s), "aggregate")
 
 
 _FORKED: tuple | None = None  # (function, items) that ``in_parallel``'s forked workers inherit
@@ -275,7 +275,7 @@ def _forked_call(i: int):
     return fn(items[i])
 
 
-def _per_scrape(counts: list[float], scrape_s: float) -> list[float]:
+def per_scrape(counts: list[float], scrape_s: float) -> list[float]:
     n = round(scrape_s)
     return [sum(counts[i : i + n]) for i in range(0, len(counts), n)]
 
