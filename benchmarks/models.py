@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from benchmarks import traces
-from benchmarks.scaling import SERVEGEN_SOURCE, TideplanePolicy, at_slo, markdown_table, tideplane_policy, unloaded_ttft, write_csv
+from benchmarks.scaling import SERVEGEN_SOURCE, TideplanePolicy, at_slo, markdown_table, per_scrape, tideplane_policy, unloaded_ttft, write_csv
 from infra.fleetmodel.engine import Engine, load_engine
 from infra.fleetmodel.fleet import Aggregate, FleetConfig, Result, simulate
 from infra.fleetmodel.sizes import load_servegen_sizes
@@ -208,9 +208,8 @@ def _run(counts: list[float], sizes, engine: Engine, cfg: FleetConfig, headroom:
     overrides = {"capacity_share": headroom}
     policy = PoolMemberPolicy(TideplanePolicy(tideplane_policy(capacity, MAX_REPLICAS, overrides, unloaded_ttft(probe, engine)),
                                               max(1, need), name="tideplane-reactive"), grants)
-    per_scrape = [sum(counts[i : i + round(cfg.scrape_s)]) for i in range(0, len(counts), round(cfg.scrape_s))]
     backend = Aggregate(counts, cfg.step_s, sizes, engine)
-    return simulate(backend, policy, len(counts), cfg, per_scrape, "aggregate"), capacity, policy
+    return simulate(backend, policy, len(counts), cfg, per_scrape(counts, cfg.scrape_s), "aggregate"), capacity, policy
 
 
 def pool_grants(specs: list[ModelSpec], policies: list[PoolMemberPolicy], pool_gpus: float) -> list[dict[int, int]]:
