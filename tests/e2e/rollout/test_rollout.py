@@ -247,21 +247,24 @@ class Cluster:
         return dep.spec.replicas
 
 
-def prepare(api: client.ApiClient, registry: Registry, weights_dir: Path, namespace: str, model: str, versions: dict[str, Profile]) -> None:
+def prepare(
+    api: client.ApiClient, registry: Registry, weights_dir: Path, namespace: str, model: str, versions: dict[str, Profile],
+    stable: str = STABLE,
+) -> None:
     """A running stable version with demand on it, and the new versions registered with their profiles."""
-    set_profile(api, model, STABLE, GOOD_PROFILE)
+    set_profile(api, model, stable, GOOD_PROFILE)
     for version, profile in versions.items():
         path = weights_dir / model / version / "model.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(random.Random(f"{model}@{version}").randbytes(256 * 1024))
         registry.register(model, version, str(path), image=IMAGE)
         set_profile(api, model, version, profile)
-    create_logical_deployment(api, namespace, NAME, STABLE, model, STABLE_REPLICAS)
+    create_logical_deployment(api, namespace, NAME, stable, model, STABLE_REPLICAS)
     set_demand(api, f"{namespace}/{NAME}", Demand(rps=RPS))
 
 
-def stable_ready(api: client.ApiClient, namespace: str) -> bool:
-    dep = client.AppsV1Api(api).read_namespaced_deployment(versioned_name(NAME, STABLE), namespace)
+def stable_ready(api: client.ApiClient, namespace: str, stable: str = STABLE) -> bool:
+    dep = client.AppsV1Api(api).read_namespaced_deployment(versioned_name(NAME, stable), namespace)
     return (dep.status.ready_replicas or 0) >= STABLE_REPLICAS
 
 
