@@ -207,6 +207,16 @@ def evaluate(
     return Evaluation(verdict=Verdict.PASS, checks=checks, requests=requests)
 
 
+def unread_on_stable(values: Mapping[str, float | None], no_series: Mapping[str, Collection[str]], gates: Gates) -> list[str]:
+    """The metrics that the gates' queries, asked about the *stable* version, found no series of while
+    the stable served at least ``min_requests``: a gate that cannot read the version already serving
+    will not read the canary either, so this is known before any traffic moves. Empty when the stable
+    served too little to tell (a quiet hour proves nothing)."""
+    if (values.get(REQUEST_COUNT) or 0.0) < gates.min_requests:
+        return []
+    return sorted({name for gate, names in no_series.items() if gate != REQUEST_COUNT for name in (names or [gate])})
+
+
 class Decision(str, Enum):
     CONTINUE = "continue"
     ROLLBACK = "rollback"

@@ -70,6 +70,12 @@ deprecates``                                                after a quality fail
                                                             queries carry gateway_error_rate: the
                                                             gateway's 5xx and no-healthy-upstream
                                                             503s for the canary's backend)
+``gates-read-on-stable``        workflow.py                 old: every recorded history (a gate reading
+                                                            nothing is found at the first observation,
+                                                            1 % on the canary); new: tests/workflows/
+                                                            rollout/ (the gates asked about the stable
+                                                            before the first shift; a metric with no
+                                                            series pauses there, naming it)
 ==============================  ==========================  =========================================
 
 tests/workflows/test_replay.py checks that model-rollout-golden-failed holds the new side of
@@ -131,6 +137,11 @@ NOTIFY_PATCH = "notify"
 # canary's backend (GateQueries.gateway_error_rate; no gateway data is no pass).
 GATEWAY_ERRORS_PATCH = "gateway-errors"
 
+# Runs from before this patch found a gate that reads nothing only at the first observation, with
+# 1 % of traffic already on the canary; newer ones ask the gates about the stable before the first
+# shift (steps/canary.py gates_read_the_stable) and pause there, naming the metric.
+STABLE_READ_PATCH = "gates-read-on-stable"
+
 PATCHES = (RETIRE_PATCH, GOLDEN_PATCH, QUALITY_DEPRECATES_PATCH, METER_PATCH, BATCHING_PATCH, PRESTAGE_PATCH, ADAPTERS_PATCH, SHADOW_TALLY_PATCH,
            LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH, OUTCOME_PATCH, SEARCH_ATTRIBUTES_PATCH, DIAGNOSIS_PATCH, NOTIFY_PATCH,
-           GATEWAY_ERRORS_PATCH)
+           GATEWAY_ERRORS_PATCH, STABLE_READ_PATCH)

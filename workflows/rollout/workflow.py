@@ -46,7 +46,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.core.search_attributes import CANARY_PERCENT, DEPLOYMENT, MISSING_ERROR, MODEL, STAGE, VERSION, missing_message
     from workflows.core.transfer import DownloadProgress
     from workflows.rollout.contract import STAGING_PROGRESS, NoticeKind, RolloutActivities
-    from workflows.rollout.patches import OUTCOME_PATCH, SEARCH_ATTRIBUTES_PATCH
+    from workflows.rollout.patches import OUTCOME_PATCH, SEARCH_ATTRIBUTES_PATCH, STABLE_READ_PATCH
     from workflows.rollout.actions import Abort, RollBack, checkpoint, drain_notices, notify, record_rollout, set_stage, shielded, show
     from workflows.rollout.run_state import RunState
     from workflows.rollout.steps import canary, promote, retire, roll_back, shadow, stage, start, warm_up
@@ -243,6 +243,8 @@ class ModelRollout:
             return s.result(Outcome.PROMOTED, "first deploy: no stable version, promoted after warm-up")
 
         set_stage(s, Stage.CANARY)
+        if workflow.patched(STABLE_READ_PATCH):
+            await canary.gates_read_the_stable(s)
         for index, step in enumerate(inp.steps):
             if step.weight == 100 or (s.promote is not None and s.promote.full):
                 break

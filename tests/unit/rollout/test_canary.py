@@ -245,3 +245,13 @@ def test_default_queries_use_vllm_histograms_and_known_variables():
     assert "vllm:time_to_first_token_seconds_bucket" in queries[canary.TTFT_P99]
     assert 'version="${stable_version}"' in queries[canary.STABLE_P99_LATENCY]
     assert 'status=~"5.."' in queries[canary.ERROR_RATE]
+
+
+def test_the_stable_is_asked_only_when_it_served_enough_to_tell():
+    serving = {canary.REQUEST_COUNT: 500.0, canary.GATEWAY_ERROR_RATE: None}
+    unread = {canary.GATEWAY_ERROR_RATE: ["envoy_cluster_upstream_rq_total", "envoy_cluster_upstream_cx_none_healthy"]}
+    assert canary.unread_on_stable(serving, unread, Gates()) == ["envoy_cluster_upstream_cx_none_healthy", "envoy_cluster_upstream_rq_total"]
+    assert canary.unread_on_stable(serving, {}, Gates()) == []
+    assert canary.unread_on_stable({canary.REQUEST_COUNT: 3.0}, unread, Gates()) == []  # below min_requests: a quiet hour
+    # the request count reading nothing is a stable with no traffic, not a missing gate
+    assert canary.unread_on_stable({canary.REQUEST_COUNT: None}, {canary.REQUEST_COUNT: ["http_requests_total"]}, Gates()) == []

@@ -74,6 +74,7 @@ from workflows.rollout.contract import (
     GateQueriesInput,
     GateQueriesResult,
     NoticeInput,
+    NoticeKind,
     ReadyResult,
     RouteWeightsInput,
     ScaleVersionInput,
@@ -156,6 +157,7 @@ class Fleet:
         sweep: Callable[[BatchingSetting], SweepPoint] | None = None,
         canary_fleet: Callable[[CanaryFleetInput, int], CanaryFleet] | None = None,
         notify_fails: bool = False,
+        stable_gates: Callable[[int], dict[str, float | None] | GateQueriesResult] = lambda n: GOOD,
     ) -> None:
         self.client = client
         self.workflow_id = ""
@@ -163,6 +165,8 @@ class Fleet:
         self.route: dict[str, int] = {stable: 100} if stable else {}
         self.replicas: dict[str, int] = {stable: stable_replicas} if stable else {}
         self.gates = gates
+        self.stable_gates = stable_gates  # what the gates read of the stable at its n-th asking, before the first shift
+        self.stable_gate_queries = 0
         self.hook = hook
         self.checksum_ok = checksum_ok
         self.warm_up_errors = warm_up_errors
@@ -350,10 +354,15 @@ class Fleet:
 
     @activity.defn(name=QUERY_GATES)
     async def query_gates(self, input: GateQueriesInput) -> GateQueriesResult:
-        weight = self.route.get(input.variables["version"], 0)
-        n = self.gate_queries[weight] = self.gate_queries.get(weight, 0) + 1
-        await self._record(QUERY_GATES, input)
-        values = self.gates(weight, n)
+        if input.variables["version"] == input.variables["stable_version"]:  # the gates asked about the stable
+            self.stable_gate_queries += 1
+            self.events.append((QUERY_GATES, input))
+            values = self.stable_gates(self.stable_gate_queries)
+        else:
+            weight = self.route.get(input.variables["version"], 0)
+            n = self.gate_queries[weight] = self.gate_queries.get(weight, 0) + 1
+            await self._record(QUERY_GATES, input)
+            values = self.gates(weight, n)
         if isinstance(values, Exception):
             raise values
         if isinstance(values, GateQueriesResult):
@@ -685,6 +694,34 @@ async def test_a_gate_metric_without_any_series_pauses_at_once_naming_it(client)
     result = await run_rollout(fleet, rollout_input(), until=operator)
     assert result.outcome is Outcome.ABORTED
     assert max(r[NEW] for r in fleet.routes()) == 1
+
+
+async def test_a_gate_that_reads_nothing_of_the_stable_pauses_before_any_traffic_moves(client):
+    """A gateway without per-backend counters (or an unscraped metric) reads nothing of the version
+    already serving: the rollout says so before the first shift, not after 1 % went to the canary; a
+    resume asks the gates again and goes on once they read the stable."""
+    no_gateway = GateQueriesResult(values={**GOOD, canary.GATEWAY_ERROR_RATE: None}, no_series=[canary.GATEWAY_ERROR_RATE])
+    fleet = Fleet(client, stable_gates=lambda n: no_gateway if n == 1 else GOOD)
+
+    async def operator(handle: WorkflowHandle) -> None:
+        status = await wait_status(handle, lambda s: s.stage is Stage.PAUSED)
+        assert status.pause_reason.startswith("metric missing: envoy_cluster_upstream_cx_none_healthy, envoy_cluster_upstream_rq_total,")
+        assert f"on the stable {STABLE} before any traffic moved" in status.pause_reason
+        assert all(r.get(NEW, 0) == 0 for r in fleet.routes()) and fleet.gate_queries == {}  # nothing on the canary, no canary verdict
+        await handle.signal(ModelRollout.resume, ResumeInput())
+
+    result = await run_rollout(fleet, rollout_input(), until=operator)
+    assert result.outcome is Outcome.PROMOTED
+    assert fleet.stable_gate_queries == 2
+    assert [n.kind for n in fleet.notices][:2] == [NoticeKind.PAUSED, NoticeKind.RESUMED]
+
+
+async def test_a_quiet_stable_proves_nothing_and_the_canary_starts(client):
+    """Below min_requests on the stable no series is no evidence (a quiet hour): no pause at start."""
+    quiet = GateQueriesResult(values={canary.REQUEST_COUNT: 3.0}, no_series=[canary.TTFT_P99, canary.TPOT_P99])
+    fleet = Fleet(client, stable_gates=lambda n: quiet)
+    result = await run_rollout(fleet, rollout_input(), until=None)
+    assert result.outcome is Outcome.PROMOTED and fleet.stable_gate_queries == 1
 
 
 async def test_metrics_unavailable_pauses_and_resume_continues(client):

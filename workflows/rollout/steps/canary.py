@@ -18,7 +18,7 @@ from workflows.rollout import registry_records
 from workflows.rollout.actions import GATES, RollBack, act, checkpoint, next_gate_interval, read_live_total, record_verdict, route, scale_canary, show
 from workflows.rollout.contract import GateQueriesInput, RolloutActivities
 from workflows.rollout.patches import DIAGNOSIS_PATCH, GATEWAY_ERRORS_PATCH, LIVE_TOTAL_PATCH, METRIC_MISSING_PATCH
-from workflows.rollout.gates import Decision, StepAnalysis, Verdict, evaluate, required_passes
+from workflows.rollout.gates import REQUEST_COUNT, Decision, StepAnalysis, Verdict, evaluate, required_passes, unread_on_stable
 from workflows.rollout.run_state import RunState
 from workflows.rollout import cause_actions
 from workflows.rollout.types import VerdictRecord
@@ -95,25 +95,54 @@ async def observe(
             return
 
 
-async def _measure(state: RunState, weight: int) -> VerdictRecord:
-    inp = state.input
+async def gates_read_the_stable(state: RunState) -> None:
+    """Before the first shift: ask every gate about the stable version, which serves all traffic now.
+    A gate whose query finds no series of it while it serves (an unscraped metric, a label the
+    relabelling does not write, a gateway without per-backend counters) pauses here, naming the
+    metric, with no traffic on the canary; a resume asks again."""
     assert state.stable is not None
-    variables = state.query_variables()
-    queries = inp.queries.by_gate(gateway=workflow.patched(GATEWAY_ERRORS_PATCH))
-    try:
-        result = await act(
-            state,
-            RolloutActivities.query_gates,
-            GateQueriesInput(queries=queries, variables=variables),
-            summary=f"gate queries at {weight} %",
-            start_to_close=30,
-            retry=GATES,
-            read_only=True,
+    while True:
+        variables = {**state.query_variables(), "version": state.stable.version}
+        try:
+            values, no_series = await _query(state, variables, f"gate queries on the stable {state.stable.version}")
+        except ActivityError as err:
+            workflow.logger.warning("gates not checked on the stable: %s", cause(err))
+            return  # Prometheus unreachable: the first observation's error budget handles it
+        unread = unread_on_stable(values, no_series, state.input.gates)
+        if not unread:
+            return
+        state.paused = True
+        state.pause_reason = (
+            f"metric missing: {', '.join(unread)} on the stable {state.stable.version} before any traffic moved"
+            f" (no series while it served {values.get(REQUEST_COUNT):.4g} requests; is it exported and scraped"
+            " with its namespace, deployment and version labels? fix it and resume, or give the gate's query in queries)"
         )
-        no_series = {gate: metric_names(queries[gate]) for gate in result.no_series if gate in queries}
-        evaluation = evaluate(result.values, inp.gates, no_series=no_series)
+        await checkpoint(state)
+
+
+async def _query(state: RunState, variables: dict[str, str], summary: str) -> tuple[dict[str, float | None], dict[str, list[str]]]:
+    """Every gate's query rendered with ``variables``: the values, and gate -> the metric names
+    of each gate whose query returned no series at all."""
+    queries = state.input.queries.by_gate(gateway=workflow.patched(GATEWAY_ERRORS_PATCH))
+    result = await act(
+        state,
+        RolloutActivities.query_gates,
+        GateQueriesInput(queries=queries, variables=variables),
+        summary=summary,
+        start_to_close=30,
+        retry=GATES,
+        read_only=True,
+    )
+    return result.values, {gate: metric_names(queries[gate]) for gate in result.no_series if gate in queries}
+
+
+async def _measure(state: RunState, weight: int) -> VerdictRecord:
+    assert state.stable is not None
+    try:
+        values, no_series = await _query(state, state.query_variables(), f"gate queries at {weight} %")
+        evaluation = evaluate(values, state.input.gates, no_series=no_series)
     except ActivityError as err:
-        evaluation = evaluate(None, inp.gates, error=f"gate queries failed: {cause(err)}")
+        evaluation = evaluate(None, state.input.gates, error=f"gate queries failed: {cause(err)}")
     record = VerdictRecord(at=workflow.now(), weight=weight, evaluation=evaluation)
     state.verdicts = [*state.verdicts[-(VERDICT_HISTORY - 1) :], record]
     state.verdict_count += 1
