@@ -30,7 +30,7 @@ import boto3
 import httpx
 import pytest
 from kubernetes import client
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
@@ -44,7 +44,7 @@ from workers.client import connect
 from workers.config import load_settings
 from activities.core.workflow_signals import WorkflowSignals
 from workers.worker import WORKFLOWS, build_activities
-from workflows.core.naming import versioned_name
+from workflows.core.naming import rollout_workflow_id, versioned_name
 from workflows.rollout.client import rollout_result, start_rollout
 from workflows.rollout.types import (
     Outcome,
@@ -99,12 +99,20 @@ async def ctx(sandbox):
 
 
 @pytest.fixture
-def deployment(ctx, request):
-    """A stable chat 1.0.0 (2 replicas, 8 rps offered) in a namespace of its own, deleted afterwards."""
+async def deployment(ctx, request):
+    """A stable chat 1.0.0 (2 replicas, 8 rps offered) in a namespace of its own, deleted afterwards
+    with any rollout of it still running: a rerun of a failed test starts its rollout afresh instead
+    of failing on the first attempt's workflow id."""
     namespace = "faults-" + request.node.name.removeprefix("test_")[:40].replace("_", "-").strip("-")
     create_logical_deployment(ctx.api, namespace, "chat", "1.0.0", MODEL, replicas=2)
     set_demand(ctx.api, f"{namespace}/chat", Demand(rps=8))
     yield f"{namespace}/chat"
+    handle = ctx.client.get_workflow_handle(rollout_workflow_id(f"{namespace}/chat"))
+    try:
+        if (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
+            await handle.terminate("test teardown")
+    except RPCError:
+        pass  # never started (the test failed before its rollout)
     client.CoreV1Api(ctx.api).delete_namespace(namespace)
 
 
